@@ -1,0 +1,66 @@
+"""The one exception hierarchy of pipeplan.
+
+Every error a user can cause derives from :class:`PipeplanError`. The CLI catches it once,
+prints its message as one line and exits with code 2. Messages state the offending values
+and, where there is one, the fix.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PipeplanError",
+    "UsageError",
+    "ModelSpecError",
+    "ProfileError",
+    "ProfilingError",
+    "PlanFormatError",
+    "PlanInfeasibleError",
+    "SolverError",
+    "ScheduleError",
+    "ModelMismatchError",
+    "ExecutionError",
+]
+
+
+class PipeplanError(Exception):
+    """Base class: an error caused by the user's input or environment, not a bug."""
+
+
+class UsageError(PipeplanError):
+    """Raised when a command-line value or API argument is out of range or malformed."""
+
+
+class ModelSpecError(PipeplanError):
+    """Raised when a MODEL spec cannot be resolved into a workload."""
+
+
+class ProfileError(PipeplanError):
+    """Raised when a profile file is missing, truncated, of another format/version, or invalid."""
+
+
+class ProfilingError(PipeplanError):
+    """Raised when a model cannot be measured (device missing, forward fails, ...)."""
+
+
+class PlanFormatError(PipeplanError):
+    """Raised when a plan file is missing, truncated, of another format/version, or invalid."""
+
+
+class PlanInfeasibleError(PipeplanError):
+    """Raised when no plan satisfies the constraints (memory, stages, batch divisibility)."""
+
+
+class SolverError(PipeplanError):
+    """Raised when a solver fails to return a feasible answer (e.g. an ILP time-out)."""
+
+
+class ScheduleError(PipeplanError):
+    """Raised when a schedule is unknown or its requirements are not met (e.g. too few micro-batches)."""
+
+
+class ModelMismatchError(PipeplanError):
+    """Raised when a model does not match the fingerprint recorded in a profile or plan."""
+
+
+class ExecutionError(PipeplanError):
+    """Raised when a pipelined run fails: a rank raised, hung past the timeout, or was killed."""

@@ -1,0 +1,258 @@
+"""The plan data model (format ``pipeplan.plan``, version 1) and its JSON round-trip.
+
+A plan says how to run one model as a pipeline: which units each stage holds, on which rank,
+with which schedule, micro-batch size and count, and whether each stage recomputes its
+activations. Units carry their units: ``_s`` seconds, ``_bytes`` bytes. See docs/plan-format.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from planner.errors import PlanFormatError
+from planner.fileio import write_json_atomic
+
+__all__ = [
+    "PLAN_FORMAT",
+    "PLAN_VERSION",
+    "MemoryBreakdown",
+    "StagePlan",
+    "Prediction",
+    "SolverInfo",
+    "BaselinePlan",
+    "Plan",
+    "load_plan",
+    "save_plan",
+    "plan_from_dict",
+]
+
+PLAN_FORMAT = "pipeplan.plan"
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    params: int
+    """Weights of the stage's units."""
+    grads: int
+    optimizer: int
+    activations: int
+    """Saved activations of the micro-batches in flight (or stage inputs under recomputation)."""
+    transient: int
+    """Working memory of the largest unit's forward+backward."""
+    peak: int
+    """Sum of the above: what the stage needs at its peak."""
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    index: int
+    rank: int
+    units: tuple[str, ...]
+    recompute: bool
+    forward_s: float
+    """Forward time of one micro-batch."""
+    backward_s: float
+    """Backward time of one micro-batch, including the re-run forward under recomputation."""
+    send_bytes: int
+    """Bytes sent to the next stage per micro-batch (0 for the last stage)."""
+    in_flight: int
+    """Micro-batches whose activations this stage holds at its peak, under the plan's schedule."""
+    memory_bytes: MemoryBreakdown
+
+
+@dataclass(frozen=True)
+class Prediction:
+    iteration_s: float
+    """Simulated time of one training iteration (all micro-batches, forward and backward)."""
+    formula_iteration_s: float
+    """The solver's declared objective for the same plan (docs/cost-model.md)."""
+    bubble_fraction: float
+    samples_per_s: float
+    bottleneck_stage: int
+    busy_s: tuple[float, ...] = ()
+    """Per rank: time spent computing in one iteration."""
+
+
+@dataclass(frozen=True)
+class SolverInfo:
+    name: str
+    objective: str
+    optimal: bool
+    solve_s: float | None = None
+    """Wall time of the whole search; null unless recorded (keeps plan files byte-identical)."""
+    gap: float | None = 0.0
+    candidates: int = 0
+    """How many (micro-batch size, schedule, recompute) candidates were solved and simulated."""
+
+
+@dataclass(frozen=True)
+class BaselinePlan:
+    name: str
+    split_points: tuple[str, ...]
+    iteration_s: float | None
+    """Simulated under the plan's schedule and micro-batching; null when the partition does not fit in memory."""
+    fits: bool = True
+    peak_memory_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    model_name: str
+    model_fingerprint: str
+    profile_sha256: str
+    num_stages: int
+    num_ranks: int
+    schedule: str
+    virtual_stages: int
+    micro_batch_size: int
+    num_microbatches: int
+    global_batch_size: int
+    stages: tuple[StagePlan, ...]
+    split_points: tuple[str, ...]
+    predicted: Prediction
+    solver: SolverInfo
+    constraints: dict[str, Any] = field(default_factory=dict, hash=False)
+    baselines: tuple[BaselinePlan, ...] = ()
+    device: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    def stages_of_rank(self, rank: int) -> tuple[StagePlan, ...]:
+        return tuple(s for s in self.stages if s.rank == rank)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": PLAN_FORMAT,
+            "version": PLAN_VERSION,
+            "model": {"name": self.model_name, "fingerprint": self.model_fingerprint},
+            "profile_sha256": self.profile_sha256,
+            "device": self.device,
+            "num_stages": self.num_stages,
+            "num_ranks": self.num_ranks,
+            "schedule": self.schedule,
+            "virtual_stages": self.virtual_stages,
+            "micro_batch_size": self.micro_batch_size,
+            "num_microbatches": self.num_microbatches,
+            "global_batch_size": self.global_batch_size,
+            "stages": [asdict(s) for s in self.stages],
+            "split_points": list(self.split_points),
+            "predicted": asdict(self.predicted),
+            "solver": asdict(self.solver),
+            "constraints": self.constraints,
+            "baselines": [asdict(b) for b in self.baselines],
+        }
+
+
+@cache
+def _schema() -> dict[str, Any]:
+    return json.loads(resources.files("planner").joinpath("plan.schema.json").read_text())
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _validate(data: Any) -> None:
+    import jsonschema
+
+    if not isinstance(data, dict):
+        raise PlanFormatError("not a pipeplan plan: the top level is not a JSON object")
+    if data.get("format") != PLAN_FORMAT:
+        raise PlanFormatError(f"not a pipeplan plan: format is {data.get('format')!r}, expected {PLAN_FORMAT!r}")
+    if data.get("version") != PLAN_VERSION:
+        raise PlanFormatError(
+            f"unsupported plan version {data.get('version')!r}: this pipeplan reads version {PLAN_VERSION}"
+        )
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(_schema()).iter_errors(data))
+    if error is not None:
+        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        raise PlanFormatError(f"invalid plan at {path}: {error.message}")
+    stages = data["stages"]
+    if len(stages) != data["num_stages"]:
+        raise PlanFormatError(f"invalid plan: num_stages is {data['num_stages']} but {len(stages)} stages are listed")
+    if [s["index"] for s in stages] != list(range(len(stages))):
+        raise PlanFormatError("invalid plan: stage indices must be 0..num_stages-1 in order")
+    if data["split_points"] != [s["units"][0] for s in stages[1:]]:
+        raise PlanFormatError("invalid plan: split_points must be the first unit of every stage but the first")
+    if data["micro_batch_size"] * data["num_microbatches"] != data["global_batch_size"]:
+        raise PlanFormatError("invalid plan: micro_batch_size x num_microbatches != global_batch_size")
+    if any(not 0 <= s["rank"] < data["num_ranks"] for s in stages):
+        raise PlanFormatError(f"invalid plan: a stage's rank is outside 0..{data['num_ranks'] - 1}")
+
+
+def plan_from_dict(data: Any) -> Plan:
+    """Validate ``data`` (parsed JSON) and build a :class:`Plan`; raise :class:`PlanFormatError`."""
+    _validate(data)
+    stages = tuple(
+        StagePlan(
+            index=s["index"],
+            rank=s["rank"],
+            units=tuple(s["units"]),
+            recompute=s["recompute"],
+            forward_s=float(s["forward_s"]),
+            backward_s=float(s["backward_s"]),
+            send_bytes=s["send_bytes"],
+            in_flight=s["in_flight"],
+            memory_bytes=MemoryBreakdown(**s["memory_bytes"]),
+        )
+        for s in data["stages"]
+    )
+    p = data["predicted"]
+    return Plan(
+        model_name=data["model"]["name"],
+        model_fingerprint=data["model"]["fingerprint"],
+        profile_sha256=data["profile_sha256"],
+        num_stages=data["num_stages"],
+        num_ranks=data["num_ranks"],
+        schedule=data["schedule"],
+        virtual_stages=data["virtual_stages"],
+        micro_batch_size=data["micro_batch_size"],
+        num_microbatches=data["num_microbatches"],
+        global_batch_size=data["global_batch_size"],
+        stages=stages,
+        split_points=tuple(data["split_points"]),
+        predicted=Prediction(
+            iteration_s=float(p["iteration_s"]),
+            formula_iteration_s=float(p["formula_iteration_s"]),
+            bubble_fraction=float(p["bubble_fraction"]),
+            samples_per_s=float(p["samples_per_s"]),
+            bottleneck_stage=p["bottleneck_stage"],
+            busy_s=tuple(map(float, p.get("busy_s", ()))),
+        ),
+        solver=SolverInfo(**data["solver"]),
+        constraints=dict(data.get("constraints", {})),
+        baselines=tuple(BaselinePlan(**{**b, "split_points": tuple(b["split_points"])}) for b in data["baselines"]),
+        device=dict(data.get("device", {})),
+    )
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and validate a plan file; every failure is a one-line :class:`PlanFormatError`."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PlanFormatError(f"plan file not found: {p}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanFormatError(f"cannot read plan {p}: {exc}") from None
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise PlanFormatError(f"{p} is not valid JSON (truncated?): {exc}") from None
+    try:
+        return plan_from_dict(data)
+    except PlanFormatError as exc:
+        raise PlanFormatError(f"{p}: {exc}") from None
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    """Write ``plan`` atomically; the same plan always gives the same bytes."""
+    data = plan.to_dict()
+    if any(isinstance(v, float) and not math.isfinite(v) for v in data["predicted"].values()):
+        raise PlanFormatError("refusing to write a plan with a non-finite prediction")
+    write_json_atomic(path, data)

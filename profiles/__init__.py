@@ -1,0 +1,1 @@
+"""pipeplan profiles: the profiler (torch) and the profile data model (pure Python)."""

@@ -1,0 +1,262 @@
+"""The profile data model (format ``pipeplan.profile``, version 1) and its JSON round-trip.
+
+A profile is what pipeplan measured of one model on one device, unit by unit and for several
+micro-batch sizes. Every per-size array is aligned with ``micro_batch_sizes``. Field names carry
+their units: ``_s`` seconds, ``_bytes`` bytes, ``flops`` multiply-adds (fvcore's convention).
+See docs/profile-format.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from planner.errors import ProfileError
+from planner.fileio import write_json_atomic
+
+__all__ = [
+    "PROFILE_FORMAT",
+    "PROFILE_VERSION",
+    "ModelInfo",
+    "DeviceInfo",
+    "UnitProfile",
+    "TensorFlow",
+    "WholeModel",
+    "Profile",
+    "load_profile",
+    "save_profile",
+    "profile_from_dict",
+]
+
+PROFILE_FORMAT = "pipeplan.profile"
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    fingerprint: str
+    """sha256 of the module structure and parameter names/shapes/dtypes (see profiles.fingerprint)."""
+    param_count: int
+    """Distinct parameters: a tied weight is counted once."""
+    param_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    kind: str
+    """``cpu`` or ``cuda``."""
+    name: str
+    memory_bytes: int
+    """Total memory of the device (CPU: the machine's RAM)."""
+    dtype: str
+    torch_version: str
+
+
+@dataclass(frozen=True)
+class UnitProfile:
+    name: str
+    """Fully qualified module name (or a synthetic name such as ``lm_head+loss``)."""
+    type: str
+    param_count: int
+    param_bytes: int
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+    flops: tuple[int, ...]
+    """Forward multiply-adds counted by fvcore (one per MAC)."""
+    output_bytes: tuple[int, ...]
+    saved_bytes: tuple[int, ...]
+    """Bytes autograd saves for backward, deduplicated by storage, parameters excluded."""
+    peak_bytes: tuple[int, ...] | None = None
+    """CUDA only: allocator peak of forward+backward above the memory held before it."""
+    tied_params: tuple[str, ...] = ()
+    """Names of parameters this unit shares with another unit (counted at their first user)."""
+
+
+@dataclass(frozen=True)
+class TensorFlow:
+    producer: int
+    """Index of the producing unit, -1 for the model input."""
+    consumers: tuple[int, ...]
+    """Indices of the later units that read it, ascending."""
+    bytes: tuple[int, ...]
+    dtype: str = "float32"
+    needs_grad: bool = True
+    """False for integer/bool tensors and for tensors that do not require grad: no gradient goes back."""
+    name: str = ""
+
+    @property
+    def last_consumer(self) -> int:
+        return self.consumers[-1]
+
+
+@dataclass(frozen=True)
+class WholeModel:
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Profile:
+    model: ModelInfo
+    device: DeviceInfo
+    micro_batch_sizes: tuple[int, ...]
+    units: tuple[UnitProfile, ...]
+    tensors: tuple[TensorFlow, ...]
+    whole_model: WholeModel
+    settings: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def num_units(self) -> int:
+        return len(self.units)
+
+    def size_index(self, micro_batch_size: int) -> int:
+        try:
+            return self.micro_batch_sizes.index(micro_batch_size)
+        except ValueError:
+            raise ProfileError(
+                f"micro-batch size {micro_batch_size} was not profiled "
+                f"(profiled: {', '.join(map(str, self.micro_batch_sizes))})"
+            ) from None
+
+    def unit_sum_s(self, size_index: int) -> float:
+        return sum(u.forward_s[size_index] + u.backward_s[size_index] for u in self.units)
+
+    def whole_s(self, size_index: int) -> float:
+        return self.whole_model.forward_s[size_index] + self.whole_model.backward_s[size_index]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        settings = data.pop("settings")
+        return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, **data, "settings": settings}
+
+
+@cache
+def _schema() -> dict[str, Any]:
+    return json.loads(resources.files("profiles").joinpath("profile.schema.json").read_text())
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _check_finite(obj: Any, where: str = "$") -> None:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        raise ProfileError(f"{where} is {obj}: numbers must be finite")
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            _check_finite(value, f"{where}.{key}")
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            _check_finite(value, f"{where}[{i}]")
+
+
+def _validate(data: Any) -> None:
+    import jsonschema
+
+    if not isinstance(data, dict):
+        raise ProfileError("not a pipeplan profile: the top level is not a JSON object")
+    if data.get("format") != PROFILE_FORMAT:
+        raise ProfileError(f"not a pipeplan profile: format is {data.get('format')!r}, expected {PROFILE_FORMAT!r}")
+    if data.get("version") != PROFILE_VERSION:
+        raise ProfileError(
+            f"unsupported profile version {data.get('version')!r}: this pipeplan reads version {PROFILE_VERSION}"
+        )
+    _check_finite(data)
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(_schema()).iter_errors(data))
+    if error is not None:
+        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        raise ProfileError(f"invalid profile at {path}: {error.message}")
+    n_sizes = len(data["micro_batch_sizes"])
+    if len(set(data["micro_batch_sizes"])) != n_sizes:
+        raise ProfileError("invalid profile: micro_batch_sizes has duplicates")
+    n_units = len(data["units"])
+    per_size = ("forward_s", "backward_s", "flops", "output_bytes", "saved_bytes")
+    for i, unit in enumerate(data["units"]):
+        for key in per_size + (("peak_bytes",) if unit.get("peak_bytes") is not None else ()):
+            if len(unit[key]) != n_sizes:
+                raise ProfileError(
+                    f"invalid profile: units[{i}].{key} has {len(unit[key])} values, "
+                    f"micro_batch_sizes has {n_sizes}"
+                )
+    for i, tensor in enumerate(data["tensors"]):
+        if len(tensor["bytes"]) != n_sizes:
+            raise ProfileError(f"invalid profile: tensors[{i}].bytes has {len(tensor['bytes'])} values, expected {n_sizes}")
+        if tensor["producer"] >= n_units or any(c >= n_units for c in tensor["consumers"]):
+            raise ProfileError(f"invalid profile: tensors[{i}] names a unit index >= {n_units}")
+        if any(c <= tensor["producer"] for c in tensor["consumers"]):
+            raise ProfileError(f"invalid profile: tensors[{i}] is consumed at or before its producer")
+    for key in ("forward_s", "backward_s"):
+        if len(data["whole_model"][key]) != n_sizes:
+            raise ProfileError(f"invalid profile: whole_model.{key} is not aligned with micro_batch_sizes")
+
+
+def profile_from_dict(data: Any) -> Profile:
+    """Validate ``data`` (parsed JSON) and build a :class:`Profile`; raise :class:`ProfileError`."""
+    _validate(data)
+    units = tuple(
+        UnitProfile(
+            name=u["name"],
+            type=u["type"],
+            param_count=u["param_count"],
+            param_bytes=u["param_bytes"],
+            forward_s=tuple(float(x) for x in u["forward_s"]),
+            backward_s=tuple(float(x) for x in u["backward_s"]),
+            flops=tuple(u["flops"]),
+            output_bytes=tuple(u["output_bytes"]),
+            saved_bytes=tuple(u["saved_bytes"]),
+            peak_bytes=None if u.get("peak_bytes") is None else tuple(u["peak_bytes"]),
+            tied_params=tuple(u.get("tied_params", ())),
+        )
+        for u in data["units"]
+    )
+    tensors = tuple(
+        TensorFlow(
+            producer=t["producer"],
+            consumers=tuple(sorted(t["consumers"])),
+            bytes=tuple(t["bytes"]),
+            dtype=t.get("dtype", "float32"),
+            needs_grad=t.get("needs_grad", True),
+            name=t.get("name", ""),
+        )
+        for t in data["tensors"]
+    )
+    m, d, w = data["model"], data["device"], data["whole_model"]
+    return Profile(
+        model=ModelInfo(m["name"], m["fingerprint"], m["param_count"], m.get("param_bytes", 0)),
+        device=DeviceInfo(d["kind"], d["name"], d["memory_bytes"], d["dtype"], d["torch_version"]),
+        micro_batch_sizes=tuple(data["micro_batch_sizes"]),
+        units=units,
+        tensors=tensors,
+        whole_model=WholeModel(tuple(map(float, w["forward_s"])), tuple(map(float, w["backward_s"]))),
+        settings=dict(data.get("settings", {})),
+    )
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and validate a profile file; every failure is a one-line :class:`ProfileError`."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileError(f"profile file not found: {p}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"cannot read profile {p}: {exc}") from None
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise ProfileError(f"{p} is not valid JSON (truncated?): {exc}") from None
+    try:
+        return profile_from_dict(data)
+    except ProfileError as exc:
+        raise ProfileError(f"{p}: {exc}") from None
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    """Write ``profile`` atomically (temp file + rename)."""
+    write_json_atomic(path, profile.to_dict())

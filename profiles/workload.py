@@ -1,0 +1,113 @@
+"""The model-spec protocol: what a MODEL argument names, and how it is resolved.
+
+A MODEL is a built-in name (``pipeplan profile --help`` lists them), ``path/to/file.py:NAME`` or
+``package.module:NAME``. NAME is a zero-argument callable returning a :class:`Workload`
+(or a ``(model, make_batch, loss_fn)`` tuple).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner.errors import ModelSpecError
+
+__all__ = ["Workload", "load_workload", "as_tuple"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model with the means to feed it.
+
+    ``make_batch(batch_size)`` returns ``(inputs, target)``: ``inputs`` a tensor or a tuple of tensors
+    passed positionally to ``model``, ``target`` what ``loss_fn(model(*inputs), target)`` takes.
+    For pipelining, ``model(*inputs)`` must return a tensor (e.g. logits, not a ModelOutput).
+    """
+
+    model: nn.Module
+    make_batch: Callable[[int], tuple[Any, torch.Tensor]]
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    name: str = ""
+    units: tuple[str, ...] | None = None
+    """Optional default unit FQNs, in execution order; the profiler finds them when None."""
+
+
+def as_tuple(inputs: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def _resolve_callable(spec: str) -> Callable[..., Any]:
+    target, _, attr = spec.rpartition(":")
+    if not target or not attr:
+        raise ModelSpecError(
+            f"unknown model {spec!r}: give a built-in name, path/to/file.py:NAME or package.module:NAME"
+        )
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise ModelSpecError(f"model file not found: {path}")
+        module_name = f"_pipeplan_user_{abs(hash(str(path.resolve())))}"
+        loader_spec = importlib.util.spec_from_file_location(module_name, path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise ModelSpecError(f"cannot import {path}")
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[module_name] = module
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as exc:  # the user's file: any error is theirs to see in one line
+            raise ModelSpecError(f"importing {path} failed: {type(exc).__name__}: {exc}") from None
+    else:
+        try:
+            module = importlib.import_module(target)
+        except Exception as exc:
+            raise ModelSpecError(f"cannot import module {target!r}: {type(exc).__name__}: {exc}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ModelSpecError(f"{target} has no attribute {attr!r}") from None
+
+
+def load_workload(spec: str, **builtin_options: Any) -> Workload:
+    """Resolve a MODEL spec into a :class:`Workload`.
+
+    ``builtin_options`` (e.g. ``seq_len``) reach built-in models only; user callables take no arguments.
+    """
+    from profiles.models import BUILTIN_MODELS
+
+    options = {k: v for k, v in builtin_options.items() if v is not None}
+    if spec in BUILTIN_MODELS:
+        workload = BUILTIN_MODELS[spec](**options)
+        return workload
+    if ":" not in spec:
+        raise ModelSpecError(
+            f"unknown model {spec!r}: built-ins are {', '.join(sorted(BUILTIN_MODELS))}; "
+            "or give path/to/file.py:NAME or package.module:NAME"
+        )
+    factory = _resolve_callable(spec)
+    if not callable(factory):
+        raise ModelSpecError(f"{spec} is not callable: NAME must be a zero-argument function returning a Workload")
+    try:
+        result = factory()
+    except Exception as exc:
+        raise ModelSpecError(f"calling {spec}() failed: {type(exc).__name__}: {exc}") from None
+    if isinstance(result, tuple) and len(result) == 3:
+        result = Workload(*result)
+    if not isinstance(result, Workload):
+        raise ModelSpecError(
+            f"{spec}() returned {type(result).__name__}: expected a Workload or (model, make_batch, loss_fn)"
+        )
+    if not isinstance(result.model, nn.Module):
+        raise ModelSpecError(f"{spec}(): model is {type(result.model).__name__}, expected a torch.nn.Module")
+    if not callable(result.make_batch) or not callable(result.loss_fn):
+        raise ModelSpecError(f"{spec}(): make_batch and loss_fn must be callable")
+    if not result.name:
+        result = Workload(result.model, result.make_batch, result.loss_fn, spec, result.units)
+    return result
