@@ -78,6 +78,10 @@ class Prediction:
     bottleneck_stage: int
     busy_s: tuple[float, ...] = ()
     """Per rank: time spent computing in one iteration."""
+    comm_forward_s: tuple[float, ...] = ()
+    """Per cut between stage k and k+1: time to send one micro-batch's activations (the simulator's input)."""
+    comm_backward_s: tuple[float, ...] = ()
+    """Per cut: time to send their gradients back."""
 
 
 @dataclass(frozen=True)
@@ -223,6 +227,8 @@ def plan_from_dict(data: Any) -> Plan:
             samples_per_s=float(p["samples_per_s"]),
             bottleneck_stage=p["bottleneck_stage"],
             busy_s=tuple(map(float, p.get("busy_s", ()))),
+            comm_forward_s=tuple(map(float, p.get("comm_forward_s", ()))),
+            comm_backward_s=tuple(map(float, p.get("comm_backward_s", ()))),
         ),
         solver=SolverInfo(**data["solver"]),
         constraints=dict(data.get("constraints", {})),

@@ -76,6 +76,8 @@ class UnitProfile:
     """CUDA only: allocator peak of forward+backward above the memory held before it."""
     tied_params: tuple[str, ...] = ()
     """Names of parameters this unit shares with another unit (counted at their first user)."""
+    tied_param_count: int = 0
+    """Parameters this unit uses that an earlier unit already counts; a pipeline stage holds a copy."""
 
 
 @dataclass(frozen=True)
@@ -181,12 +183,13 @@ def _validate(data: Any) -> None:
         for key in per_size + (("peak_bytes",) if unit.get("peak_bytes") is not None else ()):
             if len(unit[key]) != n_sizes:
                 raise ProfileError(
-                    f"invalid profile: units[{i}].{key} has {len(unit[key])} values, "
-                    f"micro_batch_sizes has {n_sizes}"
+                    f"invalid profile: units[{i}].{key} has {len(unit[key])} values, micro_batch_sizes has {n_sizes}"
                 )
     for i, tensor in enumerate(data["tensors"]):
         if len(tensor["bytes"]) != n_sizes:
-            raise ProfileError(f"invalid profile: tensors[{i}].bytes has {len(tensor['bytes'])} values, expected {n_sizes}")
+            raise ProfileError(
+                f"invalid profile: tensors[{i}].bytes has {len(tensor['bytes'])} values, expected {n_sizes}"
+            )
         if tensor["producer"] >= n_units or any(c >= n_units for c in tensor["consumers"]):
             raise ProfileError(f"invalid profile: tensors[{i}] names a unit index >= {n_units}")
         if any(c <= tensor["producer"] for c in tensor["consumers"]):
@@ -212,6 +215,7 @@ def profile_from_dict(data: Any) -> Profile:
             saved_bytes=tuple(u["saved_bytes"]),
             peak_bytes=None if u.get("peak_bytes") is None else tuple(u["peak_bytes"]),
             tied_params=tuple(u.get("tied_params", ())),
+            tied_param_count=u.get("tied_param_count", 0),
         )
         for u in data["units"]
     )

@@ -1,0 +1,226 @@
+"""The cost model: from a profile and the hardware, the numbers a solver optimises.
+
+Every formula is written out, with its source, in docs/cost-model.md. This module turns a
+:class:`~profiles.format.Profile` at one micro-batch size into a
+:class:`~solvers.problem.PartitionProblem`, and breaks a chosen stage's memory down for the plan.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from planner.errors import UsageError
+from planner.graph import build_graph, cut_bytes, cut_grad_bytes
+from planner.plan import MemoryBreakdown
+from profiles.format import Profile
+from solvers.problem import PartitionProblem
+
+__all__ = [
+    "Optimizer",
+    "CostSettings",
+    "DEFAULT_LINKS",
+    "HEADROOM_FRACTION",
+    "bytes_per_param",
+    "parse_bytes",
+    "default_settings",
+    "UnitCosts",
+    "unit_costs",
+    "build_problem",
+    "stage_memory",
+]
+
+# One-way link per pipeline hop: (bytes/s, latency s).
+# cpu: gloo over localhost, measured on the development machine (../shared/NOTES.md): ~1.1 GB/s from 1 MiB,
+#      ~0.13 ms one way for 64 KiB.
+# cuda: one 200 Gb/s InfiniBand link per GPU (25 GB/s), the inter-node hop pipeline parallelism usually spans.
+DEFAULT_LINKS: dict[str, tuple[float, float]] = {"cpu": (1.1e9, 1.3e-4), "cuda": (25e9, 1e-5)}
+
+# Memory a device cannot give to tensors: allocator fragmentation, the CUDA context, the framework.
+HEADROOM_FRACTION = 0.10
+
+Optimizer = str  # "sgd" | "adam"
+
+# Bytes per parameter (weights, gradients, optimizer state), after ZeRO (Rajbhandari et al., SC 2020, Sec. 3.1):
+# fp32 Adam keeps m and v (8 B); mixed precision keeps 16-bit weights and gradients plus an fp32 master copy,
+# m and v (12 B). Plain SGD keeps nothing in fp32 and the fp32 master copy in mixed precision.
+_BYTES_PER_PARAM: dict[tuple[bool, str], tuple[int, int, int]] = {
+    (False, "sgd"): (4, 4, 0),
+    (False, "adam"): (4, 4, 8),
+    (True, "sgd"): (2, 2, 4),
+    (True, "adam"): (2, 2, 12),
+}
+
+
+def bytes_per_param(dtype: str, optimizer: Optimizer) -> tuple[int, int, int]:
+    """``(weights, grads, optimizer)`` bytes per parameter for a profile dtype and an optimizer."""
+    if optimizer not in ("sgd", "adam"):
+        raise UsageError(f"unknown optimizer {optimizer!r}: choose sgd or adam")
+    return _BYTES_PER_PARAM[(dtype != "float32", optimizer)]
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?)B?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """Parse ``80GiB``, ``16GB``, ``512MiB`` or a plain byte count; reject non-positive values."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise UsageError(f"cannot read memory size {text!r}: write e.g. 80GiB, 16GB or 1073741824")
+    number, prefix, binary = float(match.group(1)), match.group(2).upper(), bool(match.group(3))
+    power = " KMGT".index(prefix) if prefix else 0
+    value = int(number * (1024 if binary else 1000) ** power)
+    if value <= 0:
+        raise UsageError(f"memory size must be positive, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class CostSettings:
+    optimizer: Optimizer = "adam"
+    link_bytes_per_s: float = DEFAULT_LINKS["cpu"][0]
+    link_latency_s: float = DEFAULT_LINKS["cpu"][1]
+    device_memory_bytes: tuple[int, ...] = ()
+    """Per rank: the device's memory before headroom (empty = the profile's device memory on every rank)."""
+    headroom_fraction: float = HEADROOM_FRACTION
+    device_speeds: tuple[float, ...] = ()
+    """Per rank: speed relative to the profiled device (empty = all 1)."""
+
+    def __post_init__(self) -> None:
+        if self.link_bytes_per_s <= 0:
+            raise UsageError(f"bandwidth must be positive, got {self.link_bytes_per_s}")
+        if self.link_latency_s < 0:
+            raise UsageError(f"latency must be >= 0, got {self.link_latency_s}")
+        if any(m <= 0 for m in self.device_memory_bytes):
+            raise UsageError("device memory must be positive")
+        if any(v <= 0 for v in self.device_speeds):
+            raise UsageError("device speeds must be positive")
+        if not 0 <= self.headroom_fraction < 1:
+            raise UsageError(f"headroom must be in [0, 1), got {self.headroom_fraction}")
+        bytes_per_param("float32", self.optimizer)
+
+    def capacity(self, profile: Profile, rank: int, num_ranks: int) -> float:
+        """Usable bytes on ``rank``: its memory less the headroom."""
+        if self.device_memory_bytes:
+            if len(self.device_memory_bytes) not in (1, num_ranks):
+                raise UsageError(f"--device-memory has {len(self.device_memory_bytes)} values for {num_ranks} ranks")
+            total = self.device_memory_bytes[rank if len(self.device_memory_bytes) > 1 else 0]
+        else:
+            total = profile.device.memory_bytes
+        return total * (1 - self.headroom_fraction)
+
+    def speed(self, rank: int, num_ranks: int) -> float:
+        if not self.device_speeds:
+            return 1.0
+        if len(self.device_speeds) != num_ranks:
+            raise UsageError(f"--device-speeds has {len(self.device_speeds)} values for {num_ranks} ranks")
+        return self.device_speeds[rank]
+
+
+def default_settings(profile: Profile, **overrides: object) -> CostSettings:
+    """Settings with the link defaults of the profile's device kind, then ``overrides``."""
+    bandwidth, latency = DEFAULT_LINKS.get(profile.device.kind, DEFAULT_LINKS["cpu"])
+    values: dict[str, object] = {"link_bytes_per_s": bandwidth, "link_latency_s": latency}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return CostSettings(**values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class UnitCosts:
+    """Per-unit and per-cut numbers at one micro-batch size."""
+
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+    param_count: tuple[int, ...]
+    """Parameters each unit holds on its stage: its own plus copies of tied ones."""
+    saved_bytes: tuple[int, ...]
+    transient_bytes: tuple[int, ...]
+    cut_bytes: tuple[int, ...]
+    cut_grad_bytes: tuple[int, ...]
+    input_bytes: int
+
+
+def unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
+    k = profile.size_index(micro_batch_size)
+    graph = build_graph(profile)
+    units = profile.units
+    # Without an allocator peak (CPU), a unit's working memory is estimated as its output plus that
+    # output's gradient: the two tensors alive at the boundary of its forward and backward.
+    transient = tuple(u.peak_bytes[k] if u.peak_bytes is not None else 2 * u.output_bytes[k] for u in units)
+    return UnitCosts(
+        forward_s=tuple(u.forward_s[k] for u in units),
+        backward_s=tuple(u.backward_s[k] for u in units),
+        param_count=tuple(u.param_count + u.tied_param_count for u in units),
+        saved_bytes=tuple(u.saved_bytes[k] for u in units),
+        transient_bytes=transient,
+        cut_bytes=tuple(cut_bytes(profile, k, graph)),
+        cut_grad_bytes=tuple(cut_grad_bytes(profile, k, graph)),
+        input_bytes=sum(t.bytes[k] for t in profile.tensors if t.producer == -1),
+    )
+
+
+def _transfer_s(num_bytes: int, settings: CostSettings) -> float:
+    return 0.0 if num_bytes == 0 else settings.link_latency_s + num_bytes / settings.link_bytes_per_s
+
+
+def build_problem(
+    profile: Profile,
+    costs: UnitCosts,
+    settings: CostSettings,
+    *,
+    num_stages: int,
+    num_microbatches: int,
+    in_flight: tuple[int, ...],
+    stage_rank: tuple[int, ...],
+    recompute_choices: tuple[bool, ...],
+    pinned: tuple[tuple[int, int], ...] = (),
+    max_units_per_stage: int | None = None,
+) -> PartitionProblem:
+    """The partition problem of ``num_stages`` stages placed on ranks by ``stage_rank``.
+
+    A rank holding ``v`` stages (interleaved schedules) gives each ``1/v`` of its capacity, so any
+    partition the solver accepts fits on the rank as a whole.
+    """
+    num_ranks = max(stage_rank) + 1
+    per_rank = [stage_rank.count(r) for r in range(num_ranks)]
+    weights, grads, optim = bytes_per_param(profile.device.dtype, settings.optimizer)
+    return PartitionProblem(
+        forward_s=costs.forward_s,
+        backward_s=costs.backward_s,
+        num_stages=num_stages,
+        num_microbatches=num_microbatches,
+        cut_forward_s=tuple(_transfer_s(b, settings) for b in costs.cut_bytes),
+        cut_backward_s=tuple(_transfer_s(b, settings) for b in costs.cut_grad_bytes),
+        cut_bytes=costs.cut_bytes,
+        input_bytes=costs.input_bytes,
+        param_state_bytes=tuple(n * (weights + grads + optim) for n in costs.param_count),
+        saved_bytes=costs.saved_bytes,
+        transient_bytes=costs.transient_bytes,
+        in_flight=in_flight,
+        capacity_bytes=tuple(settings.capacity(profile, r, num_ranks) / per_rank[r] for r in stage_rank),
+        recompute_choices=recompute_choices,
+        speed=tuple(settings.speed(r, num_ranks) for r in stage_rank) if settings.device_speeds else (),
+        pinned=pinned,
+        max_units_per_stage=max_units_per_stage,
+    )
+
+
+def stage_memory(
+    profile: Profile,
+    costs: UnitCosts,
+    settings: CostSettings,
+    first: int,
+    last: int,
+    *,
+    in_flight: int,
+    recompute: bool,
+) -> MemoryBreakdown:
+    """Memory of a stage holding units ``first..last``: the same terms as ``solvers.problem.stage_cost``."""
+    weights, grads, optim = bytes_per_param(profile.device.dtype, settings.optimizer)
+    params = sum(costs.param_count[first : last + 1])
+    saved = sum(costs.saved_bytes[first : last + 1])
+    stage_input = costs.input_bytes if first == 0 else costs.cut_bytes[first - 1]
+    activations = stage_input * in_flight + saved if recompute else saved * in_flight
+    transient = max(costs.transient_bytes[first : last + 1])
+    parts = (params * weights, params * grads, params * optim, activations, transient)
+    return MemoryBreakdown(*parts, peak=sum(parts))

@@ -1,0 +1,401 @@
+"""The planner's outer search: every micro-batch size, schedule and recomputation choice.
+
+For each candidate (micro-batch size b with M = B / b, schedule, virtual stages) the cost model builds
+a partition problem, an exact solver (solvers.dp or solvers.ilp) returns its best partitions for the
+declared objective, and the schedule simulator scores each of them; the plan with the shortest
+simulated iteration wins (ties: less peak memory, then the order candidates are listed in).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.cost import CostSettings, UnitCosts, build_problem, stage_memory, unit_costs
+from planner.errors import PlanInfeasibleError, UsageError
+from planner.plan import BaselinePlan, Plan, Prediction, SolverInfo, StagePlan
+from planner.schedules import Schedule, stage_to_rank
+from planner.simulate import SimulationResult, in_flight_per_stage, simulate
+from profiles.format import Profile
+from solvers.baselines import balanced_by_params, balanced_by_time, uniform_by_count
+from solvers.dp import solve_dp
+from solvers.ilp import solve_ilp
+from solvers.problem import PartitionProblem, PartitionSolution, evaluate, stage_cost
+
+__all__ = ["PlanRequest", "Candidate", "make_plan", "profile_sha256", "OBJECTIVE"]
+
+OBJECTIVE = "sum_s (c_s + k_s) + (M - 1) * max_s c_s"
+_AUTO_SCHEDULES = (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
+_VIRTUAL_STAGES = (2, 4)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    num_ranks: int
+    """Pipeline ranks (devices): ``--stages``."""
+    global_batch_size: int
+    schedule: str = "auto"
+    micro_batch_size: int | None = None
+    """None: search every profiled size that divides the global batch."""
+    recompute: str = "auto"
+    """auto (chosen per stage), on, off."""
+    solver: str = "auto"
+    """auto (dp, or ilp when devices differ, units are pinned or stages capped), dp, ilp."""
+    settings: CostSettings = field(default_factory=CostSettings)
+    pinned: tuple[tuple[str, int], ...] = ()
+    """(unit FQN, stage) pairs; ILP only."""
+    max_units_per_stage: int | None = None
+    top_k: int = 4
+    """Partitions per candidate handed from the solver to the simulator."""
+    ilp_time_limit_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.num_ranks < 1:
+            raise UsageError(f"--stages must be >= 1, got {self.num_ranks}")
+        if self.global_batch_size < 1:
+            raise UsageError(f"--global-batch must be >= 1, got {self.global_batch_size}")
+        if self.recompute not in ("auto", "on", "off"):
+            raise UsageError(f"--recompute must be auto, on or off, got {self.recompute!r}")
+        if self.solver not in ("auto", "dp", "ilp"):
+            raise UsageError(f"--solver must be auto, dp or ilp, got {self.solver!r}")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise UsageError(f"--micro-batch-size must be >= 1, got {self.micro_batch_size}")
+        if self.max_units_per_stage is not None and self.max_units_per_stage < 1:
+            raise UsageError(f"--max-units-per-stage must be >= 1, got {self.max_units_per_stage}")
+        if self.schedule != "auto":
+            Schedule.parse(self.schedule)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    micro_batch_size: int
+    num_microbatches: int
+    schedule: Schedule
+    virtual_stages: int
+    problem: PartitionProblem
+    solution: PartitionSolution
+    simulation: SimulationResult
+    peak_memory_bytes: float
+
+
+def profile_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _micro_batch_sizes(profile: Profile, request: PlanRequest) -> list[int]:
+    if request.micro_batch_size is not None:
+        profile.size_index(request.micro_batch_size)
+        if request.global_batch_size % request.micro_batch_size:
+            raise UsageError(
+                f"global batch {request.global_batch_size} is not divisible by micro-batch size "
+                f"{request.micro_batch_size}"
+            )
+        return [request.micro_batch_size]
+    sizes = [b for b in profile.micro_batch_sizes if request.global_batch_size % b == 0]
+    if not sizes:
+        raise UsageError(
+            f"global batch {request.global_batch_size} is not divisible by any profiled micro-batch size "
+            f"({', '.join(map(str, profile.micro_batch_sizes))}): choose a multiple of one of them"
+        )
+    return sorted(sizes)
+
+
+def _schedules(profile: Profile, request: PlanRequest, num_microbatches: int) -> list[tuple[Schedule, int]]:
+    wanted = _AUTO_SCHEDULES if request.schedule == "auto" else (Schedule.parse(request.schedule),)
+    options: list[tuple[Schedule, int]] = []
+    for schedule in wanted:
+        if schedule is Schedule.INTERLEAVED_1F1B:
+            for v in _VIRTUAL_STAGES:
+                stages = request.num_ranks * v
+                # torch's interleaved 1F1B needs more than one rank and M a multiple of the ranks.
+                if stages <= profile.num_units and request.num_ranks > 1 and num_microbatches % request.num_ranks == 0:
+                    options.append((schedule, v))
+        elif schedule is Schedule.NAIVE:
+            if num_microbatches == 1:
+                options.append((schedule, 1))
+        else:
+            options.append((schedule, 1))
+    return options
+
+
+def _recompute_choices(request: PlanRequest) -> tuple[bool, ...]:
+    return {"auto": (False, True), "on": (True,), "off": (False,)}[request.recompute]
+
+
+def _use_ilp(request: PlanRequest) -> bool:
+    if request.solver != "auto":
+        return request.solver == "ilp"
+    return bool(request.settings.device_speeds or request.pinned or request.max_units_per_stage)
+
+
+def _stage_times(problem: PartitionProblem, solution: PartitionSolution) -> tuple[list[float], list[float]]:
+    forward, backward = [], []
+    for s, units in enumerate(solution.stage_units(problem.num_units)):
+        speed = problem.speed[s] if problem.speed else 1.0
+        f = sum(problem.forward_s[u] for u in units)
+        b = sum(problem.backward_s[u] for u in units) + (f if solution.recompute[s] else 0.0)
+        forward.append(f / speed)
+        backward.append(b / speed)
+    return forward, backward
+
+
+def _comm_times(problem: PartitionProblem, solution: PartitionSolution) -> tuple[list[float], list[float]]:
+    cuts = [b - 1 for b in solution.boundaries[1:]]
+    forward = [problem.cut_forward_s[c] if problem.cut_forward_s else 0.0 for c in cuts]
+    backward = [problem.cut_backward_s[c] if problem.cut_backward_s else 0.0 for c in cuts]
+    return forward, backward
+
+
+def _simulate_partition(
+    problem: PartitionProblem, solution: PartitionSolution, schedule: Schedule, num_ranks: int
+) -> SimulationResult:
+    forward, backward = _stage_times(problem, solution)
+    comm_forward, comm_backward = _comm_times(problem, solution)
+    return simulate(
+        forward,
+        backward,
+        problem.num_microbatches,
+        schedule,
+        num_ranks=num_ranks,
+        comm_forward_s=comm_forward,
+        comm_backward_s=comm_backward,
+    )
+
+
+def _peak_memory(problem: PartitionProblem, solution: PartitionSolution) -> float:
+    units = solution.stage_units(problem.num_units)
+    return max(stage_cost(problem, s, r[0], r[-1], solution.recompute[s]).memory_bytes for s, r in enumerate(units))
+
+
+def _solve(problem: PartitionProblem, request: PlanRequest) -> list[PartitionSolution]:
+    if _use_ilp(request):
+        return [solve_ilp(problem, time_limit_s=request.ilp_time_limit_s)]
+    return solve_dp(problem, top_k=request.top_k)
+
+
+def _pins(profile: Profile, request: PlanRequest, virtual_stages: int) -> tuple[tuple[int, int], ...]:
+    names = [u.name for u in profile.units]
+    pins = []
+    for name, stage in request.pinned:
+        if name not in names:
+            raise UsageError(f"cannot pin unknown unit {name!r}")
+        if not 0 <= stage < request.num_ranks * virtual_stages:
+            raise UsageError(
+                f"cannot pin {name} to stage {stage}: stages are 0..{request.num_ranks * virtual_stages - 1}"
+            )
+        pins.append((names.index(name), stage))
+    return tuple(pins)
+
+
+def _search(profile: Profile, request: PlanRequest) -> tuple[list[Candidate], list[str]]:
+    candidates: list[Candidate] = []
+    infeasible: list[str] = []
+    for b in _micro_batch_sizes(profile, request):
+        m = request.global_batch_size // b
+        costs = unit_costs(profile, b)
+        for schedule, v in _schedules(profile, request, m):
+            num_stages = request.num_ranks * v
+            if num_stages > profile.num_units:
+                raise UsageError(
+                    f"cannot cut {profile.num_units} units into {num_stages} stages: use at most "
+                    f"{profile.num_units} stages, or profile finer units (--units)"
+                )
+            stage_rank = stage_to_rank(schedule, num_stages, request.num_ranks)
+            problem = build_problem(
+                profile,
+                costs,
+                request.settings,
+                num_stages=num_stages,
+                num_microbatches=m,
+                in_flight=in_flight_per_stage(schedule, num_stages, m, request.num_ranks),
+                stage_rank=stage_rank,
+                recompute_choices=_recompute_choices(request),
+                pinned=_pins(profile, request, v) if request.pinned else (),
+                max_units_per_stage=request.max_units_per_stage,
+            )
+            try:
+                solutions = _solve(problem, request)
+            except PlanInfeasibleError:
+                infeasible.append(f"b={b} {schedule.value} v={v}")
+                continue
+            for solution in solutions:
+                simulation = _simulate_partition(problem, solution, schedule, request.num_ranks)
+                candidates.append(
+                    Candidate(b, m, schedule, v, problem, solution, simulation, _peak_memory(problem, solution))
+                )
+    return candidates, infeasible
+
+
+def _explain_infeasible(profile: Profile, request: PlanRequest) -> str:
+    """Say which unit is the hardest to place, by how much it misses, and what would help."""
+    b = min(_micro_batch_sizes(profile, request))
+    costs = unit_costs(profile, b)
+    m = request.global_batch_size // b
+    problem = build_problem(
+        profile,
+        costs,
+        request.settings,
+        num_stages=request.num_ranks,
+        num_microbatches=m,
+        in_flight=in_flight_per_stage(Schedule.ONE_F_ONE_B, request.num_ranks, m, request.num_ranks),
+        stage_rank=tuple(range(request.num_ranks)),
+        recompute_choices=(True,),
+    )
+    # The last stage holds the fewest micro-batches under 1F1B: the most lenient place for any unit.
+    last = request.num_ranks - 1
+    needs = [stage_cost(problem, last, u, u, True).memory_bytes for u in range(profile.num_units)]
+    worst = max(range(profile.num_units), key=needs.__getitem__)
+    capacity = problem.capacity_bytes[last]
+    gib = 1024**3
+    unit = profile.units[worst].name
+    if needs[worst] > capacity:
+        return (
+            f"no plan fits: unit {unit} alone needs {needs[worst] / gib:.2f} GiB even with recomputation at "
+            f"micro-batch {b}, over the {capacity / gib:.2f} GiB usable per device by "
+            f"{(needs[worst] - capacity) / gib:.2f} GiB; use a device with more memory, --optimizer sgd, "
+            "or split that unit (--units)"
+        )
+    total = sum(needs) / gib
+    return (
+        f"no plan fits {profile.num_units} units on {request.num_ranks} devices of {capacity / gib:.2f} GiB usable "
+        f"(the largest unit, {unit}, needs {needs[worst] / gib:.2f} GiB; all units together "
+        f"{total:.2f} GiB with recomputation at micro-batch {b}): use more stages (--stages), "
+        "--recompute on, a smaller --micro-batch-size, or --optimizer sgd"
+    )
+
+
+def _best(candidates: list[Candidate]) -> Candidate:
+    return min(
+        enumerate(candidates),
+        key=lambda ic: (round(ic[1].simulation.iteration_s, 12), ic[1].peak_memory_bytes, ic[0]),
+    )[1]
+
+
+def _baselines(profile: Profile, costs: UnitCosts, best: Candidate, request: PlanRequest) -> list[BaselinePlan]:
+    problem = best.problem
+    n, p = problem.num_units, problem.num_stages
+    recompute = (request.recompute == "on",) * p
+    named = {
+        "uniform-by-count (Megatron/torchtitan)": uniform_by_count(n, p),
+        "balanced-by-params (DeepSpeed 'parameters')": balanced_by_params(list(costs.param_count), p),
+        "balanced-by-time (torchgpipe balance_by_time)": balanced_by_time(
+            [f + b for f, b in zip(costs.forward_s, costs.backward_s, strict=True)], p
+        ),
+    }
+    baselines = []
+    for name, boundaries in named.items():
+        split_points = tuple(profile.units[i].name for i in boundaries[1:])
+        objective, bottleneck = evaluate(problem, tuple(boundaries), recompute)
+        solution = PartitionSolution(tuple(boundaries), recompute, objective, bottleneck, solver=name)
+        peak = int(_peak_memory(problem, solution))
+        if objective == float("inf"):
+            baselines.append(BaselinePlan(name, split_points, None, fits=False, peak_memory_bytes=peak))
+            continue
+        simulation = _simulate_partition(problem, solution, best.schedule, request.num_ranks)
+        baselines.append(BaselinePlan(name, split_points, simulation.iteration_s, True, peak))
+    return baselines
+
+
+def _constraints(profile: Profile, request: PlanRequest) -> dict[str, object]:
+    s = request.settings
+    return {
+        "num_ranks": request.num_ranks,
+        "global_batch_size": request.global_batch_size,
+        "schedule": request.schedule,
+        "micro_batch_size": request.micro_batch_size if request.micro_batch_size is not None else "auto",
+        "recompute": request.recompute,
+        "solver": request.solver,
+        "optimizer": s.optimizer,
+        "link_bytes_per_s": s.link_bytes_per_s,
+        "link_latency_s": s.link_latency_s,
+        "device_memory_bytes": list(s.device_memory_bytes) or [profile.device.memory_bytes],
+        "headroom_fraction": s.headroom_fraction,
+        "capacity_bytes": [int(s.capacity(profile, r, request.num_ranks)) for r in range(request.num_ranks)],
+        "device_speeds": list(s.device_speeds) or [1.0] * request.num_ranks,
+        "pinned": [list(p) for p in request.pinned],
+        "max_units_per_stage": request.max_units_per_stage,
+        "top_k": request.top_k,
+    }
+
+
+def make_plan(profile: Profile, request: PlanRequest, *, sha256: str, record_timing: bool = False) -> Plan:
+    """Search every candidate and return the best simulated plan (raises PlanInfeasibleError)."""
+    if request.num_ranks > profile.num_units:
+        raise UsageError(
+            f"cannot cut {profile.num_units} units into {request.num_ranks} stages: use at most "
+            f"{profile.num_units} stages, or profile finer units (--units)"
+        )
+    started = time.perf_counter()
+    candidates, _ = _search(profile, request)
+    if not candidates:
+        raise PlanInfeasibleError(_explain_infeasible(profile, request))
+    best = _best(candidates)
+    solve_s = time.perf_counter() - started
+    costs = unit_costs(profile, best.micro_batch_size)
+    problem, solution, simulation = best.problem, best.solution, best.simulation
+    stage_rank = stage_to_rank(best.schedule, problem.num_stages, request.num_ranks)
+    forward, backward = _stage_times(problem, solution)
+    comm_forward, comm_backward = _comm_times(problem, solution)
+    stages = []
+    for s, units in enumerate(solution.stage_units(problem.num_units)):
+        first, last = units[0], units[-1]
+        stages.append(
+            StagePlan(
+                index=s,
+                rank=stage_rank[s],
+                units=tuple(profile.units[u].name for u in units),
+                recompute=solution.recompute[s],
+                forward_s=forward[s],
+                backward_s=backward[s],
+                send_bytes=costs.cut_bytes[last] if last < problem.num_units - 1 else 0,
+                in_flight=problem.in_flight[s],
+                memory_bytes=stage_memory(
+                    profile,
+                    costs,
+                    request.settings,
+                    first,
+                    last,
+                    in_flight=problem.in_flight[s],
+                    recompute=solution.recompute[s],
+                ),
+            )
+        )
+    split_points = tuple(profile.units[i].name for i in solution.boundaries[1:])
+    used_ilp = _use_ilp(request)
+    return Plan(
+        model_name=profile.model.name,
+        model_fingerprint=profile.model.fingerprint,
+        profile_sha256=sha256,
+        num_stages=problem.num_stages,
+        num_ranks=request.num_ranks,
+        schedule=best.schedule.value,
+        virtual_stages=best.virtual_stages,
+        micro_batch_size=best.micro_batch_size,
+        num_microbatches=best.num_microbatches,
+        global_batch_size=request.global_batch_size,
+        stages=tuple(stages),
+        split_points=split_points,
+        predicted=Prediction(
+            iteration_s=simulation.iteration_s,
+            formula_iteration_s=solution.objective_s,
+            bubble_fraction=simulation.bubble_fraction,
+            samples_per_s=request.global_batch_size / simulation.iteration_s,
+            bottleneck_stage=simulation.bottleneck_stage,
+            busy_s=tuple(simulation.busy_s),
+            comm_forward_s=tuple(comm_forward),
+            comm_backward_s=tuple(comm_backward),
+        ),
+        solver=SolverInfo(
+            name="ilp" if used_ilp else "dp",
+            objective=OBJECTIVE,
+            optimal=all(c.solution.optimal for c in candidates),
+            solve_s=round(solve_s, 4) if record_timing else None,
+            gap=max((c.solution.gap or 0.0) for c in candidates) if used_ilp else 0.0,
+            candidates=len(candidates),
+        ),
+        constraints=_constraints(profile, request),
+        baselines=tuple(_baselines(profile, costs, best, request)),
+        device={"kind": profile.device.kind, "name": profile.device.name, "dtype": profile.device.dtype},
+    )

@@ -1,0 +1,62 @@
+"""Hand-built profiles for planner tests: exact numbers, no torch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from profiles.format import DeviceInfo, ModelInfo, Profile, TensorFlow, UnitProfile, WholeModel
+
+FINGERPRINT = "ab" * 32
+
+
+def chain_tensors(n: int, nbytes: Sequence[int]) -> list[TensorFlow]:
+    """The model input into unit 0, then unit k's output into unit k + 1."""
+    tensors = [TensorFlow(-1, (0,), tuple(nbytes), "int64", False, "input")]
+    tensors += [TensorFlow(k, (k + 1,), tuple(nbytes), "float32", True, f"h{k}") for k in range(n - 1)]
+    return tensors
+
+
+def make_profile(
+    forward_s: Sequence[float],
+    backward_s: Sequence[float] | None = None,
+    *,
+    sizes: Sequence[int] = (1,),
+    param_counts: Sequence[int] | None = None,
+    saved_bytes: Sequence[int] | None = None,
+    activation_bytes: int = 1024,
+    tensors: Sequence[TensorFlow] | None = None,
+    memory_bytes: int = 64 * 1024**3,
+    scale_with_size: bool = True,
+) -> Profile:
+    """A profile whose unit k has forward ``forward_s[k] * b`` at micro-batch size b (when scaling)."""
+    n = len(forward_s)
+    backward = list(backward_s) if backward_s is not None else [2 * f for f in forward_s]
+    params = list(param_counts) if param_counts is not None else [1000] * n
+    saved = list(saved_bytes) if saved_bytes is not None else [4096] * n
+
+    def per_size(x: float) -> tuple[float, ...]:
+        return tuple(x * b if scale_with_size else x for b in sizes)
+
+    units = tuple(
+        UnitProfile(
+            name=f"layers.{k}",
+            type="Block",
+            param_count=params[k],
+            param_bytes=4 * params[k],
+            forward_s=per_size(forward_s[k]),
+            backward_s=per_size(backward[k]),
+            flops=tuple(1000 * b for b in sizes),
+            output_bytes=tuple(activation_bytes * b for b in sizes),
+            saved_bytes=tuple(saved[k] * b for b in sizes),
+        )
+        for k in range(n)
+    )
+    flows = tensors if tensors is not None else chain_tensors(n, [activation_bytes * b for b in sizes])
+    return Profile(
+        model=ModelInfo("synthetic", FINGERPRINT, sum(params), 4 * sum(params)),
+        device=DeviceInfo("cpu", "test-cpu", memory_bytes, "float32", "2.13.0"),
+        micro_batch_sizes=tuple(sizes),
+        units=units,
+        tensors=tuple(flows),
+        whole_model=WholeModel(tuple(sum(forward_s) * b for b in sizes), tuple(sum(backward) * b for b in sizes)),
+    )
