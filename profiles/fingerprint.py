@@ -12,10 +12,7 @@ __all__ = ["model_fingerprint", "describe_structure"]
 def describe_structure(model: nn.Module) -> list[str]:
     """One line per module and per parameter/buffer; what the fingerprint hashes."""
     lines = [f"module {name or '<root>'} {type(module).__name__}" for name, module in model.named_modules()]
-    lines += [
-        f"param {name} {tuple(p.shape)}"
-        for name, p in model.named_parameters(remove_duplicate=False)
-    ]
+    lines += [f"param {name} {tuple(p.shape)}" for name, p in model.named_parameters(remove_duplicate=False)]
     lines += [f"buffer {name} {tuple(b.shape)}" for name, b in model.named_buffers()]
     return lines
 

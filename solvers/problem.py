@@ -99,8 +99,10 @@ class PartitionProblem:
     @property
     def is_homogeneous(self) -> bool:
         """True when the DP can solve it: no speeds, pins or per-stage unit caps."""
-        return (not self.speed or all(v == 1.0 for v in self.speed)) and not self.pinned and (
-            self.max_units_per_stage is None
+        return (
+            (not self.speed or all(v == 1.0 for v in self.speed))
+            and not self.pinned
+            and (self.max_units_per_stage is None)
         )
 
 
