@@ -1,0 +1,96 @@
+import json
+
+import pytest
+
+from planner.errors import PlanFormatError
+from planner.plan import (
+    BaselinePlan,
+    MemoryBreakdown,
+    Plan,
+    Prediction,
+    SolverInfo,
+    StagePlan,
+    load_plan,
+    plan_from_dict,
+    save_plan,
+)
+
+FINGERPRINT = "cd" * 32
+
+
+def sample_plan() -> Plan:
+    memory = MemoryBreakdown(params=400, grads=400, optimizer=800, activations=1000, transient=64, peak=2664)
+    stages = (
+        StagePlan(0, 0, ("layers.0", "layers.1"), False, 0.5, 1.0, 4096, 2, memory),
+        StagePlan(1, 1, ("layers.2",), True, 0.25, 0.75, 0, 1, memory),
+    )
+    return Plan(
+        model_name="synthetic",
+        model_fingerprint=FINGERPRINT,
+        profile_sha256="ef" * 32,
+        num_stages=2,
+        num_ranks=2,
+        schedule="1f1b",
+        virtual_stages=1,
+        micro_batch_size=2,
+        num_microbatches=4,
+        global_batch_size=8,
+        stages=stages,
+        split_points=("layers.2",),
+        predicted=Prediction(7.0, 7.5, 0.2, 8 / 7.0, 0, (6.0, 4.0), (0.01,), (0.01,)),
+        solver=SolverInfo("dp", "objective", True, None, 0.0, 12),
+        constraints={"num_ranks": 2},
+        baselines=(BaselinePlan("uniform-by-count", ("layers.1",), 8.0, True, 3000),),
+    )
+
+
+def test_round_trip_is_exact_and_byte_identical(tmp_path):
+    plan = sample_plan()
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    save_plan(plan, a)
+    save_plan(load_plan(a), b)
+    assert load_plan(a) == plan
+    assert a.read_bytes() == b.read_bytes()
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def _dict():
+    return json.loads(json.dumps(sample_plan().to_dict()))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.update(format="pipeplan.profile"), "not a pipeplan plan"),
+        (lambda d: d.update(version=2), "unsupported plan version 2"),
+        (lambda d: d.pop("stages"), "'stages' is a required property"),
+        (lambda d: d["stages"][0].update(forward_s=-1.0), "stages"),
+        (lambda d: d.update(split_points=["layers.1"]), "split_points must be the first unit"),
+        (lambda d: d.update(num_microbatches=3), "global_batch_size"),
+        (lambda d: d["stages"][1].update(rank=5), "rank is outside"),
+        (lambda d: d.update(num_stages=3), "num_stages is 3 but 2 stages"),
+    ],
+)
+def test_invalid_plans_are_rejected(mutate, message):
+    data = _dict()
+    mutate(data)
+    with pytest.raises(PlanFormatError, match=message):
+        plan_from_dict(data)
+
+
+def test_truncated_and_missing_files(tmp_path):
+    path = tmp_path / "plan.json"
+    save_plan(sample_plan(), path)
+    path.write_text(path.read_text()[:100])
+    with pytest.raises(PlanFormatError, match="not valid JSON"):
+        load_plan(path)
+    with pytest.raises(PlanFormatError, match="not found"):
+        load_plan(tmp_path / "missing.json")
+
+
+def test_nan_is_rejected(tmp_path):
+    path = tmp_path / "plan.json"
+    save_plan(sample_plan(), path)
+    path.write_text(path.read_text().replace('"iteration_s": 7.0', '"iteration_s": NaN'))
+    with pytest.raises(PlanFormatError, match="NaN"):
+        load_plan(path)
