@@ -1,0 +1,319 @@
+"""Pipeline schedules: the ordered compute actions each rank runs, as ``torch.distributed.pipelining`` runs them.
+
+The orders are rebuilt here in pure Python (no torch import) from torch 2.13's
+``torch/distributed/pipelining/schedules.py``, so the planner and its solvers work without torch and
+stay stable across torch versions; ``tests/test_schedules_torch.py`` asserts they equal torch's own
+``pipeline_order`` for many ``(ranks, virtual stages, micro-batches)``.
+
+Which torch class runs each schedule:
+
+=====================  ================================  ==========================================
+Schedule               torch class                        placement / micro-batch requirement
+=====================  ================================  ==========================================
+``naive``              ``ScheduleGPipe`` with M = 1       one stage per rank, exactly 1 micro-batch
+``gpipe``              ``ScheduleGPipe``                  one stage per rank, M >= 1
+``1f1b``               ``Schedule1F1B``                   one stage per rank, M >= number of stages
+``interleaved-1f1b``   ``ScheduleInterleaved1F1B``        looped (rank r: stages r, r+R, ...),
+                                                          M % max(1, M // R) == 0
+``zero-bubble``        ``ScheduleInterleavedZeroBubble``  looped like interleaved (any v >= 1),
+                                                          M % max(1, M // R) == 0
+=====================  ================================  ==========================================
+
+``zero-bubble`` is torch's ZB1P (``ScheduleInterleavedZeroBubble``), chosen over ``ScheduleZBVZeroBubble``
+because it takes the same looped placement as interleaved-1f1b, runs with one stage per rank as well
+as several, and runs on gloo with traced stages (``ScheduleZBVZeroBubble`` needs manual stages there).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from planner.errors import ScheduleError, UsageError
+
+__all__ = [
+    "Schedule",
+    "Step",
+    "TORCH_SCHEDULE_CLASS",
+    "rank_orders",
+    "stage_to_rank",
+    "min_microbatches",
+    "check_microbatches",
+    "virtual_stages",
+    "orders_from_torch",
+    "format_orders",
+]
+
+
+class Schedule(str, Enum):
+    """A pipeline schedule; the value is the name users type."""
+
+    NAIVE = "naive"
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+    ZERO_BUBBLE = "zero-bubble"
+
+    @classmethod
+    def parse(cls, text: str | Schedule) -> Schedule:
+        """Parse a schedule name (case-insensitive, ``_`` accepted for ``-``).
+
+        Raises:
+            ScheduleError: unknown name; the message lists the valid names.
+        """
+        if isinstance(text, Schedule):
+            return text
+        key = str(text).strip().lower().replace("_", "-")
+        for member in cls:
+            if member.value == key:
+                return member
+        valid = ", ".join(m.value for m in cls)
+        raise ScheduleError(f"unknown schedule {text!r} (valid: {valid})")
+
+    @property
+    def multi_stage(self) -> bool:
+        """True when a rank may hold several stages (looped placement)."""
+        return self in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TORCH_SCHEDULE_CLASS: Mapping[Schedule, str] = {
+    Schedule.NAIVE: "ScheduleGPipe",
+    Schedule.GPIPE: "ScheduleGPipe",
+    Schedule.ONE_F_ONE_B: "Schedule1F1B",
+    Schedule.INTERLEAVED_1F1B: "ScheduleInterleaved1F1B",
+    Schedule.ZERO_BUBBLE: "ScheduleInterleavedZeroBubble",
+}
+"""Name of the class in ``torch.distributed.pipelining`` that runs each schedule."""
+
+_KINDS = ("F", "B", "I", "W")
+_STEP_RE = re.compile(r"^(\d+)(F|B|I|W)(\d+)$")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One compute action: ``kind`` is F (forward), B (full backward), I (input grad) or W (weight grad)."""
+
+    stage: int
+    microbatch: int
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ValueError(f"Step kind must be one of {_KINDS}, got {self.kind!r}")
+
+    def __str__(self) -> str:
+        # torch's compact notation: stage, kind, micro-batch (``2F0``).
+        return f"{self.stage}{self.kind}{self.microbatch}"
+
+    @classmethod
+    def parse(cls, text: str) -> Step:
+        """Inverse of ``str``: ``Step.parse("2F0") == Step(2, 0, "F")``."""
+        match = _STEP_RE.match(text.strip())
+        if match is None:
+            raise ValueError(f"not a compute action in torch notation (e.g. 2F0): {text!r}")
+        return cls(stage=int(match[1]), microbatch=int(match[3]), kind=match[2])
+
+
+def virtual_stages(schedule: Schedule | str, num_stages: int, num_ranks: int) -> int:
+    """Stages per rank ``v``; raises ScheduleError when the placement is impossible."""
+    sched = Schedule.parse(schedule)
+    if num_ranks < 1 or num_stages < 1:
+        raise UsageError(f"need at least 1 rank and 1 stage (ranks: {num_ranks}, stages: {num_stages})")
+    if not sched.multi_stage:
+        if num_stages != num_ranks:
+            raise ScheduleError(
+                f"schedule {sched.value} runs one stage per rank (stages: {num_stages}, ranks: {num_ranks}); "
+                f"use interleaved-1f1b or zero-bubble for several stages per rank"
+            )
+        return 1
+    if num_stages % num_ranks != 0:
+        raise ScheduleError(
+            f"schedule {sched.value} needs the number of stages to be a multiple of the number of ranks "
+            f"(stages: {num_stages}, ranks: {num_ranks})"
+        )
+    return num_stages // num_ranks
+
+
+def stage_to_rank(schedule: Schedule | str, num_stages: int, num_ranks: int) -> tuple[int, ...]:
+    """The rank holding each stage: stage ``s`` on rank ``s % num_ranks`` (torch's looped placement)."""
+    virtual_stages(schedule, num_stages, num_ranks)
+    return tuple(s % num_ranks for s in range(num_stages))
+
+
+def min_microbatches(schedule: Schedule | str, num_ranks: int, virtual_stages: int = 1) -> int:
+    """The fewest micro-batches torch's class for ``schedule`` accepts.
+
+    ``1f1b``: torch's ``Schedule1F1B`` refuses fewer micro-batches than stages. The looped schedules
+    accept any M >= 1 for which ``M % max(1, M // num_ranks) == 0`` (see :func:`check_microbatches`).
+    """
+    sched = Schedule.parse(schedule)
+    if sched is Schedule.ONE_F_ONE_B:
+        return num_ranks * virtual_stages
+    return 1
+
+
+def _rounds(num_microbatches: int, num_ranks: int) -> int:
+    return max(1, num_microbatches // num_ranks)
+
+
+def check_microbatches(schedule: Schedule | str, num_ranks: int, virtual_stages: int, num_microbatches: int) -> None:
+    """Raise ScheduleError, saying what is required, when torch would refuse ``num_microbatches``."""
+    sched = Schedule.parse(schedule)
+    m = num_microbatches
+    if m < 1:
+        raise ScheduleError(f"need at least 1 micro-batch (got {m})")
+    if sched is Schedule.NAIVE and m != 1:
+        raise ScheduleError(f"schedule naive runs exactly 1 micro-batch (got {m}); use gpipe or 1f1b for more")
+    low = min_microbatches(sched, num_ranks, virtual_stages)
+    if m < low:
+        raise ScheduleError(
+            f"schedule {sched.value} needs at least as many micro-batches as stages (micro-batches: {m}, stages: {low})"
+        )
+    if sched.multi_stage:
+        rounds = _rounds(m, num_ranks)
+        if m % rounds != 0:
+            ok = [k for k in range(max(1, m - num_ranks), m + num_ranks + 1) if k % _rounds(k, num_ranks) == 0]
+            raise ScheduleError(
+                f"schedule {sched.value} needs micro-batches divisible by max(1, M // ranks) = {rounds} "
+                f"(micro-batches: {m}, ranks: {num_ranks}); nearby valid counts: {ok}"
+            )
+
+
+def rank_orders(
+    schedule: Schedule | str, num_stages: int, num_microbatches: int, num_ranks: int | None = None
+) -> list[list[Step]]:
+    """The ordered compute actions of each rank, as torch 2.13 executes them (idle slots dropped).
+
+    Args:
+        schedule: a :class:`Schedule` or its name.
+        num_stages: total stages ``S`` (``R * v`` for the looped schedules).
+        num_microbatches: ``M``.
+        num_ranks: ``R``; defaults to ``num_stages``.
+
+    Returns:
+        ``orders[r]`` is rank ``r``'s list of :class:`Step` in execution order.
+
+    Raises:
+        ScheduleError: placement impossible or ``M`` not accepted by the schedule.
+
+    Example:
+        >>> [str(s) for s in rank_orders("1f1b", 2, 3)[0]]
+        ['0F0', '0F1', '0B0', '0F2', '0B1', '0B2']
+    """
+    sched = Schedule.parse(schedule)
+    ranks = num_stages if num_ranks is None else num_ranks
+    v = virtual_stages(sched, num_stages, ranks)
+    check_microbatches(sched, ranks, v, num_microbatches)
+    m = num_microbatches
+    if sched in (Schedule.NAIVE, Schedule.GPIPE):
+        return [[Step(r, i, "F") for i in range(m)] + [Step(r, i, "B") for i in range(m)] for r in range(ranks)]
+    if sched is Schedule.ONE_F_ONE_B:
+        return [_one_f_one_b(r, ranks, m) for r in range(ranks)]
+    zero_bubble = sched is Schedule.ZERO_BUBBLE
+    return [_looped_1f1b(r, ranks, v, m, zero_bubble) for r in range(ranks)]
+
+
+def _one_f_one_b(stage: int, num_stages: int, m: int) -> list[Step]:
+    # Schedule1F1B._step_microbatches: min(M, P - s) warm-up forwards, then B/F pairs, then the rest of B.
+    warmup = min(m, num_stages - stage)
+    order = [Step(stage, i, "F") for i in range(warmup)]
+    fwd, bwd = warmup, 0
+    while True:
+        order.append(Step(stage, bwd, "B"))
+        bwd += 1
+        if fwd == m:
+            break
+        order.append(Step(stage, fwd, "F"))
+        fwd += 1
+    order.extend(Step(stage, i, "B") for i in range(bwd, m))
+    return order
+
+
+def _looped_1f1b(rank: int, ranks: int, v: int, m: int, zero_bubble: bool) -> list[Step]:
+    # ScheduleInterleaved1F1B / ScheduleInterleavedZeroBubble._calculate_single_rank_operations
+    # with _get_warmup_ops and _get_1f1b_rank_ops, minus the None padding (idle is simulated, not listed).
+    per_round = m // _rounds(m, ranks)
+    warmup = min((v - 1) * per_round + (1 if zero_bubble else 2) * (ranks - 1 - rank), m * v)
+    fwd_bwd = m * v - warmup
+    cooldown = warmup
+
+    def forward_stage(op: int) -> int:
+        return ((op // per_round) % v) * ranks + rank
+
+    def backward_stage(op: int) -> int:
+        return (v - 1 - ((op - warmup) // per_round) % v) * ranks + rank
+
+    return _rank_ops_1f1b(warmup, fwd_bwd, cooldown, forward_stage, backward_stage, rank if zero_bubble else None)
+
+
+def _rank_ops_1f1b(
+    warmup: int,
+    fwd_bwd: int,
+    cooldown: int,
+    forward_stage: Callable[[int], int],
+    backward_stage: Callable[[int], int],
+    num_1f1b_microbatches: int | None,
+) -> list[Step]:
+    # num_1f1b_microbatches is None for plain interleaved (full backward B); an int turns on the
+    # zero-bubble split: I in place of B, and W deferred by that many backward ops.
+    zero_bubble = num_1f1b_microbatches is not None
+    next_mb: dict[tuple[str, int], int] = defaultdict(int)
+    order: list[Step] = []
+    backward_ops: list[int] = []
+    weight_count = 0
+
+    def emit(kind: str, stage: int) -> None:
+        key = (kind, stage)
+        order.append(Step(stage, next_mb[key], kind))
+        next_mb[key] += 1
+
+    def maybe_weight(op: int) -> None:
+        nonlocal weight_count
+        if zero_bubble and op - warmup >= num_1f1b_microbatches:  # type: ignore[operator]
+            emit("W", backward_stage(backward_ops[weight_count]))
+            weight_count += 1
+
+    back_kind = "I" if zero_bubble else "B"
+    for op in range(warmup + fwd_bwd + cooldown):
+        if op < warmup:
+            emit("F", forward_stage(op))
+            continue
+        if op < warmup + fwd_bwd:
+            emit("F", forward_stage(op))
+        emit(back_kind, backward_stage(op))
+        backward_ops.append(op)
+        maybe_weight(op)
+    while zero_bubble and weight_count < len(backward_ops):
+        emit("W", backward_stage(backward_ops[weight_count]))
+        weight_count += 1
+    return order
+
+
+def orders_from_torch(pipeline_order: Mapping[int, Iterable[object]]) -> list[list[Step]]:
+    """Convert a torch schedule's ``pipeline_order`` (rank -> actions, ``None`` for idle) to Step lists.
+
+    Only compute actions (F, B, I, W) are kept; idle slots, communication and REDUCE_GRAD are dropped.
+    Works on the ``str`` of each action, so torch is not imported here.
+    """
+    orders: list[list[Step]] = []
+    for rank in sorted(pipeline_order):
+        steps = []
+        for action in pipeline_order[rank]:
+            if action is None:
+                continue
+            match = _STEP_RE.match(str(action).strip())
+            if match is not None:
+                steps.append(Step(int(match[1]), int(match[3]), match[2]))
+        orders.append(steps)
+    return orders
+
+
+def format_orders(orders: Sequence[Sequence[Step]]) -> str:
+    """One line per rank in torch's notation, for debugging and error messages."""
+    return "\n".join(f"rank {r}: " + " ".join(str(s) for s in steps) for r, steps in enumerate(orders))

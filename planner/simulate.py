@@ -1,0 +1,329 @@
+"""Event simulator: predicts one training iteration of a pipeline schedule from per-stage times.
+
+The model (docs/simulator.md):
+
+- each rank runs its compute actions strictly in the order of :func:`planner.schedules.rank_orders`,
+  one at a time, starting at time 0;
+- ``F(s, m)`` may start once its rank is free and ``F(s-1, m)`` has ended plus ``comm_forward_s[s-1]``;
+- ``B(s, m)`` (or ``I(s, m)`` under zero-bubble) needs ``F(s, m)`` and the input gradient of stage
+  ``s+1``, i.e. ``B``/``I(s+1, m)`` ended plus ``comm_backward_s[s]``; the last stage needs only its own F;
+- ``W(s, m)`` needs ``I(s, m)``;
+- communication delays a dependency but occupies no rank's compute time (sends are asynchronous),
+  and torch's fused send/receive waits are not modelled.
+
+Start times are therefore the longest path through a DAG (rank order edges + dependency edges), so
+the result is exact for this model and independent of event tie-breaking.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import UsageError
+from planner.schedules import (
+    Schedule,
+    Step,
+    check_microbatches,
+    format_orders,
+    rank_orders,
+    virtual_stages,
+)
+
+__all__ = [
+    "TimedAction",
+    "SimulationResult",
+    "ScheduleDeadlockError",
+    "simulate",
+    "in_flight_per_stage",
+    "DEFAULT_WEIGHT_FRACTION",
+]
+
+DEFAULT_WEIGHT_FRACTION = 0.5
+"""Zero-bubble without ``weight_s``: the weight-gradient share of backward. For matmul layers the
+input gradient and the weight gradient each cost about one forward, hence half."""
+
+
+class ScheduleDeadlockError(RuntimeError):
+    """Internal error: no rank can make progress. Never raised for the orders of ``rank_orders``."""
+
+
+@dataclass(frozen=True)
+class TimedAction:
+    """One executed compute action with its simulated start and end (seconds from iteration start)."""
+
+    rank: int
+    stage: int
+    microbatch: int
+    kind: str
+    start_s: float
+    end_s: float
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "stage": self.stage,
+            "microbatch": self.microbatch,
+            "kind": self.kind,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+        }
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """The simulated iteration of one schedule."""
+
+    schedule: str
+    num_stages: int
+    num_ranks: int
+    num_microbatches: int
+    actions: tuple[TimedAction, ...]
+    """Every compute action, sorted by (rank, start)."""
+    iteration_s: float
+    """End of the last action."""
+    busy_s: tuple[float, ...]
+    """Per rank: total compute time."""
+    bubble_fraction: float
+    """``1 - sum(busy_s) / (num_ranks * iteration_s)``."""
+    peak_in_flight: tuple[int, ...]
+    """Per stage: most micro-batches whose forward has ended but whose backward (W under zero-bubble)
+    has not, i.e. how many micro-batches of saved activations the stage holds at its peak."""
+    bottleneck_stage: int
+    """The stage with the largest forward + backward time per micro-batch (lowest index on ties)."""
+
+    @property
+    def virtual_stages(self) -> int:
+        return self.num_stages // self.num_ranks
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (for ``--json``)."""
+        return {
+            "schedule": self.schedule,
+            "num_stages": self.num_stages,
+            "num_ranks": self.num_ranks,
+            "num_microbatches": self.num_microbatches,
+            "iteration_s": self.iteration_s,
+            "busy_s": list(self.busy_s),
+            "bubble_fraction": self.bubble_fraction,
+            "peak_in_flight": list(self.peak_in_flight),
+            "bottleneck_stage": self.bottleneck_stage,
+            "actions": [a.to_dict() for a in self.actions],
+        }
+
+
+def _as_times(name: str, values: Sequence[float], length: int | None, *, allow_zero: bool) -> list[float]:
+    out = [float(x) for x in values]
+    if length is not None and len(out) != length:
+        raise UsageError(f"{name} has {len(out)} values, expected {length}")
+    for i, x in enumerate(out):
+        ok = math.isfinite(x) and (x >= 0 if allow_zero else x > 0)
+        if not ok:
+            need = ">= 0" if allow_zero else "> 0"
+            raise UsageError(f"{name}[{i}] = {x} must be finite and {need} (seconds)")
+    return out
+
+
+def _default_ranks(schedule: Schedule, num_stages: int) -> int:
+    if schedule is Schedule.INTERLEAVED_1F1B:
+        if num_stages % 2 != 0:
+            raise UsageError(
+                f"interleaved-1f1b with {num_stages} stages: give num_ranks (the default, stages / 2, "
+                f"needs an even number of stages)"
+            )
+        return num_stages // 2
+    return num_stages
+
+
+def simulate(
+    forward_s: Sequence[float],
+    backward_s: Sequence[float],
+    num_microbatches: int,
+    schedule: Schedule | str,
+    *,
+    num_ranks: int | None = None,
+    comm_forward_s: Sequence[float] = (),
+    comm_backward_s: Sequence[float] = (),
+    weight_s: Sequence[float] = (),
+    orders: Sequence[Sequence[Step]] | None = None,
+) -> SimulationResult:
+    """Simulate one iteration of ``schedule``.
+
+    Args:
+        forward_s: per stage, forward time of one micro-batch (``R * v`` stages for looped schedules).
+        backward_s: per stage, full backward time of one micro-batch (input + weight gradients).
+        num_microbatches: ``M``.
+        schedule: a :class:`Schedule` or its name.
+        num_ranks: ``R``; default ``len(forward_s)``, or half of it for interleaved-1f1b.
+        comm_forward_s: per cut ``s`` (between stage ``s`` and ``s+1``), the delay of sending the
+            activations; empty means 0. It delays ``F(s+1, m)`` but occupies no compute.
+        comm_backward_s: per cut ``s``, the delay of sending the gradient back to stage ``s``.
+        weight_s: zero-bubble only: per stage, the weight-gradient part ``W`` of ``backward_s``; the
+            input-gradient part is ``I = backward_s - weight_s``. Empty: ``W = 0.5 * backward_s``.
+            Ignored by the other schedules, which run the full backward as one action.
+        orders: optional rank orders to run instead of :func:`rank_orders` (e.g. converted from a
+            torch schedule's ``pipeline_order`` with :func:`planner.schedules.orders_from_torch`).
+
+    Returns:
+        The :class:`SimulationResult`.
+
+    Raises:
+        UsageError: a time is not positive/finite, a list has the wrong length, ``M < 1``.
+        ScheduleError: the schedule's placement or micro-batch requirement is not met.
+        ScheduleDeadlockError: (internal) the orders cannot complete.
+
+    Example:
+        >>> simulate([1, 1, 1, 1], [1, 1, 1, 1], 8, "gpipe").iteration_s
+        22.0
+    """
+    sched = Schedule.parse(schedule)
+    if not isinstance(num_microbatches, int) or num_microbatches < 1:
+        raise UsageError(f"num_microbatches = {num_microbatches!r} must be an integer >= 1")
+    n = len(forward_s)
+    if n < 1:
+        raise UsageError("forward_s is empty: give one forward time per stage")
+    fwd = _as_times("forward_s", forward_s, None, allow_zero=False)
+    bwd = _as_times("backward_s", backward_s, n, allow_zero=False)
+    cuts = n - 1
+    comm_f = _as_times("comm_forward_s", comm_forward_s, cuts, allow_zero=True) if comm_forward_s else [0.0] * cuts
+    comm_b = _as_times("comm_backward_s", comm_backward_s, cuts, allow_zero=True) if comm_backward_s else [0.0] * cuts
+    weight = _as_times("weight_s", weight_s, n, allow_zero=True) if weight_s else []
+    for s, (w, b) in enumerate(zip(weight, bwd, strict=False)):
+        if w >= b:
+            raise UsageError(f"weight_s[{s}] = {w} must be below backward_s[{s}] = {b} (W is a part of B)")
+    ranks = _default_ranks(sched, n) if num_ranks is None else num_ranks
+    if not isinstance(ranks, int) or ranks < 1:
+        raise UsageError(f"num_ranks = {ranks!r} must be an integer >= 1")
+    v = virtual_stages(sched, n, ranks)
+    check_microbatches(sched, ranks, v, num_microbatches)
+    if orders is None:
+        orders = rank_orders(sched, n, num_microbatches, ranks)
+    elif len(orders) != ranks:
+        raise UsageError(f"orders has {len(orders)} ranks, expected {ranks}")
+
+    if sched is Schedule.ZERO_BUBBLE:
+        w_part = weight or [b * DEFAULT_WEIGHT_FRACTION for b in bwd]
+    else:
+        w_part = [0.0] * n
+    durations = {
+        "F": fwd,
+        "B": bwd,
+        "I": [b - w for b, w in zip(bwd, w_part, strict=True)],
+        "W": w_part,
+    }
+    actions = _run(orders, durations, comm_f, comm_b, n)
+    iteration = max(a.end_s for a in actions)
+    busy = [0.0] * ranks
+    for a in actions:
+        busy[a.rank] += a.end_s - a.start_s
+    bubble = 1.0 - sum(busy) / (ranks * iteration)
+    per_stage = [f + b for f, b in zip(fwd, bwd, strict=True)]
+    return SimulationResult(
+        schedule=sched.value,
+        num_stages=n,
+        num_ranks=ranks,
+        num_microbatches=num_microbatches,
+        actions=tuple(actions),
+        iteration_s=iteration,
+        busy_s=tuple(busy),
+        bubble_fraction=bubble,
+        peak_in_flight=_peak_in_flight(orders, n),
+        bottleneck_stage=per_stage.index(max(per_stage)),
+    )
+
+
+def _run(
+    orders: Sequence[Sequence[Step]],
+    durations: dict[str, list[float]],
+    comm_f: list[float],
+    comm_b: list[float],
+    num_stages: int,
+) -> list[TimedAction]:
+    # Longest path over the DAG: repeatedly advance every rank whose next action has all its
+    # dependencies timed. Each pass advances at least one rank unless the orders deadlock.
+    end: dict[tuple[str, int, int], float] = {}
+    pos = [0] * len(orders)
+    free = [0.0] * len(orders)
+    out: list[TimedAction] = []
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for rank, order in enumerate(orders):
+            while pos[rank] < len(order):
+                step = order[pos[rank]]
+                ready = _ready_time(step, end, comm_f, comm_b, num_stages)
+                if ready is None:
+                    break
+                start = max(free[rank], ready)
+                finish = start + durations[step.kind][step.stage]
+                end[(step.kind, step.stage, step.microbatch)] = finish
+                out.append(TimedAction(rank, step.stage, step.microbatch, step.kind, start, finish))
+                free[rank] = finish
+                pos[rank] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            waiting = ", ".join(f"rank {r}: {orders[r][p]}" for r, p in enumerate(pos) if p < len(orders[r]))
+            raise ScheduleDeadlockError(f"schedule deadlocks; blocked at {waiting}\n{format_orders(orders)}")
+    out.sort(key=lambda a: (a.rank, a.start_s, a.end_s))
+    return out
+
+
+def _ready_time(
+    step: Step,
+    end: dict[tuple[str, int, int], float],
+    comm_f: list[float],
+    comm_b: list[float],
+    num_stages: int,
+) -> float | None:
+    s, m = step.stage, step.microbatch
+    if step.kind == "F":
+        if s == 0:
+            return 0.0
+        prev = end.get(("F", s - 1, m))
+        return None if prev is None else prev + comm_f[s - 1]
+    if step.kind == "W":
+        return end.get(("I", s, m))
+    own = end.get(("F", s, m))
+    if own is None:
+        return None
+    if s == num_stages - 1:
+        return own
+    grad = end.get(("B", s + 1, m), end.get(("I", s + 1, m)))
+    return None if grad is None else max(own, grad + comm_b[s])
+
+
+def _peak_in_flight(orders: Sequence[Sequence[Step]], num_stages: int) -> tuple[int, ...]:
+    # A stage's actions all run on one rank, in order, so its in-flight count depends only on the
+    # order: +1 after each F, -1 after the action that ends the micro-batch's backward.
+    has_w = any(step.kind == "W" for order in orders for step in order)
+    release = "W" if has_w else "B"
+    held = [0] * num_stages
+    peak = [0] * num_stages
+    for order in orders:
+        for step in order:
+            if step.kind == "F":
+                held[step.stage] += 1
+                peak[step.stage] = max(peak[step.stage], held[step.stage])
+            elif step.kind == release:
+                held[step.stage] -= 1
+    return tuple(peak)
+
+
+def in_flight_per_stage(
+    schedule: Schedule | str, num_stages: int, num_microbatches: int, num_ranks: int | None = None
+) -> tuple[int, ...]:
+    """Peak micro-batches of activations held per stage (for the memory model).
+
+    Simulated with unit times; for 1f1b it equals ``min(P - s, M)``, for gpipe ``M``.
+    """
+    sched = Schedule.parse(schedule)
+    ranks = _default_ranks(sched, num_stages) if num_ranks is None else num_ranks
+    result = simulate([1.0] * num_stages, [1.0] * num_stages, num_microbatches, sched, num_ranks=ranks)
+    return result.peak_in_flight

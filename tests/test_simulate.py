@@ -1,0 +1,275 @@
+"""The event simulator against exact hand-computed and textbook values (times are binary fractions)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from planner.errors import ScheduleError, UsageError
+from planner.schedules import Schedule, Step, min_microbatches, rank_orders, stage_to_rank
+from planner.simulate import ScheduleDeadlockError, in_flight_per_stage, simulate
+
+
+def _gpipe_formula(f: list[float], b: list[float], m: int) -> float:
+    return sum(f) + (m - 1) * max(f) + sum(b) + (m - 1) * max(b)
+
+
+def _textbook(f: list[float], b: list[float], m: int) -> float:
+    return sum(f) + sum(b) + (m - 1) * max(x + y for x, y in zip(f, b, strict=True))
+
+
+# ---- schedule names and placement -------------------------------------------------------------
+
+
+def test_parse_schedule_names() -> None:
+    assert Schedule.parse("1F1B") is Schedule.ONE_F_ONE_B
+    assert Schedule.parse("interleaved_1f1b") is Schedule.INTERLEAVED_1F1B
+    with pytest.raises(ScheduleError, match=r"unknown schedule 'pipedream' \(valid: naive, gpipe, 1f1b"):
+        Schedule.parse("pipedream")
+
+
+def test_step_notation_round_trips() -> None:
+    assert str(Step(2, 0, "F")) == "2F0"
+    assert Step.parse("11W3") == Step(11, 3, "W")
+
+
+def test_looped_placement() -> None:
+    assert stage_to_rank("interleaved-1f1b", 8, 4) == (0, 1, 2, 3, 0, 1, 2, 3)
+    assert stage_to_rank("gpipe", 3, 3) == (0, 1, 2)
+
+
+def test_min_microbatches() -> None:
+    assert min_microbatches("1f1b", 4, 1) == 4
+    assert min_microbatches("gpipe", 4, 1) == 1
+    assert min_microbatches("interleaved-1f1b", 4, 2) == 1
+
+
+def test_1f1b_order_warmup_then_alternate() -> None:
+    orders = rank_orders("1f1b", 3, 4)
+    assert [str(s) for s in orders[0]] == ["0F0", "0F1", "0F2", "0B0", "0F3", "0B1", "0B2", "0B3"]
+    assert [str(s) for s in orders[2]] == ["2F0", "2B0", "2F1", "2B1", "2F2", "2B2", "2F3", "2B3"]
+
+
+# ---- uniform stages ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("p", "bubble"), [(4, 0.75), (8, 0.875)])
+def test_naive(p: int, bubble: float) -> None:
+    r = simulate([1.0] * p, [1.0] * p, 1, "naive")
+    assert r.iteration_s == 2 * p
+    assert r.bubble_fraction == bubble
+
+
+def test_gpipe_uniform_p4_m8() -> None:
+    r = simulate([1.0] * 4, [1.0] * 4, 8, "gpipe")
+    assert r.iteration_s == 22.0
+    assert 1 - r.bubble_fraction == pytest.approx(8 / 11, abs=1e-15)
+    assert r.peak_in_flight == (8, 8, 8, 8)
+    assert r.busy_s == (16.0, 16.0, 16.0, 16.0)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 5])
+@pytest.mark.parametrize("m", [1, 2, 5, 9])
+def test_gpipe_and_1f1b_uniform_formula(p: int, m: int) -> None:
+    t = 0.5
+    g = simulate([t] * p, [t] * p, m, "gpipe")
+    assert g.iteration_s == 2 * (m + p - 1) * t
+    assert g.bubble_fraction == pytest.approx((p - 1) / (m + p - 1), abs=1e-15)
+    if m >= p:
+        o = simulate([t] * p, [t] * p, m, "1f1b")
+        assert o.iteration_s == g.iteration_s
+        assert o.bubble_fraction == pytest.approx(g.bubble_fraction, abs=1e-15)
+        assert o.peak_in_flight == tuple(min(p - s, m) for s in range(p))
+
+
+def test_in_flight_per_stage() -> None:
+    assert in_flight_per_stage("1f1b", 4, 8) == (4, 3, 2, 1)
+    assert in_flight_per_stage("1f1b", 3, 3) == (3, 2, 1)
+    assert in_flight_per_stage("gpipe", 4, 6) == (6, 6, 6, 6)
+    # torch's interleaved warm-up is 2 per hop (vs 1 for 1F1B), so even with one stage per rank it holds more
+    assert in_flight_per_stage("interleaved-1f1b", 4, 8, num_ranks=4) == (7, 5, 3, 1)
+
+
+@pytest.mark.parametrize(
+    ("p", "v", "m"), [(4, 2, 8), (4, 2, 4), (4, 2, 6), (4, 2, 12), (4, 4, 8), (2, 2, 4), (8, 2, 16), (4, 3, 8)]
+)
+def test_interleaved_bubble_equals_megatron_when_m_at_least_ranks(p: int, v: int, m: int) -> None:
+    # Per-chunk f = b = 1 (a stage of time t = v split in v chunks). Exact value the simulator gives:
+    # iteration = 2 (v M + P - 1) chunk times, i.e. bubble time / ideal time = (P - 1) / (v M).
+    r = simulate([1.0] * (p * v), [1.0] * (p * v), m, "interleaved-1f1b", num_ranks=p)
+    assert r.iteration_s == 2 * (v * m + p - 1)
+    ideal = 2 * v * m
+    assert (r.iteration_s - ideal) / ideal == pytest.approx((p - 1) / (v * m), abs=1e-15)
+    assert r.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1), abs=1e-15)
+
+
+@pytest.mark.parametrize(("p", "v", "m"), [(4, 2, 2), (3, 2, 2), (4, 3, 1), (8, 2, 4)])
+def test_interleaved_with_fewer_microbatches_than_ranks(p: int, v: int, m: int) -> None:
+    # Below M = P torch's rounds degenerate: 2 (v P + M - 1) chunk times, above (P - 1)/(v M).
+    r = simulate([1.0] * (p * v), [1.0] * (p * v), m, "interleaved-1f1b", num_ranks=p)
+    assert r.iteration_s == 2 * (v * p + m - 1)
+    assert r.iteration_s > 2 * (v * m + p - 1)
+
+
+def test_interleaved_default_ranks_is_half_the_stages() -> None:
+    r = simulate([1.0] * 8, [1.0] * 8, 8, "interleaved-1f1b")
+    assert r.num_ranks == 4
+    assert r.iteration_s == 38.0
+
+
+def test_zero_bubble_beats_1f1b_when_weight_grad_fills_the_bubble() -> None:
+    # f = 1, b = 2 (I = W = 1), P = 4, M = 8: 1F1B takes (M + P - 1)(f + b) = 33; ZB1P takes
+    # M (f + b) + (P - 1) f = 27: only the forward fill is idle, the W's fill the drain bubble.
+    one = simulate([1.0] * 4, [2.0] * 4, 8, "1f1b")
+    zb = simulate([1.0] * 4, [2.0] * 4, 8, "zero-bubble")
+    assert one.iteration_s == 33.0
+    assert zb.iteration_s == 27.0
+    assert zb.peak_in_flight == (4, 4, 4, 4)
+    kinds = {a.kind for a in zb.actions}
+    assert kinds == {"F", "I", "W"}
+    explicit = simulate([1.0] * 4, [2.0] * 4, 8, "zero-bubble", weight_s=[1.0] * 4)
+    assert explicit.iteration_s == 27.0
+
+
+# ---- uneven stages ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("f", "b", "m", "expected"),
+    [
+        ([1, 2, 1], [2, 4, 2], 4, 4 + 3 * 2 + 8 + 3 * 4),
+        ([3, 1], [1, 5], 3, 4 + 2 * 3 + 6 + 2 * 5),
+        ([0.5, 0.25, 2, 1], [1, 0.5, 4, 3], 5, 3.75 + 4 * 2 + 8.5 + 4 * 4),
+    ],
+)
+def test_gpipe_uneven_hand_cases(f: list[float], b: list[float], m: int, expected: float) -> None:
+    assert simulate(f, b, m, "gpipe").iteration_s == expected
+    assert _gpipe_formula(f, b, m) == expected
+
+
+def test_gpipe_uneven_random_cases_match_formula_exactly() -> None:
+    rng = random.Random(1234)
+    for _ in range(200):
+        p = rng.randint(1, 7)
+        m = rng.randint(1, 12)
+        # multiples of 1/64: sums are exact in binary floating point, so == is meaningful
+        f = [rng.randint(1, 256) / 64 for _ in range(p)]
+        b = [rng.randint(1, 512) / 64 for _ in range(p)]
+        assert simulate(f, b, m, "gpipe").iteration_s == _gpipe_formula(f, b, m), (f, b, m)
+
+
+def test_1f1b_never_exceeds_textbook_formula() -> None:
+    rng = random.Random(99)
+    below = 0
+    for _ in range(200):
+        p = rng.randint(1, 6)
+        m = rng.randint(p, 12)
+        f = [rng.randint(1, 256) / 64 for _ in range(p)]
+        b = [rng.randint(1, 512) / 64 for _ in range(p)]
+        r = simulate(f, b, m, "1f1b")
+        assert r.iteration_s <= _textbook(f, b, m), (f, b, m)
+        below += r.iteration_s < _textbook(f, b, m)
+    assert below > 0
+
+
+def test_1f1b_strictly_below_textbook_hand_case() -> None:
+    # P=2, M=2, f=(3,2), b=(3,1). Rank 0: F0 [0,3] F1 [3,6]; rank 1: F0 [3,5] B0 [5,6] F1 [6,8] B1 [8,9];
+    # rank 0: B0 [6,9] B1 [9,12]. Iteration 12 < textbook 5 + 4 + 1 * max(6, 3) = 15 (= GPipe here).
+    r = simulate([3, 2], [3, 1], 2, "1f1b")
+    assert r.iteration_s == 12.0
+    assert _textbook([3, 2], [3, 1], 2) == 15.0
+    assert simulate([3, 2], [3, 1], 2, "gpipe").iteration_s == 15.0
+    assert r.bottleneck_stage == 0
+    assert r.busy_s == (12.0, 6.0)
+    assert r.bubble_fraction == 1 - 18 / 24
+
+
+# ---- communication ----------------------------------------------------------------------------
+
+
+def test_communication_delays_hand_case() -> None:
+    # GPipe P=3 M=2, f=(1,2,1), b=(2,2,1), comm forward (0.5, 0.25), backward (0.125, 0.5):
+    # rank0 F0 [0,1] F1 [1,2]; rank1 F0 [1.5,3.5] F1 [3.5,5.5]; rank2 F0 [3.75,4.75] F1 [5.75,6.75]
+    # B0 [6.75,7.75] B1 [7.75,8.75]; rank1 B0 [8.25,10.25] B1 [10.25,12.25];
+    # rank0 B0 [10.375,12.375] B1 [12.375,14.375].
+    r = simulate([1, 2, 1], [2, 2, 1], 2, "gpipe", comm_forward_s=[0.5, 0.25], comm_backward_s=[0.125, 0.5])
+    assert r.iteration_s == 14.375
+    spans = {(a.stage, a.kind, a.microbatch): (a.start_s, a.end_s) for a in r.actions}
+    assert spans[(2, "F", 0)] == (3.75, 4.75)
+    assert spans[(1, "B", 0)] == (8.25, 10.25)
+    assert spans[(0, "B", 0)] == (10.375, 12.375)
+    # communication occupies no compute: busy time is compute only
+    assert r.busy_s == (6.0, 8.0, 4.0)
+
+
+def test_zero_comm_lists_equal_no_comm() -> None:
+    a = simulate([1, 2], [2, 3], 3, "1f1b")
+    b = simulate([1, 2], [2, 3], 3, "1f1b", comm_forward_s=[0.0], comm_backward_s=[0.0])
+    assert a == b
+
+
+# ---- result object ----------------------------------------------------------------------------
+
+
+def test_to_dict_is_json_ready() -> None:
+    r = simulate([1, 1], [1, 1], 2, "1f1b")
+    d = json.loads(json.dumps(r.to_dict()))
+    assert d["schedule"] == "1f1b"
+    assert d["iteration_s"] == 6.0
+    assert d["peak_in_flight"] == [2, 1]
+    assert len(d["actions"]) == 8
+    assert d["actions"][0] == {"rank": 0, "stage": 0, "microbatch": 0, "kind": "F", "start_s": 0.0, "end_s": 1.0}
+
+
+def test_orders_override_runs_given_order() -> None:
+    # A GPipe order handed in explicitly gives the GPipe result under the 1f1b label.
+    orders = rank_orders("gpipe", 2, 3)
+    r = simulate([1, 1], [1, 1], 3, "1f1b", orders=orders)
+    assert r.iteration_s == simulate([1, 1], [1, 1], 3, "gpipe").iteration_s == 8.0
+
+
+def test_deadlocking_order_raises_internal_error() -> None:
+    bad = [[Step(0, 0, "F"), Step(0, 0, "B")], [Step(1, 0, "B"), Step(1, 0, "F")]]
+    with pytest.raises(ScheduleDeadlockError, match="blocked at rank 0: 0B0, rank 1: 1B0"):
+        simulate([1, 1], [1, 1], 1, "gpipe", orders=bad)
+
+
+# ---- bad input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"forward_s": [1, 0]}, UsageError, r"forward_s\[1\] = 0.0 must be finite and > 0"),
+        ({"backward_s": [1, -2]}, UsageError, r"backward_s\[1\] = -2.0 must be finite and > 0"),
+        ({"backward_s": [1]}, UsageError, "backward_s has 1 values, expected 2"),
+        ({"num_microbatches": 0}, UsageError, "num_microbatches = 0 must be an integer >= 1"),
+        ({"comm_forward_s": [1, 1]}, UsageError, "comm_forward_s has 2 values, expected 1"),
+        ({"comm_backward_s": [float("nan")]}, UsageError, r"comm_backward_s\[0\] = nan must be finite and >= 0"),
+        ({"schedule": "1f1b", "num_microbatches": 1}, ScheduleError, "at least as many micro-batches as stages"),
+        ({"schedule": "naive", "num_microbatches": 2}, ScheduleError, "naive runs exactly 1 micro-batch"),
+        ({"num_ranks": 1}, ScheduleError, "runs one stage per rank"),
+        ({"schedule": "zero-bubble", "weight_s": [1, 5]}, UsageError, r"weight_s\[1\] = 5.0 must be below"),
+    ],
+)
+def test_bad_input(kwargs: dict[str, object], error: type[Exception], message: str) -> None:
+    args: dict[str, object] = {
+        "forward_s": [1, 1],
+        "backward_s": [2, 2],
+        "num_microbatches": 4,
+        "schedule": "gpipe",
+    }
+    args.update(kwargs)
+    with pytest.raises(error, match=message):
+        simulate(**args)  # type: ignore[arg-type]
+
+
+def test_interleaved_bad_placement_and_microbatches() -> None:
+    with pytest.raises(ScheduleError, match=r"multiple of the number of ranks \(stages: 6, ranks: 4\)"):
+        simulate([1] * 6, [1] * 6, 8, "interleaved-1f1b", num_ranks=4)
+    with pytest.raises(ScheduleError, match=r"divisible by max\(1, M // ranks\) = 2 .*nearby valid counts"):
+        simulate([1] * 8, [1] * 8, 9, "interleaved-1f1b", num_ranks=4)
+    with pytest.raises(UsageError, match="give num_ranks"):
+        simulate([1] * 5, [1] * 5, 8, "interleaved-1f1b")
