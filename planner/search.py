@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.cost import CostSettings, UnitCosts, build_problem, stage_memory, unit_costs
-from planner.errors import PlanInfeasibleError, UsageError
+from planner.errors import PlanInfeasibleError, ScheduleError, UsageError
 from planner.plan import BaselinePlan, Plan, Prediction, SolverInfo, StagePlan
-from planner.schedules import Schedule, stage_to_rank
+from planner.schedules import Schedule, check_microbatches, stage_to_rank
 from planner.simulate import SimulationResult, in_flight_per_stage, simulate
 from profiles.format import Profile
 from solvers.baselines import balanced_by_params, balanced_by_time, uniform_by_count
@@ -102,21 +102,23 @@ def _micro_batch_sizes(profile: Profile, request: PlanRequest) -> list[int]:
     return sorted(sizes)
 
 
-def _schedules(profile: Profile, request: PlanRequest, num_microbatches: int) -> list[tuple[Schedule, int]]:
+def _schedules(
+    profile: Profile, request: PlanRequest, num_microbatches: int, refusals: list[str]
+) -> list[tuple[Schedule, int]]:
+    """(schedule, virtual stages) options that torch accepts for this micro-batch count."""
     wanted = _AUTO_SCHEDULES if request.schedule == "auto" else (Schedule.parse(request.schedule),)
     options: list[tuple[Schedule, int]] = []
     for schedule in wanted:
-        if schedule is Schedule.INTERLEAVED_1F1B:
-            for v in _VIRTUAL_STAGES:
-                stages = request.num_ranks * v
-                # torch's interleaved 1F1B needs more than one rank and M a multiple of the ranks.
-                if stages <= profile.num_units and request.num_ranks > 1 and num_microbatches % request.num_ranks == 0:
-                    options.append((schedule, v))
-        elif schedule is Schedule.NAIVE:
-            if num_microbatches == 1:
-                options.append((schedule, 1))
-        else:
-            options.append((schedule, 1))
+        multi = schedule is Schedule.INTERLEAVED_1F1B and request.num_ranks > 1
+        for v in _VIRTUAL_STAGES if multi else (1,):
+            if request.num_ranks * v > profile.num_units:
+                continue
+            try:
+                check_microbatches(schedule, request.num_ranks, v, num_microbatches)
+            except ScheduleError as exc:
+                refusals.append(f"{exc}; global batch {request.global_batch_size}")
+                continue
+            options.append((schedule, v))
     return options
 
 
@@ -189,13 +191,15 @@ def _pins(profile: Profile, request: PlanRequest, virtual_stages: int) -> tuple[
     return tuple(pins)
 
 
-def _search(profile: Profile, request: PlanRequest) -> tuple[list[Candidate], list[str]]:
+def _search(profile: Profile, request: PlanRequest) -> tuple[list[Candidate], list[str], list[str]]:
+    """Candidates, the (b, schedule, v) that no partition fits, and the schedules torch refuses."""
     candidates: list[Candidate] = []
     infeasible: list[str] = []
+    refusals: list[str] = []
     for b in _micro_batch_sizes(profile, request):
         m = request.global_batch_size // b
         costs = unit_costs(profile, b)
-        for schedule, v in _schedules(profile, request, m):
+        for schedule, v in _schedules(profile, request, m, refusals):
             num_stages = request.num_ranks * v
             if num_stages > profile.num_units:
                 raise UsageError(
@@ -225,7 +229,7 @@ def _search(profile: Profile, request: PlanRequest) -> tuple[list[Candidate], li
                 candidates.append(
                     Candidate(b, m, schedule, v, problem, solution, simulation, _peak_memory(problem, solution))
                 )
-    return candidates, infeasible
+    return candidates, infeasible, refusals
 
 
 def _explain_infeasible(profile: Profile, request: PlanRequest) -> str:
@@ -328,7 +332,9 @@ def make_plan(profile: Profile, request: PlanRequest, *, sha256: str, record_tim
             f"{profile.num_units} stages, or profile finer units (--units)"
         )
     started = time.perf_counter()
-    candidates, _ = _search(profile, request)
+    candidates, infeasible, refusals = _search(profile, request)
+    if not candidates and not infeasible and refusals:
+        raise ScheduleError(refusals[0])
     if not candidates:
         raise PlanInfeasibleError(_explain_infeasible(profile, request))
     best = _best(candidates)

@@ -1,0 +1,98 @@
+import json
+
+import pytest
+
+from planner.cost import CostSettings
+from planner.errors import PlanInfeasibleError, UsageError
+from planner.search import PlanRequest, make_plan
+from planner.simulate import simulate
+from synthetic import make_profile
+
+SHA = "00" * 32
+FAST_LINK = CostSettings(link_bytes_per_s=1e15, link_latency_s=0.0)
+
+
+def _plan(profile, **kwargs):
+    kwargs.setdefault("settings", FAST_LINK)
+    return make_plan(profile, PlanRequest(**kwargs), sha256=SHA)
+
+
+def test_equal_units_split_evenly():
+    plan = _plan(make_profile([1.0] * 8), num_ranks=4, global_batch_size=8, schedule="1f1b", recompute="off")
+    assert plan.split_points == ("layers.2", "layers.4", "layers.6")
+    assert [s.rank for s in plan.stages] == [0, 1, 2, 3]
+    # Uniform 1F1B with f = 2, b = 4 per stage: (M + P - 1)(f + b) = 11 * 6.
+    assert plan.predicted.iteration_s == pytest.approx(66.0)
+    assert plan.predicted.bubble_fraction == pytest.approx(3 / 11)
+
+
+def test_heavy_lm_head_gets_a_stage_of_its_own_and_beats_uniform():
+    profile = make_profile([1.0] * 7 + [4.0])
+    plan = _plan(profile, num_ranks=4, global_batch_size=16, schedule="1f1b", recompute="off")
+    assert plan.stages[-1].units == ("layers.7",)
+    uniform = next(b for b in plan.baselines if b.name.startswith("uniform"))
+    assert uniform.split_points == ("layers.2", "layers.4", "layers.6")
+    assert uniform.iteration_s > plan.predicted.iteration_s * 1.15
+
+
+def test_prediction_is_the_simulation_of_the_stages():
+    profile = make_profile([1.0, 3.0, 1.0, 2.0, 2.0, 1.0])
+    plan = _plan(profile, num_ranks=3, global_batch_size=6, schedule="gpipe", recompute="off")
+    result = simulate(
+        [s.forward_s for s in plan.stages], [s.backward_s for s in plan.stages], 6, "gpipe", num_ranks=3
+    )
+    assert plan.predicted.iteration_s == pytest.approx(result.iteration_s)
+    # GPipe with zero communication is a pair of flow shops (docs/cost-model.md).
+    f = [s.forward_s for s in plan.stages]
+    b = [s.backward_s for s in plan.stages]
+    assert result.iteration_s == pytest.approx(sum(f) + 5 * max(f) + sum(b) + 5 * max(b))
+
+
+def test_auto_search_picks_a_schedule_and_micro_batch_size():
+    profile = make_profile([1.0] * 8, sizes=(1, 2, 4))
+    plan = _plan(profile, num_ranks=2, global_batch_size=8)
+    assert plan.micro_batch_size * plan.num_microbatches == 8
+    assert plan.schedule in ("gpipe", "1f1b", "interleaved-1f1b")
+    assert plan.solver.candidates >= 3
+
+
+def test_memory_forces_recomputation():
+    # 4 units, each 8 MB saved per micro-batch; 1 MB input; GPipe holds all 8 micro-batches.
+    profile = make_profile([1.0] * 4, saved_bytes=[8_000_000] * 4, activation_bytes=1_000_000, param_counts=[10] * 4)
+    settings = CostSettings(link_bytes_per_s=1e15, link_latency_s=0.0, device_memory_bytes=(100_000_000,))
+    plan = _plan(profile, num_ranks=2, global_batch_size=8, schedule="gpipe", settings=settings)
+    assert any(s.recompute for s in plan.stages)
+    assert all(s.memory_bytes.peak <= 90_000_000 for s in plan.stages)
+    with pytest.raises(PlanInfeasibleError, match="no plan fits"):
+        _plan(profile, num_ranks=2, global_batch_size=8, schedule="gpipe", recompute="off", settings=settings)
+
+
+def test_a_unit_that_cannot_fit_anywhere_is_named():
+    profile = make_profile([1.0] * 3, param_counts=[10, 10_000_000, 10])
+    settings = CostSettings(device_memory_bytes=(50_000_000,))
+    with pytest.raises(PlanInfeasibleError, match="unit layers.1 alone needs"):
+        _plan(profile, num_ranks=2, global_batch_size=2, settings=settings)
+
+
+def test_bad_requests():
+    profile = make_profile([1.0] * 3, sizes=(2, 4))
+    with pytest.raises(UsageError, match="cannot cut 3 units into 4 stages"):
+        _plan(profile, num_ranks=4, global_batch_size=4)
+    with pytest.raises(UsageError, match="not divisible by any profiled micro-batch size"):
+        _plan(profile, num_ranks=2, global_batch_size=7)
+
+
+def test_same_inputs_give_the_same_plan():
+    profile = make_profile([1.0, 2.0, 3.0, 1.0, 1.0], sizes=(1, 2))
+    a = _plan(profile, num_ranks=2, global_batch_size=4)
+    b = _plan(profile, num_ranks=2, global_batch_size=4)
+    assert json.dumps(a.to_dict(), sort_keys=True) == json.dumps(b.to_dict(), sort_keys=True)
+    assert a.solver.solve_s is None
+
+
+def test_ilp_is_used_for_heterogeneous_devices():
+    settings = CostSettings(link_bytes_per_s=1e15, link_latency_s=0.0, device_speeds=(2.0, 1.0))
+    plan = _plan(make_profile([1.0] * 6), num_ranks=2, global_batch_size=4, schedule="1f1b", settings=settings)
+    assert plan.solver.name == "ilp"
+    # The twice-as-fast rank takes twice the units.
+    assert len(plan.stages[0].units) == 4
