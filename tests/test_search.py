@@ -38,9 +38,7 @@ def test_heavy_lm_head_gets_a_stage_of_its_own_and_beats_uniform():
 def test_prediction_is_the_simulation_of_the_stages():
     profile = make_profile([1.0, 3.0, 1.0, 2.0, 2.0, 1.0])
     plan = _plan(profile, num_ranks=3, global_batch_size=6, schedule="gpipe", recompute="off")
-    result = simulate(
-        [s.forward_s for s in plan.stages], [s.backward_s for s in plan.stages], 6, "gpipe", num_ranks=3
-    )
+    result = simulate([s.forward_s for s in plan.stages], [s.backward_s for s in plan.stages], 6, "gpipe", num_ranks=3)
     assert plan.predicted.iteration_s == pytest.approx(result.iteration_s)
     # GPipe with zero communication is a pair of flow shops (docs/cost-model.md).
     f = [s.forward_s for s in plan.stages]

@@ -1,0 +1,162 @@
+"""Every bad input: one line on stderr, exit code 2, nothing on disk touched."""
+
+import json
+
+import pytest
+
+from cli import main
+from profiles.format import save_profile
+from synthetic import make_profile
+
+
+@pytest.fixture
+def profile_file(tmp_path):
+    path = tmp_path / "model.profile.json"
+    save_profile(make_profile([1.0] * 7 + [4.0], sizes=(1, 2)), path)
+    return path
+
+
+@pytest.fixture
+def existing(tmp_path):
+    path = tmp_path / "existing.json"
+    path.write_text("precious\n")
+    return path
+
+
+def _fails(capsys, argv, message, existing=None):
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert message in err, err
+    if existing is not None:
+        assert existing.read_text() == "precious\n"
+
+
+def _fails_argparse(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_plan_writes_a_plan_and_prints_the_table(profile_file, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(profile_file), "--stages", "4", "--global-batch", "8", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "bottleneck" in printed and "pipeplan speed-up" in printed
+    assert json.loads(out.read_text())["format"] == "pipeplan.plan"
+    assert main(["show", str(out)]) == 0
+    assert "layers.7" in capsys.readouterr().out
+
+
+def test_plan_is_byte_identical_across_runs(profile_file, tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for out in (a, b):
+        assert main(["plan", str(profile_file), "--stages", "2", "--global-batch", "4", "--out", str(out)]) == 0
+    assert a.read_bytes() == b.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--stages", "9", "--global-batch", "8"], "cannot cut 8 units into 9 stages"),
+        (["--stages", "2", "--global-batch", "7", "--micro-batch-size", "2"], "not divisible by micro-batch size 2"),
+        (["--stages", "2", "--global-batch", "4", "--micro-batch-size", "3"], "micro-batch size 3 was not profiled"),
+        (["--stages", "2", "--global-batch", "8", "--memory", "1KiB"], "no plan fits"),
+        (["--stages", "4", "--global-batch", "2", "--schedule", "1f1b"], "needs at least as many micro-batches"),
+    ],
+)
+def test_plan_bad_requests(profile_file, existing, capsys, extra, message):
+    _fails(capsys, ["plan", profile_file, *extra, "--out", existing], message, existing)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--bandwidth", "0"], "--bandwidth"),
+        (["--memory", "-1GiB"], "--memory"),
+        (["--stages", "0"], "--stages"),
+        (["--micro-batch-sizes", "x"], "unrecognized"),
+    ],
+)
+def test_plan_bad_numbers(profile_file, tmp_path, capsys, extra, message):
+    argv = ["plan", profile_file, "--stages", "2", "--global-batch", "4", "--out", tmp_path / "p.json", *extra]
+    _fails_argparse(capsys, argv, message)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"format": "pipeplan.profile", "version": 1, "mod', "not valid JSON"),
+        ("[1, 2]", "not a pipeplan profile"),
+        ('{"format": "other", "version": 1}', "not a pipeplan profile: format is 'other'"),
+        ('{"format": "pipeplan.profile", "version": 7}', "unsupported profile version 7"),
+    ],
+)
+def test_plan_rejects_bad_profiles(tmp_path, existing, capsys, content, message):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    _fails(capsys, ["plan", bad, "--stages", "2", "--global-batch", "4", "--out", existing], message, existing)
+
+
+def test_plan_rejects_negative_and_nan_numbers(profile_file, tmp_path, existing, capsys):
+    data = json.loads(profile_file.read_text())
+    data["units"][0]["forward_s"][0] = -1.0
+    bad = tmp_path / "negative.json"
+    bad.write_text(json.dumps(data))
+    _fails(
+        capsys, ["plan", bad, "--stages", "2", "--global-batch", "4", "--out", existing], "invalid profile", existing
+    )
+    nan = tmp_path / "nan.json"
+    nan.write_text(profile_file.read_text().replace('"forward_s": [\n        1.0', '"forward_s": [\n        NaN', 1))
+    _fails(capsys, ["plan", nan, "--stages", "2", "--global-batch", "4", "--out", existing], "NaN", existing)
+
+
+def test_output_folder_must_exist(profile_file, tmp_path, capsys):
+    out = tmp_path / "missing" / "plan.json"
+    _fails(capsys, ["plan", profile_file, "--stages", "2", "--global-batch", "4", "--out", out], "does not exist")
+
+
+def test_simulate_what_if_prints_a_timeline(capsys):
+    assert main(["simulate", "--stages", "4", "--microbatches", "8", "--schedule", "gpipe", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["iteration_s"] == pytest.approx(22.0)
+    assert result["bubble_fraction"] == pytest.approx(3 / 11)
+
+
+def test_simulate_plan_matches_the_plan_prediction(profile_file, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    main(["plan", str(profile_file), "--stages", "2", "--global-batch", "4", "--out", str(out)])
+    capsys.readouterr()
+    png = tmp_path / "t.png"
+    assert main(["simulate", str(out), "--json", "--png", str(png)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["iteration_s"] == pytest.approx(json.loads(out.read_text())["predicted"]["iteration_s"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--stages", "4", "--microbatches", "2", "--schedule", "1f1b"], "needs at least as many micro-batches"),
+        (["--stages", "2", "--microbatches", "2", "--stage-times", "1,1,1"], "3 values for 2 stages"),
+    ],
+)
+def test_simulate_bad_input(capsys, argv, message):
+    _fails(capsys, ["simulate", *argv], message)
+
+
+def test_simulate_rejects_non_positive_times(capsys):
+    _fails_argparse(capsys, ["simulate", "--stages", "2", "--microbatches", "2", "--stage-times", "1,0"], "positive")
+
+
+def test_simulate_rejects_a_profile_given_as_plan(profile_file, capsys):
+    _fails(capsys, ["simulate", profile_file], "not a pipeplan plan")
+
+
+def test_show_rejects_other_json(tmp_path, capsys):
+    other = tmp_path / "other.json"
+    other.write_text('{"format": "x"}')
+    _fails(capsys, ["show", other], "neither a pipeplan profile nor a plan")
