@@ -1,0 +1,393 @@
+"""Apply a plan in training code: split the model, build this rank's stages and torch's schedule.
+
+The split is torch's tracer (``torch.distributed.pipelining.pipeline``) at the plan's split points.
+The tracer lets a stage read a value made by any earlier stage (GPT-2's causal mask, a UNet's skip
+connections), but torch's schedules only pass tensors between neighbouring stages, so every stage is
+wrapped in a :class:`StageModule` that relays such values through the stages in between. Each stage
+is then a manual ``PipelineStage``, which runs every schedule on gloo (see the project NOTES).
+
+Typical use (every rank runs the same lines)::
+
+    run = apply_plan(plan, model, example_inputs, loss_fn, device=torch.device("cpu"))
+    optimizer = torch.optim.SGD(run.parameters(), lr=1e-3)
+    for inputs, target in batches:
+        optimizer.zero_grad()
+        loss = run.step(inputs, target)   # schedule.step + sync_tied_grads; loss on the last stage's rank
+        optimizer.step()
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import fx, nn
+from torch.utils.checkpoint import checkpoint
+
+from planner.errors import ModelMismatchError, PlanFormatError, ScheduleError
+from planner.plan import Plan
+from planner.schedules import TORCH_SCHEDULE_CLASS, Schedule
+from profiles.fingerprint import model_fingerprint
+from profiles.workload import as_tuple
+
+__all__ = [
+    "StageModule",
+    "TiedCopies",
+    "PipelineRun",
+    "apply_plan",
+    "check_fingerprint",
+    "split_stages",
+    "tied_parameter_groups",
+    "microbatch_inputs",
+    "schedule_microbatches",
+]
+
+
+def _needs_grad(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.requires_grad
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous: it is sent back to the previous stage,
+    and gloo refuses non-contiguous tensors (``torch.cat``'s backward hands out strided slices)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+class StageModule(nn.Module):
+    """One pipeline stage: the traced piece ``inner`` plus the relaying of values later stages read.
+
+    ``forward(*carried)`` takes the values the previous stage hands on (the model's inputs for stage 0)
+    and returns the values the next stage needs: the piece's own outputs and relayed inputs. The last
+    stage returns the piece's output unchanged (what ``loss_fn`` takes). With ``recompute`` the piece
+    runs under ``torch.utils.checkpoint`` (non-reentrant): only its inputs are saved for backward.
+    """
+
+    def __init__(
+        self,
+        inner: nn.Module,
+        arg_sources: Sequence[int],
+        out_sources: Sequence[tuple[str, int]],
+        *,
+        tuple_output: bool,
+        final: bool,
+        recompute: bool = False,
+    ) -> None:
+        super().__init__()
+        self.inner = inner
+        self.arg_sources = tuple(arg_sources)
+        self.out_sources = tuple(out_sources)
+        self.tuple_output = tuple_output
+        self.final = final
+        self.recompute = recompute
+
+    def forward(self, *carried: Any) -> Any:
+        carried = tuple(_ContiguousGrad.apply(t) if _needs_grad(t) else t for t in carried)
+        args = [carried[i] for i in self.arg_sources]
+        if self.recompute and torch.is_grad_enabled():
+            out = checkpoint(self.inner, *args, use_reentrant=False)
+        else:
+            out = self.inner(*args)
+        if self.final:
+            return out
+        outs = out if self.tuple_output else (out,)
+        # gloo sends only contiguous tensors (a getitem or slice may not be).
+        result = tuple((carried[i] if kind == "in" else outs[i]).contiguous() for kind, i in self.out_sources)
+        return result[0] if len(result) == 1 else result
+
+    def original_named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """Parameters under the original model's FQNs (the tracer keeps them), duplicates removed."""
+        yield from self.inner.named_parameters()
+
+
+def _stage_value_nodes(gm: fx.GraphModule) -> tuple[list[fx.Node], list[fx.Node], dict[fx.Node, int]]:
+    """The split graph's placeholders, stage calls, and which stage makes each value (-1: an input)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    calls = [n for n in gm.graph.nodes if n.op == "call_module"]
+    producer: dict[fx.Node, int] = {p: -1 for p in placeholders}
+    for k, call in enumerate(calls):
+        producer[call] = k
+        for user in call.users:
+            if user.op == "call_function" and user.target is operator.getitem:
+                producer[user] = k
+    return placeholders, calls, producer
+
+
+def _relay_stages(gm: fx.GraphModule, recompute: Sequence[bool]) -> list[StageModule]:
+    placeholders, calls, producer = _stage_value_nodes(gm)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for call in calls:
+        for a in list(call.args) + list(call.kwargs.values()):
+            if not isinstance(a, fx.Node) or a not in producer or call.kwargs:
+                raise PlanFormatError(
+                    f"cannot pipeline this model: stage {call.target} takes an unsupported argument {a!r}"
+                )
+    # carried[k]: values stage k receives = values made before stage k that stage k or a later one reads.
+    carried: list[list[fx.Node]] = [placeholders]
+    for k in range(1, len(calls)):
+        needed = {a for call in calls[k:] for a in call.args}
+        carried.append(sorted((v for v in needed if producer[v] < k), key=order.__getitem__))
+    stages = []
+    for k, call in enumerate(calls):
+        tuple_output = any(u.target is operator.getitem for u in call.users)
+        final = k == len(calls) - 1
+        out_sources: list[tuple[str, int]] = []
+        if not final:
+            for v in carried[k + 1]:
+                if producer[v] == k:
+                    out_sources.append(("out", v.args[1] if v is not call else 0))
+                else:
+                    out_sources.append(("in", carried[k].index(v)))
+        stages.append(
+            StageModule(
+                gm.get_submodule(call.target),
+                [carried[k].index(a) for a in call.args],
+                out_sources,
+                tuple_output=tuple_output,
+                final=final,
+                recompute=recompute[k],
+            )
+        )
+    return stages
+
+
+def split_stages(
+    model: nn.Module, mb_inputs: tuple[torch.Tensor, ...], split_points: Sequence[str], recompute: Sequence[bool]
+) -> list[StageModule]:
+    """Trace ``model`` on one micro-batch and cut it before each of ``split_points``; every stage."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    modules = dict(model.named_modules())
+    missing = [p for p in split_points if p not in modules]
+    if missing:
+        raise ModelMismatchError(f"split points {missing} are not modules of this model: is it the plan's model?")
+    pipe = pipeline(model, mb_args=mb_inputs, split_spec={fqn: SplitPoint.BEGINNING for fqn in split_points})
+    if pipe.num_stages != len(split_points) + 1:
+        raise PlanFormatError(
+            f"splitting at {list(split_points)} gave {pipe.num_stages} stages, expected {len(split_points) + 1}: "
+            "every split point must be a module the forward calls once, in order"
+        )
+    return _relay_stages(pipe.split_gm, recompute)
+
+
+def tied_parameter_groups(model: nn.Module) -> list[tuple[str, ...]]:
+    """Names that share one Parameter (e.g. GPT-2's ``transformer.wte.weight`` and ``lm_head.weight``)."""
+    by_id: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), []).append(name)
+    return sorted(tuple(names) for names in by_id.values() if len(names) > 1)
+
+
+def check_fingerprint(plan: Plan, model: nn.Module) -> None:
+    """Raise :class:`ModelMismatchError`, saying as precisely as possible what differs."""
+    actual = model_fingerprint(model)
+    if actual == plan.model_fingerprint:
+        return
+    modules = dict(model.named_modules())
+    plan_units = [u for s in plan.stages for u in s.units]
+    missing = [u for u in plan_units if u not in modules]
+    detail = (
+        f"units {missing[:3]}{' ...' if len(missing) > 3 else ''} of the plan are not modules of this model"
+        if missing
+        else f"the model has the plan's {len(plan_units)} units, so a parameter shape or module type differs"
+    )
+    n_params = sum(p.numel() for p in model.parameters())
+    raise ModelMismatchError(
+        f"the model's fingerprint {actual[:12]}.. differs from the plan's {plan.model_fingerprint[:12]}..: "
+        f"the plan was made for model {plan.model_name!r}; {detail} (this model: {n_params} parameters); "
+        "profile and plan this model again"
+    )
+
+
+def schedule_microbatches(plan: Plan) -> int:
+    """Micro-batches the torch schedule runs: 1 for ``naive``, else the plan's count."""
+    return 1 if Schedule.parse(plan.schedule) is Schedule.NAIVE else plan.num_microbatches
+
+
+def microbatch_inputs(plan: Plan, example_inputs: Any) -> tuple[torch.Tensor, ...]:
+    """One micro-batch of ``example_inputs`` (a whole batch or a micro-batch) for tracing."""
+    inputs = as_tuple(example_inputs)
+    mb = plan.global_batch_size // schedule_microbatches(plan)
+    lead = inputs[0].shape[0]
+    if lead == mb:
+        return inputs
+    if lead == plan.global_batch_size:
+        return tuple(t[:mb] for t in inputs)
+    raise ModelMismatchError(
+        f"example inputs have batch size {lead}; the plan runs batches of {plan.global_batch_size} "
+        f"in micro-batches of {mb}: pass a batch of either size"
+    )
+
+
+@dataclass(frozen=True)
+class TiedCopies:
+    """The copies of one tied parameter after the split: ``(stage index, parameter)`` for this rank."""
+
+    names: tuple[str, ...]
+    local: tuple[nn.Parameter, ...]
+    group: Any
+    """Process group of the ranks holding a copy (None: all copies are on this rank)."""
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """This rank's share of a pipelined model and the torch schedule that drives it."""
+
+    plan: Plan
+    rank: int
+    world_size: int
+    stage_indices: tuple[int, ...]
+    stage_modules: tuple[StageModule, ...]
+    stages: tuple[Any, ...]
+    """torch ``PipelineStage`` objects, one per stage of this rank."""
+    schedule: Any
+    """The torch schedule object, ready for ``.step``."""
+    tied: tuple[TiedCopies, ...] = ()
+
+    @property
+    def is_first(self) -> bool:
+        return 0 in self.stage_indices
+
+    @property
+    def is_last(self) -> bool:
+        return self.plan.num_stages - 1 in self.stage_indices
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """This rank's parameters under the original model's FQNs (a tied one may appear per stage)."""
+        for module in self.stage_modules:
+            yield from module.original_named_parameters()
+
+    def parameters(self) -> list[nn.Parameter]:
+        """This rank's parameters, each once: what the optimizer takes."""
+        seen: dict[int, nn.Parameter] = {}
+        for _, p in self.named_parameters():
+            seen.setdefault(id(p), p)
+        return list(seen.values())
+
+    def sync_tied_grads(self) -> None:
+        """Sum the gradients of every tied parameter's copies across stages and ranks.
+
+        Call after the schedule's ``step`` and before ``optimizer.step()`` (``step`` below does it),
+        so every copy gets the single-device gradient and the copies stay equal.
+        """
+        for tie in self.tied:
+            if not tie.local and tie.group is None:
+                continue
+            grads = [p.grad for p in tie.local if p.grad is not None]
+            total = torch.stack(grads).sum(0) if grads else torch.zeros_like(tie.local[0])
+            if tie.group is not None:
+                dist.all_reduce(total, group=tie.group)
+            for p in tie.local:
+                p.grad = total.clone()
+
+    def step(self, inputs: Any = None, target: torch.Tensor | None = None) -> torch.Tensor | None:
+        """One training step: ``schedule.step`` then :meth:`sync_tied_grads`.
+
+        Every rank may pass the whole batch; only the first stage's rank uses ``inputs`` and only the
+        last stage's rank uses ``target``. Returns the loss averaged over micro-batches on the last
+        stage's rank, else None.
+        """
+        args = as_tuple(inputs) if self.is_first else ()
+        losses: list[torch.Tensor] = []
+        if self.is_last:
+            if target is None:
+                raise ScheduleError(f"rank {self.rank} holds the last stage: step() needs the target")
+            self.schedule.step(*args, target=target, losses=losses)
+        else:
+            self.schedule.step(*args)
+        self.sync_tied_grads()
+        return torch.stack([loss.detach() for loss in losses]).mean() if self.is_last else None
+
+
+def _tied_copies(
+    plan: Plan, model: nn.Module, modules: Sequence[StageModule], rank: int, group: Any
+) -> tuple[TiedCopies, ...]:
+    out = []
+    for names in tied_parameter_groups(model):
+        holders: dict[int, list[nn.Parameter]] = {}
+        for s, module in enumerate(modules):
+            found = {id(p): p for n, p in module.inner.named_parameters(remove_duplicate=False) if n in names}
+            holders.setdefault(plan.stages[s].rank, []).extend(found.values())
+        ranks = sorted(holders)
+        sub = None
+        if len(ranks) > 1:
+            # new_group must be entered by every rank of the parent group, in the same order.
+            global_ranks = [dist.get_global_rank(group, r) if group is not None else r for r in ranks]
+            sub = dist.new_group(global_ranks)
+        out.append(TiedCopies(names, tuple(holders.get(rank, ())), sub if rank in ranks else None))
+    return tuple(out)
+
+
+def _check_placement(plan: Plan) -> Schedule:
+    sched = Schedule.parse(plan.schedule)
+    expected = tuple(s % plan.num_ranks for s in range(plan.num_stages))
+    actual = tuple(s.rank for s in plan.stages)
+    if actual != expected:
+        raise ScheduleError(
+            f"plan places stages on ranks {list(actual)}; torch's {sched.value} schedule needs stage s on rank "
+            f"s % {plan.num_ranks}: {list(expected)}"
+        )
+    return sched
+
+
+def apply_plan(
+    plan: Plan,
+    model: nn.Module,
+    example_inputs: Any,
+    loss_fn: Any,
+    *,
+    device: torch.device | str,
+    rank: int | None = None,
+    world_size: int | None = None,
+    group: Any = None,
+) -> PipelineRun:
+    """Turn ``plan`` into this rank's stage(s) and the torch schedule, ready for ``.step(...)``.
+
+    Args:
+        plan: the plan (``load_plan``); its fingerprint must match ``model``.
+        model: the whole model, same weights on every rank (same seed); it is traced, not changed.
+        example_inputs: inputs of a whole batch or of one micro-batch (shapes matter, not values).
+        loss_fn: ``loss_fn(output, target)``, averaged over the micro-batch (the schedule averages over
+            micro-batches by scaling gradients by ``1 / num_microbatches``).
+        device: where this rank's stages run.
+        rank, world_size: default to the process group's.
+        group: the process group (default: the world).
+
+    Raises:
+        ModelMismatchError: the model is not the plan's. ScheduleError: the placement is not looped.
+    """
+    from torch.distributed import pipelining
+
+    check_fingerprint(plan, model)
+    sched = _check_placement(plan)
+    rank = dist.get_rank(group) if rank is None else rank
+    world_size = dist.get_world_size(group) if world_size is None else world_size
+    if world_size != plan.num_ranks:
+        raise ScheduleError(f"the plan needs {plan.num_ranks} ranks but the process group has {world_size}")
+    device = torch.device(device)
+    modules = split_stages(
+        model, microbatch_inputs(plan, example_inputs), plan.split_points, [s.recompute for s in plan.stages]
+    )
+    tied = _tied_copies(plan, model, modules, rank, group)
+    mine = tuple(s.index for s in plan.stages_of_rank(rank))
+    local = tuple(modules[s].to(device) for s in mine)
+    stages = tuple(
+        pipelining.PipelineStage(m, s, plan.num_stages, device, group=group) for m, s in zip(local, mine, strict=True)
+    )
+    cls = getattr(pipelining, TORCH_SCHEDULE_CLASS[sched])
+    n_mb = schedule_microbatches(plan)
+    if sched.multi_stage:
+        schedule = cls(list(stages), n_microbatches=n_mb, loss_fn=loss_fn)
+    else:
+        schedule = cls(stages[0], n_microbatches=n_mb, loss_fn=loss_fn)
+    return PipelineRun(plan, rank, world_size, mine, local, stages, schedule, tied)

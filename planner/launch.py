@@ -1,0 +1,194 @@
+"""Run a function on several local ranks, one process each, and fail cleanly when one rank fails.
+
+:func:`run_ranks` starts ``world_size`` spawned processes with the torch.distributed environment
+(``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``), opens the process group, calls
+``fn(rank, world_size, *args)`` in each and returns the results in rank order. When a rank raises,
+hangs past the time-out or dies, the others are terminated (then killed) and one
+:class:`ExecutionError` names the rank that failed first; no process is left behind.
+
+Test hook: ``PIPEPLAN_TEST_FAULT="<rank>:<raise|hang|kill>"`` in the environment makes that rank
+raise ``RuntimeError("boom")``, sleep forever, or SIGKILL itself right after the process group is
+opened. It exists for the fault tests only.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import socket
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from planner.errors import ExecutionError
+
+__all__ = ["run_ranks", "free_port", "FAULT_ENV"]
+
+FAULT_ENV = "PIPEPLAN_TEST_FAULT"
+# After the first failure, how long to keep listening so the root cause (the earliest error, not a
+# peer's "connection closed") is the one reported.
+_GRACE_S = 1.0
+_TERMINATE_S = 3.0
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _inject_fault(rank: int) -> None:
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec:
+        return
+    target, _, kind = spec.partition(":")
+    if target.strip() != str(rank):
+        return
+    if kind == "raise":
+        raise RuntimeError("boom")
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _send(conn: Connection, message: tuple[Any, ...]) -> None:
+    # Plain pickle copies tensor data by value; multiprocessing's pickler would share it through a
+    # file descriptor that dies with this process.
+    conn.send_bytes(pickle.dumps(message))
+
+
+def _worker(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str | None,
+    threads: int,
+    conn: Connection,
+) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+        if backend is not None:
+            import torch.distributed as dist
+
+            dist.init_process_group(backend, rank=rank, world_size=world_size)
+        _inject_fault(rank)
+        result = fn(rank, world_size, *args)
+        if backend is not None:
+            dist.destroy_process_group()
+        _send(conn, ("ok", result, time.time()))
+    except BaseException as exc:  # report everything, even KeyboardInterrupt, to the parent
+        _send(conn, ("error", f"{type(exc).__name__}: {exc}", time.time(), traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def _stop(procs: Sequence[mp.process.BaseProcess]) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + _TERMINATE_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def run_ranks(
+    fn: Callable[..., Any], args: Sequence[Any], world_size: int, *, timeout_s: float, backend: str | None = "gloo"
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; results in rank order.
+
+    ``fn`` and ``args`` must be picklable (a module-level function). ``backend=None`` opens no
+    process group. Each process uses ``max(1, cores // world_size)`` torch threads.
+
+    Raises:
+        ExecutionError: ``"rank 1 failed: RuntimeError: boom"``, ``"rank 0 did not finish within 30 s"``
+            or ``"rank 1 was killed (signal 9)"``; every process is gone when it is raised.
+    """
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    threads = max(1, (os.cpu_count() or 1) // world_size)
+    procs, conns = [], []
+    for rank in range(world_size):
+        parent, child = ctx.Pipe(duplex=False)
+        p = ctx.Process(
+            target=_worker,
+            args=(fn, args, rank, world_size, port, backend, threads, child),
+            daemon=True,
+            name=f"pipeplan-rank-{rank}",
+        )
+        p.start()
+        child.close()
+        procs.append(p)
+        conns.append(parent)
+    results: dict[int, Any] = {}
+    failures: dict[int, tuple[int, float, str, str]] = {}  # rank -> (priority, time, message, traceback)
+    deadline = time.monotonic() + timeout_s
+    first_failure: float | None = None
+    try:
+        while len(results) + len(failures) < world_size:
+            now = time.monotonic()
+            limit = deadline if first_failure is None else min(deadline, first_failure + _GRACE_S)
+            if now >= limit:
+                break
+            waiting = {conns[r]: r for r in range(world_size) if r not in results and r not in failures}
+            sentinels = {procs[r].sentinel: r for r in waiting.values()}
+            ready = wait(list(waiting) + list(sentinels), timeout=limit - now)
+            for obj in ready:
+                rank = waiting.get(obj, sentinels.get(obj))  # type: ignore[arg-type]
+                if rank is None or rank in results or rank in failures:
+                    continue
+                conn = conns[rank]
+                message = None
+                if conn.poll():
+                    try:
+                        message = pickle.loads(conn.recv_bytes())
+                    except EOFError:
+                        message = None
+                if message is not None and message[0] == "ok":
+                    results[rank] = message[1]
+                    continue
+                if message is not None:
+                    # A raised error: ordered by when it was raised, so the root cause wins over peers.
+                    failures[rank] = (1, message[2], f"rank {rank} failed: {message[1]}", message[3])
+                else:
+                    procs[rank].join(_TERMINATE_S)
+                    code = procs[rank].exitcode
+                    why = (
+                        f"was killed (signal {-code})" if code is not None and code < 0 else f"exited with code {code}"
+                    )
+                    # Death by a signal is never a peer's reaction, so it outranks raised errors.
+                    failures[rank] = (0, time.time(), f"rank {rank} {why}", "")
+                if first_failure is None:
+                    first_failure = time.monotonic()
+    finally:
+        _stop(procs)
+        for c in conns:
+            c.close()
+    if failures:
+        rank = min(failures, key=lambda r: failures[r][:2])
+        error = ExecutionError(failures[rank][2])
+        error.remote_traceback = failures[rank][3]  # type: ignore[attr-defined]
+        raise error
+    unfinished = [r for r in range(world_size) if r not in results]
+    if unfinished:
+        raise ExecutionError(f"{_ranks_text(unfinished)} did not finish within {timeout_s:g} s")
+    return [results[r] for r in range(world_size)]

@@ -1,0 +1,400 @@
+"""``pipeplan verify``: run a plan for real and compare the measured times with the plan's predictions.
+
+Two modes. ``processes``: one process per rank (gloo on CPU, nccl on CUDA) runs the plan with
+``torch.distributed.pipelining``; each stage's forward and backward of every micro-batch are timed
+(``PipelineStage.forward_one_chunk`` / ``backward_one_chunk``), the iteration between two barriers.
+``replay``: one process runs every stage's actions in schedule order (:mod:`planner.replay`) and the
+simulator turns the measured stage times into an iteration. ``auto`` picks processes when there are
+as many CPU cores (or GPUs, on CUDA) as ranks.
+
+The numerics check compares the loss and every parameter gradient after one step with the same
+model on one process (same seed, same batch, the loss averaged over micro-batches as torch's
+schedules do) within ``atol=1e-5, rtol=1e-4`` (``|a - b| <= atol + rtol * |b|``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from planner.apply import apply_plan, schedule_microbatches, tied_parameter_groups
+from planner.errors import UsageError
+from planner.launch import run_ranks
+from planner.plan import Plan
+from planner.replay import replay_plan
+from planner.simulate import simulate
+from profiles.workload import Workload, as_tuple, load_workload
+
+__all__ = [
+    "NUMERICS_ATOL",
+    "NUMERICS_RTOL",
+    "StageReport",
+    "NumericsReport",
+    "VerifyReport",
+    "verify_plan",
+    "format_report",
+    "compare_numerics",
+    "reference_step",
+]
+
+NUMERICS_ATOL = 1e-5
+NUMERICS_RTOL = 1e-4
+_MODES = ("auto", "processes", "replay")
+
+
+def _error_pct(measured: float, predicted: float) -> float:
+    return (measured - predicted) / predicted * 100.0 if predicted > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class StageReport:
+    index: int
+    rank: int
+    predicted_forward_s: float
+    predicted_backward_s: float
+    measured_forward_s: float
+    """Median over micro-batches and timed steps."""
+    measured_backward_s: float
+    peak_memory_bytes: int | None
+    """CUDA allocator peak of the stage's device, or the process's resident peak (``memory_kind``)."""
+
+    @property
+    def error_pct(self) -> float:
+        """Error of forward + backward, measured against predicted, in percent."""
+        return _error_pct(
+            self.measured_forward_s + self.measured_backward_s, self.predicted_forward_s + self.predicted_backward_s
+        )
+
+
+@dataclass(frozen=True)
+class NumericsReport:
+    ok: bool
+    loss_abs_diff: float
+    max_grad_abs_diff: float
+    worst_parameter: str
+    atol: float = NUMERICS_ATOL
+    rtol: float = NUMERICS_RTOL
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    mode: str
+    """``processes`` or ``replay``."""
+    schedule: str
+    num_ranks: int
+    num_microbatches: int
+    steps: int
+    warmup: int
+    tolerance: float
+    """Largest accepted relative iteration error (0.25 = 25 %)."""
+    predicted_iteration_s: float
+    measured_iteration_s: float
+    """processes: median wall time between barriers; replay: simulated from the measured stage times."""
+    busy_s: tuple[float, ...]
+    """Per rank: measured compute time in one iteration (median over steps)."""
+    stages: tuple[StageReport, ...]
+    memory_kind: str
+    """``cuda`` (allocator peak), ``rss`` (process resident peak) or ``rss-process`` (replay: all stages)."""
+    numerics: NumericsReport | None = None
+
+    @property
+    def iteration_error_pct(self) -> float:
+        return _error_pct(self.measured_iteration_s, self.predicted_iteration_s)
+
+    @property
+    def worst_stage(self) -> int:
+        """The stage whose forward + backward time disagrees most with the plan."""
+        return max(self.stages, key=lambda s: abs(s.error_pct)).index
+
+    @property
+    def ok(self) -> bool:
+        timing = abs(self.iteration_error_pct) <= self.tolerance * 100.0
+        return timing and (self.numerics is None or self.numerics.ok)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for stage, d in zip(self.stages, data["stages"], strict=True):
+            d["error_pct"] = stage.error_pct
+        data.update(iteration_error_pct=self.iteration_error_pct, worst_stage=self.worst_stage, ok=self.ok)
+        data["busy_s"] = list(self.busy_s)
+        return data
+
+
+def reference_step(workload: Workload, plan: Plan) -> tuple[float, dict[str, torch.Tensor]]:
+    """One process, one step: the loss averaged over micro-batches and every gradient by FQN."""
+    m = schedule_microbatches(plan)
+    inputs, target = workload.make_batch(plan.global_batch_size)
+    chunks = list(zip(*(t.chunk(m) for t in as_tuple(inputs)), strict=True))
+    workload.model.zero_grad(set_to_none=True)
+    losses = [workload.loss_fn(workload.model(*x), y) for x, y in zip(chunks, target.chunk(m), strict=True)]
+    loss = torch.stack(losses).mean()
+    loss.backward()
+    grads = {
+        n: p.grad.detach().clone()
+        for n, p in workload.model.named_parameters(remove_duplicate=False)
+        if p.grad is not None
+    }
+    return loss.item(), grads
+
+
+def compare_numerics(
+    ref_loss: float, ref_grads: dict[str, torch.Tensor], loss: float, grads: dict[str, torch.Tensor]
+) -> NumericsReport:
+    """Compare a pipelined step with the reference; a parameter missing from ``grads`` fails the check."""
+    ok = math.isclose(loss, ref_loss, rel_tol=NUMERICS_RTOL, abs_tol=NUMERICS_ATOL)
+    worst, worst_diff = "", 0.0
+    for name, ref in ref_grads.items():
+        got = grads.get(name)
+        if got is None:
+            ok, worst, worst_diff = False, f"{name} (no gradient)", math.inf
+            continue
+        diff = (got.float() - ref.float()).abs()
+        ok = ok and bool(torch.all(diff <= NUMERICS_ATOL + NUMERICS_RTOL * ref.float().abs()))
+        if diff.max().item() > worst_diff:
+            worst, worst_diff = name, diff.max().item()
+    return NumericsReport(ok, abs(loss - ref_loss), worst_diff, worst)
+
+
+class _StageTimer:
+    """Wraps a PipelineStage's compute methods on the instance and records their durations."""
+
+    def __init__(self, stage: Any, device: torch.device) -> None:
+        self.records: list[tuple[str, float]] = []
+        for method, kind in (
+            ("forward_one_chunk", "F"),
+            ("backward_one_chunk", "B"),
+            ("backward_weight_one_chunk", "W"),
+        ):
+            setattr(stage, method, self._wrap(getattr(stage, method), kind, device))
+
+    def _wrap(self, fn: Callable[..., Any], kind: str, device: torch.device) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            self.records.append((kind, time.perf_counter() - t0))
+            return out
+
+        return timed
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def _rank_main(
+    rank: int, world_size: int, spec: str, plan: Plan, steps: int, warmup: int, numerics: bool, device: str
+) -> dict[str, Any]:
+    """One rank of the processes mode; returns its measurements (and first-step grads if asked)."""
+    import torch.distributed as dist
+
+    dev = torch.device(f"cuda:{rank}") if device.startswith("cuda") else torch.device("cpu")
+    workload = load_workload(spec)
+    inputs, target = workload.make_batch(plan.global_batch_size)
+    inputs = tuple(t.to(dev) for t in as_tuple(inputs))
+    target = target.to(dev)
+    run = apply_plan(plan, workload.model, inputs, workload.loss_fn, device=dev)
+    out: dict[str, Any] = {"stages": run.stage_indices}
+    if numerics:
+        loss = run.step(inputs, target)
+        out["loss"] = None if loss is None else loss.item()
+        out["grads"] = {n: p.grad.detach().cpu().clone() for n, p in run.named_parameters() if p.grad is not None}
+    timers = [_StageTimer(stage, dev) for stage in run.stages]
+    iteration, busy = [], []
+    for i in range(warmup + steps):
+        for p in run.parameters():
+            p.grad = None
+        for t in timers:
+            t.records.clear()
+        dist.barrier()
+        t0 = time.perf_counter()
+        run.step(inputs, target)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        dist.barrier()
+        if i >= warmup:
+            iteration.append(time.perf_counter() - t0)
+            busy.append(sum(d for t in timers for _, d in t.records))
+            out.setdefault("records", [[] for _ in timers])
+            for k, t in enumerate(timers):
+                out["records"][k].extend(t.records)
+    if dev.type == "cuda":
+        out["peak"] = int(torch.cuda.max_memory_allocated(dev))
+    else:
+        out["peak"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+    out["iteration"] = iteration
+    out["busy"] = busy
+    return out
+
+
+def _stage_times(records: list[tuple[str, float]]) -> tuple[float, float]:
+    by_kind: dict[str, list[float]] = {"F": [], "B": [], "W": []}
+    for kind, d in records:
+        by_kind[kind].append(d)
+    # Zero-bubble splits a backward into B (input grads) and W (weight grads): their sum is the backward.
+    return _median(by_kind["F"]), _median(by_kind["B"]) + _median(by_kind["W"])
+
+
+def _pick_mode(mode: str, plan: Plan, device: str) -> str:
+    if mode not in _MODES:
+        raise UsageError(f"unknown verify mode {mode!r}: use one of {', '.join(_MODES)}")
+    if mode != "auto":
+        return mode
+    if device.startswith("cuda"):
+        return "processes" if torch.cuda.device_count() >= plan.num_ranks else "replay"
+    return "processes" if (os.cpu_count() or 1) >= plan.num_ranks else "replay"
+
+
+def verify_plan(
+    plan: Plan,
+    workload: str | Workload,
+    *,
+    steps: int = 5,
+    warmup: int = 2,
+    mode: str = "auto",
+    check_numerics: bool = False,
+    timeout_s: float = 300.0,
+    device: str = "cpu",
+    tolerance: float = 0.25,
+) -> VerifyReport:
+    """Run ``plan`` and compare with its predictions.
+
+    Args:
+        plan: the plan to check.
+        workload: a MODEL spec (what ``load_workload`` takes; each rank builds the model from it, so
+            every rank has the same seeded weights) or a :class:`Workload` (its ``name`` is used as
+            the spec in processes mode; replay uses the object itself).
+        steps, warmup: timed and untimed iterations.
+        mode: ``auto``, ``processes`` or ``replay``.
+        check_numerics: also compare one step's loss and gradients with a single process.
+        timeout_s: processes mode: limit for the whole run.
+        device: ``cpu`` or ``cuda``.
+        tolerance: the largest relative iteration error for ``report.ok``.
+
+    Raises:
+        ExecutionError: a rank failed, hung or was killed. ModelMismatchError: not the plan's model.
+    """
+    if steps < 1 or warmup < 0:
+        raise UsageError(f"steps must be >= 1 and warmup >= 0 (steps: {steps}, warmup: {warmup})")
+    chosen = _pick_mode(mode, plan, device)
+    spec = workload if isinstance(workload, str) else workload.name
+    sim_kwargs = _comm_kwargs(plan)
+    numerics = None
+    if chosen == "processes":
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        args = (spec, plan, steps, warmup, check_numerics, device)
+        results = run_ranks(_rank_main, args, plan.num_ranks, timeout_s=timeout_s, backend=backend)
+        fwd, bwd, peak = [0.0] * plan.num_stages, [0.0] * plan.num_stages, [0] * plan.num_stages
+        for res in results:
+            for k, s in enumerate(res["stages"]):
+                fwd[s], bwd[s] = _stage_times(res["records"][k])
+                peak[s] = res["peak"]
+        measured = max(_median(r["iteration"]) for r in results)
+        busy = tuple(_median(r["busy"]) for r in results)
+        memory_kind = "cuda" if device.startswith("cuda") else "rss"
+        if check_numerics:
+            loss = next(r["loss"] for r in results if r["loss"] is not None)
+            fresh = load_workload(spec)
+            grads = _merge_rank_grads([r["grads"] for r in results], tied_parameter_groups(fresh.model))
+            numerics = compare_numerics(*reference_step(fresh, plan), loss, grads)
+    else:
+        local = load_workload(workload) if isinstance(workload, str) else workload
+        result = replay_plan(plan, local, steps=steps, warmup=warmup, device=device, keep_grads=check_numerics)
+        fwd, bwd = list(result.forward_s), list(result.backward_s)
+        sim = simulate(fwd, bwd, schedule_microbatches(plan), plan.schedule, num_ranks=plan.num_ranks, **sim_kwargs)
+        measured, busy = sim.iteration_s, sim.busy_s
+        peak = [int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024] * plan.num_stages
+        memory_kind = "rss-process"
+        if check_numerics:
+            fresh = load_workload(workload) if isinstance(workload, str) else workload
+            assert result.loss is not None and result.grads is not None
+            numerics = compare_numerics(*reference_step(fresh, plan), result.loss, result.grads)
+    stages = tuple(
+        StageReport(s.index, s.rank, s.forward_s, s.backward_s, fwd[s.index], bwd[s.index], peak[s.index])
+        for s in plan.stages
+    )
+    return VerifyReport(
+        mode=chosen,
+        schedule=plan.schedule,
+        num_ranks=plan.num_ranks,
+        num_microbatches=schedule_microbatches(plan),
+        steps=steps,
+        warmup=warmup,
+        tolerance=tolerance,
+        predicted_iteration_s=plan.predicted.iteration_s,
+        measured_iteration_s=measured,
+        busy_s=tuple(busy),
+        stages=stages,
+        memory_kind=memory_kind,
+        numerics=numerics,
+    )
+
+
+def _comm_kwargs(plan: Plan) -> dict[str, Any]:
+    """The plan's own link-time estimates, so replay measures compute and keeps the plan's comm model."""
+    pred = plan.predicted
+    cuts = plan.num_stages - 1
+    fwd = getattr(pred, "comm_forward_s", ())
+    bwd = getattr(pred, "comm_backward_s", ())
+    return {
+        "comm_forward_s": tuple(fwd) if len(fwd) == cuts else (),
+        "comm_backward_s": tuple(bwd) if len(bwd) == cuts else (),
+    }
+
+
+def _merge_rank_grads(per_rank: list[dict[str, torch.Tensor]], tied: list[tuple[str, ...]]) -> dict[str, torch.Tensor]:
+    # Tied copies were already summed by sync_tied_grads, so any copy holds the model's gradient,
+    # and it stands for every name of the tied parameter.
+    merged: dict[str, torch.Tensor] = {}
+    for grads in per_rank:
+        merged.update(grads)
+    for names in tied:
+        present = next((merged[n] for n in names if n in merged), None)
+        if present is not None:
+            merged.update({n: present for n in names if n not in merged})
+    return merged
+
+
+def format_report(report: VerifyReport) -> str:
+    """A human-readable table: predicted vs measured per stage and for the iteration."""
+    mem = {"cuda": "peak mem (cuda)", "rss": "peak mem (rss)", "rss-process": "rss (process)"}[report.memory_kind]
+    lines = [
+        f"verify: {report.schedule}, {report.num_ranks} ranks, {report.num_microbatches} micro-batches, "
+        f"mode {report.mode}, {report.steps} timed steps after {report.warmup} warm-up",
+        f"{'stage':>5} {'rank':>4} {'fwd pred':>10} {'fwd meas':>10} {'bwd pred':>10} {'bwd meas':>10} "
+        f"{'error':>8} {mem:>16}",
+    ]
+    for s in report.stages:
+        peak = f"{s.peak_memory_bytes / 2**20:.1f} MiB" if s.peak_memory_bytes is not None else "-"
+        lines.append(
+            f"{s.index:>5} {s.rank:>4} {s.predicted_forward_s * 1e3:>8.3f}ms {s.measured_forward_s * 1e3:>8.3f}ms "
+            f"{s.predicted_backward_s * 1e3:>8.3f}ms {s.measured_backward_s * 1e3:>8.3f}ms "
+            f"{s.error_pct:>+7.1f}% {peak:>16}"
+        )
+    how = "simulated from measured stage times" if report.mode == "replay" else "measured between barriers"
+    predicted_ms, measured_ms = report.predicted_iteration_s * 1e3, report.measured_iteration_s * 1e3
+    lines.append(
+        f"iteration: predicted {predicted_ms:.3f} ms, {how} {measured_ms:.3f} ms "
+        f"({report.iteration_error_pct:+.1f}%, tolerance {report.tolerance * 100:.0f}%); "
+        f"worst stage {report.worst_stage}"
+    )
+    lines.append("busy per rank: " + ", ".join(f"{b * 1e3:.3f} ms" for b in report.busy_s))
+    if report.numerics is not None:
+        n = report.numerics
+        lines.append(
+            f"numerics: {'ok' if n.ok else 'MISMATCH'} (loss diff {n.loss_abs_diff:.2e}, max grad diff "
+            f"{n.max_grad_abs_diff:.2e} at {n.worst_parameter or '-'}; atol {n.atol:g}, rtol {n.rtol:g})"
+        )
+    lines.append("result: " + ("ok" if report.ok else "MISMATCH"))
+    return "\n".join(lines)

@@ -1,0 +1,131 @@
+"""apply_plan on 2 gloo processes equals one process: same loss, same gradient for every parameter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_plan
+
+from planner.apply import apply_plan, check_fingerprint, split_stages, tied_parameter_groups
+from planner.errors import ModelMismatchError, ScheduleError
+from planner.launch import run_ranks
+from profiles.models import BUILTIN_MODELS
+
+torch.set_num_threads(1)
+
+# (schedule, split points, recompute per stage) for each model; interleaved runs 4 stages, 2 per rank.
+CASES = {
+    "gpt2-tiny": [
+        ("gpipe", ["transformer.h.2"], ()),
+        ("1f1b", ["transformer.h.2"], (True, False)),
+        ("interleaved-1f1b", ["transformer.h.1", "transformer.h.2", "transformer.h.3"], ()),
+    ],
+    "unet-small": [
+        ("gpipe", ["mid"], ()),
+        ("1f1b", ["mid"], (False, True)),
+        ("interleaved-1f1b", ["enc.2", "dec.0", "dec.2"], ()),
+    ],
+}
+
+
+def _plans(model: str):
+    workload = BUILTIN_MODELS[model]()
+    return [make_plan(workload, splits, sched, recompute=rec) for sched, splits, rec in CASES[model]]
+
+
+def _step_all(rank: int, world_size: int, model: str, plans) -> list[dict]:
+    """On each rank: for each plan, one step from the same fresh weights; loss and grads by FQN."""
+    out = []
+    for plan in plans:
+        workload = BUILTIN_MODELS[model]()
+        x, y = workload.make_batch(plan.global_batch_size)
+        run = apply_plan(plan, workload.model, x, workload.loss_fn, device="cpu")
+        loss = run.step(x, y)
+        grads = {name: p.grad.clone() for name, p in run.named_parameters()}
+        out.append({"loss": loss, "grads": grads, "stages": run.stage_indices})
+    return out
+
+
+def _reference(model: str, plan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One process: the mean of the micro-batch losses, as torch's schedules compute it."""
+    workload = BUILTIN_MODELS[model]()
+    x, y = workload.make_batch(plan.global_batch_size)
+    m = plan.num_microbatches
+    losses = [workload.loss_fn(workload.model(xm), ym) for xm, ym in zip(x.chunk(m), y.chunk(m), strict=True)]
+    loss = torch.stack(losses).mean()
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in workload.model.named_parameters(remove_duplicate=False)}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def stepped(request):
+    model = request.param
+    plans = _plans(model)
+    return model, plans, run_ranks(_step_all, (model, plans), 2, timeout_s=240)
+
+
+def test_pipeline_equals_single_process(stepped) -> None:
+    model, plans, per_rank = stepped
+    for i, plan in enumerate(plans):
+        ref_loss, ref_grads = _reference(model, plan)
+        last_rank = plan.stages[-1].rank
+        assert per_rank[1 - last_rank][i]["loss"] is None
+        torch.testing.assert_close(per_rank[last_rank][i]["loss"], ref_loss, atol=1e-5, rtol=1e-4)
+        seen = set()
+        for rank in range(2):
+            assert per_rank[rank][i]["stages"] == tuple(s.index for s in plan.stages if s.rank == rank)
+            for name, grad in per_rank[rank][i]["grads"].items():
+                torch.testing.assert_close(grad, ref_grads[name], atol=1e-5, rtol=1e-4, msg=f"{plan.schedule} {name}")
+                seen.add(name)
+        # Every parameter of the model got a gradient on some rank (tied ones under either name).
+        ties = {n: g for g in tied_parameter_groups(BUILTIN_MODELS[model]().model) for n in g}
+        assert all(n in seen or any(t in seen for t in ties.get(n, ())) for n in ref_grads)
+
+
+def test_gpt2_tied_embedding_is_detected() -> None:
+    model = BUILTIN_MODELS["gpt2-tiny"]().model
+    assert tied_parameter_groups(model) == [("transformer.wte.weight", "lm_head.weight")]
+
+
+def test_skip_connections_are_relayed_through_middle_stages() -> None:
+    workload = BUILTIN_MODELS["unet-small"]()
+    x, y = workload.make_batch(2)
+    stages = split_stages(workload.model, (x,), ["enc.2", "dec.0", "dec.2"], [False] * 4)
+    # Run the stages in sequence as the schedule would: each reads only its predecessor's outputs.
+    value = (x,)
+    for stage in stages:
+        out = stage(*value)
+        value = out if isinstance(out, tuple) else (out,)
+    torch.testing.assert_close(value[0], workload.model(x), atol=1e-6, rtol=1e-5)
+    # Stage 1 (enc.2, mid) hands on its own output plus the skips of enc.0 and enc.1.
+    assert [kind for kind, _ in stages[1].out_sources].count("in") == 2
+
+
+def test_wrong_fingerprint_is_refused_with_details() -> None:
+    workload = BUILTIN_MODELS["mlp"]()
+    plan = make_plan(workload, ["layers.2"])
+    other = BUILTIN_MODELS["gpt2-tiny"]().model
+    with pytest.raises(ModelMismatchError, match=r"fingerprint .* differs from the plan's .*'mlp'.*layers.0"):
+        check_fingerprint(plan, other)
+
+
+def test_same_units_other_shape_is_refused() -> None:
+    workload = BUILTIN_MODELS["mlp"]()
+    plan = make_plan(workload, ["layers.2"])
+    workload.model.head = torch.nn.Linear(64, 8)
+    with pytest.raises(ModelMismatchError, match="has the plan's 5 units, so a parameter shape or module type"):
+        apply_plan(
+            plan, workload.model, workload.make_batch(8)[0], workload.loss_fn, device="cpu", rank=0, world_size=2
+        )
+
+
+def test_non_looped_placement_is_refused() -> None:
+    workload = BUILTIN_MODELS["mlp"]()
+    plan = make_plan(workload, ["layers.2"])
+    swapped = plan.__class__(
+        **{**plan.__dict__, "stages": tuple(s.__class__(**{**s.__dict__, "rank": 1 - s.rank}) for s in plan.stages)}
+    )
+    with pytest.raises(ScheduleError, match=r"stage s on rank s % 2: \[0, 1\]"):
+        apply_plan(
+            swapped, workload.model, workload.make_batch(8)[0], workload.loss_fn, device="cpu", rank=0, world_size=2
+        )

@@ -1,0 +1,128 @@
+"""verify_plan end to end (processes and replay) and the report's arithmetic."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import make_plan
+from torch import nn
+
+from planner import verify
+from planner.verify import (
+    NumericsReport,
+    StageReport,
+    VerifyReport,
+    compare_numerics,
+    format_report,
+    reference_step,
+    verify_plan,
+)
+from profiles.models import BUILTIN_MODELS
+from profiles.workload import Workload
+
+torch.set_num_threads(1)
+
+
+def dropout_mlp() -> Workload:
+    """A model whose every run differs (dropout on): the numerics check must catch it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5), nn.Linear(16, 4))
+
+    def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(n)
+        return torch.randn(n, 8, generator=g), torch.randn(n, 4, generator=g)
+
+    return Workload(model, make_batch, nn.functional.mse_loss, "dropout-mlp", ("0", "1", "2"))
+
+
+def _assert_measured(report: VerifyReport, plan) -> None:
+    assert len(report.stages) == plan.num_stages
+    for s in report.stages:
+        for value in (s.measured_forward_s, s.measured_backward_s):
+            assert math.isfinite(value) and value > 0
+        assert s.peak_memory_bytes is not None and s.peak_memory_bytes > 0
+        assert math.isfinite(s.error_pct)
+    assert math.isfinite(report.measured_iteration_s) and report.measured_iteration_s > 0
+    assert len(report.busy_s) == plan.num_ranks and all(b > 0 for b in report.busy_s)
+    # An iteration runs every stage's work, so it cannot be shorter than the busiest rank.
+    assert report.measured_iteration_s >= max(report.busy_s) * 0.999
+    json.dumps(report.to_dict())
+    assert "iteration: predicted" in format_report(report)
+
+
+def test_processes_mode_gpt2_1f1b_with_numerics() -> None:
+    plan = make_plan(BUILTIN_MODELS["gpt2-tiny"](), ["transformer.h.2"], "1f1b")
+    report = verify_plan(plan, "gpt2-tiny", mode="processes", steps=2, warmup=1, check_numerics=True, timeout_s=180)
+    assert report.mode == "processes" and report.memory_kind == "rss"
+    _assert_measured(report, plan)
+    assert report.numerics is not None and report.numerics.ok
+    assert report.numerics.max_grad_abs_diff < 1e-6
+
+
+@pytest.mark.parametrize(
+    ("model", "splits", "schedule"),
+    [
+        ("gpt2-tiny", ["transformer.h.1", "transformer.h.2", "transformer.h.3"], "interleaved-1f1b"),
+        ("unet-small", ["mid"], "gpipe"),
+    ],
+)
+def test_replay_mode_measures_every_stage(model: str, splits: list[str], schedule: str) -> None:
+    plan = make_plan(BUILTIN_MODELS[model](), splits, schedule)
+    report = verify_plan(plan, model, mode="replay", steps=2, warmup=1, check_numerics=True)
+    assert report.mode == "replay" and report.memory_kind == "rss-process"
+    _assert_measured(report, plan)
+    assert report.numerics is not None and report.numerics.ok
+    assert "simulated from measured stage times" in format_report(report)
+
+
+def test_numerics_check_catches_a_model_that_differs() -> None:
+    workload = dropout_mlp()
+    plan = make_plan(workload, ["2"], "gpipe")
+    report = verify_plan(plan, workload, mode="replay", steps=1, warmup=0, check_numerics=True, tolerance=1e9)
+    assert report.numerics is not None and not report.numerics.ok
+    assert not report.ok  # timing is within the huge tolerance: numerics alone fail it
+    assert "numerics: MISMATCH" in format_report(report)
+
+
+def test_compare_numerics_flags_one_perturbed_gradient() -> None:
+    workload = BUILTIN_MODELS["mlp"]()
+    plan = make_plan(workload, ["layers.2"])
+    loss, grads = reference_step(workload, plan)
+    assert compare_numerics(loss, grads, loss, dict(grads)).ok
+    bad = dict(grads)
+    bad["head.bias"] = grads["head.bias"] + 1e-3
+    result = compare_numerics(loss, grads, loss, bad)
+    assert not result.ok and result.worst_parameter == "head.bias"
+    assert result.max_grad_abs_diff == pytest.approx(1e-3, rel=1e-3)
+    assert not compare_numerics(loss, grads, loss + 1e-3, grads).ok
+    missing = {k: v for k, v in grads.items() if k != "head.weight"}
+    assert not compare_numerics(loss, grads, loss, missing).ok
+
+
+def _report(measured_iteration_s: float, stage_times: list[tuple[float, float]]) -> VerifyReport:
+    stages = tuple(StageReport(i, i, 1.0, 2.0, f, b, 1) for i, (f, b) in enumerate(stage_times))
+    return VerifyReport("processes", "gpipe", 2, 4, 3, 1, 0.25, 10.0, measured_iteration_s, (1.0, 1.0), stages, "rss")
+
+
+def test_report_error_and_worst_stage() -> None:
+    report = _report(12.0, [(1.0, 2.0), (1.5, 3.0)])
+    assert report.iteration_error_pct == pytest.approx(20.0)
+    assert report.ok
+    assert report.stages[1].error_pct == pytest.approx(50.0)
+    assert report.worst_stage == 1
+    assert not _report(13.0, [(1.0, 2.0), (0.5, 1.0)]).ok  # +30 % > 25 %
+    assert _report(8.0, [(1.0, 2.0), (0.5, 1.0)]).worst_stage == 1  # -50 % beats 0 %
+    failed = VerifyReport(**{**report.__dict__, "numerics": NumericsReport(False, 0.0, 1.0, "w")})
+    assert not failed.ok
+    assert report.to_dict()["worst_stage"] == 1
+
+
+def test_auto_mode_falls_back_to_replay_with_few_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"])
+    monkeypatch.setattr(verify.os, "cpu_count", lambda: 1)
+    assert verify._pick_mode("auto", plan, "cpu") == "replay"
+    monkeypatch.setattr(verify.os, "cpu_count", lambda: 2)
+    assert verify._pick_mode("auto", plan, "cpu") == "processes"
