@@ -1,0 +1,291 @@
+"""The partition problem as a mixed-integer linear program (pulp; HiGHS or CBC).
+
+Same objective and memory rule as :func:`solvers.problem.evaluate`, plus what the DP cannot do:
+per-stage device ``speed``, ``pinned`` (unit, stage) pairs and ``max_units_per_stage``.
+
+Formulation (contiguous by construction, so the LP relaxation stays tight):
+
+- ``y[u,s] = 1`` iff unit ``u`` sits in a stage ``<= s``; non-increasing in ``u``, non-decreasing in
+  ``s``, ``y[u,P-1] = 1``. Unit ``u`` can only be in stages ``P-n+u .. u``, which fixes many ``y``.
+  Membership is ``x[u,s] = y[u,s] - y[u,s-1]``; every stage holds at least one unit.
+- stage ``s >= 1`` starts at unit ``u`` iff ``y[u-1,s-1] - y[u,s-1] = 1`` (stages are non-empty), so
+  the communication into a stage and its input bytes are linear in ``y``: no extra variables.
+- recompute ``r[s]`` binary (fixed when only one choice is allowed); its extra forward time
+  ``w[s] >= F_s - F_total * (1 - r[s])``, ``w >= 0`` linearises ``r[s] * F_s``;
+- ``c_s = (F_s + B_s + w_s) / speed_s``; ``T >= c_s``; minimise ``sum_s (c_s + k_s) + (M-1) T``;
+- memory per stage with big-M on ``r[s]`` (rows scaled by the capacity), transient as
+  ``h_s >= transient_u * x[u,s]``.
+
+Times are divided by the total compute and bytes by the stage capacity, so coefficients are O(1).
+The returned partition is re-scored with :func:`~solvers.problem.evaluate` (exact, not the solver's
+float), after choosing per stage the cheapest recompute flag that fits.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Iterable
+
+import pulp
+
+from planner.errors import PlanInfeasibleError, SolverError, UsageError
+from solvers.problem import PartitionProblem, PartitionSolution, evaluate, stage_cost
+
+__all__ = ["solve_ilp", "BACKENDS"]
+
+BACKENDS = ("auto", "highs", "cbc")
+
+_Term = pulp.LpVariable | int
+
+
+def _solver(backend: str, time_limit_s: float) -> tuple[str, pulp.LpSolver]:
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown ILP backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        backend = "highs" if pulp.HiGHS().available() else "cbc"
+    if backend == "highs":
+        if not pulp.HiGHS().available():
+            raise UsageError("ILP backend 'highs' needs the highspy package; pip install highspy or use --backend cbc")
+        return backend, pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=0.0, gapAbs=0.0, threads=1)
+    with warnings.catch_warnings():
+        # pulp 3.3 deprecates the bundled CBC for 4.0; it is still the one that needs no install.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return backend, pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0, gapAbs=0.0, threads=1)
+
+
+def _var(prob: pulp.LpProblem, name: str, lowBound: float | None = None, cat: str = "Continuous") -> pulp.LpVariable:
+    # pulp >= 3.3 attaches variables to the model (direct construction is deprecated there).
+    if hasattr(prob, "add_variable"):
+        return prob.add_variable(name, lowBound=lowBound, cat=cat)
+    return pulp.LpVariable(name, lowBound=lowBound, cat=cat)
+
+
+def _expr(terms: Iterable[tuple[float, _Term]], constant: float = 0.0) -> pulp.LpAffineExpression:
+    """``constant + sum(coef * term)`` where a term is a variable or a fixed 0/1."""
+    coefs: dict[pulp.LpVariable, float] = {}
+    for coef, term in terms:
+        if coef == 0:
+            continue
+        if isinstance(term, int):
+            constant += coef * term
+        else:
+            coefs[term] = coefs.get(term, 0.0) + coef
+    return pulp.LpAffineExpression(list(coefs.items()), constant=constant)
+
+
+def _check(problem: PartitionProblem) -> None:
+    n, p = problem.num_units, problem.num_stages
+    if problem.speed and min(problem.speed) <= 0:
+        raise UsageError(f"every stage speed must be > 0, got {min(problem.speed)}")
+    for unit, stage in problem.pinned:
+        if not (0 <= unit < n and 0 <= stage < p):
+            raise UsageError(f"pin (unit {unit}, stage {stage}) is out of range ({n} units, {p} stages)")
+        if not (p - n + unit <= stage <= unit):
+            raise PlanInfeasibleError(
+                f"unit {unit} cannot be in stage {stage}: with {n} units and {p} non-empty stages it can "
+                f"only be in stages {max(0, p - n + unit)}..{min(unit, p - 1)}"
+            )
+    if problem.max_units_per_stage is not None and problem.max_units_per_stage * p < n:
+        raise PlanInfeasibleError(
+            f"{p} stages of at most {problem.max_units_per_stage} units cannot hold {n} units; "
+            "raise max units per stage or add stages"
+        )
+
+
+def _best_flags(problem: PartitionProblem, boundaries: tuple[int, ...], flags: list[bool]) -> tuple[bool, ...]:
+    """Per stage the cheapest allowed recompute flag that fits (the solver's flag if none fits)."""
+    ends = (*boundaries[1:], problem.num_units)
+    chosen = []
+    for s, (first, end) in enumerate(zip(boundaries, ends, strict=True)):
+        fits = [r for r in sorted(problem.recompute_choices) if stage_cost(problem, s, first, end - 1, r).feasible]
+        chosen.append(fits[0] if fits else flags[s])
+    return tuple(chosen)
+
+
+def solve_ilp(problem: PartitionProblem, time_limit_s: float = 60.0, backend: str = "auto") -> PartitionSolution:
+    """Solve ``problem`` as a MILP with ``backend`` ("highs", "cbc" or "auto": HiGHS when available).
+
+    Returns the solver's best partition; ``optimal`` tells whether it was proven optimal, ``gap`` is
+    the relative MIP gap (0.0 when proven, ``None`` when the backend does not report it) and
+    ``solve_s`` the wall time including model building.
+
+    Raises:
+        UsageError: an unknown backend, a non-positive time limit or speed, a pin out of range.
+        PlanInfeasibleError: no partition satisfies memory, pins and unit caps.
+        SolverError: the time limit passed before any feasible partition was found.
+
+    Examples:
+        >>> p = PartitionProblem(forward_s=(1.0,) * 6, backward_s=(2.0,) * 6, num_stages=2,
+        ...                      num_microbatches=4, speed=(2.0, 1.0))
+        >>> solve_ilp(p).boundaries
+        (0, 4)
+    """
+    start = time.perf_counter()
+    if not time_limit_s > 0:
+        raise UsageError(f"time limit must be > 0 seconds, got {time_limit_s}")
+    name, solver = _solver(backend, time_limit_s)
+    _check(problem)
+    n, p, m = problem.num_units, problem.num_stages, problem.num_microbatches
+    fwd, bwd = problem.forward_s, problem.backward_s
+    speed = problem.speed or (1.0,) * p
+    scale_s = math.fsum(fwd) + math.fsum(bwd) or 1.0
+
+    def at(values: tuple, k: int) -> float:
+        return values[k] if values else 0
+
+    prob = pulp.LpProblem("pipeplan_partition", pulp.LpMinimize)
+    y: dict[tuple[int, int], _Term] = {}
+    for u in range(n):
+        for s in range(-1, p):
+            if s == -1:
+                y[u, s] = 0
+            elif s >= u or s == p - 1:
+                y[u, s] = 1  # units before u fill at most u stages
+            elif s < p - n + u:
+                y[u, s] = 0  # the n - u units from u on need the remaining stages
+            else:
+                y[u, s] = _var(prob, f"y_{u}_{s}", cat=pulp.LpBinary)
+    for u in range(n):
+        for s in range(p - 1):
+            if u + 1 < n and not (isinstance(y[u + 1, s], int) and isinstance(y[u, s], int)):
+                prob += _expr([(1, y[u + 1, s]), (-1, y[u, s])]) <= 0
+            if s + 1 < p - 1 and not (isinstance(y[u, s], int) and isinstance(y[u, s + 1], int)):
+                prob += _expr([(1, y[u, s]), (-1, y[u, s + 1])]) <= 0
+
+    def member(u: int, s: int) -> list[tuple[float, _Term]]:
+        return [(1.0, y[u, s]), (-1.0, y[u, s - 1])]
+
+    def summed(values: tuple, s: int, scale: float) -> list[tuple[float, _Term]]:
+        if not values:
+            return []
+        return [(c * values[u] / scale, t) for u in range(n) for c, t in member(u, s)]
+
+    def starts(values_at_cut: list[float], s: int, scale: float) -> list[tuple[float, _Term]]:
+        """Linear ``values_at_cut[u-1]`` of the unit where stage s >= 1 starts."""
+        terms: list[tuple[float, _Term]] = []
+        for u in range(1, n):
+            v = values_at_cut[u - 1] / scale
+            terms += [(v, y[u - 1, s - 1]), (-v, y[u, s - 1])]
+        return terms
+
+    total_f = math.fsum(fwd)
+    bottleneck = _var(prob, "T", lowBound=0)
+    choices = set(problem.recompute_choices)
+    objective_terms: list[tuple[float, _Term]] = [((m - 1), bottleneck)]
+    in_flight = problem.in_flight or (m,) * p
+    comm = [at(problem.cut_forward_s, k) + at(problem.cut_backward_s, k) for k in range(n - 1)]
+    cut_bytes = [float(at(problem.cut_bytes, k)) for k in range(n - 1)]
+    for s in range(p):
+        prob += _expr([(1, y[u, s]) for u in range(n)] + [(-1, y[u, s - 1]) for u in range(n)]) >= 1
+        if problem.max_units_per_stage is not None:
+            prob += _expr([(1, y[u, s]) for u in range(n)] + [(-1, y[u, s - 1]) for u in range(n)]) <= (
+                problem.max_units_per_stage
+            )
+        r: _Term = _var(prob, f"r_{s}", cat=pulp.LpBinary) if len(choices) == 2 else int(next(iter(choices)))
+        forward = summed(fwd, s, scale_s)
+        compute = forward + summed(bwd, s, scale_s)
+        if isinstance(r, int):
+            compute += forward if r else []
+        else:
+            extra = _var(prob, f"w_{s}", lowBound=0)
+            prob += extra >= _expr(forward + [(total_f / scale_s, r)], -total_f / scale_s)
+            compute.append((1.0, extra))
+        compute = [(c / speed[s], t) for c, t in compute]
+        prob += _expr([(1.0, bottleneck)] + [(-c, t) for c, t in compute]) >= 0
+        objective_terms += compute
+        if s > 0:
+            objective_terms += starts(comm, s, scale_s)
+        cap = problem.capacity_bytes[s] if problem.capacity_bytes else math.inf
+        if not math.isinf(cap):
+            scale_b = cap if cap > 0 else 1.0
+            held = summed(problem.param_state_bytes, s, scale_b)
+            saved = summed(problem.saved_bytes, s, scale_b)
+            if problem.transient_bytes and max(problem.transient_bytes) > 0:
+                peak = _var(prob, f"h_{s}", lowBound=0)
+                for u in range(n):
+                    if problem.transient_bytes[u]:
+                        prob += (
+                            _expr(
+                                [(1.0, peak)]
+                                + [(-problem.transient_bytes[u] / scale_b * c, t) for c, t in member(u, s)]
+                            )
+                            >= 0
+                        )
+                held.append((1.0, peak))
+            top = (sum(problem.param_state_bytes) + max(problem.transient_bytes, default=0)) / scale_b
+            saved_all = sum(problem.saved_bytes) / scale_b
+            if False in choices:
+                lhs = held + [(in_flight[s] * c, t) for c, t in saved]
+                big = max(0.0, top + in_flight[s] * saved_all - cap / scale_b)
+                if not isinstance(r, int):
+                    prob += _expr(lhs + [(-big, r)]) <= cap / scale_b
+                elif not r:
+                    prob += _expr(lhs) <= cap / scale_b
+            if True in choices:
+                if s == 0:
+                    inputs: list[tuple[float, _Term]] = [(in_flight[s] * problem.input_bytes / scale_b, 1)]
+                else:
+                    inputs = [(in_flight[s] * c, t) for c, t in starts(cut_bytes, s, scale_b)]
+                lhs = held + saved + inputs
+                most_in = max([problem.input_bytes, *cut_bytes]) / scale_b
+                big = max(0.0, top + saved_all + in_flight[s] * most_in - cap / scale_b)
+                if not isinstance(r, int):
+                    prob += _expr(lhs + [(big, r)]) <= cap / scale_b + big
+                elif r:
+                    prob += _expr(lhs) <= cap / scale_b
+    prob += _expr(objective_terms)
+    # A valid cut: speed-weighted stage times add up to at least the whole model's compute.
+    prob += bottleneck >= (math.fsum(fwd) + math.fsum(bwd)) / scale_s / sum(speed)
+    for unit, stage in problem.pinned:
+        for term, want in ((y[unit, stage], 1), (y[unit, stage - 1], 0)):
+            if not isinstance(term, int):
+                prob += term == want
+
+    prob.solve(solver)
+    proven = prob.sol_status == pulp.LpSolutionOptimal
+    if prob.status == pulp.LpStatusInfeasible or prob.sol_status == pulp.LpSolutionInfeasible:
+        raise PlanInfeasibleError(
+            f"no partition of {n} units into {p} stages fits in memory and honours the constraints; "
+            "add stages, allow recomputation or lower the micro-batch size"
+        )
+    if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        raise SolverError(
+            f"ILP found no feasible solution within {time_limit_s:g} s; raise --time-limit or use --solver dp"
+        )
+    stage_of = [next(s for s in range(p) if _one(y[u, s])) for u in range(n)]
+    boundaries = tuple(stage_of.index(s) if s in stage_of else -1 for s in range(p))
+    if any(b < 0 for b in boundaries) or any(a > b for a, b in zip(stage_of, stage_of[1:], strict=False)):
+        raise SolverError(f"the ILP returned a partition that is not contiguous (stages per unit {stage_of})")
+    flags = []
+    for s in range(p):
+        var = prob.variablesDict().get(f"r_{s}")
+        flags.append(bool(round(var.varValue)) if var is not None else bool(next(iter(choices))))
+    recompute = _best_flags(problem, boundaries, flags)
+    objective, bottleneck_s = evaluate(problem, boundaries, recompute)
+    if not math.isfinite(objective):
+        raise SolverError(
+            f"the ILP's partition {boundaries} does not fit in memory when checked exactly (solver tolerance); "
+            "use --solver dp or loosen the capacity slightly"
+        )
+    gap: float | None = 0.0 if proven else None
+    if name == "highs" and not proven:
+        info_gap = prob.solverModel.getInfo().mip_gap
+        gap = float(info_gap) if math.isfinite(info_gap) else None
+    return PartitionSolution(
+        boundaries=boundaries,
+        recompute=recompute,
+        objective_s=objective,
+        bottleneck_s=bottleneck_s,
+        solver=f"ilp-{name}",
+        optimal=proven,
+        gap=gap,
+        solve_s=time.perf_counter() - start,
+    )
+
+
+def _one(term: _Term) -> bool:
+    if isinstance(term, int):
+        return bool(term)
+    return (term.varValue or 0.0) > 0.5

@@ -1,0 +1,243 @@
+"""DP == ILP == brute force on seeded random instances, plus hand cases with known answers."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from planner.errors import PlanInfeasibleError, UsageError
+from solvers.brute import solve_brute
+from solvers.dp import solve_dp
+from solvers.ilp import solve_ilp
+from solvers.problem import PartitionProblem, PartitionSolution, evaluate
+
+
+def random_problem(seed: int, ilp_only: bool = False) -> PartitionProblem:
+    """Up to 10 units and 4 stages, with comm, memory (sometimes binding) and recompute choices."""
+    rng = random.Random(seed)
+    n = rng.randint(1, 10)
+    p = rng.randint(1, min(4, n))
+    m = rng.randint(1, 8)
+    fwd = tuple(rng.choice([0.0, rng.uniform(0.1, 3.0), float(rng.randint(1, 4))]) for _ in range(n))
+    bwd = tuple(2 * x if rng.random() < 0.5 else rng.uniform(0, 5) for x in fwd)
+    params = tuple(rng.randint(0, 200) for _ in range(n))
+    saved = tuple(rng.randint(0, 100) for _ in range(n))
+    capacity: tuple[float, ...] = ()
+    if rng.random() < 0.6:
+        c = rng.uniform(0.3, 1.0) * (sum(params) + sum(saved) * m) / p + 60
+        capacity = tuple(c if rng.random() < 0.7 else c * rng.uniform(0.7, 1.3) for _ in range(p))
+    extra: dict = {}
+    if ilp_only:
+        extra["speed"] = tuple(rng.choice([0.5, 1.0, 2.0, 3.0]) for _ in range(p))
+        if rng.random() < 0.5:
+            unit = rng.randrange(n)
+            extra["pinned"] = ((unit, rng.randint(max(0, p - n + unit), min(unit, p - 1))),)
+        if rng.random() < 0.5:
+            extra["max_units_per_stage"] = rng.randint(-(-n // p), n)
+    return PartitionProblem(
+        forward_s=fwd,
+        backward_s=bwd,
+        num_stages=p,
+        num_microbatches=m,
+        cut_forward_s=tuple(rng.uniform(0, 1) for _ in range(n - 1)) if rng.random() < 0.7 else (),
+        cut_backward_s=tuple(rng.uniform(0, 1) for _ in range(n - 1)) if rng.random() < 0.7 else (),
+        cut_bytes=tuple(rng.randint(0, 100) for _ in range(n - 1)),
+        input_bytes=rng.randint(0, 100),
+        param_state_bytes=params,
+        saved_bytes=saved,
+        transient_bytes=tuple(rng.randint(0, 50) for _ in range(n)) if rng.random() < 0.5 else (),
+        in_flight=tuple(min(p - s, m) for s in range(p)) if rng.random() < 0.7 else (),
+        capacity_bytes=capacity,
+        recompute_choices=rng.choice([(False,), (True,), (False, True)]),
+        **extra,
+    )
+
+
+def check_partition(problem: PartitionProblem, sol: PartitionSolution) -> None:
+    n = problem.num_units
+    ranges = sol.stage_units(n)
+    assert len(ranges) == problem.num_stages == len(sol.recompute)
+    assert [u for r in ranges for u in r] == list(range(n))  # contiguous, covers every unit once
+    assert all(len(r) > 0 for r in ranges)
+    assert all(r in problem.recompute_choices for r in sol.recompute)
+    objective, bottleneck = evaluate(problem, sol.boundaries, sol.recompute)
+    assert objective == sol.objective_s and bottleneck == sol.bottleneck_s
+    assert math.isfinite(objective)
+
+
+def solve_or_none(solver, problem):
+    try:
+        return solver(problem)
+    except PlanInfeasibleError:
+        return None
+
+
+def assert_same_optimum(problem: PartitionProblem, reference: PartitionSolution | None, sol) -> None:
+    assert (reference is None) == (sol is None)
+    if sol is not None:
+        check_partition(problem, sol)
+        assert sol.objective_s == pytest.approx(reference.objective_s, rel=1e-9, abs=1e-12)
+
+
+def test_dp_matches_brute_force_on_300_random_instances():
+    infeasible = 0
+    for seed in range(300):
+        problem = random_problem(seed)
+        reference = solve_or_none(solve_brute, problem)
+        found = solve_or_none(lambda p: solve_dp(p)[0], problem)
+        assert_same_optimum(problem, reference, found)
+        infeasible += reference is None
+    assert 30 < infeasible < 200  # both outcomes are exercised
+
+
+def test_ilp_highs_matches_brute_force_on_100_random_instances():
+    for seed in range(1000, 1100):
+        problem = random_problem(seed)
+        found = solve_or_none(lambda p: solve_ilp(p, backend="highs"), problem)
+        assert_same_optimum(problem, solve_or_none(solve_brute, problem), found)
+        if found is not None:
+            assert found.optimal and found.gap == 0.0 and found.solver == "ilp-highs"
+
+
+def test_ilp_cbc_matches_brute_force_on_10_random_instances():
+    for seed in range(2000, 2010):
+        problem = random_problem(seed)
+        found = solve_or_none(lambda p: solve_ilp(p, backend="cbc"), problem)
+        assert_same_optimum(problem, solve_or_none(solve_brute, problem), found)
+
+
+def test_ilp_with_speeds_pins_and_unit_caps_matches_brute_force():
+    for seed in range(3000, 3080):
+        problem = random_problem(seed, ilp_only=True)
+        found = solve_or_none(lambda p: solve_ilp(p, backend="highs"), problem)
+        assert_same_optimum(problem, solve_or_none(solve_brute, problem), found)
+
+
+def test_all_solvers_raise_when_nothing_fits():
+    problem = PartitionProblem(
+        forward_s=(1.0,) * 4,
+        backward_s=(2.0,) * 4,
+        num_stages=2,
+        num_microbatches=4,
+        param_state_bytes=(100,) * 4,
+        capacity_bytes=(150.0, 150.0),  # every stage holds >= 2 units = 200 bytes
+    )
+    for solver in (solve_brute, solve_dp, solve_ilp):
+        with pytest.raises(PlanInfeasibleError):
+            solver(problem)
+
+
+def test_equal_units_split_evenly():
+    problem = PartitionProblem(forward_s=(1.0,) * 8, backward_s=(2.0,) * 8, num_stages=4, num_microbatches=4)
+    for sol in (solve_dp(problem)[0], solve_ilp(problem), solve_brute(problem)):
+        assert sol.boundaries == (0, 2, 4, 6)
+        assert sol.objective_s == 4 * 6.0 + 3 * 6.0
+
+
+def test_one_heavy_unit_gets_a_stage_of_its_own():
+    problem = PartitionProblem(
+        forward_s=(1.0, 1.0, 1.0, 10.0, 1.0, 1.0),
+        backward_s=(2.0, 2.0, 2.0, 20.0, 2.0, 2.0),
+        num_stages=3,
+        num_microbatches=8,
+    )
+    for sol in (solve_dp(problem)[0], solve_ilp(problem)):
+        assert sol.boundaries == (0, 3, 4)
+        assert sol.bottleneck_s == 30.0
+
+
+def test_heavy_lm_head_at_the_end_stands_alone():
+    problem = PartitionProblem(
+        forward_s=(1.0,) * 7 + (6.0,), backward_s=(2.0,) * 7 + (12.0,), num_stages=3, num_microbatches=8
+    )
+    for sol in (solve_dp(problem)[0], solve_ilp(problem)):
+        assert sol.boundaries[-1] == 7
+        assert sol.objective_s == 7 * 3.0 + 18.0 + 7 * 18.0
+
+
+def test_memory_forces_recompute_on_the_first_stage():
+    # 1F1B holds 2 micro-batches on stage 0 and 1 on stage 1: 2 * 60 > 100, so stage 0 recomputes.
+    problem = PartitionProblem(
+        forward_s=(1.0,) * 4,
+        backward_s=(2.0,) * 4,
+        num_stages=2,
+        num_microbatches=4,
+        saved_bytes=(30,) * 4,
+        cut_bytes=(5, 5, 5),
+        input_bytes=5,
+        in_flight=(2, 1),
+        capacity_bytes=(100.0, 100.0),
+        recompute_choices=(False, True),
+    )
+    for sol in (solve_dp(problem)[0], solve_ilp(problem), solve_brute(problem)):
+        assert sol.boundaries == (0, 2)
+        assert sol.recompute == (True, False)
+
+
+def test_a_twice_faster_stage_gets_twice_the_work():
+    problem = PartitionProblem(
+        forward_s=(1.0,) * 6, backward_s=(2.0,) * 6, num_stages=2, num_microbatches=4, speed=(2.0, 1.0)
+    )
+    sol = solve_ilp(problem)
+    assert sol.boundaries == (0, 4)
+    assert sol.bottleneck_s == 6.0
+    assert sol.objective_s == solve_brute(problem).objective_s
+
+
+def test_pins_and_unit_caps_are_honoured():
+    base = dict(forward_s=(1.0,) * 8, backward_s=(2.0,) * 8, num_stages=4, num_microbatches=4)
+    pinned = PartitionProblem(**base, pinned=((2, 0),))
+    assert solve_ilp(pinned).boundaries[1] == 3  # unit 2 joins stage 0
+    assert solve_ilp(pinned).objective_s == solve_brute(pinned).objective_s
+    capped = PartitionProblem(
+        forward_s=(1.0, 1.0, 1.0, 1.0, 1.0, 9.0),
+        backward_s=(0.0,) * 6,
+        num_stages=2,
+        num_microbatches=2,
+        max_units_per_stage=3,
+    )
+    assert solve_ilp(capped).boundaries == (0, 3)  # the cap overrides the better (0, 5)
+
+
+def test_dp_rejects_what_only_the_ilp_supports():
+    base = dict(forward_s=(1.0,) * 4, backward_s=(1.0,) * 4, num_stages=2, num_microbatches=2)
+    for extra in ({"speed": (1.0, 2.0)}, {"pinned": ((0, 0),)}, {"max_units_per_stage": 2}):
+        with pytest.raises(UsageError):
+            solve_dp(PartitionProblem(**base, **extra))
+
+
+def test_unknown_ilp_backend_is_a_usage_error():
+    problem = PartitionProblem(forward_s=(1.0,) * 2, backward_s=(1.0,) * 2, num_stages=2, num_microbatches=1)
+    with pytest.raises(UsageError, match="gurobi"):
+        solve_ilp(problem, backend="gurobi")
+
+
+def test_top_k_candidates_are_distinct_sorted_and_start_with_the_optimum():
+    several = 0
+    for seed in range(4000, 4060):
+        problem = random_problem(seed)
+        reference = solve_or_none(solve_brute, problem)
+        if reference is None:
+            continue
+        candidates = solve_dp(problem, top_k=4)
+        assert 1 <= len(candidates) <= 4
+        for sol in candidates:
+            check_partition(problem, sol)
+        keys = [(s.boundaries, s.recompute) for s in candidates]
+        assert len(set(keys)) == len(keys)
+        objectives = [s.objective_s for s in candidates]
+        assert objectives == sorted(objectives)
+        assert objectives[0] == pytest.approx(reference.objective_s, rel=1e-9, abs=1e-12)
+        several += len(candidates) > 1
+    assert several >= 3  # top_k is the best across bounds examined, often fewer than k
+
+
+def test_dp_is_deterministic():
+    problem = random_problem(7)
+
+    def key(sols):
+        return [(s.boundaries, s.recompute, s.objective_s) for s in sols]
+
+    assert key(solve_dp(problem, top_k=3)) == key(solve_dp(problem, top_k=3))
