@@ -23,10 +23,13 @@ float), after choosing per stage the cheapest recompute flag that fits.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import pulp
 
@@ -38,6 +41,20 @@ __all__ = ["solve_ilp", "BACKENDS"]
 BACKENDS = ("auto", "highs", "cbc")
 
 _Term = pulp.LpVariable | int
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """Silence the banner highspy's C++ core prints on stdout even with msg=False: stdout may carry JSON."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _solver(backend: str, time_limit_s: float) -> tuple[str, pulp.LpSolver]:
@@ -243,7 +260,8 @@ def solve_ilp(problem: PartitionProblem, time_limit_s: float = 60.0, backend: st
             if not isinstance(term, int):
                 prob += term == want
 
-    prob.solve(solver)
+    with _quiet_stdout():
+        prob.solve(solver)
     proven = prob.sol_status == pulp.LpSolutionOptimal
     if prob.status == pulp.LpStatusInfeasible or prob.sol_status == pulp.LpSolutionInfeasible:
         raise PlanInfeasibleError(
