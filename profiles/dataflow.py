@@ -1,0 +1,197 @@
+"""Splitting a model into one piece per unit, capturing each piece's real inputs, and the data flow.
+
+``capture_export`` splits with torch's own ``torch.distributed.pipelining.pipeline`` (the executor
+splits the same way, so profile and execution agree): code in a parent's forward between two units
+lands in one of the pieces, nothing is dropped, and the split graph names every tensor passed between
+pieces with its producer and all its consumers (skip connections, GPT-2's attention mask).
+``capture_hooks`` is the fallback for models ``torch.export`` cannot trace: forward hooks on the unit
+modules; code between units is not attributed and the data flow is assumed to be the chain of units.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves, tree_map
+
+from planner.errors import ProfilingError
+
+__all__ = ["Piece", "Edge", "Capture", "capture_export", "capture_hooks", "tensor_bytes", "needs_grad"]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One unit as a runnable module with the real inputs it received in a full forward pass."""
+
+    name: str
+    module: nn.Module
+    args: tuple[Any, ...]
+    """Captured inputs, detached; ``arg_needs_grad`` says which received a gradient-carrying tensor."""
+    arg_needs_grad: tuple[bool, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A tensor passed from one piece (or the model input, -1) to later pieces."""
+
+    producer: int
+    consumers: tuple[int, ...]
+    nbytes: int
+    dtype: str
+    needs_grad: bool
+    name: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Capture:
+    mode: str
+    """``export`` (split by torch.distributed.pipelining) or ``hooks`` (forward hooks, chain flow)."""
+    pieces: tuple[Piece, ...]
+    edges: tuple[Edge, ...]
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def needs_grad(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.requires_grad and (t.is_floating_point() or t.is_complex())
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _detach(value: Any) -> Any:
+    return tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, value)
+
+
+def _edge(producer: int, consumers: set[int], t: torch.Tensor, name: str) -> Edge:
+    return Edge(
+        producer, tuple(sorted(consumers)), tensor_bytes(t), _dtype_name(t), needs_grad(t), name, tuple(t.shape)
+    )
+
+
+def capture_export(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: list[str]) -> Capture:
+    """Split ``model`` at every unit but the first with ``pipeline()`` and run it once to capture.
+
+    Raises whatever ``pipeline()`` raises when the model cannot be traced (the caller falls back to
+    hooks), and :class:`ProfilingError` when the split does not give one piece per unit.
+    """
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    # pipeline() wraps each split module's forward in place (torch 2.13, annotate_split_points) and a
+    # second call on the same model then recurses forever: put the original forwards back.
+    saved = {u: model.get_submodule(u).__dict__.get("forward") for u in units[1:]}
+    try:
+        pipe = pipeline(model, mb_args=inputs, split_spec={u: SplitPoint.BEGINNING for u in units[1:]})
+    finally:
+        for unit, forward in saved.items():
+            module = model.get_submodule(unit)
+            module.__dict__.pop("_orig_forward", None)
+            if forward is None:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = forward
+    gm = pipe.split_gm
+    calls = [n for n in gm.graph.nodes if n.op == "call_module"]
+    if len(calls) != len(units):
+        raise ProfilingError(
+            f"splitting at {len(units)} units gave {len(calls)} pieces: a unit is probably called more than "
+            "once or inside another unit; choose other units"
+        )
+    index = {node: i for i, node in enumerate(calls)}
+    captured: dict[int, tuple[tuple[Any, ...], Any]] = {}
+
+    class _Recorder(torch.fx.Interpreter):
+        def call_module(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            out = super().call_module(target, args, kwargs)
+            captured[len(captured)] = (args, out)
+            return out
+
+    _Recorder(gm).run(*inputs)
+
+    # A value passed between pieces: a placeholder, a piece's single output, or getitem(piece, j).
+    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+
+    def value_of(node: torch.fx.Node) -> tuple[int, int] | None:
+        if node in placeholders:
+            return (-1, placeholders[node])
+        if node in index:
+            return (index[node], -1)
+        if node.op == "call_function" and node.args and node.args[0] in index:
+            return (index[node.args[0]], int(node.args[1]))
+        return None
+
+    consumers: dict[tuple[int, int], set[int]] = {}
+    for node, i in index.items():
+        used: list[torch.fx.Node] = []
+        torch.fx.node.map_arg((node.args, node.kwargs), used.append)
+        for arg in used:
+            key = value_of(arg)
+            if key is None:
+                raise ProfilingError(f"unexpected value {arg.name!r} between pieces of {type(model).__name__}")
+            consumers.setdefault(key, set()).add(i)
+
+    def tensor_of(key: tuple[int, int]) -> Any:
+        producer, j = key
+        if producer == -1:
+            return inputs[j]
+        out = captured[producer][1]
+        return out if j == -1 else out[j]
+
+    edges = []
+    for key in sorted(consumers):
+        t = tensor_of(key)
+        if not isinstance(t, torch.Tensor):
+            continue
+        producer = key[0]
+        name = f"input{key[1]}" if producer == -1 else f"{units[producer]}:out{max(key[1], 0)}"
+        edges.append(_edge(producer, consumers[key], t, name))
+    pieces = tuple(
+        Piece(
+            units[i],
+            getattr(gm, node.target),
+            _detach(captured[i][0]),
+            tuple(needs_grad(a) for a in captured[i][0]),
+        )
+        for i, node in enumerate(calls)
+    )
+    return Capture("export", pieces, tuple(edges))
+
+
+def capture_hooks(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: list[str]) -> Capture:
+    """Capture each unit module's first call by forward hooks; the data flow is the chain of units."""
+    calls: dict[str, tuple[tuple[Any, ...], dict[str, Any], Any]] = {}
+    handles = []
+    for unit in units:
+        module = model.get_submodule(unit)
+
+        def hook(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, _u: str = unit) -> None:
+            calls.setdefault(_u, (args, kwargs, out))
+
+        handles.append(module.register_forward_hook(hook, with_kwargs=True))
+    try:
+        model(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    missing = [u for u in units if u not in calls]
+    if missing:
+        raise ProfilingError(f"units never called in the forward pass: {', '.join(missing)}")
+    pieces = []
+    for unit in units:
+        args, kwargs, _ = calls[unit]
+        pieces.append(
+            Piece(unit, model.get_submodule(unit), _detach(args), tuple(needs_grad(a) for a in args), _detach(kwargs))
+        )
+    edges = [_edge(-1, {0}, t, f"input{j}") for j, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
+    for i, unit in enumerate(units[:-1]):
+        leaves = [t for t in tree_leaves(calls[unit][2]) if isinstance(t, torch.Tensor)]
+        edges += [_edge(i, {i + 1}, t, f"{unit}:out{j}") for j, t in enumerate(leaves)]
+    return Capture("hooks", tuple(pieces), tuple(edges))

@@ -1,0 +1,206 @@
+"""Measuring one piece (a unit, or the whole model) at one micro-batch size.
+
+Each piece runs in isolation on its real captured inputs: a probe iteration (saved-for-backward
+bytes, output bytes, CUDA peak), warm-up iterations, then ``repeats`` timed iterations of which the
+median is kept. Forward and backward are timed in the same iteration, separately; on CUDA the
+device is synchronised around each timer.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from profiles.dataflow import Piece, needs_grad, tensor_bytes
+
+__all__ = ["PieceMeasurement", "measure_piece", "count_flops", "saved_tensor_bytes"]
+
+
+@dataclass(frozen=True)
+class PieceMeasurement:
+    forward_s: float
+    backward_s: float
+    output_bytes: int
+    saved_bytes: int
+    peak_bytes: int | None
+    """CUDA only: allocator peak of one forward+backward above what was allocated before it."""
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _SavedBytes:
+    """``saved_tensors_hooks`` that sum the storages autograd keeps, each once, parameters excluded."""
+
+    def __init__(self, exclude: set[int]) -> None:
+        self.exclude = exclude
+        self.storages: dict[int, int] = {}
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in self.exclude and ptr != 0:
+            self.storages.setdefault(ptr, storage.nbytes())
+        return t
+
+    @staticmethod
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.storages.values())
+
+
+def _state_pointers(module: nn.Module) -> set[int]:
+    tensors = list(module.parameters()) + list(module.buffers())
+    return {t.untyped_storage().data_ptr() for t in tensors}
+
+
+def saved_tensor_bytes(module: nn.Module, *args: Any, **kwargs: Any) -> int:
+    """Bytes autograd saves for backward in one forward of ``module`` (parameters/buffers excluded)."""
+    hooks = _SavedBytes(_state_pointers(module))
+    with torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
+        module(*args, **kwargs)
+    return hooks.total_bytes
+
+
+class _BoundKwargs(nn.Module):
+    """Adapts ``module(*args, **kwargs)`` to the positional-only call fvcore's tracer makes."""
+
+    def __init__(self, module: nn.Module, kwargs: dict[str, Any]) -> None:
+        super().__init__()
+        self.module = module
+        self.kwargs = kwargs
+
+    def forward(self, *args: Any) -> Any:
+        return self.module(*args, **self.kwargs)
+
+
+def _sdpa_flop_handle(inputs: list[Any], outputs: list[Any]) -> int:
+    # Q K^T and (softmax) V: B*H*Lq*Lk*(E + Ev) multiply-adds.
+    from fvcore.nn.jit_handles import get_shape
+
+    q, k, v = (get_shape(x) for x in inputs[:3])
+    *batch, lq, e = q
+    lk, ev = k[-2], v[-1]
+    n = 1
+    for d in batch:
+        n *= d
+    return n * lq * lk * (e + ev)
+
+
+def count_flops(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> int:
+    """Forward multiply-adds counted by fvcore (one per MAC), its warnings silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fvcore's import uses the deprecated torch.jit.script
+        from fvcore.nn import FlopCountAnalysis
+
+    target = _BoundKwargs(module, kwargs) if kwargs else module
+    logging.getLogger("fvcore").setLevel(logging.ERROR)
+    analysis = FlopCountAnalysis(target, args)
+    analysis.set_op_handle(
+        "aten::scaled_dot_product_attention",
+        _sdpa_flop_handle,
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        _sdpa_flop_handle,
+    )
+    analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # jit tracer warnings: fvcore's business, not the user's
+        return int(analysis.total())
+
+
+def measure_piece(
+    piece: Piece,
+    *,
+    device: torch.device,
+    repeats: int,
+    warmup: int,
+    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
+    target: torch.Tensor | None = None,
+) -> PieceMeasurement:
+    """Time forward and backward of ``piece`` on its captured inputs; median of ``repeats``.
+
+    With ``loss_fn`` the backward starts from ``loss_fn(output, target)`` (the last pipeline stage
+    computes the loss); otherwise from fixed random gradients on the float outputs that need grad.
+    """
+    args = tuple(
+        a.detach().clone().requires_grad_(True) if grad else a
+        for a, grad in zip(piece.args, piece.arg_needs_grad, strict=True)
+    )
+    module, kwargs = piece.module, piece.kwargs
+    grads: list[torch.Tensor] | None = None
+
+    def forward() -> tuple[list[torch.Tensor], list[torch.Tensor | None], Any]:
+        nonlocal grads
+        out = module(*args, **kwargs)
+        if loss_fn is not None:
+            return [loss_fn(out, target)], [None], out
+        roots = [t for t in tree_leaves(out) if needs_grad(t)]
+        if grads is None:
+            g = torch.Generator(device="cpu").manual_seed(0)
+            grads = [torch.randn(t.shape, generator=g, dtype=t.dtype).to(t.device) for t in roots]
+        return roots, list(grads), out
+
+    def backward(roots: list[torch.Tensor], root_grads: list[torch.Tensor | None]) -> None:
+        if roots:
+            torch.autograd.backward(roots, root_grads)
+
+    def clear_grads() -> None:
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                a.grad = None
+        module.zero_grad(set_to_none=True)
+
+    # Probe: memory figures, untimed.
+    peak: int | None = None
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    hooks = _SavedBytes(_state_pointers(module))
+    with torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
+        roots, root_grads, out = forward()
+    output_bytes = sum(tensor_bytes(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+    backward(roots, root_grads)
+    del roots, root_grads, out
+    if device.type == "cuda":
+        _sync(device)
+        peak = torch.cuda.max_memory_allocated(device) - base
+
+    for _ in range(max(warmup - 1, 0)):  # the probe was the first warm-up iteration
+        roots, root_grads, _out = forward()
+        backward(roots, root_grads)
+    forward_times, backward_times = [], []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        roots, root_grads, _out = forward()
+        _sync(device)
+        t1 = time.perf_counter()
+        backward(roots, root_grads)
+        _sync(device)
+        t2 = time.perf_counter()
+        forward_times.append(t1 - t0)
+        backward_times.append(t2 - t1)
+    del _out
+    clear_grads()
+    return PieceMeasurement(
+        forward_s=statistics.median(forward_times),
+        backward_s=statistics.median(backward_times) if roots else 0.0,
+        output_bytes=output_bytes,
+        saved_bytes=hooks.total_bytes,
+        peak_bytes=peak,
+    )

@@ -1,0 +1,297 @@
+"""``profile_model``: measure a workload unit by unit at several micro-batch sizes -> :class:`Profile`."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner.errors import ProfilingError, UsageError
+from profiles.dataflow import Capture, Edge, Piece, capture_export, capture_hooks
+from profiles.fingerprint import model_fingerprint
+from profiles.format import DeviceInfo, ModelInfo, Profile, TensorFlow, UnitProfile, WholeModel
+from profiles.measure import PieceMeasurement, count_flops, measure_piece
+from profiles.units import find_units
+from profiles.workload import Workload, as_tuple
+
+__all__ = ["profile_model", "device_info", "DTYPES"]
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_info(device: torch.device, dtype: str) -> DeviceInfo:
+    """What a profile records of the device it was measured on."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return DeviceInfo("cuda", props.name, int(props.total_memory), dtype, torch.__version__)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return DeviceInfo("cpu", _cpu_name(), int(memory), dtype, torch.__version__)
+
+
+def _resolve_device(device: str) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UsageError(f"unknown device {device!r}: use cpu or cuda") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise UsageError(f"device {device!r} is not supported: use cpu or cuda")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ProfilingError(
+            f"CUDA is not available on this machine: torch {torch.__version__} sees no GPU; use --device cpu"
+        )
+    return dev
+
+
+def _to_device(value: Any, device: torch.device, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device, dtype=dtype) if value.is_floating_point() else value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_device(v, device, dtype) for v in value)
+    return value
+
+
+def _batch(workload: Workload, size: int, device: torch.device, dtype: torch.dtype) -> tuple[tuple, Any]:
+    try:
+        inputs, target = workload.make_batch(size)
+    except Exception as exc:
+        raise ProfilingError(f"make_batch({size}) failed: {type(exc).__name__}: {exc}") from None
+    return _to_device(as_tuple(inputs), device, dtype), _to_device(target, device, dtype)
+
+
+def _capture(model: nn.Module, inputs: tuple, units: list[str], mode: str | None) -> tuple[Capture, str]:
+    """Split by export unless it already failed; returns the capture and why export failed (or "")."""
+    if mode != "hooks":
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return capture_export(model, inputs, units), ""
+        except ProfilingError:
+            raise
+        except Exception as exc:  # untraceable model: fall back to hooks, and say so
+            if mode == "export":
+                raise ProfilingError(f"splitting the model failed: {type(exc).__name__}: {exc}") from None
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            print(f"pipeplan: torch.export cannot split this model ({reason}); timing units by hooks", file=sys.stderr)
+            return capture_hooks(model, inputs, units), reason
+    return capture_hooks(model, inputs, units), ""
+
+
+def _param_ownership(model: nn.Module, capture: Capture) -> list[tuple[int, int, tuple[str, ...]]]:
+    """Per piece: (param_count, param_bytes, tied names); a shared parameter counts at its first piece."""
+    by_name = dict(model.named_parameters(remove_duplicate=False))
+    users: dict[int, list[int]] = {}
+    piece_params: list[dict[int, tuple[torch.Tensor, list[str]]]] = []
+    for i, piece in enumerate(capture.pieces):
+        params: dict[int, tuple[torch.Tensor, list[str]]] = {}
+        # export pieces name parameters by their model FQNs; hooks pieces are the unit modules themselves
+        prefix = f"{piece.name}." if capture.mode == "hooks" else ""
+        for local, p in piece.module.named_parameters(remove_duplicate=False):
+            name = prefix + local
+            original = by_name.get(name, p)  # pipeline() may copy a tied weight: identify it by its name
+            params.setdefault(id(original), (original, []))[1].append(name)
+        for key in params:
+            users.setdefault(key, []).append(i)
+        piece_params.append(params)
+    result = []
+    for i, params in enumerate(piece_params):
+        count = nbytes = 0
+        tied: list[str] = []
+        for key, (p, names) in params.items():
+            if users[key][0] == i:
+                count += p.numel()
+                nbytes += p.numel() * p.element_size()
+            if len(users[key]) > 1:
+                tied += names
+        result.append((count, nbytes, tuple(sorted(tied))))
+    return result
+
+
+def _edge_key(edge: Edge) -> tuple[int, tuple[int, ...], str]:
+    return (edge.producer, edge.consumers, edge.name)
+
+
+def profile_model(
+    workload: Workload,
+    *,
+    micro_batch_sizes: Sequence[int] = (1, 2, 4),
+    device: str = "cpu",
+    dtype: str = "float32",
+    repeats: int = 5,
+    warmup: int = 2,
+    units: Sequence[str] | int | None = None,
+    progress: bool = True,
+    capture: str | None = None,
+) -> Profile:
+    """Measure ``workload`` unit by unit at each micro-batch size.
+
+    ``units`` overrides ``workload.units`` (a list of FQNs, or an int module depth); with neither the
+    units are found by :func:`profiles.units.find_units`. ``capture`` forces ``export`` or ``hooks``
+    (default: export, hooks when the model cannot be traced). The model is moved to ``device``/``dtype``
+    in place. The loss is computed, and timed, with the last unit, as the last pipeline stage does.
+
+    Raises :class:`UsageError` for bad sizes/repeats/dtype/units and :class:`ProfilingError` when CUDA
+    is missing or the model cannot be run.
+    """
+    sizes = tuple(micro_batch_sizes)
+    if not sizes or any(not isinstance(b, int) or b <= 0 for b in sizes):
+        raise UsageError(f"micro-batch sizes must be positive integers, got {list(sizes)}")
+    if len(set(sizes)) != len(sizes):
+        raise UsageError(f"micro-batch sizes have duplicates: {list(sizes)}")
+    sizes = tuple(sorted(sizes))
+    if repeats < 1 or warmup < 0:
+        raise UsageError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    if dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    if capture not in (None, "export", "hooks"):
+        raise UsageError(f"unknown capture {capture!r}: use export or hooks")
+    dev = _resolve_device(device)
+    torch_dtype = DTYPES[dtype]
+    model = workload.model.to(device=dev, dtype=torch_dtype)
+    model.train()
+
+    example, _ = _batch(workload, sizes[0], dev, torch_dtype)
+    if units is not None:
+        unit_names, unit_spec = find_units(model, example, units), units if isinstance(units, int) else "explicit"
+    elif workload.units is not None:
+        unit_names, unit_spec = find_units(model, example, list(workload.units)), "workload"
+    else:
+        unit_names, unit_spec = find_units(model, example), "default"
+
+    from tqdm import tqdm
+
+    n = len(unit_names)
+    bar = tqdm(total=len(sizes) * (n + 1), disable=not progress, file=sys.stderr, unit="step", leave=False)
+    per_size: list[list[PieceMeasurement]] = []
+    flops: list[list[int]] = []
+    whole: list[PieceMeasurement] = []
+    edges_by_size: list[tuple[Edge, ...]] = []
+    ownership = None
+    mode: str | None = capture
+    fallback_reason = ""
+    try:
+        for b in sizes:
+            inputs, target = _batch(workload, b, dev, torch_dtype)
+            bar.set_description(f"split b={b}")
+            cap, reason = _capture(model, inputs, unit_names, mode)
+            mode, fallback_reason = cap.mode, fallback_reason or reason
+            if ownership is None:
+                ownership = _param_ownership(model, cap)
+            measured, counted = [], []
+            for i, piece in enumerate(cap.pieces):
+                bar.set_description(f"b={b} {piece.name}")
+                last = i == n - 1
+                try:
+                    measured.append(
+                        measure_piece(
+                            piece,
+                            device=dev,
+                            repeats=repeats,
+                            warmup=warmup,
+                            loss_fn=workload.loss_fn if last else None,
+                            target=target if last else None,
+                        )
+                    )
+                    counted.append(count_flops(piece.module, piece.args, piece.kwargs))
+                except Exception as exc:
+                    raise ProfilingError(
+                        f"measuring unit {piece.name} at micro-batch size {b} failed: {type(exc).__name__}: {exc}"
+                    ) from None
+                bar.update()
+            bar.set_description(f"b={b} whole model")
+            whole.append(
+                measure_piece(
+                    Piece("<model>", model, inputs, tuple(False for _ in inputs)),
+                    device=dev,
+                    repeats=repeats,
+                    warmup=warmup,
+                    loss_fn=workload.loss_fn,
+                    target=target,
+                )
+            )
+            bar.update()
+            per_size.append(measured)
+            flops.append(counted)
+            edges_by_size.append(cap.edges)
+            del cap
+    finally:
+        bar.close()
+
+    reference = [_edge_key(e) for e in edges_by_size[0]]
+    for b, edges in zip(sizes, edges_by_size, strict=True):
+        if [_edge_key(e) for e in edges] != reference:
+            raise ProfilingError(
+                f"the data flow between units differs at micro-batch size {b} from size {sizes[0]}: "
+                "the model's structure depends on the batch size"
+            )
+    assert ownership is not None
+    unit_profiles = tuple(
+        UnitProfile(
+            name=name,
+            type=type(model.get_submodule(name)).__name__,
+            param_count=ownership[i][0],
+            param_bytes=ownership[i][1],
+            forward_s=tuple(m[i].forward_s for m in per_size),
+            backward_s=tuple(m[i].backward_s for m in per_size),
+            flops=tuple(f[i] for f in flops),
+            output_bytes=tuple(m[i].output_bytes for m in per_size),
+            saved_bytes=tuple(m[i].saved_bytes for m in per_size),
+            peak_bytes=tuple(int(m[i].peak_bytes or 0) for m in per_size) if dev.type == "cuda" else None,
+            tied_params=ownership[i][2],
+        )
+        for i, name in enumerate(unit_names)
+    )
+    tensors = tuple(
+        TensorFlow(
+            producer=e.producer,
+            consumers=e.consumers,
+            bytes=tuple(edges[j].nbytes for edges in edges_by_size),
+            dtype=e.dtype,
+            needs_grad=e.needs_grad,
+            name=e.name,
+        )
+        for j, e in enumerate(edges_by_size[0])
+    )
+    distinct = {id(p): p for p in model.parameters()}.values()
+    settings: dict[str, Any] = {
+        "repeats": repeats,
+        "warmup": warmup,
+        "capture": mode,
+        "unit_spec": unit_spec,
+        "loss_in_last_unit": True,
+    }
+    first = example[0] if example else None
+    if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point():
+        settings["seq_len"] = int(first.shape[-1])  # token ids (batch, seq_len)
+    if fallback_reason:
+        settings["export_error"] = fallback_reason
+    return Profile(
+        model=ModelInfo(
+            name=workload.name or type(workload.model).__name__,
+            fingerprint=model_fingerprint(model),
+            param_count=sum(p.numel() for p in distinct),
+            param_bytes=sum(p.numel() * p.element_size() for p in distinct),
+        ),
+        device=device_info(dev, dtype),
+        micro_batch_sizes=sizes,
+        units=unit_profiles,
+        tensors=tensors,
+        whole_model=WholeModel(tuple(w.forward_s for w in whole), tuple(w.backward_s for w in whole)),
+        settings=settings,
+    )

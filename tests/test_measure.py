@@ -1,0 +1,111 @@
+"""Measuring one piece: exact FLOPs, exact saved bytes, timings ordered by a sleep layer."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from profiles.dataflow import Piece
+from profiles.measure import count_flops, measure_piece, saved_tensor_bytes
+
+torch.set_num_threads(1)
+CPU = torch.device("cpu")
+
+
+class Sleep(nn.Module):
+    """A Linear whose forward also sleeps: its forward time is at least ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return self.fc(x)
+
+
+def test_linear_flops_are_in_times_out_times_batch() -> None:
+    assert count_flops(nn.Linear(64, 32), (torch.randn(8, 64),)) == 8 * 64 * 32
+
+
+def test_conv2d_flops_are_one_mac_per_kernel_tap() -> None:
+    conv = nn.Conv2d(3, 8, kernel_size=3, padding=1)
+    # every output element (2 x 8 x 16 x 16) takes 3 x 3 x 3 multiply-adds
+    assert count_flops(conv, (torch.randn(2, 3, 16, 16),)) == 2 * 8 * 16 * 16 * 3 * 3 * 3
+
+
+def test_sdpa_flops_are_counted_by_the_registered_handle() -> None:
+    class Attention(nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return nn.functional.scaled_dot_product_attention(q, k, v)
+
+    q = torch.randn(2, 4, 16, 8)
+    # Q K^T and P V: batch 2 x heads 4 x 16 queries x 16 keys x (8 + 8)
+    assert count_flops(Attention(), (q, q, q)) == 2 * 4 * 16 * 16 * 16
+
+
+def test_kwargs_are_bound_for_flop_counting() -> None:
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+            return self.fc(x) * scale
+
+    assert count_flops(Scaled(), (torch.randn(3, 16),), {"scale": 2.0}) == 3 * 16 * 16
+
+
+def test_saved_bytes_of_linear_relu_linear_is_exact() -> None:
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+    # the input (32x64) and the ReLU output (32x256, saved twice, counted once); weights excluded
+    assert saved_tensor_bytes(model, torch.randn(32, 64)) == 32 * 64 * 4 + 32 * 256 * 4 == 40_960
+
+
+def test_measure_piece_reports_saved_and_output_bytes() -> None:
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+    piece = Piece("mlp", model, (torch.randn(32, 64),), (False,))
+    m = measure_piece(piece, device=CPU, repeats=1, warmup=1)
+    assert m.saved_bytes == 40_960
+    assert m.output_bytes == 32 * 64 * 4
+    assert m.peak_bytes is None
+    assert m.forward_s > 0 and m.backward_s > 0
+    assert all(p.grad is None for p in model.parameters())  # gradients are not left behind
+
+
+def test_input_needing_grad_is_differentiated() -> None:
+    piece = Piece("fc", nn.Linear(4, 4), (torch.randn(2, 4),), (True,))
+    m = measure_piece(piece, device=CPU, repeats=2, warmup=0)
+    assert m.backward_s > 0
+
+
+def test_piece_without_gradient_has_zero_backward() -> None:
+    piece = Piece("argmax", nn.Identity(), (torch.arange(6).reshape(2, 3),), (False,))
+    m = measure_piece(piece, device=CPU, repeats=1, warmup=0)
+    assert m.backward_s == 0.0
+    assert m.saved_bytes == 0
+    assert m.output_bytes == 6 * 8
+
+
+def test_loss_is_part_of_the_last_piece() -> None:
+    model = nn.Linear(8, 8)
+    piece = Piece("head", model, (torch.randn(4, 8),), (True,))
+    plain = measure_piece(piece, device=CPU, repeats=1, warmup=0)
+    with_loss = measure_piece(
+        piece, device=CPU, repeats=1, warmup=0, loss_fn=nn.functional.mse_loss, target=torch.zeros(4, 8)
+    )
+    # mse_loss keeps its two operands, the output and the target: two more 4x8 float32 tensors
+    assert with_loss.saved_bytes == plain.saved_bytes + 2 * 4 * 8 * 4
+
+
+def test_forward_times_follow_sleep_durations() -> None:
+    x = torch.randn(2, 4)
+    times = [
+        measure_piece(Piece(f"s{s}", Sleep(s), (x,), (True,)), device=CPU, repeats=1, warmup=0).forward_s
+        for s in (0.0, 0.03, 0.01)
+    ]
+    assert times[1] >= 0.03 and times[2] >= 0.01
+    assert times[0] < times[2] < times[1]

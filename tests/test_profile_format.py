@@ -1,0 +1,144 @@
+"""The profile file format: round trip, and every kind of bad file is a one-line ProfileError."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.errors import ProfileError
+from profiles.format import (
+    DeviceInfo,
+    ModelInfo,
+    Profile,
+    TensorFlow,
+    UnitProfile,
+    WholeModel,
+    load_profile,
+    profile_from_dict,
+    save_profile,
+)
+
+
+def _unit(name: str, scale: float) -> UnitProfile:
+    return UnitProfile(
+        name=name,
+        type="Linear",
+        param_count=72,
+        param_bytes=288,
+        forward_s=(0.001 * scale, 0.002 * scale),
+        backward_s=(0.002 * scale, 0.004 * scale),
+        flops=(64, 128),
+        output_bytes=(32, 64),
+        saved_bytes=(48, 96),
+    )
+
+
+@pytest.fixture()
+def profile() -> Profile:
+    return Profile(
+        model=ModelInfo("toy", "ab" * 32, 144, 576),
+        device=DeviceInfo("cpu", "test CPU", 8 * 2**30, "float32", "2.13.0"),
+        micro_batch_sizes=(1, 2),
+        units=(_unit("a", 1.0), UnitProfile(**{**_unit("b", 2.0).__dict__, "tied_params": ("a.weight",)})),
+        tensors=(
+            TensorFlow(-1, (0,), (16, 32), "float32", False, "input0"),
+            TensorFlow(0, (1,), (32, 64), "float32", True, "a:out0"),
+        ),
+        whole_model=WholeModel((0.0028, 0.0055), (0.0058, 0.011)),
+        settings={"repeats": 1, "capture": "export"},
+    )
+
+
+def _write(tmp_path: Path, data: object) -> Path:
+    path = tmp_path / "p.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def test_round_trip_is_equal(profile: Profile, tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    save_profile(profile, path)
+    loaded = load_profile(path)
+    assert loaded == profile
+    assert loaded.settings == profile.settings
+    assert loaded.units[1].tied_params == ("a.weight",)
+    assert loaded.unit_sum_s(1) == pytest.approx(0.002 + 0.004 + 0.004 + 0.008)
+
+
+def test_saved_file_names_format_and_version(profile: Profile, tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    save_profile(profile, path)
+    data = json.loads(path.read_text())
+    assert (data["format"], data["version"]) == ("pipeplan.profile", 1)
+
+
+def _mutate(profile: Profile, change) -> dict:
+    data = json.loads(json.dumps(profile.to_dict()))
+    change(data)
+    return data
+
+
+def _drop_units_field(d: dict) -> None:
+    del d["units"][0]["forward_s"]
+
+
+def _negative(d: dict) -> None:
+    d["units"][1]["backward_s"][0] = -0.5
+
+
+def _wrong_format(d: dict) -> None:
+    d["format"] = "pipeplan.plan"
+
+
+def _wrong_version(d: dict) -> None:
+    d["version"] = 2
+
+
+def _misaligned(d: dict) -> None:
+    d["units"][0]["flops"] = [64]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (_drop_units_field, r"invalid profile at \$\.units\[0\]: 'forward_s' is a required property"),
+        (_negative, r"invalid profile at \$\.units\[1\]\.backward_s\[0\]: -0\.5 is less than the minimum of 0"),
+        (_wrong_format, r"not a pipeplan profile: format is 'pipeplan.plan'"),
+        (_wrong_version, r"unsupported profile version 2: this pipeplan reads version 1"),
+        (_misaligned, r"units\[0\]\.flops has 1 values, micro_batch_sizes has 2"),
+    ],
+    ids=["missing-field", "negative", "wrong-format", "wrong-version", "misaligned"],
+)
+def test_invalid_profiles_are_rejected(profile: Profile, tmp_path: Path, change, message: str) -> None:
+    with pytest.raises(ProfileError, match=message) as info:
+        load_profile(_write(tmp_path, _mutate(profile, change)))
+    assert "\n" not in str(info.value)
+
+
+def test_nan_is_rejected(profile: Profile, tmp_path: Path) -> None:
+    text = json.dumps(profile.to_dict()).replace("0.0028", "NaN", 1)
+    with pytest.raises(ProfileError, match="not valid JSON"):
+        load_profile(_write(tmp_path, text))
+    data = _mutate(profile, lambda d: None)
+    data["whole_model"]["forward_s"][0] = float("nan")
+    with pytest.raises(ProfileError, match=r"\$\.whole_model\.forward_s\[0\] is nan: numbers must be finite"):
+        profile_from_dict(data)
+
+
+def test_truncated_file_is_rejected(profile: Profile, tmp_path: Path) -> None:
+    text = json.dumps(profile.to_dict())
+    with pytest.raises(ProfileError, match=r"is not valid JSON \(truncated\?\)"):
+        load_profile(_write(tmp_path, text[: len(text) // 2]))
+
+
+def test_missing_file_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match="profile file not found"):
+        load_profile(tmp_path / "absent.json")
+
+
+def test_consumer_before_producer_is_rejected(profile: Profile) -> None:
+    data = _mutate(profile, lambda d: d["tensors"][1].update(consumers=[0]))
+    with pytest.raises(ProfileError, match=r"tensors\[1\] is consumed at or before its producer"):
+        profile_from_dict(data)

@@ -1,0 +1,243 @@
+"""The profiler end to end: units, data flow (skip connections, GPT-2's mask), tied weights, errors."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from planner.errors import ProfilingError, UsageError
+from profiles.dataflow import capture_export
+from profiles.format import load_profile, save_profile
+from profiles.models import BUILTIN_MODELS
+from profiles.profiler import profile_model
+from profiles.report import format_profile_table
+from profiles.units import find_units
+from profiles.workload import Workload
+
+torch.set_num_threads(1)
+FAST = {"repeats": 1, "warmup": 0, "progress": False}
+
+
+class Merge(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        return self.fc(x + skip)
+
+
+class SkipNet(nn.Module):
+    """a -> b -> c, and a's output passed to c as well: a skip over b.
+
+    (Were the add written here in the parent, between b and c, pipeline() would put it in b's piece:
+    the split marker sits at the start of c's forward. The skip must enter c itself.)
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 8)
+        self.b = nn.Linear(8, 8)
+        self.c = Merge()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h0 = self.a(x)
+        return self.c(self.b(h0), h0)
+
+
+def _skipnet() -> Workload:
+    torch.manual_seed(0)
+    return Workload(SkipNet(), lambda b: (torch.randn(b, 4), torch.randn(b, 2)), nn.functional.mse_loss, "skipnet")
+
+
+class Sleepy(nn.Module):
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return self.fc(x)
+
+
+@pytest.fixture(scope="module")
+def gpt2_profile():
+    return profile_model(BUILTIN_MODELS["gpt2-tiny"](), micro_batch_sizes=(1, 2), **FAST)
+
+
+def test_skip_connection_flow_matches_hand_computed(tmp_path) -> None:
+    profile = profile_model(_skipnet(), micro_batch_sizes=(1, 3), **FAST)
+    assert [u.name for u in profile.units] == ["a", "b", "c"]
+    assert profile.settings["capture"] == "export"
+    flows = {(t.producer, t.consumers, t.bytes, t.needs_grad) for t in profile.tensors}
+    assert flows == {
+        (-1, (0,), (1 * 4 * 4, 3 * 4 * 4), False),  # the input x
+        (0, (1, 2), (1 * 8 * 4, 3 * 8 * 4), True),  # h0: read by b and, over b, by c's add
+        (1, (2,), (1 * 8 * 4, 3 * 8 * 4), True),  # h1
+    }
+    assert [u.flops for u in profile.units] == [(32, 96), (64, 192), (16, 48)]
+    assert [u.param_count for u in profile.units] == [40, 72, 18]
+
+
+def test_unet_long_skips_reach_the_matching_decoder_level() -> None:
+    workload = BUILTIN_MODELS["unet-small"]()
+    units = list(workload.units)
+    capture = capture_export(workload.model, (workload.make_batch(2)[0],), units)
+    consumers = {units[e.producer]: [units[c] for c in e.consumers] for e in capture.edges if e.producer >= 0}
+    assert consumers["enc.0"] == ["enc.1", "dec.2"]
+    assert consumers["enc.1"] == ["enc.2", "dec.1"]
+    assert consumers["enc.2"] == ["mid", "dec.0"]
+    enc0 = next(e for e in capture.edges if e.producer == 0)
+    assert enc0.nbytes == 2 * 16 * 32 * 32 * 4
+
+
+def test_gpt2_tiny_units_in_execution_order(gpt2_profile) -> None:
+    names = [u.name for u in gpt2_profile.units]
+    assert names == ["transformer.wte", "transformer.wpe"] + [f"transformer.h.{i}" for i in range(4)] + [
+        "transformer.ln_f",
+        "lm_head",
+    ]
+    assert gpt2_profile.settings["seq_len"] == 32
+    assert gpt2_profile.settings["capture"] == "export"
+
+
+def test_gpt2_tiny_attention_mask_crosses_every_block(gpt2_profile) -> None:
+    blocks = (2, 3, 4, 5)
+    masks = [t for t in gpt2_profile.tensors if t.consumers == blocks]
+    assert len(masks) == 1
+    mask = masks[0]
+    assert mask.producer == 1 and not mask.needs_grad
+    # (B, 1, T, T) at T = 32, 4 bytes (float additive mask) or 1 byte (bool) per element
+    assert mask.bytes[0] in (32 * 32 * 4, 32 * 32) and mask.bytes[1] == 2 * mask.bytes[0]
+    hidden = [t for t in gpt2_profile.tensors if t.producer == 2]
+    assert [(t.consumers, t.bytes) for t in hidden] == [((3,), (32 * 64 * 4, 2 * 32 * 64 * 4))]
+
+
+def test_gpt2_tiny_sums_flops_and_tied_weights(gpt2_profile) -> None:
+    p = gpt2_profile
+    for u in p.units:
+        assert all(x > 0 for x in u.forward_s) and all(x >= 0 for x in u.backward_s)
+    block = p.units[2]
+    # per token: c_attn 64x192, c_proj 64x64, MLP 2 x 64x256; attention 2 x T x 64; two LayerNorms at 5/elt
+    T = 32
+    expected = T * (64 * 192 + 64 * 64 + 2 * 64 * 256) + 2 * T * T * 64 + 2 * 5 * T * 64
+    assert block.flops == (expected, 2 * expected)
+    assert p.units[-1].flops[0] == T * 64 * 1000
+    assert sum(u.param_count for u in p.units) == p.model.param_count == 272_256
+    assert p.units[-1].param_count == 0 and "lm_head.weight" in p.units[-1].tied_params
+    assert p.units[0].param_count == 1000 * 64 and "lm_head.weight" in p.units[0].tied_params
+    assert p.whole_s(0) > 0 and p.unit_sum_s(1) > 0
+    assert all(u.saved_bytes[1] > u.saved_bytes[0] for u in p.units[2:])
+
+
+def test_profile_round_trips_through_a_file(gpt2_profile, tmp_path) -> None:
+    path = tmp_path / "gpt2.json"
+    save_profile(gpt2_profile, path)
+    loaded = load_profile(path)
+    assert loaded == gpt2_profile
+    assert loaded.settings == gpt2_profile.settings
+
+
+def test_report_shows_units_skip_and_check_line(gpt2_profile) -> None:
+    text = format_profile_table(gpt2_profile)
+    assert "transformer.h.3" in text and "GPT2Block" in text
+    assert "skip" in text
+    assert "b=1: unit sum" in text and "b=2: unit sum" in text
+    assert "micro-batch size 2:" in format_profile_table(gpt2_profile, all_sizes=True)
+
+
+def test_sleep_units_order_forward_times() -> None:
+    model = nn.Sequential(Sleepy(0.0), Sleepy(0.03), Sleepy(0.01))
+    workload = Workload(model, lambda b: (torch.randn(b, 4), torch.randn(b, 4)), nn.functional.mse_loss, "sleep")
+    # export traces tensor ops only (a sleep is not one): time these units by hooks
+    profile = profile_model(workload, micro_batch_sizes=(1,), units=["0", "1", "2"], capture="hooks", **FAST)
+    fwd = [u.forward_s[0] for u in profile.units]
+    assert fwd[0] < fwd[2] < fwd[1]
+    assert profile.settings["capture"] == "hooks"
+
+
+def test_untraceable_model_falls_back_to_hooks(capsys) -> None:
+    class Branchy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.a(x)
+            if h.sum().item() > 0:  # data-dependent control flow: torch.export cannot trace it
+                h = -h
+            return self.b(h)
+
+    workload = Workload(Branchy(), lambda b: (torch.randn(b, 4), torch.randn(b, 4)), nn.functional.mse_loss)
+    profile = profile_model(workload, micro_batch_sizes=(1, 2), units=["a", "b"], **FAST)
+    assert profile.settings["capture"] == "hooks"
+    assert "export_error" in profile.settings
+    assert [(t.producer, t.consumers, t.bytes) for t in profile.tensors] == [(-1, (0,), (16, 32)), (0, (1,), (16, 32))]
+    assert "timing units by hooks" in capsys.readouterr().err
+    assert [u.param_count for u in profile.units] == [20, 20]
+
+
+@pytest.mark.parametrize("capture", ["export", "hooks"])
+def test_tied_weight_counts_once_and_is_named_by_both_units(capture: str) -> None:
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(10, 4)
+            self.head = nn.Linear(4, 10, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.emb(ids))
+
+    def batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.arange(b * 3).reshape(b, 3) % 10, torch.zeros(b, 3, 10)
+
+    workload = Workload(Tied(), batch, nn.functional.mse_loss, "tied")
+    profile = profile_model(workload, micro_batch_sizes=(1,), units=["emb", "head"], capture=capture, **FAST)
+    assert [u.param_count for u in profile.units] == [40, 0]
+    assert profile.model.param_count == 40
+    assert "head.weight" in profile.units[1].tied_params
+    assert profile.units[0].tied_params != ()
+
+
+def test_find_units_default_and_depth() -> None:
+    workload = BUILTIN_MODELS["unet-small"]()
+    x = workload.make_batch(1)[0]
+    assert find_units(workload.model, (x,)) == list(workload.units)
+    assert find_units(workload.model, (x,), 2)[3] == "mid.block"
+    mlp = BUILTIN_MODELS["mlp"]()
+    assert find_units(mlp.model, (mlp.make_batch(1)[0],), ["head", "layers.0"]) == ["layers.0", "head"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (["layers.0", "layers.9"], "unknown unit 'layers.9'"),
+        (["layers.0", "layers.0.fc1"], "overlap"),
+        (["head", "head"], "listed twice"),
+        (0, "depth 0"),
+    ],
+)
+def test_find_units_rejects_bad_specs(spec, message: str) -> None:
+    mlp = BUILTIN_MODELS["mlp"]()
+    with pytest.raises(UsageError, match=message):
+        find_units(mlp.model, (mlp.make_batch(1)[0],), spec)
+
+
+def test_bad_arguments_are_usage_errors() -> None:
+    workload = _skipnet()
+    with pytest.raises(UsageError, match=r"positive integers, got \[0, 2\]"):
+        profile_model(workload, micro_batch_sizes=(0, 2), **FAST)
+    with pytest.raises(UsageError, match="unknown dtype 'float64'"):
+        profile_model(workload, dtype="float64", **FAST)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_cuda_is_a_profiling_error() -> None:
+    with pytest.raises(ProfilingError, match="CUDA is not available on this machine"):
+        profile_model(_skipnet(), device="cuda", **FAST)
