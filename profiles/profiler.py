@@ -93,8 +93,12 @@ def _capture(model: nn.Module, inputs: tuple, units: list[str], mode: str | None
     return capture_hooks(model, inputs, units), ""
 
 
-def _param_ownership(model: nn.Module, capture: Capture) -> list[tuple[int, int, tuple[str, ...]]]:
-    """Per piece: (param_count, param_bytes, tied names); a shared parameter counts at its first piece."""
+def _param_ownership(model: nn.Module, capture: Capture) -> list[tuple[int, int, tuple[str, ...], int]]:
+    """Per piece: (param_count, param_bytes, tied names, tied count).
+
+    A shared parameter counts at its first piece; later pieces that use it count it in ``tied count``,
+    because a pipeline stage holding such a piece keeps its own copy.
+    """
     by_name = dict(model.named_parameters(remove_duplicate=False))
     users: dict[int, list[int]] = {}
     piece_params: list[dict[int, tuple[torch.Tensor, list[str]]]] = []
@@ -111,15 +115,17 @@ def _param_ownership(model: nn.Module, capture: Capture) -> list[tuple[int, int,
         piece_params.append(params)
     result = []
     for i, params in enumerate(piece_params):
-        count = nbytes = 0
+        count = nbytes = tied_count = 0
         tied: list[str] = []
         for key, (p, names) in params.items():
             if users[key][0] == i:
                 count += p.numel()
                 nbytes += p.numel() * p.element_size()
+            else:
+                tied_count += p.numel()
             if len(users[key]) > 1:
                 tied += names
-        result.append((count, nbytes, tuple(sorted(tied))))
+        result.append((count, nbytes, tuple(sorted(tied)), tied_count))
     return result
 
 
@@ -254,6 +260,7 @@ def profile_model(
             saved_bytes=tuple(m[i].saved_bytes for m in per_size),
             peak_bytes=tuple(int(m[i].peak_bytes or 0) for m in per_size) if dev.type == "cuda" else None,
             tied_params=ownership[i][2],
+            tied_param_count=ownership[i][3],
         )
         for i, name in enumerate(unit_names)
     )

@@ -129,6 +129,8 @@ def test_gpt2_tiny_sums_flops_and_tied_weights(gpt2_profile) -> None:
     assert p.units[-1].flops[0] == T * 64 * 1000
     assert sum(u.param_count for u in p.units) == p.model.param_count == 272_256
     assert p.units[-1].param_count == 0 and "lm_head.weight" in p.units[-1].tied_params
+    # The stage holding lm_head keeps its own copy of the tied embedding: the cost model counts it there.
+    assert p.units[-1].tied_param_count == 1000 * 64 and p.units[0].tied_param_count == 0
     assert p.units[0].param_count == 1000 * 64 and "lm_head.weight" in p.units[0].tied_params
     assert p.whole_s(0) > 0 and p.unit_sum_s(1) > 0
     assert all(u.saved_bytes[1] > u.saved_bytes[0] for u in p.units[2:])
@@ -200,6 +202,7 @@ def test_tied_weight_counts_once_and_is_named_by_both_units(capture: str) -> Non
     workload = Workload(Tied(), batch, nn.functional.mse_loss, "tied")
     profile = profile_model(workload, micro_batch_sizes=(1,), units=["emb", "head"], capture=capture, **FAST)
     assert [u.param_count for u in profile.units] == [40, 0]
+    assert [u.tied_param_count for u in profile.units] == [0, 40]
     assert profile.model.param_count == 40
     assert "head.weight" in profile.units[1].tied_params
     assert profile.units[0].tied_params != ()
