@@ -280,7 +280,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from profiles.models import BUILTIN_MODELS
+    from profiles.models import BUILTIN_NAMES
 
     fmt = argparse.RawDescriptionHelpFormatter
     parser = _Parser(prog="pipeplan", description=_TOP, formatter_class=fmt)
@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Measure every unit (block) of MODEL on this device: forward and backward time, FLOPs (fvcore,\n"
             "multiply-adds), output and saved-activation bytes, parameters, and the tensors flowing between\n"
             "units, for several micro-batch sizes. The unit sum is checked against the whole model.\n\n"
-            f"MODEL is a built-in ({', '.join(sorted(BUILTIN_MODELS))}), path/to/file.py:NAME or\n"
+            f"MODEL is a built-in ({', '.join(BUILTIN_NAMES)}), path/to/file.py:NAME or\n"
             "package.module:NAME, NAME being a zero-argument function returning a profiles.workload.Workload.\n\n"
             "example:\n  pipeplan profile gpt2-small --micro-batch-sizes 1,2,4 --out gpt2.profile.json"
         ),

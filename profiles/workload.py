@@ -13,12 +13,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import ModelSpecError
+
+if TYPE_CHECKING:  # torch is imported where a model is built, so that the planner's CLI starts fast
+    import torch
+    from torch import nn
 
 __all__ = ["Workload", "load_workload", "as_tuple"]
 
@@ -104,6 +105,8 @@ def load_workload(spec: str, **builtin_options: Any) -> Workload:
         raise ModelSpecError(
             f"{spec}() returned {type(result).__name__}: expected a Workload or (model, make_batch, loss_fn)"
         )
+    from torch import nn
+
     if not isinstance(result.model, nn.Module):
         raise ModelSpecError(f"{spec}(): model is {type(result.model).__name__}, expected a torch.nn.Module")
     if not callable(result.make_batch) or not callable(result.loss_fn):
