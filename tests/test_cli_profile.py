@@ -1,0 +1,96 @@
+"""`pipeplan profile` through the CLI: a real run, and every bad input as one line with exit code 2."""
+
+import json
+
+import pytest
+import torch
+
+from cli import main
+
+
+@pytest.fixture
+def existing(tmp_path):
+    path = tmp_path / "existing.json"
+    path.write_text("precious\n")
+    return path
+
+
+@pytest.fixture
+def specs(tmp_path):
+    (tmp_path / "specs.py").write_text(
+        "NOT_CALLABLE = 3\n"
+        "def wrong():\n    return 'a string'\n"
+        "def broken():\n    raise RuntimeError('no weights here')\n"
+    )
+    (tmp_path / "bad_import.py").write_text("import does_not_exist_anywhere\n")
+    return tmp_path
+
+
+def _fails(capsys, argv, message, existing=None):
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert message in err, err
+    if existing is not None:
+        assert existing.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ("gpt5", "unknown model 'gpt5': built-ins are"),
+        ("no/such/file.py:workload", "model file not found"),
+        ("no_such_package_xyz.models:workload", "cannot import module"),
+    ],
+)
+def test_unknown_models(capsys, existing, model, message):
+    _fails(capsys, ["profile", model, "--out", existing], message, existing)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("specs.py:NOT_CALLABLE", "is not callable"),
+        ("specs.py:wrong", "returned str: expected a Workload"),
+        ("specs.py:broken", "failed: RuntimeError: no weights here"),
+        ("specs.py:missing", "has no attribute 'missing'"),
+        ("bad_import.py:x", "importing"),
+    ],
+)
+def test_bad_user_specs(capsys, existing, specs, name, message):
+    _fails(capsys, ["profile", specs / name, "--out", existing], message, existing)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_a_gpu(capsys, existing):
+    _fails(capsys, ["profile", "mlp", "--device", "cuda", "--out", existing], "CUDA is not available", existing)
+
+
+@pytest.mark.parametrize("sizes", ["0", "1,-2", "two", "1.5"])
+def test_bad_micro_batch_sizes(capsys, existing, sizes):
+    with pytest.raises(SystemExit) as exc:
+        main(["profile", "mlp", "--micro-batch-sizes", sizes, "--out", str(existing)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "--micro-batch-sizes" in err
+    assert existing.read_text() == "precious\n"
+
+
+def test_output_in_a_missing_folder(capsys, tmp_path):
+    _fails(capsys, ["profile", "mlp", "--out", tmp_path / "nope" / "p.json"], "output folder does not exist")
+
+
+def test_profile_then_show_then_plan(capsys, tmp_path):
+    torch.set_num_threads(1)
+    out = tmp_path / "mlp.profile.json"
+    argv = ["profile", "mlp", "--micro-batch-sizes", "1,2", "--repeats", "1", "--warmup", "0", "--no-progress"]
+    assert main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "unit sum" in printed and "layers.0" in printed
+    profile = json.loads(out.read_text())
+    assert profile["micro_batch_sizes"] == [1, 2]
+    assert main(["show", str(out)]) == 0
+    assert "layers.0" in capsys.readouterr().out
+    plan = tmp_path / "mlp.plan.json"
+    assert main(["plan", str(out), "--stages", "2", "--global-batch", "4", "--out", str(plan)]) == 0
+    assert json.loads(plan.read_text())["model"]["fingerprint"] == profile["model"]["fingerprint"]
