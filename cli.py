@@ -116,6 +116,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from profiles.workload import load_workload
 
     check_output_path(args.out)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     workload = load_workload(args.model, seq_len=args.seq_len)
     units: object = None
     if args.units:
@@ -318,6 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FQN,FQN|DEPTH",
         help="unit FQNs in execution order, or a module depth (default: the largest repeated block list)",
+    )
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="CPU intra-op threads while measuring; match what each rank will get (cores / ranks per machine)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_profile)

@@ -282,6 +282,8 @@ def profile_model(
         "capture": mode,
         "unit_spec": unit_spec,
         "loss_in_last_unit": True,
+        # CPU timings depend on intra-op threads: a rank of a P-process CPU pipeline gets cores / P.
+        "threads": torch.get_num_threads(),
     }
     first = example[0] if example else None
     if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point():

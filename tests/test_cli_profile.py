@@ -84,11 +84,13 @@ def test_profile_then_show_then_plan(capsys, tmp_path):
     torch.set_num_threads(1)
     out = tmp_path / "mlp.profile.json"
     argv = ["profile", "mlp", "--micro-batch-sizes", "1,2", "--repeats", "1", "--warmup", "0", "--no-progress"]
+    argv += ["--threads", "1"]
     assert main([*argv, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "unit sum" in printed and "layers.0" in printed
     profile = json.loads(out.read_text())
     assert profile["micro_batch_sizes"] == [1, 2]
+    assert profile["settings"]["threads"] == 1
     assert main(["show", str(out)]) == 0
     assert "layers.0" in capsys.readouterr().out
     plan = tmp_path / "mlp.plan.json"
