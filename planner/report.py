@@ -81,7 +81,7 @@ def format_plan(plan: Plan) -> str:
                 )
         lines.append(
             format_table(
-                ["baseline (same schedule and micro-batches)", "iteration", "peak mem", "pipeplan speed-up"],
+                ["baseline (one stage per rank, same micro-batches)", "iteration", "peak mem", "pipeplan speed-up"],
                 baseline_rows,
                 align="<>>>",
             )

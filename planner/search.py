@@ -277,16 +277,39 @@ def _best(candidates: list[Candidate]) -> Candidate:
     )[1]
 
 
+def _baseline_schedule(best: Candidate, num_ranks: int) -> Schedule:
+    """The plan's schedule when it runs one stage per rank, else torch's 1F1B (GPipe when M < P)."""
+    if best.virtual_stages == 1:
+        return best.schedule
+    return Schedule.ONE_F_ONE_B if best.num_microbatches >= num_ranks else Schedule.GPIPE
+
+
 def _baselines(profile: Profile, costs: UnitCosts, best: Candidate, request: PlanRequest) -> list[BaselinePlan]:
-    problem = best.problem
-    n, p = problem.num_units, problem.num_stages
-    recompute = (request.recompute == "on",) * p
+    """The partitioners people use today, one stage per rank, at the plan's micro-batching.
+
+    Each chooses only the boundaries; the same cost model and simulator judge them. They do not
+    recompute (unless ``--recompute on``) and do not look at memory, so a baseline may not fit.
+    """
+    p = request.num_ranks
+    schedule = _baseline_schedule(best, p)
+    problem = build_problem(
+        profile,
+        costs,
+        request.settings,
+        num_stages=p,
+        num_microbatches=best.num_microbatches,
+        in_flight=in_flight_per_stage(schedule, p, best.num_microbatches, p),
+        stage_rank=tuple(range(p)),
+        recompute_choices=(request.recompute == "on",),
+    )
+    recompute = problem.recompute_choices * p
+    times = [f + b for f, b in zip(costs.forward_s, costs.backward_s, strict=True)]
     named = {
-        "uniform-by-count (Megatron/torchtitan)": uniform_by_count(n, p),
-        "balanced-by-params (DeepSpeed 'parameters')": balanced_by_params(list(costs.param_count), p),
-        "balanced-by-time (torchgpipe balance_by_time)": balanced_by_time(
-            [f + b for f, b in zip(costs.forward_s, costs.backward_s, strict=True)], p
+        f"uniform-by-count (Megatron/torchtitan), {schedule.value}": uniform_by_count(problem.num_units, p),
+        f"balanced-by-params (DeepSpeed 'parameters'), {schedule.value}": balanced_by_params(
+            list(costs.param_count), p
         ),
+        f"balanced-by-time (torchgpipe balance_by_time), {schedule.value}": balanced_by_time(times, p),
     }
     baselines = []
     for name, boundaries in named.items():
@@ -297,7 +320,7 @@ def _baselines(profile: Profile, costs: UnitCosts, best: Candidate, request: Pla
         if objective == float("inf"):
             baselines.append(BaselinePlan(name, split_points, None, fits=False, peak_memory_bytes=peak))
             continue
-        simulation = _simulate_partition(problem, solution, best.schedule, request.num_ranks)
+        simulation = _simulate_partition(problem, solution, schedule, p)
         baselines.append(BaselinePlan(name, split_points, simulation.iteration_s, True, peak))
     return baselines
 
