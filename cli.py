@@ -38,24 +38,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"pipeplan {self.prog.split()[-1]}: error: {message} (see --help)\n")
 
 
-def _positive_int(text: str) -> int:
+def _int_at_least(minimum: int, text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= {minimum}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _int_at_least(1, text)
 
 
 def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
+    return _int_at_least(0, text)
 
 
 def _positive_float(text: str) -> float:
@@ -141,13 +139,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    try:
-        with open(args.file, encoding="utf-8") as handle:
-            kind = json.load(handle).get("format")
-    except FileNotFoundError:
-        raise UsageError(f"file not found: {args.file}") from None
-    except (ValueError, AttributeError, UnicodeDecodeError):
-        raise UsageError(f"{args.file} is not a pipeplan JSON file (not valid JSON, or truncated)") from None
+    from planner.fileio import read_json
+
+    data = read_json(args.file, UsageError, "JSON")
+    kind = data.get("format") if isinstance(data, dict) else None
     if kind == "pipeplan.plan":
         from planner.plan import load_plan
         from planner.report import format_plan

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import PlanFormatError
-from planner.fileio import write_json_atomic
+from planner.fileio import check_document, read_json, write_json_atomic
 
 __all__ = [
     "PLAN_FORMAT",
@@ -157,25 +157,8 @@ def _schema() -> dict[str, Any]:
     return json.loads(resources.files("planner").joinpath("plan.schema.json").read_text())
 
 
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
 def _validate(data: Any) -> None:
-    import jsonschema
-
-    if not isinstance(data, dict):
-        raise PlanFormatError("not a pipeplan plan: the top level is not a JSON object")
-    if data.get("format") != PLAN_FORMAT:
-        raise PlanFormatError(f"not a pipeplan plan: format is {data.get('format')!r}, expected {PLAN_FORMAT!r}")
-    if data.get("version") != PLAN_VERSION:
-        raise PlanFormatError(
-            f"unsupported plan version {data.get('version')!r}: this pipeplan reads version {PLAN_VERSION}"
-        )
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(_schema()).iter_errors(data))
-    if error is not None:
-        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
-        raise PlanFormatError(f"invalid plan at {path}: {error.message}")
+    check_document(data, _schema(), error=PlanFormatError, kind="plan", fmt=PLAN_FORMAT, version=PLAN_VERSION)
     stages = data["stages"]
     if len(stages) != data["num_stages"]:
         raise PlanFormatError(f"invalid plan: num_stages is {data['num_stages']} but {len(stages)} stages are listed")
@@ -239,21 +222,11 @@ def plan_from_dict(data: Any) -> Plan:
 
 def load_plan(path: str | Path) -> Plan:
     """Read and validate a plan file; every failure is a one-line :class:`PlanFormatError`."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlanFormatError(f"plan file not found: {p}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlanFormatError(f"cannot read plan {p}: {exc}") from None
-    try:
-        data = json.loads(text, parse_constant=_reject_constant)
-    except ValueError as exc:
-        raise PlanFormatError(f"{p} is not valid JSON (truncated?): {exc}") from None
+    data = read_json(path, PlanFormatError, "plan")
     try:
         return plan_from_dict(data)
     except PlanFormatError as exc:
-        raise PlanFormatError(f"{p}: {exc}") from None
+        raise PlanFormatError(f"{path}: {exc}") from None
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:

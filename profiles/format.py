@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import ProfileError
-from planner.fileio import write_json_atomic
+from planner.fileio import check_document, read_json, write_json_atomic
 
 __all__ = [
     "PROFILE_FORMAT",
@@ -143,10 +143,6 @@ def _schema() -> dict[str, Any]:
     return json.loads(resources.files("profiles").joinpath("profile.schema.json").read_text())
 
 
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
 def _check_finite(obj: Any, where: str = "$") -> None:
     if isinstance(obj, float) and not math.isfinite(obj):
         raise ProfileError(f"{where} is {obj}: numbers must be finite")
@@ -159,21 +155,9 @@ def _check_finite(obj: Any, where: str = "$") -> None:
 
 
 def _validate(data: Any) -> None:
-    import jsonschema
-
-    if not isinstance(data, dict):
-        raise ProfileError("not a pipeplan profile: the top level is not a JSON object")
-    if data.get("format") != PROFILE_FORMAT:
-        raise ProfileError(f"not a pipeplan profile: format is {data.get('format')!r}, expected {PROFILE_FORMAT!r}")
-    if data.get("version") != PROFILE_VERSION:
-        raise ProfileError(
-            f"unsupported profile version {data.get('version')!r}: this pipeplan reads version {PROFILE_VERSION}"
-        )
-    _check_finite(data)
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(_schema()).iter_errors(data))
-    if error is not None:
-        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
-        raise ProfileError(f"invalid profile at {path}: {error.message}")
+    if isinstance(data, dict):
+        _check_finite(data)
+    check_document(data, _schema(), error=ProfileError, kind="profile", fmt=PROFILE_FORMAT, version=PROFILE_VERSION)
     n_sizes = len(data["micro_batch_sizes"])
     if len(set(data["micro_batch_sizes"])) != n_sizes:
         raise ProfileError("invalid profile: micro_batch_sizes has duplicates")
@@ -244,21 +228,11 @@ def profile_from_dict(data: Any) -> Profile:
 
 def load_profile(path: str | Path) -> Profile:
     """Read and validate a profile file; every failure is a one-line :class:`ProfileError`."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ProfileError(f"profile file not found: {p}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"cannot read profile {p}: {exc}") from None
-    try:
-        data = json.loads(text, parse_constant=_reject_constant)
-    except ValueError as exc:
-        raise ProfileError(f"{p} is not valid JSON (truncated?): {exc}") from None
+    data = read_json(path, ProfileError, "profile")
     try:
         return profile_from_dict(data)
     except ProfileError as exc:
-        raise ProfileError(f"{p}: {exc}") from None
+        raise ProfileError(f"{path}: {exc}") from None
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:
