@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections.abc import Sequence
 
 from planner.errors import PipeplanError, UsageError
@@ -471,6 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # torch 2.13's pipelining tracer warns about its own use of a deprecated pytree API; not the user's concern.
+    warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec.*", category=FutureWarning)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
