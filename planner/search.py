@@ -201,11 +201,6 @@ def _search(profile: Profile, request: PlanRequest) -> tuple[list[Candidate], li
         costs = unit_costs(profile, b)
         for schedule, v in _schedules(profile, request, m, refusals):
             num_stages = request.num_ranks * v
-            if num_stages > profile.num_units:
-                raise UsageError(
-                    f"cannot cut {profile.num_units} units into {num_stages} stages: use at most "
-                    f"{profile.num_units} stages, or profile finer units (--units)"
-                )
             stage_rank = stage_to_rank(schedule, num_stages, request.num_ranks)
             problem = build_problem(
                 profile,
