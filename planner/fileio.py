@@ -38,6 +38,10 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     out = check_output_path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent or ".")
     try:
+        # mkstemp makes the file private (0600); give the output the mode a plain open() would.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

@@ -94,3 +94,14 @@ def test_nan_is_rejected(tmp_path):
     path.write_text(path.read_text().replace('"iteration_s": 7.0', '"iteration_s": NaN'))
     with pytest.raises(PlanFormatError, match="NaN"):
         load_plan(path)
+
+
+def test_written_files_get_the_usual_permissions(tmp_path):
+    import os
+    import stat
+
+    path = tmp_path / "plan.json"
+    save_plan(sample_plan(), path)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
