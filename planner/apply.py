@@ -328,6 +328,30 @@ def _tied_copies(
     return tuple(out)
 
 
+def _stage_io_examples(
+    modules: Sequence[StageModule], mb_inputs: tuple[torch.Tensor, ...]
+) -> list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
+    """Each stage's (inputs, outputs) on one real micro-batch, detached with their requires_grad kept.
+
+    Handing these to ``PipelineStage`` puts torch in its static-metadata mode. Without them torch infers
+    shapes by running each stage on empty tensors, which feeds garbage to a stage whose input is an
+    index (GPT-2's position ids, when a cut falls between ``wte`` and ``wpe``) and fails there.
+    """
+
+    def detached(values: Any) -> tuple[torch.Tensor, ...]:
+        values = values if isinstance(values, tuple) else (values,)
+        return tuple(v.detach().requires_grad_(v.requires_grad) for v in values)
+
+    examples = []
+    carried: Any = mb_inputs
+    with torch.enable_grad():
+        for module in modules:
+            inputs = carried if isinstance(carried, tuple) else (carried,)
+            carried = module(*inputs)
+            examples.append((detached(inputs), detached(carried)))
+    return examples
+
+
 def _check_placement(plan: Plan) -> Schedule:
     sched = Schedule.parse(plan.schedule)
     expected = tuple(s % plan.num_ranks for s in range(plan.num_stages))
@@ -375,14 +399,23 @@ def apply_plan(
     if world_size != plan.num_ranks:
         raise ScheduleError(f"the plan needs {plan.num_ranks} ranks but the process group has {world_size}")
     device = torch.device(device)
-    modules = split_stages(
-        model, microbatch_inputs(plan, example_inputs), plan.split_points, [s.recompute for s in plan.stages]
-    )
+    mb_inputs = microbatch_inputs(plan, example_inputs)
+    modules = split_stages(model, mb_inputs, plan.split_points, [s.recompute for s in plan.stages])
+    io = _stage_io_examples(modules, mb_inputs)
     tied = _tied_copies(plan, model, modules, rank, group)
     mine = tuple(s.index for s in plan.stages_of_rank(rank))
     local = tuple(modules[s].to(device) for s in mine)
     stages = tuple(
-        pipelining.PipelineStage(m, s, plan.num_stages, device, group=group) for m, s in zip(local, mine, strict=True)
+        pipelining.PipelineStage(
+            m,
+            s,
+            plan.num_stages,
+            device,
+            input_args=tuple(t.to(device) for t in io[s][0]),
+            output_args=tuple(t.to(device) for t in io[s][1]),
+            group=group,
+        )
+        for m, s in zip(local, mine, strict=True)
     )
     cls = getattr(pipelining, TORCH_SCHEDULE_CLASS[sched])
     n_mb = schedule_microbatches(plan)
