@@ -93,6 +93,23 @@ def _capture(model: nn.Module, inputs: tuple, units: list[str], mode: str | None
     return capture_hooks(model, inputs, units), ""
 
 
+def _warn_if_busy(dev: torch.device) -> float:
+    """The 1-minute load average; on CPU, a warning when other work competes for the cores.
+
+    Other processes on the same cores inflate unit times unevenly (measured: identical GPT-2 blocks
+    differing by several times under load), and the plan follows what the profile says.
+    """
+    load = os.getloadavg()[0]
+    cores = os.cpu_count() or 1
+    if dev.type == "cpu" and load > 0.5 * cores:
+        print(
+            f"pipeplan: warning: load average {load:.1f} on {cores} cores: other work competes for the CPU, "
+            "so unit times will be noisy; profile on a quiet machine",
+            file=sys.stderr,
+        )
+    return load
+
+
 def _param_ownership(model: nn.Module, capture: Capture) -> list[tuple[int, int, tuple[str, ...], int]]:
     """Per piece: (param_count, param_bytes, tied names, tied count).
 
@@ -168,6 +185,7 @@ def profile_model(
     if capture not in (None, "export", "hooks"):
         raise UsageError(f"unknown capture {capture!r}: use export or hooks")
     dev = _resolve_device(device)
+    load_before = _warn_if_busy(dev)
     torch_dtype = DTYPES[dtype]
     model = workload.model.to(device=dev, dtype=torch_dtype)
     model.train()
@@ -284,6 +302,7 @@ def profile_model(
         "loss_in_last_unit": True,
         # CPU timings depend on intra-op threads: a rank of a P-process CPU pipeline gets cores / P.
         "threads": torch.get_num_threads(),
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
     first = example[0] if example else None
     if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point():
