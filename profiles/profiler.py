@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import sys
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -91,6 +93,15 @@ def _capture(model: nn.Module, inputs: tuple, units: list[str], mode: str | None
             print(f"pipeplan: torch.export cannot split this model ({reason}); timing units by hooks", file=sys.stderr)
             return capture_hooks(model, inputs, units), reason
     return capture_hooks(model, inputs, units), ""
+
+
+def _median_measurement(samples: list[PieceMeasurement]) -> PieceMeasurement:
+    """Median forward and backward time over rounds; bytes from the first round (they do not vary)."""
+    return replace(
+        samples[0],
+        forward_s=statistics.median(m.forward_s for m in samples),
+        backward_s=statistics.median(m.backward_s for m in samples),
+    )
 
 
 def _warn_if_busy(dev: torch.device) -> float:
@@ -201,7 +212,7 @@ def profile_model(
     from tqdm import tqdm
 
     n = len(unit_names)
-    bar = tqdm(total=len(sizes) * (n + 1), disable=not progress, file=sys.stderr, unit="step", leave=False)
+    bar = tqdm(total=len(sizes) * (n + 1) * repeats, disable=not progress, file=sys.stderr, unit="step", leave=False)
     per_size: list[list[PieceMeasurement]] = []
     flops: list[list[int]] = []
     whole: list[PieceMeasurement] = []
@@ -217,39 +228,42 @@ def profile_model(
             mode, fallback_reason = cap.mode, fallback_reason or reason
             if ownership is None:
                 ownership = _param_ownership(model, cap)
-            measured, counted = [], []
-            for i, piece in enumerate(cap.pieces):
-                bar.set_description(f"b={b} {piece.name}")
-                last = i == n - 1
-                try:
-                    measured.append(
-                        measure_piece(
-                            piece,
-                            device=dev,
-                            repeats=repeats,
-                            warmup=warmup,
-                            loss_fn=workload.loss_fn if last else None,
-                            target=target if last else None,
+            whole_piece = Piece("<model>", model, inputs, tuple(False for _ in inputs))
+            pieces = [*cap.pieces, whole_piece]
+            # Round-robin: each round times every unit once, so a load spike of a few seconds on a shared
+            # machine lands on one sample of many units instead of every sample of one unit.
+            rounds: list[list[PieceMeasurement]] = []
+            for r in range(repeats):
+                row = []
+                for i, piece in enumerate(pieces):
+                    bar.set_description(f"b={b} {piece.name if piece is not whole_piece else 'whole model'}")
+                    with_loss = i >= n - 1
+                    try:
+                        row.append(
+                            measure_piece(
+                                piece,
+                                device=dev,
+                                repeats=1,
+                                warmup=warmup if r == 0 else 0,
+                                loss_fn=workload.loss_fn if with_loss else None,
+                                target=target if with_loss else None,
+                            )
                         )
-                    )
-                    counted.append(count_flops(piece.module, piece.args, piece.kwargs))
-                except Exception as exc:
-                    raise ProfilingError(
-                        f"measuring unit {piece.name} at micro-batch size {b} failed: {type(exc).__name__}: {exc}"
-                    ) from None
-                bar.update()
-            bar.set_description(f"b={b} whole model")
-            whole.append(
-                measure_piece(
-                    Piece("<model>", model, inputs, tuple(False for _ in inputs)),
-                    device=dev,
-                    repeats=repeats,
-                    warmup=warmup,
-                    loss_fn=workload.loss_fn,
-                    target=target,
-                )
-            )
-            bar.update()
+                    except Exception as exc:
+                        raise ProfilingError(
+                            f"measuring unit {piece.name} at micro-batch size {b} failed: {type(exc).__name__}: {exc}"
+                        ) from None
+                    bar.update()
+                rounds.append(row)
+            medians = [_median_measurement([row[i] for row in rounds]) for i in range(n + 1)]
+            measured = medians[:n]
+            whole.append(medians[n])
+            try:
+                counted = [count_flops(piece.module, piece.args, piece.kwargs) for piece in cap.pieces]
+            except Exception as exc:
+                raise ProfilingError(
+                    f"counting FLOPs at micro-batch size {b} failed: {type(exc).__name__}: {exc}"
+                ) from None
             per_size.append(measured)
             flops.append(counted)
             edges_by_size.append(cap.edges)
