@@ -1,8 +1,11 @@
-"""Shared fixtures: hand-built plans for the built-in models (no profiling, no search)."""
+"""Shared fixtures: hand-built plans for the built-in models (no profiling, no search), a file to keep."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
 
 from planner.plan import MemoryBreakdown, Plan, Prediction, SolverInfo, StagePlan
 from profiles.fingerprint import model_fingerprint
@@ -67,3 +70,13 @@ def make_plan(
         ),
         solver=SolverInfo(name="hand", objective="none", optimal=False),
     )
+
+
+@pytest.fixture
+def existing(tmp_path: Path) -> Path:
+    """A file that a failed CLI command must leave as it was (content: ``cli_checks.PRECIOUS``)."""
+    from cli_checks import PRECIOUS
+
+    path = tmp_path / "existing.json"
+    path.write_text(PRECIOUS)
+    return path

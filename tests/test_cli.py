@@ -5,6 +5,7 @@ import json
 import pytest
 
 from cli import main
+from cli_checks import assert_fails
 from profiles.format import save_profile
 from synthetic import make_profile
 
@@ -14,23 +15,6 @@ def profile_file(tmp_path):
     path = tmp_path / "model.profile.json"
     save_profile(make_profile([1.0] * 7 + [4.0], sizes=(1, 2)), path)
     return path
-
-
-@pytest.fixture
-def existing(tmp_path):
-    path = tmp_path / "existing.json"
-    path.write_text("precious\n")
-    return path
-
-
-def _fails(capsys, argv, message, existing=None):
-    code = main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert message in err, err
-    if existing is not None:
-        assert existing.read_text() == "precious\n"
 
 
 def _fails_argparse(capsys, argv, message):
@@ -69,7 +53,7 @@ def test_plan_is_byte_identical_across_runs(profile_file, tmp_path):
     ],
 )
 def test_plan_bad_requests(profile_file, existing, capsys, extra, message):
-    _fails(capsys, ["plan", profile_file, *extra, "--out", existing], message, existing)
+    assert_fails(capsys, ["plan", profile_file, *extra, "--out", existing], message, existing)
 
 
 @pytest.mark.parametrize(
@@ -98,7 +82,7 @@ def test_plan_bad_numbers(profile_file, tmp_path, capsys, extra, message):
 def test_plan_rejects_bad_profiles(tmp_path, existing, capsys, content, message):
     bad = tmp_path / "bad.json"
     bad.write_text(content)
-    _fails(capsys, ["plan", bad, "--stages", "2", "--global-batch", "4", "--out", existing], message, existing)
+    assert_fails(capsys, ["plan", bad, "--stages", "2", "--global-batch", "4", "--out", existing], message, existing)
 
 
 def test_plan_rejects_negative_and_nan_numbers(profile_file, tmp_path, existing, capsys):
@@ -106,17 +90,17 @@ def test_plan_rejects_negative_and_nan_numbers(profile_file, tmp_path, existing,
     data["units"][0]["forward_s"][0] = -1.0
     bad = tmp_path / "negative.json"
     bad.write_text(json.dumps(data))
-    _fails(
+    assert_fails(
         capsys, ["plan", bad, "--stages", "2", "--global-batch", "4", "--out", existing], "invalid profile", existing
     )
     nan = tmp_path / "nan.json"
     nan.write_text(profile_file.read_text().replace('"forward_s": [\n        1.0', '"forward_s": [\n        NaN', 1))
-    _fails(capsys, ["plan", nan, "--stages", "2", "--global-batch", "4", "--out", existing], "NaN", existing)
+    assert_fails(capsys, ["plan", nan, "--stages", "2", "--global-batch", "4", "--out", existing], "NaN", existing)
 
 
 def test_output_folder_must_exist(profile_file, tmp_path, capsys):
     out = tmp_path / "missing" / "plan.json"
-    _fails(capsys, ["plan", profile_file, "--stages", "2", "--global-batch", "4", "--out", out], "does not exist")
+    assert_fails(capsys, ["plan", profile_file, "--stages", "2", "--global-batch", "4", "--out", out], "does not exist")
 
 
 def test_simulate_what_if_prints_a_timeline(capsys):
@@ -145,7 +129,7 @@ def test_simulate_plan_matches_the_plan_prediction(profile_file, tmp_path, capsy
     ],
 )
 def test_simulate_bad_input(capsys, argv, message):
-    _fails(capsys, ["simulate", *argv], message)
+    assert_fails(capsys, ["simulate", *argv], message)
 
 
 def test_simulate_rejects_non_positive_times(capsys):
@@ -153,10 +137,10 @@ def test_simulate_rejects_non_positive_times(capsys):
 
 
 def test_simulate_rejects_a_profile_given_as_plan(profile_file, capsys):
-    _fails(capsys, ["simulate", profile_file], "not a pipeplan plan")
+    assert_fails(capsys, ["simulate", profile_file], "not a pipeplan plan")
 
 
 def test_show_rejects_other_json(tmp_path, capsys):
     other = tmp_path / "other.json"
     other.write_text('{"format": "x"}')
-    _fails(capsys, ["show", other], "neither a pipeplan profile nor a plan")
+    assert_fails(capsys, ["show", other], "neither a pipeplan profile nor a plan")

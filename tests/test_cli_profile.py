@@ -6,13 +6,7 @@ import pytest
 import torch
 
 from cli import main
-
-
-@pytest.fixture
-def existing(tmp_path):
-    path = tmp_path / "existing.json"
-    path.write_text("precious\n")
-    return path
+from cli_checks import PRECIOUS, assert_fails
 
 
 @pytest.fixture
@@ -26,16 +20,6 @@ def specs(tmp_path):
     return tmp_path
 
 
-def _fails(capsys, argv, message, existing=None):
-    code = main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert message in err, err
-    if existing is not None:
-        assert existing.read_text() == "precious\n"
-
-
 @pytest.mark.parametrize(
     ("model", "message"),
     [
@@ -45,7 +29,7 @@ def _fails(capsys, argv, message, existing=None):
     ],
 )
 def test_unknown_models(capsys, existing, model, message):
-    _fails(capsys, ["profile", model, "--out", existing], message, existing)
+    assert_fails(capsys, ["profile", model, "--out", existing], message, existing)
 
 
 @pytest.mark.parametrize(
@@ -59,12 +43,12 @@ def test_unknown_models(capsys, existing, model, message):
     ],
 )
 def test_bad_user_specs(capsys, existing, specs, name, message):
-    _fails(capsys, ["profile", specs / name, "--out", existing], message, existing)
+    assert_fails(capsys, ["profile", specs / name, "--out", existing], message, existing)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_a_gpu(capsys, existing):
-    _fails(capsys, ["profile", "mlp", "--device", "cuda", "--out", existing], "CUDA is not available", existing)
+    assert_fails(capsys, ["profile", "mlp", "--device", "cuda", "--out", existing], "CUDA is not available", existing)
 
 
 @pytest.mark.parametrize("sizes", ["0", "1,-2", "two", "1.5"])
@@ -73,11 +57,11 @@ def test_bad_micro_batch_sizes(capsys, existing, sizes):
         main(["profile", "mlp", "--micro-batch-sizes", sizes, "--out", str(existing)])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("\n") == 1 and "--micro-batch-sizes" in err
-    assert existing.read_text() == "precious\n"
+    assert existing.read_text() == PRECIOUS
 
 
 def test_output_in_a_missing_folder(capsys, tmp_path):
-    _fails(capsys, ["profile", "mlp", "--out", tmp_path / "nope" / "p.json"], "output folder does not exist")
+    assert_fails(capsys, ["profile", "mlp", "--out", tmp_path / "nope" / "p.json"], "output folder does not exist")
 
 
 def test_profile_then_show_then_plan(capsys, tmp_path):
