@@ -233,7 +233,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             print(f"wrote {args.png}")
     if args.compare:
         results = [
-            simulate(forward, backward, m, name, num_ranks=ranks, comm_forward_s=comm_f, comm_backward_s=comm_b)
+            _simulate_as(name, forward, backward, m, ranks, comm_f, comm_b, args.virtual_stages)
             for name in args.compare.split(",")
         ]
         out = args.compare_png or "schedules.png"
@@ -246,6 +246,28 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 )
             print(f"wrote {out}")
     return 0
+
+
+def _simulate_as(
+    schedule: str,
+    forward: list[float],
+    backward: list[float],
+    m: int,
+    ranks: int,
+    comm_f: Sequence[float],
+    comm_b: Sequence[float],
+    virtual_stages: int,
+):
+    """The same per-rank work under ``schedule``; interleaving cuts each rank's stage into v equal chunks."""
+    from planner.simulate import simulate
+
+    if schedule == "interleaved-1f1b" and len(forward) == ranks and virtual_stages > 1:
+        v = virtual_stages
+        # Looped placement: stage s runs on rank s % ranks; chunks inside a rank have no transfer time.
+        forward = [forward[s % ranks] / v for s in range(ranks * v)]
+        backward = [backward[s % ranks] / v for s in range(ranks * v)]
+        comm_f = comm_b = ()
+    return simulate(forward, backward, m, schedule, num_ranks=ranks, comm_forward_s=comm_f, comm_backward_s=comm_b)
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:

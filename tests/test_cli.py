@@ -144,3 +144,14 @@ def test_show_rejects_other_json(tmp_path, capsys):
     other = tmp_path / "other.json"
     other.write_text('{"format": "x"}')
     assert_fails(capsys, ["show", other], "neither a pipeplan profile nor a plan")
+
+
+def test_simulate_compare_interleaves_each_rank_into_chunks(tmp_path, capsys):
+    png = tmp_path / "cmp.png"
+    argv = ["simulate", "--stages", "4", "--microbatches", "8", "--compare", "1f1b,interleaved-1f1b"]
+    assert main([*argv, "--compare-png", str(png)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # f = b = 1 per rank: 1F1B 2(M + P - 1) = 22; interleaved v=2 halves the fill: 2(M + (P - 1)/v) = 19.
+    assert any("1f1b: iteration 22 s" in line and "interleaved" not in line for line in lines)
+    assert any("interleaved-1f1b: iteration 19 s" in line for line in lines)
+    assert png.read_bytes()[:4] == b"\x89PNG"
