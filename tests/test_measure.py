@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import time
-
 import torch
 from torch import nn
 
+from delay_layers import Sleep
 from profiles.dataflow import Piece
 from profiles.measure import count_flops, measure_piece, saved_tensor_bytes
 
 torch.set_num_threads(1)
 CPU = torch.device("cpu")
-
-
-class Sleep(nn.Module):
-    """A Linear whose forward also sleeps: its forward time is at least ``seconds``."""
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__()
-        self.seconds = seconds
-        self.fc = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.seconds)
-        return self.fc(x)
 
 
 def test_linear_flops_are_in_times_out_times_batch() -> None:

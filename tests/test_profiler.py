@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from torch import nn
 
+from delay_layers import Sleep
 from planner.errors import ProfilingError, UsageError
 from profiles.dataflow import capture_export
 from profiles.format import load_profile, save_profile
@@ -51,17 +50,6 @@ class SkipNet(nn.Module):
 def _skipnet() -> Workload:
     torch.manual_seed(0)
     return Workload(SkipNet(), lambda b: (torch.randn(b, 4), torch.randn(b, 2)), nn.functional.mse_loss, "skipnet")
-
-
-class Sleepy(nn.Module):
-    def __init__(self, seconds: float) -> None:
-        super().__init__()
-        self.seconds = seconds
-        self.fc = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.seconds)
-        return self.fc(x)
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +141,7 @@ def test_report_shows_units_skip_and_check_line(gpt2_profile) -> None:
 
 
 def test_sleep_units_order_forward_times() -> None:
-    model = nn.Sequential(Sleepy(0.0), Sleepy(0.03), Sleepy(0.01))
+    model = nn.Sequential(Sleep(0.0), Sleep(0.03), Sleep(0.01))
     workload = Workload(model, lambda b: (torch.randn(b, 4), torch.randn(b, 4)), nn.functional.mse_loss, "sleep")
     # export traces tensor ops only (a sleep is not one): time these units by hooks
     profile = profile_model(workload, micro_batch_sizes=(1,), units=["0", "1", "2"], capture="hooks", **FAST)
