@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from planner.table import format_table
 from profiles.format import Profile
 
 __all__ = ["format_profile_table", "human_bytes", "unit_sum_line"]
@@ -37,14 +38,8 @@ def unit_sum_line(profile: Profile, size_index: int) -> str:
 
 
 def _table(rows: list[list[str]], right: set[int]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for k, row in enumerate(rows):
-        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
-        lines.append("  ".join(cells).rstrip())
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return lines
+    align = "".join(">" if i in right else "<" for i in range(len(rows[0])))
+    return format_table(rows[0], rows[1:], align=align).splitlines()
 
 
 def _unit_table(profile: Profile, j: int) -> list[str]:
