@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Sequence
 
 from planner.errors import PipeplanError, UsageError
+from planner.schedule.orders import Schedule
 
 __all__ = ["main", "build_parser"]
 
@@ -181,7 +182,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     request = PlanRequest(
         num_ranks=args.stages,
         global_batch_size=args.global_batch,
-        schedule=args.schedule,
+        schedule=None if args.schedule == "auto" else Schedule.parse(args.schedule),
         micro_batch_size=None if args.micro_batch_size == "auto" else _positive_int(args.micro_batch_size),
         recompute=args.recompute,
         solver=args.solver,
@@ -198,8 +199,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from planner.simulate import simulate
-    from planner.timeline import ascii_timeline, render_comparison_png, render_png
+    from planner.schedule.simulate import simulate
+    from planner.schedule.timeline import ascii_timeline, render_comparison_png, render_png
 
     if args.plan:
         from planner.plan import load_plan
@@ -212,7 +213,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     else:
         if not args.stages or not args.microbatches:
             raise UsageError("give a PLAN.json, or --stages and --microbatches for a what-if simulation")
-        v = args.virtual_stages if args.schedule == "interleaved-1f1b" else 1
+        schedule = Schedule.parse(args.schedule or "1f1b")
+        v = args.virtual_stages if schedule is Schedule.INTERLEAVED_1F1B else 1
         n_stages = args.stages * v
         forward = list(args.stage_times) if args.stage_times else [1.0] * n_stages
         if len(forward) != n_stages:
@@ -220,7 +222,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         backward = list(args.backward_times) if args.backward_times else [args.backward_ratio * f for f in forward]
         if len(backward) != n_stages:
             raise UsageError(f"--backward-times has {len(backward)} values for {n_stages} stages")
-        m, ranks, schedule = args.microbatches, args.stages, args.schedule or "1f1b"
+        m, ranks = args.microbatches, args.stages
         comm_f = comm_b = ()
     result = simulate(forward, backward, m, schedule, num_ranks=ranks, comm_forward_s=comm_f, comm_backward_s=comm_b)
     if args.json:
@@ -233,7 +235,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             print(f"wrote {args.png}")
     if args.compare:
         results = [
-            _simulate_as(name, forward, backward, m, ranks, comm_f, comm_b, args.virtual_stages)
+            _simulate_as(Schedule.parse(name), forward, backward, m, ranks, comm_f, comm_b, args.virtual_stages)
             for name in args.compare.split(",")
         ]
         out = args.compare_png or "schedules.png"
@@ -249,7 +251,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _simulate_as(
-    schedule: str,
+    schedule: Schedule,
     forward: list[float],
     backward: list[float],
     m: int,
@@ -259,9 +261,9 @@ def _simulate_as(
     virtual_stages: int,
 ):
     """The same per-rank work under ``schedule``; interleaving cuts each rank's stage into v equal chunks."""
-    from planner.simulate import simulate
+    from planner.schedule.simulate import simulate
 
-    if schedule == "interleaved-1f1b" and len(forward) == ranks and virtual_stages > 1:
+    if schedule is Schedule.INTERLEAVED_1F1B and len(forward) == ranks and virtual_stages > 1:
         v = virtual_stages
         # Looped placement: stage s runs on rank s % ranks; chunks inside a rank have no transfer time.
         forward = [forward[s % ranks] / v for s in range(ranks * v)]
@@ -273,7 +275,7 @@ def _simulate_as(
 def _cmd_verify(args: argparse.Namespace) -> int:
     from planner.fileio import write_json_atomic
     from planner.plan import load_plan
-    from planner.verify import format_report, verify_plan
+    from planner.runtime.verify import format_report, verify_plan
 
     plan = load_plan(args.plan)
     if args.out:

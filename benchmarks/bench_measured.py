@@ -1,7 +1,7 @@
 """Plan quality, measured (issue 6, item 2; issue 5's Measure): P = 2 gloo ranks on this CPU.
 
 pipeplan's plan, the uniform baseline and the best peer (by simulation) are each run by
-``planner.verify.verify_plan(..., mode="processes")`` in the same session, in rounds whose order
+``planner.runtime.verify.verify_plan(..., mode="processes")`` in the same session, in rounds whose order
 rotates (interleaved runs), so that a change of machine load hits every plan alike. Every plan is
 a real :class:`~planner.plan.Plan` made by ``make_plan``: a peer's boundaries are imposed by pinning
 the first and last unit of each stage (the ILP honours pins), with the peer's schedule (1F1B),
@@ -28,9 +28,8 @@ from peers import peer_partitions  # noqa: E402
 from planner.cost import default_settings  # noqa: E402
 from planner.errors import PipeplanError  # noqa: E402
 from planner.plan import Plan  # noqa: E402
-from planner.schedules import Schedule  # noqa: E402
+from planner.runtime.verify import verify_plan  # noqa: E402
 from planner.search import PlanRequest, make_plan  # noqa: E402
-from planner.verify import verify_plan  # noqa: E402
 from profiles.format import Profile  # noqa: E402
 
 __all__ = ["MeasuredPlan", "forced_plan", "choose_plans", "measure", "measured_table", "other_profiles_table"]
@@ -183,7 +182,7 @@ def other_profiles_table(plans: list[MeasuredPlan], profiles: list[tuple[str, Pr
                 mp.plan.micro_batch_size,
                 mp.plan.num_stages,
                 mp.plan.num_microbatches,
-                schedule=Schedule.parse(mp.plan.schedule),
+                schedule=mp.plan.schedule,
             )
             recompute = tuple(s.recompute for s in mp.plan.stages)
             predicted = score(setting, plan_boundaries(profile, mp.plan), recompute).iteration_s

@@ -1,7 +1,7 @@
 """What every benchmark shares: one profile -> one partition problem, scoring any boundaries, the bound.
 
 All partitions, pipeplan's and the peers', are judged here by the same cost model
-(``planner.cost.build_problem``) and the same event simulator (``planner.simulate.simulate``), so a
+(``planner.cost.build_problem``) and the same event simulator (``planner.schedule.simulate.simulate``), so a
 ratio between two rows is a ratio of two simulations of the same profile.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.cost import CostSettings, UnitCosts, build_problem, default_settings, unit_costs  # noqa: E402
-from planner.schedules import Schedule, stage_to_rank  # noqa: E402
-from planner.simulate import in_flight_per_stage, simulate  # noqa: E402
+from planner.schedule.orders import Schedule, stage_to_rank  # noqa: E402
+from planner.schedule.simulate import in_flight_per_stage, simulate  # noqa: E402
 from profiles.format import Profile  # noqa: E402
 from solvers.problem import PartitionProblem, evaluate, stage_cost  # noqa: E402
 

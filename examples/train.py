@@ -16,8 +16,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from planner.apply import apply_plan  # noqa: E402
 from planner.plan import load_plan  # noqa: E402
+from planner.runtime.apply import apply_plan  # noqa: E402
 from profiles.workload import as_tuple, load_workload  # noqa: E402
 
 

@@ -15,8 +15,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from planner.errors import PlanFormatError
+from planner.errors import PipeplanError, PlanFormatError
 from planner.fileio import check_document, read_json, write_json_atomic
+from planner.schedule.orders import Schedule
 
 __all__ = [
     "PLAN_FORMAT",
@@ -113,7 +114,7 @@ class Plan:
     profile_sha256: str
     num_stages: int
     num_ranks: int
-    schedule: str
+    schedule: Schedule
     virtual_stages: int
     micro_batch_size: int
     num_microbatches: int
@@ -138,7 +139,7 @@ class Plan:
             "device": self.device,
             "num_stages": self.num_stages,
             "num_ranks": self.num_ranks,
-            "schedule": self.schedule,
+            "schedule": self.schedule.value,
             "virtual_stages": self.virtual_stages,
             "micro_batch_size": self.micro_batch_size,
             "num_microbatches": self.num_microbatches,
@@ -172,6 +173,13 @@ def _validate(data: Any) -> None:
         raise PlanFormatError(f"invalid plan: a stage's rank is outside 0..{data['num_ranks'] - 1}")
 
 
+def _schedule(name: str) -> Schedule:
+    try:
+        return Schedule.parse(name)
+    except PipeplanError as exc:
+        raise PlanFormatError(f"invalid plan: {exc}") from None
+
+
 def plan_from_dict(data: Any) -> Plan:
     """Validate ``data`` (parsed JSON) and build a :class:`Plan`; raise :class:`PlanFormatError`."""
     _validate(data)
@@ -196,7 +204,7 @@ def plan_from_dict(data: Any) -> Plan:
         profile_sha256=data["profile_sha256"],
         num_stages=data["num_stages"],
         num_ranks=data["num_ranks"],
-        schedule=data["schedule"],
+        schedule=_schedule(data["schedule"]),
         virtual_stages=data["virtual_stages"],
         micro_batch_size=data["micro_batch_size"],
         num_microbatches=data["num_microbatches"],

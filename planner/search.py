@@ -16,8 +16,8 @@ from pathlib import Path
 from planner.cost import CostSettings, UnitCosts, build_problem, stage_memory, unit_costs
 from planner.errors import PlanInfeasibleError, ScheduleError, UsageError
 from planner.plan import BaselinePlan, Plan, Prediction, SolverInfo, StagePlan
-from planner.schedules import Schedule, check_microbatches, stage_to_rank
-from planner.simulate import SimulationResult, in_flight_per_stage, simulate
+from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank
+from planner.schedule.simulate import SimulationResult, in_flight_per_stage, simulate
 from profiles.format import Profile
 from solvers.baselines import balanced_by_params, balanced_by_time, uniform_by_count
 from solvers.dp import solve_dp
@@ -36,7 +36,8 @@ class PlanRequest:
     num_ranks: int
     """Pipeline ranks (devices): ``--stages``."""
     global_batch_size: int
-    schedule: str = "auto"
+    schedule: Schedule | None = None
+    """None: search every schedule (``auto``). A name is parsed once, here."""
     micro_batch_size: int | None = None
     """None: search every profiled size that divides the global batch."""
     recompute: str = "auto"
@@ -64,8 +65,9 @@ class PlanRequest:
             raise UsageError(f"--micro-batch-size must be >= 1, got {self.micro_batch_size}")
         if self.max_units_per_stage is not None and self.max_units_per_stage < 1:
             raise UsageError(f"--max-units-per-stage must be >= 1, got {self.max_units_per_stage}")
-        if self.schedule != "auto":
-            Schedule.parse(self.schedule)
+        if isinstance(self.schedule, str) and not isinstance(self.schedule, Schedule):
+            # The Python API's edge: a name becomes the enum once and travels as the enum.
+            object.__setattr__(self, "schedule", None if self.schedule == "auto" else Schedule.parse(self.schedule))
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ def _schedules(
     profile: Profile, request: PlanRequest, num_microbatches: int, refusals: list[str]
 ) -> list[tuple[Schedule, int]]:
     """(schedule, virtual stages) options that torch accepts for this micro-batch count."""
-    wanted = _AUTO_SCHEDULES if request.schedule == "auto" else (Schedule.parse(request.schedule),)
+    wanted = _AUTO_SCHEDULES if request.schedule is None else (request.schedule,)
     options: list[tuple[Schedule, int]] = []
     for schedule in wanted:
         multi = schedule is Schedule.INTERLEAVED_1F1B and request.num_ranks > 1
@@ -325,7 +327,7 @@ def _constraints(profile: Profile, request: PlanRequest) -> dict[str, object]:
     return {
         "num_ranks": request.num_ranks,
         "global_batch_size": request.global_batch_size,
-        "schedule": request.schedule,
+        "schedule": "auto" if request.schedule is None else request.schedule.value,
         "micro_batch_size": request.micro_batch_size if request.micro_batch_size is not None else "auto",
         "recompute": request.recompute,
         "solver": request.solver,
@@ -394,7 +396,7 @@ def make_plan(profile: Profile, request: PlanRequest, *, sha256: str, record_tim
         profile_sha256=sha256,
         num_stages=problem.num_stages,
         num_ranks=request.num_ranks,
-        schedule=best.schedule.value,
+        schedule=best.schedule,
         virtual_stages=best.virtual_stages,
         micro_batch_size=best.micro_batch_size,
         num_microbatches=best.num_microbatches,

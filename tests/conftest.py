@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from planner.plan import MemoryBreakdown, Plan, Prediction, SolverInfo, StagePlan
+from planner.schedule.orders import Schedule
 from profiles.fingerprint import model_fingerprint
 from profiles.workload import Workload
 
@@ -54,7 +55,7 @@ def make_plan(
         profile_sha256="0" * 64,
         num_stages=n,
         num_ranks=num_ranks,
-        schedule=schedule,
+        schedule=Schedule.parse(schedule),
         virtual_stages=n // num_ranks,
         micro_batch_size=micro_batch_size,
         num_microbatches=num_microbatches,

@@ -14,6 +14,7 @@ from planner.plan import (
     plan_from_dict,
     save_plan,
 )
+from planner.schedule.orders import Schedule
 
 FINGERPRINT = "cd" * 32
 
@@ -30,7 +31,7 @@ def sample_plan() -> Plan:
         profile_sha256="ef" * 32,
         num_stages=2,
         num_ranks=2,
-        schedule="1f1b",
+        schedule=Schedule.ONE_F_ONE_B,
         virtual_stages=1,
         micro_batch_size=2,
         num_microbatches=4,

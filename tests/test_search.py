@@ -4,8 +4,8 @@ import pytest
 
 from planner.cost import CostSettings
 from planner.errors import PlanInfeasibleError, UsageError
+from planner.schedule.simulate import simulate
 from planner.search import PlanRequest, make_plan
-from planner.simulate import simulate
 from synthetic import make_profile
 
 SHA = "00" * 32

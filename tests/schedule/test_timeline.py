@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from planner.errors import UsageError
-from planner.simulate import simulate
-from planner.timeline import ascii_timeline, format_seconds, render_comparison_png, render_png
+from planner.schedule.simulate import simulate
+from planner.schedule.timeline import ascii_timeline, format_seconds, render_comparison_png, render_png
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -10,8 +10,8 @@ import torch
 from conftest import make_plan
 from torch import nn
 
-from planner import verify
-from planner.verify import (
+from planner.runtime import verify
+from planner.runtime.verify import (
     NumericsReport,
     StageReport,
     VerifyReport,

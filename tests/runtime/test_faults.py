@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from planner.errors import ExecutionError
-from planner.launch import FAULT_ENV, run_ranks
+from planner.runtime.launch import FAULT_ENV, run_ranks
 
 torch.set_num_threads(1)
 

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from planner.errors import ScheduleError, UsageError
-from planner.schedules import Schedule, Step, min_microbatches, rank_orders, stage_to_rank
-from planner.simulate import ScheduleDeadlockError, in_flight_per_stage, simulate
+from planner.schedule.orders import Schedule, Step, min_microbatches, rank_orders, stage_to_rank
+from planner.schedule.simulate import ScheduleDeadlockError, in_flight_per_stage, simulate
 
 
 def _gpipe_formula(f: list[float], b: list[float], m: int) -> float:
@@ -36,14 +36,14 @@ def test_step_notation_round_trips() -> None:
 
 
 def test_looped_placement() -> None:
-    assert stage_to_rank("interleaved-1f1b", 8, 4) == (0, 1, 2, 3, 0, 1, 2, 3)
-    assert stage_to_rank("gpipe", 3, 3) == (0, 1, 2)
+    assert stage_to_rank(Schedule.INTERLEAVED_1F1B, 8, 4) == (0, 1, 2, 3, 0, 1, 2, 3)
+    assert stage_to_rank(Schedule.GPIPE, 3, 3) == (0, 1, 2)
 
 
 def test_min_microbatches() -> None:
-    assert min_microbatches("1f1b", 4, 1) == 4
-    assert min_microbatches("gpipe", 4, 1) == 1
-    assert min_microbatches("interleaved-1f1b", 4, 2) == 1
+    assert min_microbatches(Schedule.ONE_F_ONE_B, 4, 1) == 4
+    assert min_microbatches(Schedule.GPIPE, 4, 1) == 1
+    assert min_microbatches(Schedule.INTERLEAVED_1F1B, 4, 2) == 1
 
 
 def test_1f1b_order_warmup_then_alternate() -> None:
@@ -85,11 +85,11 @@ def test_gpipe_and_1f1b_uniform_formula(p: int, m: int) -> None:
 
 
 def test_in_flight_per_stage() -> None:
-    assert in_flight_per_stage("1f1b", 4, 8) == (4, 3, 2, 1)
-    assert in_flight_per_stage("1f1b", 3, 3) == (3, 2, 1)
-    assert in_flight_per_stage("gpipe", 4, 6) == (6, 6, 6, 6)
+    assert in_flight_per_stage(Schedule.ONE_F_ONE_B, 4, 8) == (4, 3, 2, 1)
+    assert in_flight_per_stage(Schedule.ONE_F_ONE_B, 3, 3) == (3, 2, 1)
+    assert in_flight_per_stage(Schedule.GPIPE, 4, 6) == (6, 6, 6, 6)
     # torch's interleaved warm-up is 2 per hop (vs 1 for 1F1B), so even with one stage per rank it holds more
-    assert in_flight_per_stage("interleaved-1f1b", 4, 8, num_ranks=4) == (7, 5, 3, 1)
+    assert in_flight_per_stage(Schedule.INTERLEAVED_1F1B, 4, 8, num_ranks=4) == (7, 5, 3, 1)
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 The model (docs/simulator.md):
 
-- each rank runs its compute actions strictly in the order of :func:`planner.schedules.rank_orders`,
+- each rank runs its compute actions strictly in the order of :func:`planner.schedule.orders.rank_orders`,
   one at a time, starting at time 0;
 - ``F(s, m)`` may start once its rank is free and ``F(s-1, m)`` has ended plus ``comm_forward_s[s-1]``;
 - ``B(s, m)`` (or ``I(s, m)`` under zero-bubble) needs ``F(s, m)`` and the input gradient of stage
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import UsageError
-from planner.schedules import (
+from planner.schedule.orders import (
     Schedule,
     Step,
     check_microbatches,
@@ -159,7 +159,7 @@ def simulate(
         forward_s: per stage, forward time of one micro-batch (``R * v`` stages for looped schedules).
         backward_s: per stage, full backward time of one micro-batch (input + weight gradients).
         num_microbatches: ``M``.
-        schedule: a :class:`Schedule` or its name.
+        schedule: a :class:`Schedule`, or its name (parsed here: this is an entry point of the API).
         num_ranks: ``R``; default ``len(forward_s)``, or half of it for interleaved-1f1b.
         comm_forward_s: per cut ``s`` (between stage ``s`` and ``s+1``), the delay of sending the
             activations; empty means 0. It delays ``F(s+1, m)`` but occupies no compute.
@@ -168,7 +168,7 @@ def simulate(
             input-gradient part is ``I = backward_s - weight_s``. Empty: ``W = 0.5 * backward_s``.
             Ignored by the other schedules, which run the full backward as one action.
         orders: optional rank orders to run instead of :func:`rank_orders` (e.g. converted from a
-            torch schedule's ``pipeline_order`` with :func:`planner.schedules.orders_from_torch`).
+            torch schedule's ``pipeline_order`` with :func:`planner.schedule.orders.orders_from_torch`).
 
     Returns:
         The :class:`SimulationResult`.
@@ -317,13 +317,12 @@ def _peak_in_flight(orders: Sequence[Sequence[Step]], num_stages: int) -> tuple[
 
 
 def in_flight_per_stage(
-    schedule: Schedule | str, num_stages: int, num_microbatches: int, num_ranks: int | None = None
+    sched: Schedule, num_stages: int, num_microbatches: int, num_ranks: int | None = None
 ) -> tuple[int, ...]:
     """Peak micro-batches of activations held per stage (for the memory model).
 
     Simulated with unit times; for 1f1b it equals ``min(P - s, M)``, for gpipe ``M``.
     """
-    sched = Schedule.parse(schedule)
     ranks = _default_ranks(sched, num_stages) if num_ranks is None else num_ranks
     result = simulate([1.0] * num_stages, [1.0] * num_stages, num_microbatches, sched, num_ranks=ranks)
     return result.peak_in_flight

@@ -3,7 +3,7 @@
 For one device holding several stages, or a CPU with fewer cores than the plan has ranks, where
 running the ranks side by side would measure contention rather than the plan. The real stage modules
 run on real tensors handed from stage to stage; actions follow each rank's order from
-:func:`planner.schedules.rank_orders`, interleaved across ranks as their dependencies allow. A
+:func:`planner.schedule.orders.rank_orders`, interleaved across ranks as their dependencies allow. A
 zero-bubble ``I`` action runs the full backward and its ``W`` is skipped (the split does not change
 the sum). The caller turns the measured per-stage times into an iteration with the simulator.
 """
@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.apply import microbatch_inputs, schedule_microbatches, split_stages, tied_parameter_groups
 from planner.errors import ExecutionError
 from planner.plan import Plan
-from planner.schedules import Step, rank_orders
+from planner.runtime.apply import microbatch_inputs, schedule_microbatches, split_stages, tied_parameter_groups
+from planner.schedule.orders import Step, rank_orders
 from profiles.workload import Workload, as_tuple
 
 __all__ = ["ReplayResult", "replay_plan", "merged_order"]

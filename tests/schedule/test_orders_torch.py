@@ -1,4 +1,4 @@
-"""planner.schedules.rank_orders must equal what torch.distributed.pipelining executes.
+"""planner.schedule.orders.rank_orders must equal what torch.distributed.pipelining executes.
 
 Three independent checks against torch 2.13:
 - single-stage schedules (GPipe, 1F1B): run torch's own ``_step_microbatches`` with a recording stage
@@ -20,7 +20,7 @@ import torch.distributed.pipelining.schedules as ts
 from torch.distributed.pipelining import PipelineStage
 
 from planner.errors import ScheduleError
-from planner.schedules import (
+from planner.schedule.orders import (
     TORCH_SCHEDULE_CLASS,
     Schedule,
     Step,
@@ -28,7 +28,7 @@ from planner.schedules import (
     orders_from_torch,
     rank_orders,
 )
-from planner.simulate import simulate
+from planner.schedule.simulate import simulate
 
 
 class _RecordingStage:

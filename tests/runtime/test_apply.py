@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import make_plan
 
-from planner.apply import apply_plan, check_fingerprint, split_stages, tied_parameter_groups
 from planner.errors import ModelMismatchError, ScheduleError
-from planner.launch import run_ranks
+from planner.runtime.apply import apply_plan, check_fingerprint, split_stages, tied_parameter_groups
+from planner.runtime.launch import run_ranks
 from profiles.models import BUILTIN_MODELS
 
 torch.set_num_threads(1)

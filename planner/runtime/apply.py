@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.errors import ModelMismatchError, PlanFormatError, ScheduleError
 from planner.plan import Plan
-from planner.schedules import TORCH_SCHEDULE_CLASS, Schedule
+from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule
 from profiles.fingerprint import model_fingerprint
 from profiles.workload import as_tuple
 
@@ -211,7 +211,7 @@ def check_fingerprint(plan: Plan, model: nn.Module) -> None:
 
 def schedule_microbatches(plan: Plan) -> int:
     """Micro-batches the torch schedule runs: 1 for ``naive``, else the plan's count."""
-    return 1 if Schedule.parse(plan.schedule) is Schedule.NAIVE else plan.num_microbatches
+    return 1 if plan.schedule is Schedule.NAIVE else plan.num_microbatches
 
 
 def microbatch_inputs(plan: Plan, example_inputs: Any) -> tuple[torch.Tensor, ...]:
@@ -353,7 +353,7 @@ def _stage_io_examples(
 
 
 def _check_placement(plan: Plan) -> Schedule:
-    sched = Schedule.parse(plan.schedule)
+    sched = plan.schedule
     expected = tuple(s % plan.num_ranks for s in range(plan.num_stages))
     actual = tuple(s.rank for s in plan.stages)
     if actual != expected:

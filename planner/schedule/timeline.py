@@ -7,7 +7,7 @@ import os
 from collections.abc import Sequence
 
 from planner.fileio import check_output_path, write_atomic
-from planner.simulate import SimulationResult, TimedAction
+from planner.schedule.simulate import SimulationResult, TimedAction
 
 __all__ = ["ascii_timeline", "render_png", "render_comparison_png", "format_seconds"]
 

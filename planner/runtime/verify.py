@@ -3,7 +3,7 @@
 Two modes. ``processes``: one process per rank (gloo on CPU, nccl on CUDA) runs the plan with
 ``torch.distributed.pipelining``; each stage's forward and backward of every micro-batch are timed
 (``PipelineStage.forward_one_chunk`` / ``backward_one_chunk``), the iteration between two barriers.
-``replay``: one process runs every stage's actions in schedule order (:mod:`planner.replay`) and the
+``replay``: one process runs every stage's actions in schedule order (:mod:`planner.runtime.replay`) and the
 simulator turns the measured stage times into an iteration. ``auto`` picks processes when there are
 as many CPU cores (or GPUs, on CUDA) as ranks.
 
@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
-from planner.apply import apply_plan, schedule_microbatches, tied_parameter_groups
 from planner.errors import UsageError
-from planner.launch import run_ranks
 from planner.plan import Plan
-from planner.replay import replay_plan
-from planner.simulate import simulate
+from planner.runtime.apply import apply_plan, schedule_microbatches, tied_parameter_groups
+from planner.runtime.launch import run_ranks
+from planner.runtime.replay import replay_plan
+from planner.schedule.simulate import simulate
 from profiles.workload import Workload, as_tuple, load_workload
 
 __all__ = [

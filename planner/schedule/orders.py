@@ -2,7 +2,7 @@
 
 The orders are rebuilt here in pure Python (no torch import) from torch 2.13's
 ``torch/distributed/pipelining/schedules.py``, so the planner and its solvers work without torch and
-stay stable across torch versions; ``tests/test_schedules_torch.py`` asserts they equal torch's own
+stay stable across torch versions; ``tests/schedule/test_orders_torch.py`` asserts they equal torch's own
 ``pipeline_order`` for many ``(ranks, virtual stages, micro-batches)``.
 
 Which torch class runs each schedule:
@@ -120,9 +120,8 @@ class Step:
         return cls(stage=int(match[1]), microbatch=int(match[3]), kind=match[2])
 
 
-def virtual_stages(schedule: Schedule | str, num_stages: int, num_ranks: int) -> int:
+def virtual_stages(sched: Schedule, num_stages: int, num_ranks: int) -> int:
     """Stages per rank ``v``; raises ScheduleError when the placement is impossible."""
-    sched = Schedule.parse(schedule)
     if num_ranks < 1 or num_stages < 1:
         raise UsageError(f"need at least 1 rank and 1 stage (ranks: {num_ranks}, stages: {num_stages})")
     if not sched.multi_stage:
@@ -140,19 +139,18 @@ def virtual_stages(schedule: Schedule | str, num_stages: int, num_ranks: int) ->
     return num_stages // num_ranks
 
 
-def stage_to_rank(schedule: Schedule | str, num_stages: int, num_ranks: int) -> tuple[int, ...]:
+def stage_to_rank(schedule: Schedule, num_stages: int, num_ranks: int) -> tuple[int, ...]:
     """The rank holding each stage: stage ``s`` on rank ``s % num_ranks`` (torch's looped placement)."""
     virtual_stages(schedule, num_stages, num_ranks)
     return tuple(s % num_ranks for s in range(num_stages))
 
 
-def min_microbatches(schedule: Schedule | str, num_ranks: int, virtual_stages: int = 1) -> int:
+def min_microbatches(sched: Schedule, num_ranks: int, virtual_stages: int = 1) -> int:
     """The fewest micro-batches torch's class for ``schedule`` accepts.
 
     ``1f1b``: torch's ``Schedule1F1B`` refuses fewer micro-batches than stages. The looped schedules
     accept any M >= 1 for which ``M % max(1, M // num_ranks) == 0`` (see :func:`check_microbatches`).
     """
-    sched = Schedule.parse(schedule)
     if sched is Schedule.ONE_F_ONE_B:
         return num_ranks * virtual_stages
     return 1
@@ -162,9 +160,8 @@ def _rounds(num_microbatches: int, num_ranks: int) -> int:
     return max(1, num_microbatches // num_ranks)
 
 
-def check_microbatches(schedule: Schedule | str, num_ranks: int, virtual_stages: int, num_microbatches: int) -> None:
+def check_microbatches(sched: Schedule, num_ranks: int, virtual_stages: int, num_microbatches: int) -> None:
     """Raise ScheduleError, saying what is required, when torch would refuse ``num_microbatches``."""
-    sched = Schedule.parse(schedule)
     m = num_microbatches
     if m < 1:
         raise ScheduleError(f"need at least 1 micro-batch (got {m})")
@@ -191,7 +188,7 @@ def rank_orders(
     """The ordered compute actions of each rank, as torch 2.13 executes them (idle slots dropped).
 
     Args:
-        schedule: a :class:`Schedule` or its name.
+        schedule: a :class:`Schedule`, or its name (parsed here: this is an entry point of the API).
         num_stages: total stages ``S`` (``R * v`` for the looped schedules).
         num_microbatches: ``M``.
         num_ranks: ``R``; defaults to ``num_stages``.

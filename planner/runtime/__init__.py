@@ -1,0 +1,3 @@
+"""The runtime on torch: apply a plan with ``torch.distributed.pipelining`` (``apply``), launch ranks
+(``launch``), replay stages in one process (``replay``) and hold the measurement against the prediction
+(``verify``). Uses the plan and the schedule packages; only the CLI, examples and benchmarks import it."""
