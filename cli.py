@@ -11,9 +11,14 @@ import json
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from planner.errors import PipeplanError, UsageError
 from planner.schedule.orders import Schedule
+
+if TYPE_CHECKING:
+    from planner.search import PlanRequest
+    from profiles.format import Profile
 
 __all__ = ["main", "build_parser"]
 
@@ -23,10 +28,13 @@ _TOP = """\
 pipeplan: profile a PyTorch model once, get an exact pipeline-parallel plan, apply it with
 torch.distributed.pipelining.
 
+  pipeplan calibrate --ranks 2 --out cpu.calibration.json  measure what the runtime adds (once per machine)
   pipeplan profile gpt2-small --out gpt2.profile.json      measure every unit on this device
   pipeplan plan gpt2.profile.json --stages 4 --global-batch 16 --out gpt2.plan.json
   pipeplan simulate gpt2.plan.json --png timeline.png      see the bubble
   pipeplan verify gpt2.plan.json --model gpt2-small        run it, compare with the prediction
+  pipeplan tune gpt2.profile.json --model gpt2-small --stages 2 --global-batch 8 --out gpt2.plan.json
+                                                           run the best candidates, keep the fastest
   pipeplan show gpt2.plan.json                             reprint a profile or plan
 
 Run `pipeplan COMMAND --help` for each command's options.
@@ -160,16 +168,42 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_plan(args: argparse.Namespace) -> int:
-    from planner.cost import default_settings
+def _calibration_settings(args: argparse.Namespace, device_kind: str) -> dict[str, object]:
+    """``--calibration auto|none|FILE`` as CostSettings fields (``auto``: the calibration shipped for the device)."""
+    from planner.calibration import load_calibration, shipped_calibration
+
+    if args.calibration == "none":
+        return {}
+    if args.calibration == "auto":
+        return {"calibration": shipped_calibration(device_kind), "calibration_label": "shipped"}
+    return {"calibration": load_calibration(args.calibration), "calibration_label": str(args.calibration)}
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from planner.calibration import save_calibration
     from planner.fileio import check_output_path
-    from planner.plan import save_plan
-    from planner.report import format_plan
-    from planner.search import PlanRequest, make_plan, profile_sha256
-    from profiles.format import load_profile
+    from planner.runtime.calibrate import calibrate
 
     check_output_path(args.out)
-    profile = load_profile(args.profile)
+    calibration = calibrate(args.ranks, device=args.device, repeats=args.repeats, timeout_s=args.timeout)
+    save_calibration(calibration, args.out)
+    c = calibration
+    print(f"calibration on {c.device_kind}/{c.backend}, {c.num_ranks} ranks x {c.threads_per_rank} threads")
+    print(f"  point-to-point: {c.p2p_latency_s * 1e6:.0f} us + bytes / {c.p2p_bytes_per_s / 1e9:.2f} GB/s")
+    for name, seconds in sorted(c.action_overhead_s.items()):
+        print(f"  overhead per action, {name:<17} {seconds * 1e3:.3f} ms")
+    for name, cost in sorted(c.optimizer.items()):
+        print(f"  {name} step: {cost.per_step_s * 1e3:.3f} ms + {cost.per_param_s * 1e9:.2f} ns per parameter")
+    print(f"  co-location factor: {c.colocation_factor:.3f} (compute with all ranks busy / alone)")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+def _plan_request(args: argparse.Namespace, profile: Profile) -> PlanRequest:
+    """The search request that ``plan`` and ``tune`` build from the same options."""
+    from planner.cost import default_settings
+    from planner.search import PlanRequest
+
     memory = (args.memory,) if args.memory else args.device_memory
     settings = default_settings(
         profile,
@@ -178,6 +212,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         link_latency_s=args.latency,
         device_memory_bytes=memory or (),
         device_speeds=args.device_speeds or (),
+        **_calibration_settings(args, profile.device.kind),
     )
     request = PlanRequest(
         num_ranks=args.stages,
@@ -191,6 +226,19 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         max_units_per_stage=args.max_units_per_stage,
         ilp_time_limit_s=args.time_limit,
     )
+    return request
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from planner.fileio import check_output_path
+    from planner.plan import save_plan
+    from planner.report import format_plan
+    from planner.search import make_plan, profile_sha256
+    from profiles.format import load_profile
+
+    check_output_path(args.out)
+    profile = load_profile(args.profile)
+    request = _plan_request(args, profile)
     plan = make_plan(profile, request, sha256=profile_sha256(args.profile), record_timing=args.record_timing)
     save_plan(plan, args.out)
     print(format_plan(plan))
@@ -198,9 +246,60 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from planner.calibration import save_calibration
+    from planner.fileio import check_output_path
+    from planner.plan import save_plan
+    from planner.report import format_plan
+    from planner.runtime.tune import format_tune_table, tune
+    from planner.search import profile_sha256
+    from profiles.format import load_profile
+
+    check_output_path(args.out)
+    calibration_out = args.calibration_out or _beside(args.out, ".calibration.json")
+    check_output_path(calibration_out)
+    if args.calibration == "none":
+        raise UsageError("tune refits a calibration: give --calibration auto (the shipped one) or a file")
+    profile = load_profile(args.profile)
+    request = _plan_request(args, profile)
+    with tqdm(total=args.candidates + 1, disable=args.no_progress, file=sys.stderr, leave=False) as bar:
+
+        def progress(text: str) -> None:
+            bar.set_description(text)
+            bar.update()
+
+        result = tune(
+            profile,
+            request,
+            args.model,
+            sha256=profile_sha256(args.profile),
+            candidates=args.candidates,
+            steps=args.steps,
+            warmup=args.warmup,
+            mode=args.mode,
+            device=args.device,
+            timeout_s=args.timeout,
+            on_progress=progress,
+        )
+    save_plan(result.best, args.out)
+    save_calibration(result.calibration, calibration_out)
+    print(format_tune_table(result))
+    print()
+    print(format_plan(result.best))
+    print(f"\nwrote {args.out} and {calibration_out}")
+    return 0
+
+
+def _beside(path: str, suffix: str) -> str:
+    """``gpt2.plan.json`` -> ``gpt2.plan.calibration.json``."""
+    return str(path).removesuffix(".json") + suffix
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from planner.schedule.simulate import simulate
-    from planner.schedule.timeline import ascii_timeline, render_comparison_png, render_png
+    from planner.schedule.timeline import ascii_timeline, render_comparison_png, render_png, time_breakdown
 
     if args.plan:
         from planner.plan import load_plan
@@ -210,6 +309,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         backward = [s.backward_s for s in plan.stages]
         m, ranks, schedule = plan.num_microbatches, plan.num_ranks, plan.schedule
         comm_f, comm_b = plan.predicted.comm_forward_s, plan.predicted.comm_backward_s
+        runtime = plan.predicted.runtime_terms()
     else:
         if not args.stages or not args.microbatches:
             raise UsageError("give a PLAN.json, or --stages and --microbatches for a what-if simulation")
@@ -224,11 +324,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             raise UsageError(f"--backward-times has {len(backward)} values for {n_stages} stages")
         m, ranks = args.microbatches, args.stages
         comm_f = comm_b = ()
-    result = simulate(forward, backward, m, schedule, num_ranks=ranks, comm_forward_s=comm_f, comm_backward_s=comm_b)
+        runtime = None
+    result = simulate(
+        forward, backward, m, schedule, num_ranks=ranks, comm_forward_s=comm_f, comm_backward_s=comm_b, runtime=runtime
+    )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
         print(ascii_timeline(result))
+        print("\nwhere the time goes (per rank, one iteration):")
+        print(time_breakdown(result))
     if args.png:
         render_png(result, args.png)
         if not args.json:
@@ -303,79 +408,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 # --- parser -----------------------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from profiles.models import BUILTIN_NAMES
-
-    fmt = argparse.RawDescriptionHelpFormatter
-    parser = _Parser(prog="pipeplan", description=_TOP, formatter_class=fmt)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-
-    p = sub.add_parser(
-        "profile",
-        help="measure a model unit by unit into a profile JSON",
-        formatter_class=fmt,
-        description=(
-            "Measure every unit (block) of MODEL on this device: forward and backward time, FLOPs (fvcore,\n"
-            "multiply-adds), output and saved-activation bytes, parameters, and the tensors flowing between\n"
-            "units, for several micro-batch sizes. The unit sum is checked against the whole model.\n\n"
-            f"MODEL is a built-in ({', '.join(BUILTIN_NAMES)}), path/to/file.py:NAME or\n"
-            "package.module:NAME, NAME being a zero-argument function returning a profiles.workload.Workload.\n\n"
-            "example:\n  pipeplan profile gpt2-small --micro-batch-sizes 1,2,4 --out gpt2.profile.json"
-        ),
-    )
-    p.add_argument("model", metavar="MODEL")
-    p.add_argument("--out", required=True, metavar="PROFILE.json", help="where to write the profile (atomically)")
-    p.add_argument(
-        "--micro-batch-sizes",
-        type=_int_list,
-        default=(1, 2, 4),
-        metavar="1,2,4",
-        help="micro-batch sizes to measure (default 1,2,4)",
-    )
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    p.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length of built-in language models")
-    p.add_argument("--repeats", type=_positive_int, default=3, help="timed repeats; the median is kept (default 3)")
-    p.add_argument("--warmup", type=_nonneg_int, default=1, help="untimed warm-up runs (default 1)")
-    p.add_argument(
-        "--units",
-        default=None,
-        metavar="FQN,FQN|DEPTH",
-        help="unit FQNs in execution order, or a module depth (default: the largest repeated block list)",
-    )
-    p.add_argument(
-        "--threads",
-        type=_positive_int,
-        default=None,
-        help="CPU intra-op threads while measuring; match what each rank will get (cores / ranks per machine)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_profile)
-
-    p = sub.add_parser(
-        "show",
-        help="print a profile or plan file as a table",
-        formatter_class=fmt,
-        description="Reprint the table of a profile or a plan file.",
-    )
-    p.add_argument("file", metavar="FILE.json")
-    p.set_defaults(func=_cmd_show)
-
-    p = sub.add_parser(
-        "plan",
-        help="solve for the best pipeline plan from a profile",
-        formatter_class=fmt,
-        description=(
-            "Find stage boundaries, micro-batch size and count, schedule and recomputation that minimise the\n"
-            "iteration time under each device's memory. An exact DP (or ILP) solves each candidate for its\n"
-            "declared objective; the schedule simulator then scores the best partitions and the best\n"
-            "simulated plan wins. Baselines (uniform, by parameters, by time) are scored the same way.\n\n"
-            "example:\n"
-            "  pipeplan plan gpt2.profile.json --stages 4 --global-batch 16 --memory 16GiB --out gpt2.plan.json"
-        ),
-    )
-    p.add_argument("profile", metavar="PROFILE.json")
-    p.add_argument("--out", required=True, metavar="PLAN.json")
+def _add_search_arguments(p: argparse.ArgumentParser) -> None:
+    """The plan search's options, shared by ``plan`` and ``tune``."""
     p.add_argument("--stages", type=_positive_int, required=True, help="pipeline ranks (devices), P")
     p.add_argument("--global-batch", type=_positive_int, required=True, help="samples per iteration, B = b x M")
     p.add_argument(
@@ -428,15 +462,152 @@ def build_parser() -> argparse.ArgumentParser:
         help="activation recomputation: chosen per stage (auto), on or off",
     )
     p.add_argument("--solver", choices=("auto", "dp", "ilp"), default="auto")
+    p.add_argument(
+        "--calibration",
+        default="auto",
+        metavar="auto|none|CALIBRATION.json",
+        help="runtime terms (overhead per action, optimizer, tied all-reduce, co-location): auto = the calibration "
+        "shipped for the profile's device (cpu: measured on gloo; cuda: estimated), none = compute and links only, "
+        "or a file from `pipeplan calibrate` / `pipeplan tune` (default auto)",
+    )
     p.add_argument("--pin", type=_pin, action="append", metavar="UNIT=STAGE", help="pin a unit to a stage (ILP)")
     p.add_argument("--max-units-per-stage", type=_positive_int, default=None, help="cap units per stage (ILP)")
     p.add_argument("--time-limit", type=_positive_float, default=60.0, help="ILP time limit in seconds (default 60)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from profiles.models import BUILTIN_NAMES
+
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(prog="pipeplan", description=_TOP, formatter_class=fmt)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser(
+        "profile",
+        help="measure a model unit by unit into a profile JSON",
+        formatter_class=fmt,
+        description=(
+            "Measure every unit (block) of MODEL on this device: forward and backward time, FLOPs (fvcore,\n"
+            "multiply-adds), output and saved-activation bytes, parameters, and the tensors flowing between\n"
+            "units, for several micro-batch sizes. The unit sum is checked against the whole model.\n\n"
+            f"MODEL is a built-in ({', '.join(BUILTIN_NAMES)}), path/to/file.py:NAME or\n"
+            "package.module:NAME, NAME being a zero-argument function returning a profiles.workload.Workload.\n\n"
+            "example:\n  pipeplan profile gpt2-small --micro-batch-sizes 1,2,4 --out gpt2.profile.json"
+        ),
+    )
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--out", required=True, metavar="PROFILE.json", help="where to write the profile (atomically)")
+    p.add_argument(
+        "--micro-batch-sizes",
+        type=_int_list,
+        default=(1, 2, 4),
+        metavar="1,2,4",
+        help="micro-batch sizes to measure (default 1,2,4)",
+    )
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length of built-in language models")
+    p.add_argument("--repeats", type=_positive_int, default=3, help="timed repeats; the median is kept (default 3)")
+    p.add_argument("--warmup", type=_nonneg_int, default=1, help="untimed warm-up runs (default 1)")
+    p.add_argument(
+        "--units",
+        default=None,
+        metavar="FQN,FQN|DEPTH",
+        help="unit FQNs in execution order, or a module depth (default: the largest repeated block list)",
+    )
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="CPU intra-op threads while measuring; match what each rank will get (cores / ranks per machine)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_profile)
+
+    p = sub.add_parser(
+        "calibrate",
+        help="measure the runtime's costs (P2P, per-action overhead, optimizer, co-location) on real ranks",
+        formatter_class=fmt,
+        description=(
+            "Run a short job on RANKS local processes (gloo on CPU, NCCL on GPUs) and measure what a real\n"
+            "iteration adds to the profiled compute: point-to-point latency and bandwidth, the overhead of\n"
+            "each action of each torch schedule, optimizer step time per parameter (Adam, SGD), and how\n"
+            "much slower compute runs when every rank is busy (co-location). Takes under a minute on CPU.\n"
+            "Give the file to `pipeplan plan --calibration`. Measure on a quiet machine.\n\n"
+            "example:\n  pipeplan calibrate --ranks 2 --out cpu.calibration.json"
+        ),
+    )
+    p.add_argument("--ranks", type=_positive_int, default=2, help="ranks to run, as in your pipeline (default 2)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--repeats", type=_positive_int, default=15, help="timed repeats of each measurement (median)")
+    p.add_argument("--timeout", type=_positive_float, default=300.0, help="seconds before every rank is stopped")
+    p.add_argument("--out", required=True, metavar="CALIBRATION.json")
+    p.set_defaults(func=_cmd_calibrate)
+
+    p = sub.add_parser(
+        "show",
+        help="print a profile or plan file as a table",
+        formatter_class=fmt,
+        description="Reprint the table of a profile or a plan file.",
+    )
+    p.add_argument("file", metavar="FILE.json")
+    p.set_defaults(func=_cmd_show)
+
+    p = sub.add_parser(
+        "plan",
+        help="solve for the best pipeline plan from a profile",
+        formatter_class=fmt,
+        description=(
+            "Find stage boundaries, micro-batch size and count, schedule and recomputation that minimise the\n"
+            "iteration time under each device's memory. An exact DP (or ILP) solves each candidate for its\n"
+            "declared objective; the schedule simulator then scores the best partitions and the best\n"
+            "simulated plan wins. Baselines (uniform, by parameters, by time) are scored the same way.\n\n"
+            "example:\n"
+            "  pipeplan plan gpt2.profile.json --stages 4 --global-batch 16 --memory 16GiB --out gpt2.plan.json"
+        ),
+    )
+    p.add_argument("profile", metavar="PROFILE.json")
+    p.add_argument("--out", required=True, metavar="PLAN.json")
+    _add_search_arguments(p)
     p.add_argument(
         "--record-timing",
         action="store_true",
         help="store the search time in the plan (otherwise null, so same inputs give the same bytes)",
     )
     p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser(
+        "tune",
+        help="run the planner's best candidates for real, refit the calibration, keep the fastest",
+        formatter_class=fmt,
+        description=(
+            "Close the loop: take the planner's K best distinct plans (schedules, micro-batch sizes,\n"
+            "boundaries, recomputation), run each on real ranks (processes when there are cores or GPUs for\n"
+            "every rank, else a one-process replay), refit the calibration from what was measured, plan again\n"
+            "with it, and write the plan that measured fastest, with its measured numbers. The refit\n"
+            "calibration is written beside it; give it to `pipeplan plan --calibration` next time.\n\n"
+            "example:\n"
+            "  pipeplan tune gpt2.profile.json --model gpt2-small --stages 2 --global-batch 8 --out gpt2.plan.json"
+        ),
+    )
+    p.add_argument("profile", metavar="PROFILE.json")
+    p.add_argument("--model", required=True, metavar="MODEL", help="the model the profile was made for")
+    p.add_argument("--out", required=True, metavar="PLAN.json")
+    p.add_argument(
+        "--calibration-out",
+        default=None,
+        metavar="CALIBRATION.json",
+        help="where the refit calibration goes (default: beside the plan, PLAN.calibration.json)",
+    )
+    p.add_argument("--candidates", type=_positive_int, default=4, help="distinct plans to run (default 4)")
+    p.add_argument("--steps", type=_positive_int, default=3, help="timed steps per candidate (default 3)")
+    p.add_argument("--warmup", type=_nonneg_int, default=1, help="untimed steps per candidate (default 1)")
+    p.add_argument("--mode", choices=("auto", "processes", "replay"), default="auto")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds per candidate before it is stopped")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_search_arguments(p)
+    p.set_defaults(func=_cmd_tune)
 
     p = sub.add_parser(
         "simulate",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from planner.calibration import Calibration
 from planner.errors import UsageError
 from planner.graph import build_graph, cut_bytes, cut_grad_bytes
 from planner.plan import MemoryBreakdown
@@ -28,6 +29,7 @@ __all__ = [
     "unit_costs",
     "build_problem",
     "stage_memory",
+    "step_tails",
 ]
 
 # One-way link per pipeline hop: (bytes/s, latency s).
@@ -85,6 +87,10 @@ class CostSettings:
     headroom_fraction: float = HEADROOM_FRACTION
     device_speeds: tuple[float, ...] = ()
     """Per rank: speed relative to the profiled device (empty = all 1)."""
+    calibration: Calibration | None = None
+    """Runtime terms (overhead per action, optimizer, tied all-reduce, co-location); None: textbook model."""
+    calibration_label: str = "none"
+    """Where ``calibration`` came from, recorded in the plan: ``none``, ``shipped`` or the file name."""
 
     def __post_init__(self) -> None:
         if self.link_bytes_per_s <= 0:
@@ -118,8 +124,13 @@ class CostSettings:
 
 
 def default_settings(profile: Profile, **overrides: object) -> CostSettings:
-    """Settings with the link defaults of the profile's device kind, then ``overrides``."""
+    """Settings with the link defaults of the profile's device kind (or the calibration's measured link),
+    then ``overrides``; a calibration of another device kind or backend is refused."""
     bandwidth, latency = DEFAULT_LINKS.get(profile.device.kind, DEFAULT_LINKS["cpu"])
+    calibration = overrides.get("calibration")
+    if isinstance(calibration, Calibration):
+        calibration.check_device(profile.device.kind)
+        bandwidth, latency = calibration.p2p_bytes_per_s, calibration.p2p_latency_s
     values: dict[str, object] = {"link_bytes_per_s": bandwidth, "link_latency_s": latency}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return CostSettings(**values)  # type: ignore[arg-type]
@@ -224,3 +235,42 @@ def stage_memory(
     transient = max(costs.transient_bytes[first : last + 1])
     parts = (params * weights, params * grads, params * optim, activations, transient)
     return MemoryBreakdown(*parts, peak=sum(parts))
+
+
+def _tie_owner(profile: Profile, unit: int) -> int:
+    """The first unit using any of ``unit``'s tied parameters: it counts them, later users keep copies."""
+    names = set(profile.units[unit].tied_params)
+    return next(i for i, u in enumerate(profile.units) if names & set(u.tied_params))
+
+
+def step_tails(
+    profile: Profile,
+    costs: UnitCosts,
+    settings: CostSettings,
+    stage_units: list[range] | list[list[int]],
+    stage_rank: tuple[int, ...],
+) -> tuple[float, ...]:
+    """Per rank, what follows its last action: tied-gradient all-reduce, then optimizer step and zero_grad.
+
+    ``optimizer_s(params of the rank)`` from the calibration (docs/cost-model.md, "Runtime terms"), plus,
+    for every tied copy whose owner sits on another rank, a ring all-reduce of the copy's gradient over
+    the two ranks. Zero for every rank without a calibration.
+    """
+    num_ranks = max(stage_rank) + 1
+    cal = settings.calibration
+    if cal is None:
+        return (0.0,) * num_ranks
+    unit_rank = {u: stage_rank[s] for s, units in enumerate(stage_units) for u in units}
+    params = [0] * num_ranks
+    for u, r in unit_rank.items():
+        params[r] += costs.param_count[u]
+    tails = [cal.optimizer_s(settings.optimizer, n) if n else 0.0 for n in params]
+    weight_bytes = bytes_per_param(profile.device.dtype, settings.optimizer)[0]
+    for u, unit in enumerate(profile.units):
+        if unit.tied_param_count and unit.tied_params:
+            here, there = unit_rank[u], unit_rank[_tie_owner(profile, u)]
+            if here != there:
+                seconds = cal.allreduce_s(unit.tied_param_count * weight_bytes, 2)
+                tails[here] += seconds
+                tails[there] += seconds
+    return tuple(tails)

@@ -19,6 +19,7 @@ __all__ = [
     "ScheduleError",
     "ModelMismatchError",
     "ExecutionError",
+    "CalibrationError",
 ]
 
 
@@ -64,3 +65,7 @@ class ModelMismatchError(PipeplanError):
 
 class ExecutionError(PipeplanError):
     """Raised when a pipelined run fails: a rank raised, hung past the timeout, or was killed."""
+
+
+class CalibrationError(PipeplanError):
+    """Raised when a calibration file is invalid, or was measured on another device kind or backend."""

@@ -18,6 +18,7 @@ from typing import Any
 from planner.errors import PipeplanError, PlanFormatError
 from planner.fileio import check_document, read_json, write_json_atomic
 from planner.schedule.orders import Schedule
+from planner.schedule.simulate import RuntimeTerms
 
 __all__ = [
     "PLAN_FORMAT",
@@ -25,6 +26,7 @@ __all__ = [
     "MemoryBreakdown",
     "StagePlan",
     "Prediction",
+    "Measurement",
     "SolverInfo",
     "BaselinePlan",
     "Plan",
@@ -83,6 +85,38 @@ class Prediction:
     """Per cut between stage k and k+1: time to send one micro-batch's activations (the simulator's input)."""
     comm_backward_s: tuple[float, ...] = ()
     """Per cut: time to send their gradients back."""
+    calibration: str = "none"
+    """Where the runtime terms below came from: ``none`` (textbook model), ``shipped``, or a calibration file."""
+    action_overhead_s: float = 0.0
+    """Runtime overhead added to every compute action (the schedule's, from the calibration)."""
+    compute_scale: float = 1.0
+    """Co-location factor applied to the profiled compute."""
+    step_tail_s: tuple[float, ...] = ()
+    """Per rank: tied-gradient all-reduce + optimizer step + zero_grad after the last action."""
+    overhead_s: tuple[float, ...] = ()
+    """Per rank: total runtime overhead of its actions in one iteration."""
+    comm_wait_s: tuple[float, ...] = ()
+    """Per rank: time waiting on the link in one iteration."""
+
+    def runtime_terms(self) -> RuntimeTerms:
+        """The runtime terms this prediction was simulated with (so ``simulate PLAN`` reproduces it)."""
+        return RuntimeTerms(self.action_overhead_s, self.step_tail_s, self.compute_scale)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What a real run of the plan measured (written by ``pipeplan tune``)."""
+
+    mode: str
+    """``processes`` or ``replay``."""
+    iteration_s: float
+    """Median over timed steps, optimizer step included."""
+    forward_s: tuple[float, ...]
+    """Per stage: median forward of one micro-batch."""
+    backward_s: tuple[float, ...]
+    steps: int
+    error_pct: float
+    """(measured - predicted) / predicted of the iteration, in percent, against this plan's prediction."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +160,7 @@ class Plan:
     constraints: dict[str, Any] = field(default_factory=dict, hash=False)
     baselines: tuple[BaselinePlan, ...] = ()
     device: dict[str, Any] = field(default_factory=dict, hash=False)
+    measured: Measurement | None = None
 
     def stages_of_rank(self, rank: int) -> tuple[StagePlan, ...]:
         return tuple(s for s in self.stages if s.rank == rank)
@@ -150,6 +185,7 @@ class Plan:
             "solver": asdict(self.solver),
             "constraints": self.constraints,
             "baselines": [asdict(b) for b in self.baselines],
+            **({"measured": asdict(self.measured)} if self.measured is not None else {}),
         }
 
 
@@ -220,11 +256,31 @@ def plan_from_dict(data: Any) -> Plan:
             busy_s=tuple(map(float, p.get("busy_s", ()))),
             comm_forward_s=tuple(map(float, p.get("comm_forward_s", ()))),
             comm_backward_s=tuple(map(float, p.get("comm_backward_s", ()))),
+            calibration=str(p.get("calibration", "none")),
+            action_overhead_s=float(p.get("action_overhead_s", 0.0)),
+            compute_scale=float(p.get("compute_scale", 1.0)),
+            step_tail_s=tuple(map(float, p.get("step_tail_s", ()))),
+            overhead_s=tuple(map(float, p.get("overhead_s", ()))),
+            comm_wait_s=tuple(map(float, p.get("comm_wait_s", ()))),
         ),
         solver=SolverInfo(**data["solver"]),
         constraints=dict(data.get("constraints", {})),
         baselines=tuple(BaselinePlan(**{**b, "split_points": tuple(b["split_points"])}) for b in data["baselines"]),
         device=dict(data.get("device", {})),
+        measured=_measurement(data.get("measured")),
+    )
+
+
+def _measurement(data: dict[str, Any] | None) -> Measurement | None:
+    if data is None:
+        return None
+    return Measurement(
+        mode=data["mode"],
+        iteration_s=float(data["iteration_s"]),
+        forward_s=tuple(map(float, data["forward_s"])),
+        backward_s=tuple(map(float, data["backward_s"])),
+        steps=int(data["steps"]),
+        error_pct=float(data["error_pct"]),
     )
 
 

@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from planner.cost import CostSettings, UnitCosts, build_problem, stage_memory, unit_costs
+from planner.cost import CostSettings, UnitCosts, build_problem, stage_memory, step_tails, unit_costs
 from planner.errors import PlanInfeasibleError, ScheduleError, UsageError
 from planner.plan import BaselinePlan, Plan, Prediction, SolverInfo, StagePlan
 from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank
-from planner.schedule.simulate import SimulationResult, in_flight_per_stage, simulate
+from planner.schedule.simulate import RuntimeTerms, SimulationResult, in_flight_per_stage, simulate
 from profiles.format import Profile
 from solvers.baselines import balanced_by_params, balanced_by_time, uniform_by_count
 from solvers.dp import solve_dp
@@ -152,8 +152,29 @@ def _comm_times(problem: PartitionProblem, solution: PartitionSolution) -> tuple
     return forward, backward
 
 
+def _runtime_terms(
+    profile: Profile,
+    costs: UnitCosts,
+    settings: CostSettings,
+    problem: PartitionProblem,
+    solution: PartitionSolution,
+    schedule: Schedule,
+    num_ranks: int,
+) -> RuntimeTerms | None:
+    """The calibration's terms for this partition (None without a calibration: the textbook model)."""
+    if settings.calibration is None:
+        return None
+    stage_rank = stage_to_rank(schedule, problem.num_stages, num_ranks)
+    tails = step_tails(profile, costs, settings, solution.stage_units(problem.num_units), stage_rank)
+    return settings.calibration.runtime_terms(schedule, tails)
+
+
 def _simulate_partition(
-    problem: PartitionProblem, solution: PartitionSolution, schedule: Schedule, num_ranks: int
+    problem: PartitionProblem,
+    solution: PartitionSolution,
+    schedule: Schedule,
+    num_ranks: int,
+    runtime: RuntimeTerms | None = None,
 ) -> SimulationResult:
     forward, backward = _stage_times(problem, solution)
     comm_forward, comm_backward = _comm_times(problem, solution)
@@ -165,6 +186,7 @@ def _simulate_partition(
         num_ranks=num_ranks,
         comm_forward_s=comm_forward,
         comm_backward_s=comm_backward,
+        runtime=runtime,
     )
 
 
@@ -222,7 +244,10 @@ def _search(profile: Profile, request: PlanRequest) -> tuple[list[Candidate], li
                 infeasible.append(f"b={b} {schedule.value} v={v}")
                 continue
             for solution in solutions:
-                simulation = _simulate_partition(problem, solution, schedule, request.num_ranks)
+                runtime = _runtime_terms(
+                    profile, costs, request.settings, problem, solution, schedule, request.num_ranks
+                )
+                simulation = _simulate_partition(problem, solution, schedule, request.num_ranks, runtime)
                 candidates.append(
                     Candidate(b, m, schedule, v, problem, solution, simulation, _peak_memory(problem, solution))
                 )
@@ -267,11 +292,13 @@ def _explain_infeasible(profile: Profile, request: PlanRequest) -> str:
     )
 
 
-def _best(candidates: list[Candidate]) -> Candidate:
-    return min(
-        enumerate(candidates),
-        key=lambda ic: (round(ic[1].simulation.iteration_s, 12), ic[1].peak_memory_bytes, ic[0]),
-    )[1]
+def _ranked(candidates: list[Candidate]) -> list[Candidate]:
+    """Fastest simulated first; ties: less peak memory, then the order candidates were found in."""
+    order = sorted(
+        range(len(candidates)),
+        key=lambda i: (round(candidates[i].simulation.iteration_s, 12), candidates[i].peak_memory_bytes, i),
+    )
+    return [candidates[i] for i in order]
 
 
 def _baseline_schedule(best: Candidate, num_ranks: int) -> Schedule:
@@ -317,7 +344,8 @@ def _baselines(profile: Profile, costs: UnitCosts, best: Candidate, request: Pla
         if objective == float("inf"):
             baselines.append(BaselinePlan(name, split_points, None, fits=False, peak_memory_bytes=peak))
             continue
-        simulation = _simulate_partition(problem, solution, schedule, p)
+        runtime = _runtime_terms(profile, costs, request.settings, problem, solution, schedule, p)
+        simulation = _simulate_partition(problem, solution, schedule, p, runtime)
         baselines.append(BaselinePlan(name, split_points, simulation.iteration_s, True, peak))
     return baselines
 
@@ -341,11 +369,36 @@ def _constraints(profile: Profile, request: PlanRequest) -> dict[str, object]:
         "pinned": [list(p) for p in request.pinned],
         "max_units_per_stage": request.max_units_per_stage,
         "top_k": request.top_k,
+        "calibration": s.calibration_label,
     }
 
 
 def make_plan(profile: Profile, request: PlanRequest, *, sha256: str, record_timing: bool = False) -> Plan:
     """Search every candidate and return the best simulated plan (raises PlanInfeasibleError)."""
+    return make_plans(profile, request, sha256=sha256, record_timing=record_timing, count=1)[0]
+
+
+def plan_key(plan: Plan) -> tuple[object, ...]:
+    """What makes two plans different runs: schedule, virtual stages, micro-batching, boundaries, recompute."""
+    return (
+        plan.schedule,
+        plan.virtual_stages,
+        plan.micro_batch_size,
+        plan.split_points,
+        tuple(s.recompute for s in plan.stages),
+    )
+
+
+def make_plans(
+    profile: Profile, request: PlanRequest, *, sha256: str, count: int, record_timing: bool = False
+) -> list[Plan]:
+    """The ``count`` best *distinct* plans (see :func:`plan_key`), fastest simulated first.
+
+    Every plan carries the same search record (solver, candidates, constraints); baselines are scored
+    against each plan's own micro-batching.
+    """
+    if count < 1:
+        raise UsageError(f"count must be >= 1, got {count}")
     if request.num_ranks > profile.num_units:
         raise UsageError(
             f"cannot cut {profile.num_units} units into {request.num_ranks} stages: use at most "
@@ -357,8 +410,28 @@ def make_plan(profile: Profile, request: PlanRequest, *, sha256: str, record_tim
         raise ScheduleError(refusals[0])
     if not candidates:
         raise PlanInfeasibleError(_explain_infeasible(profile, request))
-    best = _best(candidates)
+    ranked = _ranked(candidates)
     solve_s = time.perf_counter() - started
+    plans: list[Plan] = []
+    seen: set[tuple[object, ...]] = set()
+    for best in ranked:
+        plan = _plan_of(profile, request, best, candidates, sha256, solve_s if record_timing else None)
+        if plan_key(plan) not in seen:
+            seen.add(plan_key(plan))
+            plans.append(plan)
+        if len(plans) == count:
+            break
+    return plans
+
+
+def _plan_of(
+    profile: Profile,
+    request: PlanRequest,
+    best: Candidate,
+    candidates: list[Candidate],
+    sha256: str,
+    solve_s: float | None,
+) -> Plan:
     costs = unit_costs(profile, best.micro_batch_size)
     problem, solution, simulation = best.problem, best.solution, best.simulation
     stage_rank = stage_to_rank(best.schedule, problem.num_stages, request.num_ranks)
@@ -412,12 +485,13 @@ def make_plan(profile: Profile, request: PlanRequest, *, sha256: str, record_tim
             busy_s=tuple(simulation.busy_s),
             comm_forward_s=tuple(comm_forward),
             comm_backward_s=tuple(comm_backward),
+            **_runtime_fields(request.settings, simulation),
         ),
         solver=SolverInfo(
             name="ilp" if used_ilp else "dp",
             objective=OBJECTIVE,
             optimal=all(c.solution.optimal for c in candidates),
-            solve_s=round(solve_s, 4) if record_timing else None,
+            solve_s=round(solve_s, 4) if solve_s is not None else None,
             gap=max((c.solution.gap or 0.0) for c in candidates) if used_ilp else 0.0,
             candidates=len(candidates),
         ),
@@ -425,3 +499,18 @@ def make_plan(profile: Profile, request: PlanRequest, *, sha256: str, record_tim
         baselines=tuple(_baselines(profile, costs, best, request)),
         device={"kind": profile.device.kind, "name": profile.device.name, "dtype": profile.device.dtype},
     )
+
+
+def _runtime_fields(settings: CostSettings, simulation: SimulationResult) -> dict[str, object]:
+    """The prediction's runtime terms, so that ``simulate PLAN`` and ``verify`` reproduce it."""
+    if settings.calibration is None:
+        return {}
+    overheads = [a.overhead_s for a in simulation.actions if a.kind != "S"]
+    return {
+        "calibration": settings.calibration_label,
+        "action_overhead_s": overheads[0] if overheads else 0.0,
+        "compute_scale": settings.calibration.colocation_factor,
+        "step_tail_s": tuple(simulation.step_tail_s),
+        "overhead_s": tuple(simulation.overhead_s),
+        "comm_wait_s": tuple(simulation.comm_wait_s),
+    }

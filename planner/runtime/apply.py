@@ -297,6 +297,12 @@ class PipelineRun:
         last stage's rank uses ``target``. Returns the loss averaged over micro-batches on the last
         stage's rank, else None.
         """
+        loss = self.schedule_step(inputs, target)
+        self.sync_tied_grads()
+        return loss
+
+    def schedule_step(self, inputs: Any = None, target: torch.Tensor | None = None) -> torch.Tensor | None:
+        """:meth:`step` without the tied-gradient sync (for timing the two apart)."""
         args = as_tuple(inputs) if self.is_first else ()
         losses: list[torch.Tensor] = []
         if self.is_last:
@@ -305,7 +311,6 @@ class PipelineRun:
             self.schedule.step(*args, target=target, losses=losses)
         else:
             self.schedule.step(*args)
-        self.sync_tied_grads()
         return torch.stack([loss.detach() for loss in losses]).mean() if self.is_last else None
 
 

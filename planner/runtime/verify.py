@@ -2,7 +2,9 @@
 
 Two modes. ``processes``: one process per rank (gloo on CPU, nccl on CUDA) runs the plan with
 ``torch.distributed.pipelining``; each stage's forward and backward of every micro-batch are timed
-(``PipelineStage.forward_one_chunk`` / ``backward_one_chunk``), the iteration between two barriers.
+(``PipelineStage.forward_one_chunk`` / ``backward_one_chunk``), the waits on point-to-point transfers
+(torch's ``_wait_batch_p2p``), the step tail (tied-gradient all-reduce, ``optimizer.step()`` and
+``zero_grad`` of the plan's optimizer, as in training), and the iteration between two barriers.
 ``replay``: one process runs every stage's actions in schedule order (:mod:`planner.runtime.replay`) and the
 simulator turns the measured stage times into an iteration. ``auto`` picks processes when there are
 as many CPU cores (or GPUs, on CUDA) as ranks.
@@ -85,6 +87,24 @@ class NumericsReport:
 
 
 @dataclass(frozen=True)
+class RankTime:
+    """Where one rank's iteration went, predicted and measured (seconds, medians over steps)."""
+
+    rank: int
+    predicted_compute_s: float
+    predicted_wait_s: float
+    """Idle: the schedule's bubble plus link time."""
+    predicted_tail_s: float
+    predicted_overhead_s: float
+    measured_compute_s: float
+    measured_wait_s: float
+    """Inside torch's waits on point-to-point transfers (bubble and link alike)."""
+    measured_tail_s: float
+    measured_overhead_s: float
+    """The rest of the iteration: Python dispatch, posting transfers, the loss, barriers."""
+
+
+@dataclass(frozen=True)
 class VerifyReport:
     mode: str
     """``processes`` or ``replay``."""
@@ -104,6 +124,9 @@ class VerifyReport:
     memory_kind: str
     """``cuda`` (allocator peak), ``rss`` (process resident peak) or ``rss-process`` (replay: all stages)."""
     numerics: NumericsReport | None = None
+    optimizer: str = "adam"
+    """The optimizer stepped inside each timed iteration."""
+    ranks: tuple[RankTime, ...] = ()
 
     @property
     def iteration_error_pct(self) -> float:
@@ -125,6 +148,7 @@ class VerifyReport:
             d["error_pct"] = stage.error_pct
         data.update(iteration_error_pct=self.iteration_error_pct, worst_stage=self.worst_stage, ok=self.ok)
         data["busy_s"] = list(self.busy_s)
+        data["ranks"] = [asdict(r) for r in self.ranks]
         return data
 
 
@@ -193,6 +217,32 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
+class _WaitTimer:
+    """Times torch's waits on point-to-point work by wrapping ``schedules._wait_batch_p2p`` in this process."""
+
+    def __init__(self) -> None:
+        from torch.distributed.pipelining import schedules
+
+        self.total_s = 0.0
+        original = schedules._wait_batch_p2p
+
+        def timed(work: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return original(work)
+            finally:
+                self.total_s += time.perf_counter() - t0
+
+        schedules._wait_batch_p2p = timed  # the schedules look the function up by name at each call
+
+
+def make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The optimizer a plan was made for: ``adam`` (Adam, lr 1e-4) or ``sgd`` (SGD with momentum 0.9)."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-4, momentum=0.9)
+    return torch.optim.Adam(params, lr=1e-4)
+
+
 def _rank_main(
     rank: int, world_size: int, spec: str, plan: Plan, steps: int, warmup: int, numerics: bool, device: str
 ) -> dict[str, Any]:
@@ -211,21 +261,29 @@ def _rank_main(
         out["loss"] = None if loss is None else loss.item()
         out["grads"] = {n: p.grad.detach().cpu().clone() for n, p in run.named_parameters() if p.grad is not None}
     timers = [_StageTimer(stage, dev) for stage in run.stages]
-    iteration, busy = [], []
+    waits = _WaitTimer()
+    optimizer = make_optimizer(str(plan.constraints.get("optimizer", "adam")), run.parameters())
+    iteration, busy, wait, tail = [], [], [], []
     for i in range(warmup + steps):
-        for p in run.parameters():
-            p.grad = None
         for t in timers:
             t.records.clear()
+        waits.total_s = 0.0
         dist.barrier()
         t0 = time.perf_counter()
-        run.step(inputs, target)
+        run.schedule_step(inputs, target)
+        t1 = time.perf_counter()
+        run.sync_tied_grads()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
+        t2 = time.perf_counter()
         dist.barrier()
         if i >= warmup:
             iteration.append(time.perf_counter() - t0)
             busy.append(sum(d for t in timers for _, d in t.records))
+            wait.append(waits.total_s)
+            tail.append(t2 - t1)
             out.setdefault("records", [[] for _ in timers])
             for k, t in enumerate(timers):
                 out["records"][k].extend(t.records)
@@ -235,6 +293,8 @@ def _rank_main(
         out["peak"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
     out["iteration"] = iteration
     out["busy"] = busy
+    out["wait"] = wait
+    out["tail"] = tail
     return out
 
 
@@ -302,6 +362,7 @@ def verify_plan(
                 peak[s] = res["peak"]
         measured = max(_median(r["iteration"]) for r in results)
         busy = tuple(_median(r["busy"]) for r in results)
+        rank_times = tuple(_rank_time(plan, r, res) for r, res in enumerate(results))
         memory_kind = "cuda" if device.startswith("cuda") else "rss"
         if check_numerics:
             loss = next(r["loss"] for r in results if r["loss"] is not None)
@@ -312,8 +373,18 @@ def verify_plan(
         local = load_workload(workload) if isinstance(workload, str) else workload
         result = replay_plan(plan, local, steps=steps, warmup=warmup, device=device, keep_grads=check_numerics)
         fwd, bwd = list(result.forward_s), list(result.backward_s)
-        sim = simulate(fwd, bwd, schedule_microbatches(plan), plan.schedule, num_ranks=plan.num_ranks, **sim_kwargs)
+        # Replay measures compute alone; the runtime terms (overhead, step tail, co-location) stay the plan's.
+        sim = simulate(
+            fwd,
+            bwd,
+            schedule_microbatches(plan),
+            plan.schedule,
+            num_ranks=plan.num_ranks,
+            runtime=plan.predicted.runtime_terms() if plan.predicted.step_tail_s else None,
+            **sim_kwargs,
+        )
         measured, busy = sim.iteration_s, sim.busy_s
+        rank_times = ()
         peak = [int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024] * plan.num_stages
         memory_kind = "rss-process"
         if check_numerics:
@@ -338,6 +409,31 @@ def verify_plan(
         stages=stages,
         memory_kind=memory_kind,
         numerics=numerics,
+        optimizer=str(plan.constraints.get("optimizer", "adam")),
+        ranks=rank_times,
+    )
+
+
+def _rank_time(plan: Plan, rank: int, result: dict[str, Any]) -> RankTime:
+    pred = plan.predicted
+    compute = pred.busy_s[rank] if rank < len(pred.busy_s) else 0.0
+    overhead = pred.overhead_s[rank] if rank < len(pred.overhead_s) else 0.0
+    tail = pred.step_tail_s[rank] if rank < len(pred.step_tail_s) else 0.0
+    # Per step, the rest of the iteration once compute, waits and the step tail are taken out.
+    rest = [
+        it - b - w - t
+        for it, b, w, t in zip(result["iteration"], result["busy"], result["wait"], result["tail"], strict=True)
+    ]
+    return RankTime(
+        rank=rank,
+        predicted_compute_s=compute,
+        predicted_wait_s=max(0.0, pred.iteration_s - compute - overhead - tail),
+        predicted_tail_s=tail,
+        predicted_overhead_s=overhead,
+        measured_compute_s=_median(result["busy"]),
+        measured_wait_s=_median(result["wait"]),
+        measured_tail_s=_median(result["tail"]),
+        measured_overhead_s=max(0.0, _median(rest)),
     )
 
 
@@ -390,6 +486,20 @@ def format_report(report: VerifyReport) -> str:
         f"worst stage {report.worst_stage}"
     )
     lines.append("busy per rank: " + ", ".join(f"{b * 1e3:.3f} ms" for b in report.busy_s))
+    if report.ranks:
+        lines.append(
+            f"where the time went (ms, predicted / measured; step tail = tied all-reduce + {report.optimizer} "
+            "step + zero_grad, inside the timed iteration):"
+        )
+        lines.append(f"{'rank':>4} {'compute':>17} {'waiting':>17} {'overhead':>17} {'step tail':>17}")
+        for r in report.ranks:
+            pairs = (
+                (r.predicted_compute_s, r.measured_compute_s),
+                (r.predicted_wait_s, r.measured_wait_s),
+                (r.predicted_overhead_s, r.measured_overhead_s),
+                (r.predicted_tail_s, r.measured_tail_s),
+            )
+            lines.append(f"{r.rank:>4} " + " ".join(f"{p * 1e3:>8.2f} / {m * 1e3:<6.2f}" for p, m in pairs))
     if report.numerics is not None:
         n = report.numerics
         lines.append(

@@ -9,7 +9,11 @@ The model (docs/simulator.md):
   ``s+1``, i.e. ``B``/``I(s+1, m)`` ended plus ``comm_backward_s[s]``; the last stage needs only its own F;
 - ``W(s, m)`` needs ``I(s, m)``;
 - communication delays a dependency but occupies no rank's compute time (sends are asynchronous),
-  and torch's fused send/receive waits are not modelled.
+  and torch's fused send/receive waits are not modelled;
+- with :class:`RuntimeTerms` (measured by ``pipeplan calibrate``, docs/cost-model.md "Runtime terms"):
+  compute is scaled by the co-location factor, every action costs ``action_overhead_s`` more on its
+  rank (torch's dispatch, posting and waiting on P2P ops, the loss), and each rank ends the iteration
+  with its step tail (tied-gradient all-reduce, ``optimizer.step()`` and ``zero_grad``).
 
 Start times are therefore the longest path through a DAG (rank order edges + dependency edges), so
 the result is exact for this model and independent of event tie-breaking.
@@ -39,11 +43,31 @@ __all__ = [
     "simulate",
     "in_flight_per_stage",
     "DEFAULT_WEIGHT_FRACTION",
+    "RuntimeTerms",
 ]
 
 DEFAULT_WEIGHT_FRACTION = 0.5
 """Zero-bubble without ``weight_s``: the weight-gradient share of backward. For matmul layers the
 input gradient and the weight gradient each cost about one forward, hence half."""
+
+
+@dataclass(frozen=True)
+class RuntimeTerms:
+    """What a real runtime adds to the compute of a schedule (all zero: the textbook model)."""
+
+    action_overhead_s: float = 0.0
+    """Per compute action, on its rank: torch's Python dispatch, posting and waiting on P2P ops."""
+    step_tail_s: tuple[float, ...] = ()
+    """Per rank, after its last action: tied-gradient all-reduce, ``optimizer.step()``, ``zero_grad``."""
+    compute_scale: float = 1.0
+    """Co-location factor: compute with every rank busy on the machine / compute profiled alone."""
+
+    def __post_init__(self) -> None:
+        values = (self.action_overhead_s, *self.step_tail_s)
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            raise UsageError(f"runtime terms must be finite and >= 0, got {values}")
+        if not (math.isfinite(self.compute_scale) and self.compute_scale > 0):
+            raise UsageError(f"compute_scale must be finite and > 0, got {self.compute_scale}")
 
 
 class ScheduleDeadlockError(RuntimeError):
@@ -58,8 +82,11 @@ class TimedAction:
     stage: int
     microbatch: int
     kind: str
+    """F, B, I, W (compute) or S (the step tail: tied all-reduce and optimizer)."""
     start_s: float
     end_s: float
+    overhead_s: float = 0.0
+    """The part of ``end_s - start_s`` that is runtime overhead, not compute."""
 
     @property
     def duration_s(self) -> float:
@@ -73,6 +100,7 @@ class TimedAction:
             "kind": self.kind,
             "start_s": self.start_s,
             "end_s": self.end_s,
+            "overhead_s": self.overhead_s,
         }
 
 
@@ -89,14 +117,20 @@ class SimulationResult:
     iteration_s: float
     """End of the last action."""
     busy_s: tuple[float, ...]
-    """Per rank: total compute time."""
+    """Per rank: total compute time (scaled by the co-location factor; overhead and step tail excluded)."""
     bubble_fraction: float
-    """``1 - sum(busy_s) / (num_ranks * iteration_s)``."""
+    """``1 - sum(busy_s) / (num_ranks * iteration_s)``: everything that is not compute."""
     peak_in_flight: tuple[int, ...]
     """Per stage: most micro-batches whose forward has ended but whose backward (W under zero-bubble)
     has not, i.e. how many micro-batches of saved activations the stage holds at its peak."""
     bottleneck_stage: int
     """The stage with the largest forward + backward time per micro-batch (lowest index on ties)."""
+    overhead_s: tuple[float, ...] = ()
+    """Per rank: runtime overhead of its actions (0 without :class:`RuntimeTerms`)."""
+    step_tail_s: tuple[float, ...] = ()
+    """Per rank: tied all-reduce and optimizer after its last action."""
+    comm_wait_s: tuple[float, ...] = ()
+    """Per rank: time idle because a needed tensor was still on the link (not the schedule's bubble)."""
 
     @property
     def virtual_stages(self) -> int:
@@ -114,6 +148,9 @@ class SimulationResult:
             "bubble_fraction": self.bubble_fraction,
             "peak_in_flight": list(self.peak_in_flight),
             "bottleneck_stage": self.bottleneck_stage,
+            "overhead_s": list(self.overhead_s),
+            "step_tail_s": list(self.step_tail_s),
+            "comm_wait_s": list(self.comm_wait_s),
             "actions": [a.to_dict() for a in self.actions],
         }
 
@@ -152,6 +189,7 @@ def simulate(
     comm_backward_s: Sequence[float] = (),
     weight_s: Sequence[float] = (),
     orders: Sequence[Sequence[Step]] | None = None,
+    runtime: RuntimeTerms | None = None,
 ) -> SimulationResult:
     """Simulate one iteration of ``schedule``.
 
@@ -169,6 +207,7 @@ def simulate(
             Ignored by the other schedules, which run the full backward as one action.
         orders: optional rank orders to run instead of :func:`rank_orders` (e.g. converted from a
             torch schedule's ``pipeline_order`` with :func:`planner.schedule.orders.orders_from_torch`).
+        runtime: overhead per action, step tail per rank and co-location factor; None: all zero.
 
     Returns:
         The :class:`SimulationResult`.
@@ -211,17 +250,30 @@ def simulate(
         w_part = weight or [b * DEFAULT_WEIGHT_FRACTION for b in bwd]
     else:
         w_part = [0.0] * n
+    terms = runtime or RuntimeTerms()
+    if terms.step_tail_s and len(terms.step_tail_s) != ranks:
+        raise UsageError(f"step_tail_s has {len(terms.step_tail_s)} values for {ranks} ranks")
+    scale = terms.compute_scale
     durations = {
-        "F": fwd,
-        "B": bwd,
-        "I": [b - w for b, w in zip(bwd, w_part, strict=True)],
-        "W": w_part,
+        "F": [f * scale for f in fwd],
+        "B": [b * scale for b in bwd],
+        "I": [(b - w) * scale for b, w in zip(bwd, w_part, strict=True)],
+        "W": [w * scale for w in w_part],
     }
-    actions = _run(orders, durations, comm_f, comm_b, n)
+    actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, terms.action_overhead_s)
+    tails = terms.step_tail_s or (0.0,) * ranks
+    last_end = [max((a.end_s for a in actions if a.rank == r), default=0.0) for r in range(ranks)]
+    tail_actions = [
+        TimedAction(r, -1, -1, "S", last_end[r], last_end[r] + tails[r]) for r in range(ranks) if tails[r] > 0
+    ]
+    actions = sorted([*actions, *tail_actions], key=lambda a: (a.rank, a.start_s, a.end_s))
     iteration = max(a.end_s for a in actions)
     busy = [0.0] * ranks
+    overhead = [0.0] * ranks
     for a in actions:
-        busy[a.rank] += a.end_s - a.start_s
+        if a.kind != "S":
+            busy[a.rank] += a.end_s - a.start_s - a.overhead_s
+            overhead[a.rank] += a.overhead_s
     bubble = 1.0 - sum(busy) / (ranks * iteration)
     per_stage = [f + b for f, b in zip(fwd, bwd, strict=True)]
     return SimulationResult(
@@ -235,6 +287,9 @@ def simulate(
         bubble_fraction=bubble,
         peak_in_flight=_peak_in_flight(orders, n),
         bottleneck_stage=per_stage.index(max(per_stage)),
+        overhead_s=tuple(overhead),
+        step_tail_s=tuple(tails),
+        comm_wait_s=tuple(comm_wait),
     )
 
 
@@ -244,12 +299,14 @@ def _run(
     comm_f: list[float],
     comm_b: list[float],
     num_stages: int,
-) -> list[TimedAction]:
+    overhead_s: float = 0.0,
+) -> tuple[list[TimedAction], list[float]]:
     # Longest path over the DAG: repeatedly advance every rank whose next action has all its
     # dependencies timed. Each pass advances at least one rank unless the orders deadlock.
     end: dict[tuple[str, int, int], float] = {}
     pos = [0] * len(orders)
     free = [0.0] * len(orders)
+    comm_wait = [0.0] * len(orders)
     out: list[TimedAction] = []
     remaining = sum(len(o) for o in orders)
     while remaining:
@@ -257,13 +314,16 @@ def _run(
         for rank, order in enumerate(orders):
             while pos[rank] < len(order):
                 step = order[pos[rank]]
-                ready = _ready_time(step, end, comm_f, comm_b, num_stages)
-                if ready is None:
+                timing = _ready_time(step, end, comm_f, comm_b, num_stages)
+                if timing is None:
                     break
+                ready, comm = timing
                 start = max(free[rank], ready)
-                finish = start + durations[step.kind][step.stage]
+                # Of the wait, the part after the producer finished is the link's, not the schedule's.
+                comm_wait[rank] += min(max(0.0, start - free[rank]), comm)
+                finish = start + durations[step.kind][step.stage] + overhead_s
                 end[(step.kind, step.stage, step.microbatch)] = finish
-                out.append(TimedAction(rank, step.stage, step.microbatch, step.kind, start, finish))
+                out.append(TimedAction(rank, step.stage, step.microbatch, step.kind, start, finish, overhead_s))
                 free[rank] = finish
                 pos[rank] += 1
                 remaining -= 1
@@ -272,7 +332,7 @@ def _run(
             waiting = ", ".join(f"rank {r}: {orders[r][p]}" for r, p in enumerate(pos) if p < len(orders[r]))
             raise ScheduleDeadlockError(f"schedule deadlocks; blocked at {waiting}\n{format_orders(orders)}")
     out.sort(key=lambda a: (a.rank, a.start_s, a.end_s))
-    return out
+    return out, comm_wait
 
 
 def _ready_time(
@@ -281,22 +341,27 @@ def _ready_time(
     comm_f: list[float],
     comm_b: list[float],
     num_stages: int,
-) -> float | None:
+) -> tuple[float, float] | None:
+    """When ``step`` may start, and how much of that is link time; None while a dependency is untimed."""
     s, m = step.stage, step.microbatch
     if step.kind == "F":
         if s == 0:
-            return 0.0
+            return 0.0, 0.0
         prev = end.get(("F", s - 1, m))
-        return None if prev is None else prev + comm_f[s - 1]
+        return None if prev is None else (prev + comm_f[s - 1], comm_f[s - 1])
     if step.kind == "W":
-        return end.get(("I", s, m))
+        own_i = end.get(("I", s, m))
+        return None if own_i is None else (own_i, 0.0)
     own = end.get(("F", s, m))
     if own is None:
         return None
     if s == num_stages - 1:
-        return own
+        return own, 0.0
     grad = end.get(("B", s + 1, m), end.get(("I", s + 1, m)))
-    return None if grad is None else max(own, grad + comm_b[s])
+    if grad is None:
+        return None
+    arrival = grad + comm_b[s]
+    return (arrival, comm_b[s]) if arrival > own else (own, 0.0)
 
 
 def _peak_in_flight(orders: Sequence[Sequence[Step]], num_stages: int) -> tuple[int, ...]:

@@ -9,12 +9,21 @@ from collections.abc import Sequence
 from planner.fileio import check_output_path, write_atomic
 from planner.schedule.simulate import SimulationResult, TimedAction
 
-__all__ = ["ascii_timeline", "render_png", "render_comparison_png", "format_seconds"]
+__all__ = ["ascii_timeline", "render_png", "render_comparison_png", "format_seconds", "time_breakdown"]
 
 IDLE = "."
-_KIND_NAMES = {"F": "forward", "B": "backward", "I": "input-grad backward", "W": "weight-grad backward"}
+_KIND_NAMES = {
+    "F": "forward",
+    "B": "backward",
+    "I": "input-grad backward",
+    "W": "weight-grad backward",
+    "S": "step tail (tied all-reduce + optimizer)",
+}
+_KIND_ORDER = "FBIWS"
 # Forward blue, backward orange, weight-grad green: distinguishable for the common colour blindnesses.
-_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#DD8452", "W": "#55A868"}
+# The step tail is purple and runtime overhead dark grey: neither is the model's compute.
+_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#DD8452", "W": "#55A868", "S": "#8172B3"}
+_OVERHEAD_COLOUR = "#555555"
 
 
 def format_seconds(seconds: float) -> str:
@@ -34,6 +43,19 @@ def _summary(result: SimulationResult) -> str:
     )
 
 
+def time_breakdown(result: SimulationResult) -> str:
+    """Where each rank's iteration goes: compute, runtime overhead, link wait, step tail, bubble."""
+    lines = [f"{'rank':>4} {'compute':>10} {'overhead':>10} {'link wait':>10} {'step tail':>10} {'idle':>10}"]
+    for r in range(result.num_ranks):
+        overhead = result.overhead_s[r] if result.overhead_s else 0.0
+        wait = result.comm_wait_s[r] if result.comm_wait_s else 0.0
+        tail = result.step_tail_s[r] if result.step_tail_s else 0.0
+        idle = result.iteration_s - result.busy_s[r] - overhead - tail - wait
+        cells = (result.busy_s[r], overhead, wait, tail, max(0.0, idle))
+        lines.append(f"{r:>4} " + " ".join(f"{format_seconds(c):>10}" for c in cells))
+    return "\n".join(lines)
+
+
 def ascii_timeline(result: SimulationResult, width: int = 100) -> str:
     """One row per rank, ``width`` cells across the iteration.
 
@@ -49,13 +71,13 @@ def ascii_timeline(result: SimulationResult, width: int = 100) -> str:
         cells = [IDLE] * width
         for action in (a for a in result.actions if a.rank == rank):
             first, last = _cell_span(action, cell_s, width)
-            label = f"{action.kind}{action.microbatch}"
+            label = action.kind if action.kind == "S" else f"{action.kind}{action.microbatch}"
             span = last - first
             text = label if span >= len(label) else action.kind
             text = text + action.kind * (span - len(text))
             cells[first:last] = list(text[:span])
         rows.append(f"rank {rank:>2} |{''.join(cells)}|")
-    kinds = sorted({a.kind for a in result.actions}, key="FBIW".index)
+    kinds = sorted({a.kind for a in result.actions}, key=_KIND_ORDER.index)
     legend = ", ".join(f"{k} = {_KIND_NAMES[k]}" for k in kinds)
     footer = f"{legend}, digits = micro-batch, {IDLE} = idle; 1 cell = {format_seconds(cell_s)}"
     return "\n".join([_summary(result), *rows, footer])
@@ -85,8 +107,12 @@ def _draw(ax: object, result: SimulationResult) -> None:
             edgecolor="black",
             linewidth=0.6,
         )
+        if a.overhead_s > 0:  # the runtime's share of the action, drawn at its end
+            ax.barh(  # type: ignore[attr-defined]
+                a.rank, a.overhead_s, left=a.end_s - a.overhead_s, height=0.8, color=_OVERHEAD_COLOUR, linewidth=0
+            )
         # Label only where the digits fit inside the box (roughly 1.2 % of the axis per character).
-        label = str(a.microbatch)
+        label = "opt" if a.kind == "S" else str(a.microbatch)
         if a.duration_s / total >= 0.012 * len(label) + 0.004:
             ax.text(  # type: ignore[attr-defined]
                 a.start_s + a.duration_s / 2, a.rank, label, ha="center", va="center", fontsize=8, color="white"
@@ -109,7 +135,11 @@ def _legend(ax: object, results: Sequence[SimulationResult]) -> None:
         entries.append(("B", "backward" if "I" not in kinds else "backward (B) / input-grad (I)"))
     if "W" in kinds:
         entries.append(("W", "weight-grad (W)"))
+    if "S" in kinds:
+        entries.append(("S", "step tail: tied all-reduce + optimizer"))
     handles = [Patch(facecolor=_COLOURS[k], edgecolor="black", label=text) for k, text in entries]
+    if any(a.overhead_s > 0 for r in results for a in r.actions):
+        handles.append(Patch(facecolor=_OVERHEAD_COLOUR, edgecolor="black", label="runtime overhead"))
     if any(r.virtual_stages > 1 for r in results):
         handles.append(Patch(facecolor=_COLOURS["F"], alpha=0.55, edgecolor="black", label="lighter: later chunk"))
     handles.append(Patch(facecolor="#f2f2f2", edgecolor="black", label="idle"))

@@ -9,7 +9,7 @@ import pytest
 
 from planner.errors import ScheduleError, UsageError
 from planner.schedule.orders import Schedule, Step, min_microbatches, rank_orders, stage_to_rank
-from planner.schedule.simulate import ScheduleDeadlockError, in_flight_per_stage, simulate
+from planner.schedule.simulate import RuntimeTerms, ScheduleDeadlockError, in_flight_per_stage, simulate
 
 
 def _gpipe_formula(f: list[float], b: list[float], m: int) -> float:
@@ -220,7 +220,57 @@ def test_to_dict_is_json_ready() -> None:
     assert d["iteration_s"] == 6.0
     assert d["peak_in_flight"] == [2, 1]
     assert len(d["actions"]) == 8
-    assert d["actions"][0] == {"rank": 0, "stage": 0, "microbatch": 0, "kind": "F", "start_s": 0.0, "end_s": 1.0}
+    assert d["actions"][0] == {
+        "rank": 0,
+        "stage": 0,
+        "microbatch": 0,
+        "kind": "F",
+        "start_s": 0.0,
+        "end_s": 1.0,
+        "overhead_s": 0.0,
+    }
+    assert d["overhead_s"] == [0.0, 0.0] and d["step_tail_s"] == [0.0, 0.0] and d["comm_wait_s"] == [0.0, 0.0]
+
+
+def test_runtime_overhead_lengthens_every_action() -> None:
+    # GPipe, P = 2, M = 2, F = B = 1, overhead 0.5 per action: each action takes 1.5, so the
+    # iteration is (M + P - 1) * 1.5 * 2 = 9 instead of 6, and each rank carries 4 * 0.5 of overhead.
+    r = simulate([1, 1], [1, 1], 2, "gpipe", runtime=RuntimeTerms(action_overhead_s=0.5))
+    assert r.iteration_s == 9.0
+    assert r.overhead_s == (2.0, 2.0)
+    assert r.busy_s == (4.0, 4.0)
+
+
+def test_step_tail_ends_each_rank() -> None:
+    # 1F1B, P = 2, M = 2: rank 0 ends at 6, rank 1 at 5; tails 0.5 and 2 give 6.5 and 7.
+    r = simulate([1, 1], [1, 1], 2, "1f1b", runtime=RuntimeTerms(step_tail_s=(0.5, 2.0)))
+    assert r.iteration_s == 7.0
+    tails = [a for a in r.actions if a.kind == "S"]
+    assert [(a.rank, a.start_s, a.end_s) for a in tails] == [(0, 6.0, 6.5), (1, 5.0, 7.0)]
+
+
+def test_compute_scale_scales_compute_only() -> None:
+    r = simulate([1, 1], [1, 1], 2, "gpipe", comm_forward_s=[1.0], runtime=RuntimeTerms(compute_scale=2.0))
+    # Every action 2 s, the one link 1 s: F(1,0) starts at 3, the iteration is (2 + 1) * 2 * 2 + 1 = 13.
+    assert r.iteration_s == 13.0
+    assert r.busy_s == (8.0, 8.0)
+
+
+def test_comm_wait_counts_link_time_only() -> None:
+    # GPipe, P = 2, M = 1, link 0.25 each way: rank 1 waits 1 for F(0,0), of which 0.25 is the link;
+    # rank 0 waits for the gradient: B(1,0) ends at 1.25 + 2 = 3.25, + 0.25 link.
+    r = simulate([1, 1], [1, 1], 1, "gpipe", comm_forward_s=[0.25], comm_backward_s=[0.25])
+    assert r.comm_wait_s == (0.25, 0.25)
+    assert r.iteration_s == 4.5
+
+
+def test_runtime_terms_refuse_negative_values() -> None:
+    with pytest.raises(UsageError, match="finite and >= 0"):
+        RuntimeTerms(action_overhead_s=-1.0)
+    with pytest.raises(UsageError, match="compute_scale"):
+        RuntimeTerms(compute_scale=0.0)
+    with pytest.raises(UsageError, match="step_tail_s has 1 values for 2 ranks"):
+        simulate([1, 1], [1, 1], 2, "gpipe", runtime=RuntimeTerms(step_tail_s=(1.0,)))
 
 
 def test_orders_override_runs_given_order() -> None:

@@ -1,0 +1,203 @@
+"""The runtime calibration (format ``pipeplan.calibration``, version 1): what the runtime adds to compute.
+
+A profile measures compute unit by unit; a real iteration also pays torch's per-action overhead,
+point-to-point transfers on the real backend, the tied-gradient all-reduce, the optimizer step, and
+the slowdown of ranks that share a machine. ``pipeplan calibrate`` measures these constants
+(:mod:`planner.runtime.calibrate`), ``pipeplan tune`` refits them from real runs, and the planner
+turns them into :class:`~planner.schedule.simulate.RuntimeTerms` for each candidate. Every formula is
+in docs/cost-model.md ("Runtime terms"); the format is in docs/calibration-format.md.
+
+Pure Python: no torch import.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from planner.errors import CalibrationError
+from planner.fileio import check_document, read_json, write_json_atomic
+from planner.schedule.orders import Schedule
+from planner.schedule.simulate import RuntimeTerms
+
+__all__ = [
+    "CALIBRATION_FORMAT",
+    "CALIBRATION_VERSION",
+    "OptimizerCost",
+    "Calibration",
+    "load_calibration",
+    "save_calibration",
+    "calibration_from_dict",
+    "shipped_calibration",
+    "BACKEND_OF_DEVICE",
+]
+
+CALIBRATION_FORMAT = "pipeplan.calibration"
+CALIBRATION_VERSION = 1
+BACKEND_OF_DEVICE = {"cpu": "gloo", "cuda": "nccl"}
+
+
+@dataclass(frozen=True)
+class OptimizerCost:
+    """``optimizer.step()`` plus ``zero_grad()`` on one rank: ``per_step_s + per_param_s * parameters``."""
+
+    per_param_s: float
+    per_step_s: float
+
+    def seconds(self, num_params: int) -> float:
+        return self.per_step_s + self.per_param_s * num_params
+
+
+@dataclass(frozen=True)
+class Calibration:
+    device_kind: str
+    """``cpu`` or ``cuda``: a calibration is refused for a plan on another kind of device."""
+    backend: str
+    """``gloo`` or ``nccl``."""
+    num_ranks: int
+    """Ranks it was measured with (the co-location factor depends on it)."""
+    threads_per_rank: int
+    """CPU: torch intra-op threads of each rank (profile with ``--threads`` equal to this)."""
+    p2p_latency_s: float
+    """One-way latency of one point-to-point message (the intercept of the fitted line)."""
+    p2p_bytes_per_s: float
+    """One-way bandwidth (the inverse slope)."""
+    action_overhead_s: dict[str, float]
+    """Per schedule name: what each compute action costs beyond its compute."""
+    optimizer: dict[str, OptimizerCost]
+    """Per optimizer name (``adam``, ``sgd``)."""
+    colocation_factor: float
+    """Compute time with every rank busy / compute time of one rank alone (>= about 1)."""
+    source: str = "measured"
+    """``measured`` (``pipeplan calibrate``), ``refit`` (``pipeplan tune``) or ``estimate`` (first principles)."""
+    notes: dict[str, Any] = field(default_factory=dict, hash=False)
+    """Where and how it was measured (host, date, torch version, load) and the raw samples."""
+
+    def __post_init__(self) -> None:
+        numbers = [self.p2p_latency_s, *self.action_overhead_s.values()]
+        numbers += [v for o in self.optimizer.values() for v in (o.per_param_s, o.per_step_s)]
+        if not all(isinstance(v, int | float) and math.isfinite(v) and v >= 0 for v in numbers):
+            raise CalibrationError(f"invalid calibration: times must be finite and >= 0, got {numbers}")
+        positive = (self.p2p_bytes_per_s, self.colocation_factor)
+        if not all(math.isfinite(v) and v > 0 for v in positive):
+            raise CalibrationError(
+                f"invalid calibration: bandwidth and co-location factor must be positive, got {positive}"
+            )
+        if self.num_ranks < 1 or self.threads_per_rank < 1:
+            raise CalibrationError("invalid calibration: num_ranks and threads_per_rank must be >= 1")
+
+    def check_device(self, device_kind: str) -> None:
+        """Refuse a calibration made on another kind of device or backend than the plan's."""
+        backend = BACKEND_OF_DEVICE.get(device_kind)
+        if self.device_kind != device_kind or self.backend != backend:
+            raise CalibrationError(
+                f"the calibration was measured on {self.device_kind}/{self.backend} but the profile is for "
+                f"{device_kind}/{backend}: run `pipeplan calibrate --device {device_kind}` on that machine"
+            )
+
+    def overhead_for(self, schedule: Schedule) -> float:
+        """Per-action overhead of ``schedule``; an unmeasured schedule takes the largest measured value."""
+        if schedule.value in self.action_overhead_s:
+            return self.action_overhead_s[schedule.value]
+        return max(self.action_overhead_s.values(), default=0.0)
+
+    def transfer_s(self, num_bytes: int) -> float:
+        """One point-to-point message of ``num_bytes`` (alpha-beta)."""
+        return 0.0 if num_bytes <= 0 else self.p2p_latency_s + num_bytes / self.p2p_bytes_per_s
+
+    def allreduce_s(self, num_bytes: int, num_ranks: int) -> float:
+        """Ring all-reduce of ``num_bytes`` over ``num_ranks``: ``2 (k-1)`` steps of ``bytes / k`` each."""
+        if num_ranks <= 1 or num_bytes <= 0:
+            return 0.0
+        steps = 2 * (num_ranks - 1)
+        return steps * (self.p2p_latency_s + num_bytes / num_ranks / self.p2p_bytes_per_s)
+
+    def optimizer_s(self, optimizer: str, num_params: int) -> float:
+        cost = self.optimizer.get(optimizer)
+        if cost is None:
+            raise CalibrationError(
+                f"the calibration has no optimizer {optimizer!r} (has: {', '.join(sorted(self.optimizer))})"
+            )
+        return cost.seconds(num_params)
+
+    def runtime_terms(self, schedule: Schedule, step_tail_s: tuple[float, ...]) -> RuntimeTerms:
+        return RuntimeTerms(
+            action_overhead_s=self.overhead_for(schedule),
+            step_tail_s=step_tail_s,
+            compute_scale=self.colocation_factor,
+        )
+
+    def with_changes(self, **changes: Any) -> Calibration:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": CALIBRATION_FORMAT,
+            "version": CALIBRATION_VERSION,
+            "device_kind": self.device_kind,
+            "backend": self.backend,
+            "num_ranks": self.num_ranks,
+            "threads_per_rank": self.threads_per_rank,
+            "p2p_latency_s": self.p2p_latency_s,
+            "p2p_bytes_per_s": self.p2p_bytes_per_s,
+            "action_overhead_s": dict(sorted(self.action_overhead_s.items())),
+            "optimizer": {k: asdict(v) for k, v in sorted(self.optimizer.items())},
+            "colocation_factor": self.colocation_factor,
+            "source": self.source,
+            "notes": self.notes,
+        }
+
+
+@cache
+def _schema() -> dict[str, Any]:
+    return json.loads(resources.files("planner").joinpath("calibration.schema.json").read_text())
+
+
+def calibration_from_dict(data: Any) -> Calibration:
+    """Validate ``data`` (parsed JSON) and build a :class:`Calibration`; raise :class:`CalibrationError`."""
+    check_document(
+        data, _schema(), error=CalibrationError, kind="calibration", fmt=CALIBRATION_FORMAT, version=CALIBRATION_VERSION
+    )
+    return Calibration(
+        device_kind=data["device_kind"],
+        backend=data["backend"],
+        num_ranks=data["num_ranks"],
+        threads_per_rank=data["threads_per_rank"],
+        p2p_latency_s=float(data["p2p_latency_s"]),
+        p2p_bytes_per_s=float(data["p2p_bytes_per_s"]),
+        action_overhead_s={k: float(v) for k, v in data["action_overhead_s"].items()},
+        optimizer={
+            k: OptimizerCost(float(v["per_param_s"]), float(v["per_step_s"])) for k, v in data["optimizer"].items()
+        },
+        colocation_factor=float(data["colocation_factor"]),
+        source=data.get("source", "measured"),
+        notes=dict(data.get("notes", {})),
+    )
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """Read and validate a calibration file; every failure is a one-line :class:`CalibrationError`."""
+    data = read_json(path, CalibrationError, "calibration")
+    try:
+        return calibration_from_dict(data)
+    except CalibrationError as exc:
+        raise CalibrationError(f"{path}: {exc}") from None
+
+
+def save_calibration(calibration: Calibration, path: str | Path) -> None:
+    write_json_atomic(path, calibration.to_dict())
+
+
+def shipped_calibration(device_kind: str) -> Calibration:
+    """The calibration that ships with pipeplan for ``device_kind`` (docs/calibration-format.md says how
+    each was obtained: cpu/gloo measured on the development machine, cuda/nccl estimated)."""
+    name = {"cpu": "cpu-gloo.json", "cuda": "cuda-nccl.json"}.get(device_kind)
+    if name is None:
+        raise CalibrationError(f"no shipped calibration for device {device_kind!r}: run `pipeplan calibrate`")
+    text = resources.files("planner").joinpath("calibrations", name).read_text()
+    return calibration_from_dict(json.loads(text))

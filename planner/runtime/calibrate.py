@@ -1,0 +1,345 @@
+"""``pipeplan calibrate``: measure what the runtime adds to compute, on the real backend.
+
+One short run on ``P`` ranks (gloo on CPU, NCCL on GPUs), each rank with the threads it gets in a real
+run (``cores // P`` on a CPU machine):
+
+1. **Point-to-point**: ping-pong between ranks 0 and 1 at 4 KiB .. 4 MiB; one-way time = round trip / 2,
+   then the alpha-beta line ``t = latency + bytes / bandwidth`` fitted by least squares.
+2. **Co-location**: a fixed matmul-and-activation workload timed on rank 0 alone, then on every rank at
+   once; the factor is the ratio of the two medians.
+3. **Optimizer**: ``optimizer.step()`` + ``zero_grad()`` of Adam and SGD on two parameter sets, every rank
+   at once (as in training), fitted to ``per_step + per_param * parameters``.
+4. **Per-action overhead** of each schedule: torch's own schedule runs stages of one tiny ``Linear`` at
+   several micro-batch counts. Their compute is measured by the profiler's harness (what a profile
+   would say); the overhead is the value per action for which the simulator, given that compute and the
+   fitted links, reproduces the measured iteration (bisection), median over the micro-batch counts.
+
+Everything it measured is kept in the calibration's ``notes.samples``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner.calibration import BACKEND_OF_DEVICE, Calibration, OptimizerCost
+from planner.errors import UsageError
+from planner.runtime.launch import run_ranks
+from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule, stage_to_rank
+from planner.schedule.simulate import RuntimeTerms, simulate
+
+__all__ = ["calibrate", "fit_line", "fit_overhead", "CALIBRATED_SCHEDULES"]
+
+CALIBRATED_SCHEDULES: tuple[tuple[Schedule, int], ...] = (
+    (Schedule.GPIPE, 1),
+    (Schedule.ONE_F_ONE_B, 1),
+    (Schedule.INTERLEAVED_1F1B, 2),
+    (Schedule.ZERO_BUBBLE, 1),
+)
+"""(schedule, virtual stages) measured for their per-action overhead."""
+
+_P2P_SIZES = (4 << 10, 64 << 10, 512 << 10, 4 << 20)
+_WIDTH = 64  # features of the tiny stages: compute far below the overhead being measured
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares ``y = intercept + slope * x``; returns ``(intercept, slope)``, both clamped at >= 0."""
+    n = len(xs)
+    mean_x, mean_y = sum(xs) / n, sum(ys) / n
+    var = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var if var > 0 else 0.0
+    slope = max(slope, 0.0)
+    return max(mean_y - slope * mean_x, 0.0), slope
+
+
+def fit_overhead(measured_s: float, simulate_with: Callable[[float], float], *, upper_s: float | None = None) -> float:
+    """The per-action overhead ``o >= 0`` with ``simulate_with(o) == measured_s`` (bisection; monotone in o).
+
+    Returns 0 when even ``o = 0`` over-predicts: the runtime then adds nothing measurable.
+    """
+    low, high = 0.0, upper_s if upper_s is not None else measured_s
+    if simulate_with(low) >= measured_s:
+        return 0.0
+    while simulate_with(high) < measured_s:
+        high *= 2
+    for _ in range(60):
+        mid = (low + high) / 2
+        if simulate_with(mid) < measured_s:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def _median_time(fn: Callable[[], Any], repeats: int, sync: Callable[[], None]) -> float:
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _p2p(rank: int, dev: torch.device, sync: Callable[[], None], repeats: int) -> list[tuple[int, float]]:
+    import torch.distributed as dist
+
+    samples = []
+    for size in _P2P_SIZES:
+        buf = torch.zeros(size // 4, dtype=torch.float32, device=dev)
+        times = []
+        for i in range(repeats + 2):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            elif rank == 1:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            sync()
+            if i >= 2:
+                times.append((time.perf_counter() - t0) / 2)
+        samples.append((size, statistics.median(times)))
+    return samples
+
+
+def _work(dev: torch.device) -> Callable[[], None]:
+    # Matmuls and an activation: both the arithmetic and the memory traffic that co-located ranks share.
+    layer = nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 512)).to(dev)
+    x = torch.randn(32, 512, device=dev)
+
+    def run() -> None:
+        layer(x).sum().backward()
+
+    return run
+
+
+def _colocation(rank: int, dev: torch.device, sync: Callable[[], None], repeats: int) -> tuple[float, float]:
+    import torch.distributed as dist
+
+    work = _work(dev)
+    for _ in range(3):
+        work()
+    dist.barrier()
+    alone = _median_time(work, repeats, sync) if rank == 0 else 0.0
+    dist.barrier()
+    together = _median_time(work, repeats, sync)
+    dist.barrier()
+    return alone, together
+
+
+def _optimizer(dev: torch.device, sync: Callable[[], None], repeats: int) -> dict[str, list[tuple[int, float]]]:
+    import torch.distributed as dist
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for name in ("adam", "sgd"):
+        points = []
+        for numel in (1 << 18, 1 << 21):
+            params = [nn.Parameter(torch.randn(numel // 8, device=dev)) for _ in range(8)]
+            for p in params:
+                p.grad = torch.randn_like(p)
+            opt = (
+                torch.optim.Adam(params, lr=1e-4) if name == "adam" else torch.optim.SGD(params, lr=1e-4, momentum=0.9)
+            )
+            opt.step()  # state allocation happens once, not every step
+
+            def step(opt: torch.optim.Optimizer = opt, params: list[nn.Parameter] = params) -> None:
+                opt.step()
+                for p in params:  # zero_grad(set_to_none=True) would free what the next step needs
+                    p.grad.zero_()  # type: ignore[union-attr]
+
+            dist.barrier()
+            points.append((numel, _median_time(step, repeats, sync)))
+        out[name] = points
+    return out
+
+
+class _Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(_WIDTH, _WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+def _tiny_compute(dev: torch.device) -> tuple[float, float]:
+    """Forward and backward of one tiny stage, by the profiler's own harness (what a profile would say)."""
+    from profiles.dataflow import Piece
+    from profiles.measure import measure_piece
+
+    x = torch.randn(1, _WIDTH, device=dev)
+    piece = Piece("tiny", _Tiny().to(dev), (x,), (True,))
+    m = measure_piece(piece, device=dev, repeats=21, warmup=5)
+    return m.forward_s, m.backward_s
+
+
+def _schedule_runs(
+    rank: int, world: int, dev: torch.device, steps: int, microbatch_counts: tuple[int, ...]
+) -> dict[str, list[tuple[int, float]]]:
+    import torch.distributed as dist
+    from torch.distributed import pipelining
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for schedule, v in CALIBRATED_SCHEDULES:
+        num_stages = world * v
+        placement = stage_to_rank(schedule, num_stages, world)
+        mine = [s for s in range(num_stages) if placement[s] == rank]
+        points = []
+        for m in microbatch_counts:
+            torch.manual_seed(0)
+            modules = [_Tiny().to(dev) for _ in range(num_stages)]
+            example = torch.randn(1, _WIDTH, device=dev)
+            stages = [
+                pipelining.PipelineStage(
+                    modules[s],
+                    s,
+                    num_stages,
+                    dev,
+                    input_args=(example.clone().requires_grad_(s > 0),),
+                    output_args=(example.clone().requires_grad_(True),),
+                )
+                for s in mine
+            ]
+            cls = getattr(pipelining, TORCH_SCHEDULE_CLASS[schedule])
+            loss_fn = nn.MSELoss()
+            sched = cls(stages if schedule.multi_stage else stages[0], n_microbatches=m, loss_fn=loss_fn)
+            batch = torch.randn(m, _WIDTH, device=dev)
+            target = torch.randn(m, _WIDTH, device=dev)
+            first, last = 0 in mine, num_stages - 1 in mine
+            times = []
+            for i in range(steps + 2):
+                dist.barrier()
+                t0 = time.perf_counter()
+                if last:
+                    sched.step(*((batch,) if first else ()), target=target, losses=[])
+                else:
+                    sched.step(*((batch,) if first else ()))
+                dist.barrier()
+                if i >= 2:
+                    times.append(time.perf_counter() - t0)
+            points.append((m, statistics.median(times)))
+        out[schedule.value] = points
+    return out
+
+
+def _rank_main(rank: int, world: int, device: str, repeats: int, steps: int) -> dict[str, Any]:
+    dev = torch.device(f"cuda:{rank}") if device == "cuda" else torch.device("cpu")
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    counts = (world, 2 * world, 4 * world)
+    result: dict[str, Any] = {"p2p": _p2p(rank, dev, sync, repeats)}
+    result["colocation"] = _colocation(rank, dev, sync, repeats)
+    result["optimizer"] = _optimizer(dev, sync, repeats)
+    result["compute"] = _tiny_compute(dev)
+    result["schedules"] = _schedule_runs(rank, world, dev, steps, counts)
+    result["threads"] = torch.get_num_threads()
+    return result
+
+
+def _overheads(
+    forward_s: float, backward_s: float, transfer_s: float, runs: dict[str, list[tuple[int, float]]], world: int
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    overheads, per_count = {}, {}
+    for schedule, v in CALIBRATED_SCHEDULES:
+        n = world * v
+        fitted = []
+        for m, measured in runs[schedule.value]:
+
+            def iteration(o: float, m: int = m, n: int = n, schedule: Schedule = schedule) -> float:
+                return simulate(
+                    [forward_s] * n,
+                    [backward_s] * n,
+                    m,
+                    schedule,
+                    num_ranks=world,
+                    comm_forward_s=[transfer_s] * (n - 1),
+                    comm_backward_s=[transfer_s] * (n - 1),
+                    runtime=RuntimeTerms(action_overhead_s=o),
+                ).iteration_s
+
+            fitted.append(fit_overhead(measured, iteration))
+        overheads[schedule.value] = statistics.median(fitted)
+        per_count[schedule.value] = fitted
+    return overheads, per_count
+
+
+def calibrate(
+    num_ranks: int = 2, *, device: str = "cpu", repeats: int = 15, steps: int = 7, timeout_s: float = 300.0
+) -> Calibration:
+    """Measure the runtime constants on ``num_ranks`` local ranks; see the module docstring.
+
+    Raises:
+        UsageError: fewer than 2 ranks, or CUDA asked for without enough GPUs.
+        ExecutionError: a rank failed or hung.
+    """
+    if num_ranks < 2:
+        raise UsageError(f"calibrate needs at least 2 ranks to measure point-to-point links (got {num_ranks})")
+    if device not in BACKEND_OF_DEVICE:
+        raise UsageError(f"unknown device {device!r}: use cpu or cuda")
+    if device == "cuda" and torch.cuda.device_count() < num_ranks:
+        raise UsageError(f"--ranks {num_ranks} needs {num_ranks} GPUs, this machine has {torch.cuda.device_count()}")
+    backend = BACKEND_OF_DEVICE[device]
+    load_before = os.getloadavg()[0]
+    results = run_ranks(_rank_main, (device, repeats, steps), num_ranks, timeout_s=timeout_s, backend=backend)
+    head = results[0]
+    sizes, times = zip(*head["p2p"], strict=True)
+    latency, per_byte = fit_line([float(s) for s in sizes], list(times))
+    bandwidth = 1.0 / per_byte if per_byte > 0 else 1e12
+    alone = head["colocation"][0]
+    together = statistics.median(r["colocation"][1] for r in results)
+    optimizer = {}
+    for name in ("adam", "sgd"):
+        # Every rank stepped at once; the slowest rank is what the iteration waits for.
+        points = [
+            (n, max(r["optimizer"][name][i][1] for r in results)) for i, (n, _) in enumerate(head["optimizer"][name])
+        ]
+        per_step, per_param = fit_line([float(n) for n, _ in points], [t for _, t in points])
+        optimizer[name] = OptimizerCost(per_param_s=per_param, per_step_s=per_step)
+    forward_s, backward_s = head["compute"]
+    transfer = latency + _WIDTH * 4 / bandwidth
+    runs = {
+        name: [(m, max(r["schedules"][name][i][1] for r in results)) for i, (m, _) in enumerate(pts)]
+        for name, pts in head["schedules"].items()
+    }
+    overheads, per_count = _overheads(forward_s, backward_s, transfer, runs, num_ranks)
+    return Calibration(
+        device_kind=device,
+        backend=backend,
+        num_ranks=num_ranks,
+        threads_per_rank=int(head["threads"]),
+        p2p_latency_s=latency,
+        p2p_bytes_per_s=bandwidth,
+        action_overhead_s=overheads,
+        optimizer=optimizer,
+        colocation_factor=max(together / alone, 1e-3) if alone > 0 else 1.0,
+        source="measured",
+        notes={
+            "measured_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "host": platform.node(),
+            "cpu_count": os.cpu_count(),
+            "torch": torch.__version__,
+            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "samples": {
+                "p2p_one_way_s": [[s, t] for s, t in head["p2p"]],
+                "colocation_s": {"alone": alone, "together": together},
+                "optimizer_step_s": {k: [[n, t] for n, t in v] for k, v in head["optimizer"].items()},
+                "tiny_stage_s": {"forward": forward_s, "backward": backward_s},
+                "schedule_iteration_s": {k: [[m, t] for m, t in v] for k, v in runs.items()},
+                "overhead_per_microbatch_count_s": per_count,
+            },
+        },
+    )

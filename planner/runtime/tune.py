@@ -1,0 +1,226 @@
+"""``pipeplan tune``: close the loop. Run the planner's best candidates for real, learn, keep the fastest.
+
+1. The planner's ``K`` best *distinct* plans (schedule, virtual stages, micro-batching, boundaries,
+   recomputation) under the current calibration.
+2. Each runs for real (:func:`planner.runtime.verify.verify_plan`: processes when there are cores or GPUs
+   for every rank, otherwise the one-process replay).
+3. The calibration is refit from what was measured (processes mode; replay measures compute only):
+   - co-location factor: median over candidates and ranks of measured compute / profiled compute;
+   - per-action overhead of each measured schedule: the value for which the simulator, with the refit
+     factor, reproduces the measured iteration (bisection, as ``calibrate`` does), median over that
+     schedule's candidates; unmeasured schedules scale by the median change of the measured ones;
+   - optimizer: scaled by the median measured / predicted step tail.
+4. The search runs again with the refit calibration; its best plan is measured too if it is new.
+5. The plan that *measured* fastest is written with its ``measured`` block and the refit prediction,
+   and the refit calibration beside it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from planner.calibration import Calibration, OptimizerCost
+from planner.cost import CostSettings
+from planner.errors import UsageError
+from planner.plan import Measurement, Plan
+from planner.runtime.calibrate import fit_overhead
+from planner.runtime.verify import VerifyReport, verify_plan
+from planner.schedule.simulate import RuntimeTerms, simulate
+from planner.search import PlanRequest, make_plans, plan_key
+from profiles.format import Profile
+
+__all__ = ["TunedCandidate", "TuneResult", "tune", "refit_calibration", "format_tune_table"]
+
+
+@dataclass(frozen=True)
+class TunedCandidate:
+    plan: Plan
+    """As first planned (prediction under the starting calibration)."""
+    report: VerifyReport
+    refit_predicted_s: float | None = None
+    """The same plan's prediction under the refit calibration (None when the refit search did not list it)."""
+
+    @property
+    def measured_s(self) -> float:
+        return self.report.measured_iteration_s
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    best: Plan
+    """The fastest measured plan, with its refit prediction and ``measured`` block."""
+    calibration: Calibration
+    """The refit calibration."""
+    candidates: tuple[TunedCandidate, ...]
+
+
+def _label(plan: Plan) -> str:
+    v = f" v={plan.virtual_stages}" if plan.virtual_stages > 1 else ""
+    recompute = "".join("r" if s.recompute else "-" for s in plan.stages)
+    return f"{plan.schedule.value}{v}, b={plan.micro_batch_size} x {plan.num_microbatches}, recompute {recompute}"
+
+
+def _simulate_with(plan: Plan, compute_scale: float, overhead_s: float, tail_factor: float) -> float:
+    """The plan's iteration under other runtime terms (stage times in a plan are the profiled, unscaled ones)."""
+    pred = plan.predicted
+    return simulate(
+        [s.forward_s for s in plan.stages],
+        [s.backward_s for s in plan.stages],
+        plan.num_microbatches,
+        plan.schedule,
+        num_ranks=plan.num_ranks,
+        comm_forward_s=pred.comm_forward_s,
+        comm_backward_s=pred.comm_backward_s,
+        runtime=RuntimeTerms(overhead_s, tuple(t * tail_factor for t in pred.step_tail_s), compute_scale),
+    ).iteration_s
+
+
+def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyReport]]) -> Calibration:
+    """Refit ``calibration`` from measured runs (module docstring, step 3); replay runs change nothing."""
+    measured = [(p, r) for p, r in runs if r.mode == "processes" and r.ranks]
+    if not measured:
+        return calibration
+    scales = []
+    for plan, report in measured:
+        for rank in report.ranks:
+            profiled = rank.predicted_compute_s / (plan.predicted.compute_scale or 1.0)
+            if profiled > 0:
+                scales.append(rank.measured_compute_s / profiled)
+    scale = statistics.median(scales) if scales else calibration.colocation_factor
+    tails = [r.measured_tail_s / r.predicted_tail_s for _, rep in measured for r in rep.ranks if r.predicted_tail_s > 0]
+    tail_factor = statistics.median(tails) if tails else 1.0
+    by_schedule: dict[str, list[float]] = {}
+    for plan, report in measured:
+        overhead = fit_overhead(report.measured_iteration_s, lambda o, p=plan: _simulate_with(p, scale, o, tail_factor))
+        by_schedule.setdefault(plan.schedule.value, []).append(overhead)
+    overheads = dict(calibration.action_overhead_s)
+    changes = []
+    for name, values in by_schedule.items():
+        new = statistics.median(values)
+        if overheads.get(name, 0.0) > 0:
+            changes.append(new / overheads[name])
+        overheads[name] = new
+    if changes:
+        factor = statistics.median(changes)
+        for name in overheads:
+            if name not in by_schedule:
+                overheads[name] *= factor
+    optimizer = {
+        k: OptimizerCost(v.per_param_s * tail_factor, v.per_step_s * tail_factor)
+        for k, v in calibration.optimizer.items()
+    }
+    notes = dict(calibration.notes)
+    notes["refit"] = {
+        "runs": len(measured),
+        "colocation_factor_was": calibration.colocation_factor,
+        "action_overhead_s_was": dict(calibration.action_overhead_s),
+        "optimizer_factor": tail_factor,
+    }
+    return replace(
+        calibration,
+        colocation_factor=scale,
+        action_overhead_s=overheads,
+        optimizer=optimizer,
+        source="refit",
+        notes=notes,
+    )
+
+
+def tune(
+    profile: Profile,
+    request: PlanRequest,
+    model: str,
+    *,
+    sha256: str,
+    candidates: int = 4,
+    steps: int = 3,
+    warmup: int = 1,
+    mode: str = "auto",
+    device: str = "cpu",
+    timeout_s: float = 600.0,
+    on_progress: Callable[[str], None] | None = None,
+) -> TuneResult:
+    """Measure the ``candidates`` best distinct plans, refit the calibration, re-plan, keep the fastest measured.
+
+    ``request.settings.calibration`` is the starting point (the shipped one when None is given by the CLI).
+
+    Raises:
+        UsageError: ``candidates < 1`` or no calibration to start from.
+        ExecutionError / ModelMismatchError: a run failed or the model is not the profile's.
+    """
+    if candidates < 1:
+        raise UsageError(f"--candidates must be >= 1, got {candidates}")
+    start = request.settings.calibration
+    if start is None:
+        raise UsageError("tune needs a calibration to start from (--calibration auto or a file)")
+    progress = on_progress or (lambda _text: None)
+    plans = make_plans(profile, request, sha256=sha256, count=candidates)
+    runs: list[tuple[Plan, VerifyReport]] = []
+
+    def measure(plan: Plan) -> VerifyReport:
+        progress(f"running {_label(plan)}")
+        report = verify_plan(plan, model, steps=steps, warmup=warmup, mode=mode, device=device, timeout_s=timeout_s)
+        runs.append((plan, report))
+        return report
+
+    for plan in plans:
+        measure(plan)
+    refit = refit_calibration(start, runs)
+    refit_settings = replace(request.settings, calibration=refit, calibration_label="refit by tune")
+    replanned = make_plans(profile, _with_settings(request, refit_settings), sha256=sha256, count=len(plans) + 1)
+    by_key = {plan_key(p): p for p in replanned}
+    if plan_key(replanned[0]) not in {plan_key(p) for p, _ in runs}:
+        progress("the refit model prefers a new plan: measuring it")
+        measure(replanned[0])
+    fastest_plan, fastest = min(runs, key=lambda pr: pr[1].measured_iteration_s)
+    best = by_key.get(plan_key(fastest_plan), fastest_plan)
+    error = (fastest.measured_iteration_s - best.predicted.iteration_s) / best.predicted.iteration_s * 100.0
+    best = replace(
+        best,
+        measured=Measurement(
+            mode=fastest.mode,
+            iteration_s=fastest.measured_iteration_s,
+            forward_s=tuple(s.measured_forward_s for s in fastest.stages),
+            backward_s=tuple(s.measured_backward_s for s in fastest.stages),
+            steps=fastest.steps,
+            error_pct=error,
+        ),
+    )
+    tuned = tuple(
+        TunedCandidate(
+            plan,
+            report,
+            by_key[plan_key(plan)].predicted.iteration_s if plan_key(plan) in by_key else None,
+        )
+        for plan, report in runs
+    )
+    return TuneResult(best=best, calibration=refit, candidates=tuned)
+
+
+def _with_settings(request: PlanRequest, settings: CostSettings) -> PlanRequest:
+    return replace(request, settings=settings)
+
+
+def format_tune_table(result: TuneResult) -> str:
+    """Candidates with predicted (before and after the refit), measured, and the two errors."""
+    rows = [f"{'#':>2}  {'candidate':<52} {'predicted':>10} {'refit':>10} {'measured':>10} {'err':>7} {'err refit':>9}"]
+    best_key = plan_key(result.best)
+    for i, c in enumerate(result.candidates):
+        before = c.plan.predicted.iteration_s
+        after = c.refit_predicted_s
+        err = (c.measured_s - before) / before * 100
+        err_after = f"{(c.measured_s - after) / after * 100:+8.1f}%" if after else f"{'-':>9}"
+        mark = "  <- fastest measured" if plan_key(c.plan) == best_key else ""
+        rows.append(
+            f"{i:>2}  {_label(c.plan):<52} {before * 1e3:>8.2f}ms "
+            f"{(f'{after * 1e3:8.2f}ms' if after else '-'):>10} {c.measured_s * 1e3:>8.2f}ms {err:>+6.1f}% "
+            f"{err_after}{mark}"
+        )
+    cal = result.calibration
+    rows.append(
+        f"refit calibration: co-location {cal.colocation_factor:.3f}, overhead per action "
+        + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in sorted(cal.action_overhead_s.items()))
+    )
+    return "\n".join(rows)
