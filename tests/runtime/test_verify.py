@@ -60,6 +60,14 @@ def test_processes_mode_gpt2_1f1b_with_numerics() -> None:
     _assert_measured(report, plan)
     assert report.numerics is not None and report.numerics.ok
     assert report.numerics.max_grad_abs_diff < 1e-6
+    # Where the time went: the optimizer step is inside the timed iteration, on every rank, and the
+    # parts measured apart never add up to more than the iteration they were measured in.
+    assert report.optimizer == "adam" and [r.rank for r in report.ranks] == [0, 1]
+    for r in report.ranks:
+        assert r.measured_tail_s > 0 and r.measured_wait_s >= 0 and r.measured_overhead_s >= 0
+        assert r.measured_compute_s == report.busy_s[r.rank]
+        assert r.measured_compute_s + r.measured_wait_s + r.measured_tail_s <= report.measured_iteration_s * 1.001
+    assert "step tail = tied all-reduce + adam step" in format_report(report)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,144 @@
+"""Calibration fits (exact, synthetic), the refit of tune, and calibrate / tune end to end on gloo."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from test_calibration import calibration
+
+from cli import main
+from planner.calibration import shipped_calibration
+from planner.cost import default_settings
+from planner.runtime.calibrate import CALIBRATED_SCHEDULES, calibrate, fit_line, fit_overhead
+from planner.runtime.tune import format_tune_table, refit_calibration, tune
+from planner.runtime.verify import RankTime, VerifyReport
+from planner.schedule.simulate import RuntimeTerms, simulate
+from planner.search import PlanRequest, make_plans, plan_key
+from profiles.format import load_profile, save_profile
+from synthetic import make_profile
+
+
+def test_fit_line_recovers_an_exact_line() -> None:
+    xs = [4096.0, 65536.0, 1 << 20]
+    intercept, slope = fit_line(xs, [1e-4 + x / 1e9 for x in xs])
+    assert intercept == pytest.approx(1e-4) and 1 / slope == pytest.approx(1e9)
+
+
+def test_fit_overhead_inverts_the_simulator() -> None:
+    def iteration(o: float) -> float:
+        return simulate([1, 1], [2, 2], 4, "1f1b", runtime=RuntimeTerms(action_overhead_s=o)).iteration_s
+
+    assert fit_overhead(iteration(0.125), iteration) == pytest.approx(0.125, rel=1e-9)
+    assert fit_overhead(iteration(0.0) * 0.9, iteration) == 0.0  # faster than compute alone: nothing to add
+
+
+def _report(plan, measured_s: float, compute_scale: float, tail_s: float) -> VerifyReport:
+    ranks = tuple(
+        RankTime(
+            rank=r,
+            predicted_compute_s=plan.predicted.busy_s[r],
+            predicted_wait_s=0.0,
+            predicted_tail_s=plan.predicted.step_tail_s[r],
+            predicted_overhead_s=plan.predicted.overhead_s[r],
+            measured_compute_s=plan.predicted.busy_s[r] / plan.predicted.compute_scale * compute_scale,
+            measured_wait_s=0.0,
+            measured_tail_s=tail_s,
+            measured_overhead_s=0.0,
+        )
+        for r in range(plan.num_ranks)
+    )
+    return VerifyReport(
+        mode="processes",
+        schedule=plan.schedule.value,
+        num_ranks=plan.num_ranks,
+        num_microbatches=plan.num_microbatches,
+        steps=3,
+        warmup=1,
+        tolerance=0.15,
+        predicted_iteration_s=plan.predicted.iteration_s,
+        measured_iteration_s=measured_s,
+        busy_s=(),
+        stages=(),
+        memory_kind="rss",
+        ranks=ranks,
+    )
+
+
+def test_refit_recovers_the_runtime_that_produced_the_measurements() -> None:
+    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
+    start = calibration()
+    request = PlanRequest(num_ranks=2, global_batch_size=4, settings=default_settings(profile, calibration=start))
+    plans = make_plans(profile, request, sha256="0" * 64, count=3)
+    true_overhead, true_scale = 4e-3, 1.25
+    true_tail = 2 * plans[0].predicted.step_tail_s[0]
+    runs = []
+    for plan in plans:
+        truth = simulate(
+            [s.forward_s for s in plan.stages],
+            [s.backward_s for s in plan.stages],
+            plan.num_microbatches,
+            plan.schedule,
+            num_ranks=plan.num_ranks,
+            comm_forward_s=plan.predicted.comm_forward_s,
+            comm_backward_s=plan.predicted.comm_backward_s,
+            runtime=RuntimeTerms(true_overhead, (true_tail,) * plan.num_ranks, true_scale),
+        ).iteration_s
+        runs.append((plan, _report(plan, truth, true_scale, true_tail)))
+    refit = refit_calibration(start, runs)
+    assert refit.colocation_factor == pytest.approx(true_scale)
+    for plan in plans:
+        assert refit.action_overhead_s[plan.schedule.value] == pytest.approx(true_overhead, rel=1e-6)
+    assert refit.optimizer["adam"].per_param_s == pytest.approx(2 * start.optimizer["adam"].per_param_s)
+    assert refit.source == "refit"
+
+
+def test_refit_from_replay_changes_nothing() -> None:
+    profile = make_profile([0.01] * 4)
+    start = calibration()
+    request = PlanRequest(num_ranks=2, global_batch_size=2, settings=default_settings(profile, calibration=start))
+    plan = make_plans(profile, request, sha256="0" * 64, count=1)[0]
+    report = replace(_report(plan, 1.0, 1.0, 0.0), mode="replay", ranks=())
+    assert refit_calibration(start, [(plan, report)]) is start
+
+
+def test_calibrate_on_two_gloo_ranks() -> None:
+    cal = calibrate(2, repeats=3, steps=2, timeout_s=120)
+    assert (cal.device_kind, cal.backend, cal.num_ranks, cal.source) == ("cpu", "gloo", 2, "measured")
+    assert set(cal.action_overhead_s) == {s.value for s, _ in CALIBRATED_SCHEDULES}
+    assert all(v >= 0 for v in cal.action_overhead_s.values())
+    assert cal.p2p_bytes_per_s > 0 and cal.colocation_factor > 0
+    samples = cal.notes["samples"]
+    assert [s for s, _ in samples["p2p_one_way_s"]] == [4096, 65536, 524288, 4194304]
+    assert all(t > 0 for _, t in samples["p2p_one_way_s"])
+    assert set(cal.optimizer) == {"adam", "sgd"}
+
+
+def test_tune_keeps_the_fastest_measured_plan(tmp_path) -> None:
+    profile_path = tmp_path / "tiny.profile.json"
+    args = ["profile", "gpt2-tiny", "--micro-batch-sizes", "2,4", "--repeats", "1", "--no-progress"]
+    assert main([*args, "--out", str(profile_path)]) == 0
+    profile = load_profile(profile_path)
+    settings = default_settings(profile, calibration=shipped_calibration("cpu"), calibration_label="shipped")
+    request = PlanRequest(num_ranks=2, global_batch_size=8, settings=settings)
+    result = tune(profile, request, "gpt2-tiny", sha256="0" * 64, candidates=2, steps=1, warmup=1)
+    measured = [c.measured_s for c in result.candidates]
+    assert len({plan_key(c.plan) for c in result.candidates}) == len(measured) >= 2
+    assert result.best.measured is not None
+    assert result.best.measured.iteration_s == min(measured)
+    fastest = min(result.candidates, key=lambda c: c.measured_s)
+    assert plan_key(result.best) == plan_key(fastest.plan)
+    assert result.best.measured.error_pct == pytest.approx(
+        (min(measured) - result.best.predicted.iteration_s) / result.best.predicted.iteration_s * 100
+    )
+    assert "<- fastest measured" in format_tune_table(result)
+
+
+def test_tune_refuses_to_start_without_a_calibration(tmp_path, capsys) -> None:
+    profile = tmp_path / "p.json"
+    save_profile(make_profile([0.01] * 4), profile)
+    code = main(["tune", str(profile), "--model", "mlp", "--stages", "2", "--global-batch", "4", "--calibration",
+                 "none", "--out", str(tmp_path / "plan.json")])  # fmt: skip
+    assert code == 2
+    assert "tune refits a calibration" in capsys.readouterr().err
+    assert not (tmp_path / "plan.json").exists()

@@ -1,0 +1,146 @@
+"""The calibration format and the runtime terms it gives the planner: exact numbers, no torch."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from planner.calibration import (
+    Calibration,
+    OptimizerCost,
+    calibration_from_dict,
+    load_calibration,
+    save_calibration,
+    shipped_calibration,
+)
+from planner.cost import CostSettings, default_settings, step_tails, unit_costs
+from planner.errors import CalibrationError
+from planner.schedule.orders import Schedule
+from planner.search import PlanRequest, make_plan, make_plans, plan_key
+from synthetic import make_profile
+
+
+def calibration(**changes: object) -> Calibration:
+    base = Calibration(
+        device_kind="cpu",
+        backend="gloo",
+        num_ranks=2,
+        threads_per_rank=1,
+        p2p_latency_s=1e-4,
+        p2p_bytes_per_s=1e9,
+        action_overhead_s={"gpipe": 1e-3, "1f1b": 1e-3, "interleaved-1f1b": 1e-3},
+        optimizer={"adam": OptimizerCost(per_param_s=1e-8, per_step_s=1e-3), "sgd": OptimizerCost(5e-9, 0.0)},
+        colocation_factor=1.0,
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_round_trip(tmp_path) -> None:
+    cal = calibration(notes={"host": "here"})
+    save_calibration(cal, tmp_path / "c.json")
+    assert load_calibration(tmp_path / "c.json") == cal
+
+
+def test_shipped_calibrations_load() -> None:
+    cpu, cuda = shipped_calibration("cpu"), shipped_calibration("cuda")
+    assert (cpu.device_kind, cpu.backend, cpu.source) == ("cpu", "gloo", "measured")
+    assert (cuda.device_kind, cuda.backend, cuda.source) == ("cuda", "nccl", "estimate")
+    assert set(cpu.action_overhead_s) >= {"gpipe", "1f1b", "interleaved-1f1b"}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"format": "pipeplan.plan"}, "not a pipeplan calibration"),
+        ({"version": 2}, "unsupported calibration version 2"),
+        ({"p2p_bytes_per_s": 0}, r"\$\.p2p_bytes_per_s"),
+        ({"action_overhead_s": {"pipedream": 1.0}}, r"\$\.action_overhead_s"),
+        ({"device_kind": "tpu"}, r"\$\.device_kind"),
+    ],
+)
+def test_invalid_documents_are_refused(change: dict, message: str) -> None:
+    data = {**calibration().to_dict(), **change}
+    with pytest.raises(CalibrationError, match=message):
+        calibration_from_dict(json.loads(json.dumps(data)))
+
+
+def test_other_device_kind_is_refused() -> None:
+    profile = make_profile([1.0, 1.0])
+    with pytest.raises(CalibrationError, match="measured on cuda/nccl but the profile is for cpu/gloo"):
+        default_settings(profile, calibration=calibration(device_kind="cuda", backend="nccl"))
+
+
+def test_calibration_sets_the_links() -> None:
+    settings = default_settings(make_profile([1.0, 1.0]), calibration=calibration(p2p_bytes_per_s=2e9))
+    assert (settings.link_bytes_per_s, settings.link_latency_s) == (2e9, 1e-4)
+
+
+def test_ring_allreduce_and_transfer() -> None:
+    cal = calibration()
+    # 2 ranks: 2 (k - 1) = 2 steps of (latency + 1 MB / 2 / 1 GB/s).
+    assert cal.allreduce_s(1_000_000, 2) == pytest.approx(2 * (1e-4 + 5e-4))
+    assert cal.allreduce_s(1_000_000, 1) == 0.0
+    assert cal.transfer_s(1_000_000) == pytest.approx(1e-4 + 1e-3)
+    assert cal.overhead_for(Schedule.ZERO_BUBBLE) == 1e-3  # unmeasured: the largest measured value
+
+
+def test_step_tails_count_optimizer_per_rank() -> None:
+    profile = make_profile([1.0] * 4, param_counts=[100, 200, 300, 400])
+    settings = CostSettings(calibration=calibration())
+    tails = step_tails(profile, unit_costs(profile, 1), settings, [[0, 1], [2, 3]], (0, 1))
+    assert tails == pytest.approx((1e-3 + 300 * 1e-8, 1e-3 + 700 * 1e-8))
+    assert step_tails(profile, unit_costs(profile, 1), CostSettings(), [[0, 1], [2, 3]], (0, 1)) == (0.0, 0.0)
+
+
+def test_step_tails_add_the_tied_allreduce_across_ranks() -> None:
+    profile = make_profile([1.0] * 3, param_counts=[1000, 10, 0])
+    units = list(profile.units)
+    units[0] = replace(units[0], tied_params=("emb.weight",))
+    units[2] = replace(units[2], tied_params=("emb.weight",), tied_param_count=1000)
+    profile = replace(profile, units=tuple(units))
+    settings = CostSettings(calibration=calibration(optimizer={"adam": OptimizerCost(0.0, 0.0)}))
+    costs = unit_costs(profile, 1)
+    allreduce = calibration().allreduce_s(4000, 2)  # float32 copy of 1,000 parameters
+    assert step_tails(profile, costs, settings, [[0, 1], [2]], (0, 1)) == pytest.approx((allreduce, allreduce))
+    # Both users on one rank: the copies are summed locally, nothing crosses a link.
+    assert step_tails(profile, costs, settings, [[0, 1, 2]], (0,)) == (0.0,)
+
+
+def test_calibrated_plan_records_its_runtime_terms() -> None:
+    profile = make_profile([0.01] * 4, param_counts=[1000] * 4)
+    settings = default_settings(profile, calibration=calibration(colocation_factor=1.5), calibration_label="test")
+    request = PlanRequest(num_ranks=2, global_batch_size=2, schedule="gpipe", recompute="off", settings=settings)
+    plan = make_plan(profile, request, sha256="0" * 64)
+    pred = plan.predicted
+    assert (pred.calibration, pred.action_overhead_s, pred.compute_scale) == ("test", 1e-3, 1.5)
+    assert pred.step_tail_s == pytest.approx((1e-3 + 2000 * 1e-8,) * 2)
+    # GPipe, 2 ranks, 2 micro-batches, every stage F = 0.02 * 1.5, B = 0.04 * 1.5, plus 1 ms per action,
+    # plus links of latency + 1 KiB / 1 GB/s, plus the step tail: the textbook (M + P - 1) (F + B) stretched.
+    link = 1e-4 + 1024 / 1e9
+    f, b = 0.03 + 1e-3, 0.06 + 1e-3
+    assert pred.iteration_s == pytest.approx(3 * (f + b) + 2 * link + pred.step_tail_s[0])
+    assert pred.overhead_s == pytest.approx((4e-3, 4e-3))
+
+
+def test_overhead_per_action_steers_the_choice_away_from_many_actions() -> None:
+    # Four equal units on two ranks: interleaving wins the textbook model (smaller bubble), but with a
+    # large overhead per action its twice as many actions lose to one stage per rank.
+    profile = make_profile([0.01] * 4, sizes=(1, 2))
+    textbook = PlanRequest(num_ranks=2, global_batch_size=8, recompute="off")
+    assert make_plan(profile, textbook, sha256="0" * 64).schedule is Schedule.INTERLEAVED_1F1B
+    heavy = calibration(action_overhead_s={"gpipe": 0.05, "1f1b": 0.05, "interleaved-1f1b": 0.05})
+    request = replace(textbook, settings=CostSettings(calibration=heavy))
+    chosen = make_plan(profile, request, sha256="0" * 64)
+    assert chosen.virtual_stages == 1 and chosen.micro_batch_size == 2
+
+
+def test_make_plans_are_distinct_and_ranked() -> None:
+    profile = make_profile([0.01, 0.02, 0.03, 0.01], sizes=(1, 2))
+    plans = make_plans(profile, PlanRequest(num_ranks=2, global_batch_size=4), sha256="0" * 64, count=4)
+    assert len(plans) == 4
+    assert len({plan_key(p) for p in plans}) == 4
+    times = [p.predicted.iteration_s for p in plans]
+    assert times == sorted(times)
+    assert plan_key(plans[0]) == plan_key(make_plan(profile, PlanRequest(2, 4), sha256="0" * 64))
