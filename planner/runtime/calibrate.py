@@ -14,7 +14,9 @@ run (``cores // P`` on a CPU machine):
    would say); the overhead is the value per action for which the simulator, given that compute and the
    fitted links, reproduces the measured iteration (bisection), median over the micro-batch counts.
 
-Everything it measured is kept in the calibration's ``notes.samples``.
+Everything it measured is kept in the calibration's ``notes.samples``. With one rank (one GPU) there is no
+link to measure and nobody to share the machine with: the point-to-point constants are then the shipped
+calibration's for that device (said so in ``notes``) and the co-location factor is 1.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.calibration import BACKEND_OF_DEVICE, Calibration, OptimizerCost
+from planner.calibration import BACKEND_OF_DEVICE, Calibration, OptimizerCost, shipped_calibration
 from planner.errors import UsageError
 from planner.runtime.launch import run_ranks
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule, stage_to_rank
@@ -93,7 +95,9 @@ def _median_time(fn: Callable[[], Any], repeats: int, sync: Callable[[], None]) 
 def _p2p(rank: int, dev: torch.device, sync: Callable[[], None], repeats: int) -> list[tuple[int, float]]:
     import torch.distributed as dist
 
-    samples = []
+    samples: list[tuple[int, float]] = []
+    if dist.get_world_size() < 2:
+        return samples
     for size in _P2P_SIZES:
         buf = torch.zeros(size // 4, dtype=torch.float32, device=dev)
         times = []
@@ -240,7 +244,7 @@ def _rank_main(rank: int, world: int, device: str, repeats: int, steps: int) -> 
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
-    counts = (world, 2 * world, 4 * world)
+    counts = (max(world, 2), 2 * world, 4 * world)
     result: dict[str, Any] = {"p2p": _p2p(rank, dev, sync, repeats)}
     result["colocation"] = _colocation(rank, dev, sync, repeats)
     result["optimizer"] = _optimizer(dev, sync, repeats)
@@ -248,6 +252,21 @@ def _rank_main(rank: int, world: int, device: str, repeats: int, steps: int) -> 
     result["schedules"] = _schedule_runs(rank, world, dev, steps, counts)
     result["threads"] = torch.get_num_threads()
     return result
+
+
+def _link(samples: list[tuple[int, float]], device: str) -> tuple[float, float, str]:
+    """``(latency, bandwidth, how)``: the alpha-beta fit, or the shipped values when one rank measured no link.
+
+    The slope comes from the two largest messages and the intercept from the smallest, so that the noise
+    of small messages (tens of microseconds on a loaded machine) cannot tilt the bandwidth.
+    """
+    if len(samples) < 2:
+        shipped = shipped_calibration(device)
+        return shipped.p2p_latency_s, shipped.p2p_bytes_per_s, f"not measured (one rank): shipped {shipped.source}"
+    (small, t_small), *_, (mid, t_mid), (large, t_large) = samples
+    per_byte = max((t_large - t_mid) / (large - mid), 1e-15)
+    latency = max(t_small - small * per_byte, 0.0)
+    return latency, 1.0 / per_byte, "measured: ping-pong between ranks 0 and 1"
 
 
 def _overheads(
@@ -286,8 +305,8 @@ def calibrate(
         UsageError: fewer than 2 ranks, or CUDA asked for without enough GPUs.
         ExecutionError: a rank failed or hung.
     """
-    if num_ranks < 2:
-        raise UsageError(f"calibrate needs at least 2 ranks to measure point-to-point links (got {num_ranks})")
+    if num_ranks < 1:
+        raise UsageError(f"calibrate needs at least 1 rank (got {num_ranks})")
     if device not in BACKEND_OF_DEVICE:
         raise UsageError(f"unknown device {device!r}: use cpu or cuda")
     if device == "cuda" and torch.cuda.device_count() < num_ranks:
@@ -296,9 +315,7 @@ def calibrate(
     load_before = os.getloadavg()[0]
     results = run_ranks(_rank_main, (device, repeats, steps), num_ranks, timeout_s=timeout_s, backend=backend)
     head = results[0]
-    sizes, times = zip(*head["p2p"], strict=True)
-    latency, per_byte = fit_line([float(s) for s in sizes], list(times))
-    bandwidth = 1.0 / per_byte if per_byte > 0 else 1e12
+    latency, bandwidth, link_source = _link(head["p2p"], device)
     alone = head["colocation"][0]
     together = statistics.median(r["colocation"][1] for r in results)
     optimizer = {}
@@ -333,6 +350,7 @@ def calibrate(
             "cpu_count": os.cpu_count(),
             "torch": torch.__version__,
             "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "p2p": link_source,
             "samples": {
                 "p2p_one_way_s": [[s, t] for s, t in head["p2p"]],
                 "colocation_s": {"alone": alone, "together": together},

@@ -1,0 +1,53 @@
+"""The prepared device check (benchmarks/gpu_check.py) runs its CPU path end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_check_cpu_path(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_check.py"),
+            "--device",
+            "cpu",
+            "--quick",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "check.json").read_text())
+    assert result["model"] == "gpt2-tiny" and result["device"] == "cpu"
+    assert result["calibration"]["device_kind"] == "cpu" and result["calibration"]["num_ranks"] == 2
+    assert result["predicted_iteration_s"] > 0 and result["replayed_iteration_s"] > 0
+    assert result["allocator_peak_bytes"] is None  # no allocator peak on CPU
+    assert len(result["unit_sum_vs_whole_pct"]) == 3
+    for name in ("calibration.json", "profile.json", "plan.json", "check.md"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert "| replayed vs predicted iteration |" in (tmp_path / "check.md").read_text()
+
+
+def test_gpu_check_refuses_cuda_without_a_gpu(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cuda", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2 and "no CUDA device here" in done.stderr
