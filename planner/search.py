@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from planner.cost import CostSettings, UnitCosts, build_problem, stage_memory, step_tails, unit_costs
@@ -24,7 +24,17 @@ from solvers.dp import solve_dp
 from solvers.ilp import solve_ilp
 from solvers.problem import PartitionProblem, PartitionSolution, evaluate, stage_cost
 
-__all__ = ["PlanRequest", "Candidate", "make_plan", "profile_sha256", "OBJECTIVE"]
+__all__ = [
+    "PlanRequest",
+    "Candidate",
+    "make_plan",
+    "make_plans",
+    "plan_key",
+    "predict_plan",
+    "repredicted_plan",
+    "profile_sha256",
+    "OBJECTIVE",
+]
 
 OBJECTIVE = "sum_s (c_s + k_s) + (M - 1) * max_s c_s"
 _AUTO_SCHEDULES = (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
@@ -514,3 +524,55 @@ def _runtime_fields(settings: CostSettings, simulation: SimulationResult) -> dic
         "overhead_s": tuple(simulation.overhead_s),
         "comm_wait_s": tuple(simulation.comm_wait_s),
     }
+
+
+def predict_plan(profile: Profile, plan: Plan, settings: CostSettings) -> SimulationResult:
+    """Simulate an existing plan's partition under other settings (e.g. another calibration).
+
+    The plan's schedule, micro-batching, boundaries and recomputation are kept; the cost model and the
+    runtime terms come from ``settings``. ``tune`` and the fidelity benchmark use it to hold several
+    models of cost against the same measured run.
+    """
+    names = [u.name for u in profile.units]
+    try:
+        boundaries = tuple(names.index(s.units[0]) for s in plan.stages)
+    except ValueError:
+        raise UsageError(
+            f"the plan's units are not the profile's (plan for {plan.model_name}, profile of {profile.model.name})"
+        ) from None
+    costs = unit_costs(profile, plan.micro_batch_size)
+    stage_rank = stage_to_rank(plan.schedule, plan.num_stages, plan.num_ranks)
+    problem = build_problem(
+        profile,
+        costs,
+        settings,
+        num_stages=plan.num_stages,
+        num_microbatches=plan.num_microbatches,
+        in_flight=in_flight_per_stage(plan.schedule, plan.num_stages, plan.num_microbatches, plan.num_ranks),
+        stage_rank=stage_rank,
+        recompute_choices=(False, True),
+    )
+    recompute = tuple(s.recompute for s in plan.stages)
+    objective, bottleneck = evaluate(problem, boundaries, recompute)
+    solution = PartitionSolution(boundaries, recompute, objective, bottleneck, solver="given")
+    runtime = _runtime_terms(profile, costs, settings, problem, solution, plan.schedule, plan.num_ranks)
+    return _simulate_partition(problem, solution, plan.schedule, plan.num_ranks, runtime)
+
+
+def repredicted_plan(profile: Profile, plan: Plan, settings: CostSettings) -> Plan:
+    """``plan`` with its prediction (and the calibration it records) recomputed under ``settings``."""
+    simulation = predict_plan(profile, plan, settings)
+    old = plan.predicted
+    prediction = Prediction(
+        iteration_s=simulation.iteration_s,
+        formula_iteration_s=old.formula_iteration_s,
+        bubble_fraction=simulation.bubble_fraction,
+        samples_per_s=plan.global_batch_size / simulation.iteration_s,
+        bottleneck_stage=simulation.bottleneck_stage,
+        busy_s=tuple(simulation.busy_s),
+        comm_forward_s=old.comm_forward_s,
+        comm_backward_s=old.comm_backward_s,
+        **_runtime_fields(settings, simulation),
+    )
+    constraints = {**plan.constraints, "calibration": settings.calibration_label}
+    return replace(plan, predicted=prediction, constraints=constraints)

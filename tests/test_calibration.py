@@ -18,7 +18,7 @@ from planner.calibration import (
 from planner.cost import CostSettings, default_settings, step_tails, unit_costs
 from planner.errors import CalibrationError
 from planner.schedule.orders import Schedule
-from planner.search import PlanRequest, make_plan, make_plans, plan_key
+from planner.search import PlanRequest, make_plan, make_plans, plan_key, predict_plan
 from synthetic import make_profile
 
 
@@ -144,3 +144,15 @@ def test_make_plans_are_distinct_and_ranked() -> None:
     times = [p.predicted.iteration_s for p in plans]
     assert times == sorted(times)
     assert plan_key(plans[0]) == plan_key(make_plan(profile, PlanRequest(2, 4), sha256="0" * 64))
+
+
+def test_predict_plan_reproduces_the_search_and_changes_with_the_calibration() -> None:
+    profile = make_profile([0.01, 0.02, 0.03, 0.01], sizes=(1, 2))
+    settings = default_settings(profile, calibration=calibration())
+    plans = make_plans(
+        profile, PlanRequest(num_ranks=2, global_batch_size=4, settings=settings), sha256="0" * 64, count=4
+    )
+    for plan in plans:
+        assert predict_plan(profile, plan, settings).iteration_s == plan.predicted.iteration_s
+        slower = default_settings(profile, calibration=calibration(colocation_factor=2.0))
+        assert predict_plan(profile, plan, slower).iteration_s > plan.predicted.iteration_s

@@ -28,7 +28,7 @@ from planner.plan import Measurement, Plan
 from planner.runtime.calibrate import fit_overhead
 from planner.runtime.verify import VerifyReport, verify_plan
 from planner.schedule.simulate import RuntimeTerms, simulate
-from planner.search import PlanRequest, make_plans, plan_key
+from planner.search import PlanRequest, make_plans, plan_key, predict_plan, repredicted_plan
 from profiles.format import Profile
 
 __all__ = ["TunedCandidate", "TuneResult", "tune", "refit_calibration", "format_tune_table"]
@@ -39,8 +39,8 @@ class TunedCandidate:
     plan: Plan
     """As first planned (prediction under the starting calibration)."""
     report: VerifyReport
-    refit_predicted_s: float | None = None
-    """The same plan's prediction under the refit calibration (None when the refit search did not list it)."""
+    refit_predicted_s: float
+    """The same plan's prediction under the refit calibration."""
 
     @property
     def measured_s(self) -> float:
@@ -160,7 +160,7 @@ def tune(
     runs: list[tuple[Plan, VerifyReport]] = []
 
     def measure(plan: Plan) -> VerifyReport:
-        progress(f"running {_label(plan)}")
+        progress(f"running {_label(plan)}" + ("" if len(runs) < len(plans) else " (the refit model's choice)"))
         report = verify_plan(plan, model, steps=steps, warmup=warmup, mode=mode, device=device, timeout_s=timeout_s)
         runs.append((plan, report))
         return report
@@ -169,13 +169,11 @@ def tune(
         measure(plan)
     refit = refit_calibration(start, runs)
     refit_settings = replace(request.settings, calibration=refit, calibration_label="refit by tune")
-    replanned = make_plans(profile, _with_settings(request, refit_settings), sha256=sha256, count=len(plans) + 1)
-    by_key = {plan_key(p): p for p in replanned}
-    if plan_key(replanned[0]) not in {plan_key(p) for p, _ in runs}:
-        progress("the refit model prefers a new plan: measuring it")
-        measure(replanned[0])
+    replanned = make_plans(profile, _with_settings(request, refit_settings), sha256=sha256, count=1)[0]
+    if plan_key(replanned) not in {plan_key(p) for p, _ in runs}:
+        measure(replanned)
     fastest_plan, fastest = min(runs, key=lambda pr: pr[1].measured_iteration_s)
-    best = by_key.get(plan_key(fastest_plan), fastest_plan)
+    best = repredicted_plan(profile, fastest_plan, refit_settings)
     error = (fastest.measured_iteration_s - best.predicted.iteration_s) / best.predicted.iteration_s * 100.0
     best = replace(
         best,
@@ -189,12 +187,7 @@ def tune(
         ),
     )
     tuned = tuple(
-        TunedCandidate(
-            plan,
-            report,
-            by_key[plan_key(plan)].predicted.iteration_s if plan_key(plan) in by_key else None,
-        )
-        for plan, report in runs
+        TunedCandidate(plan, report, predict_plan(profile, plan, refit_settings).iteration_s) for plan, report in runs
     )
     return TuneResult(best=best, calibration=refit, candidates=tuned)
 
@@ -211,11 +204,11 @@ def format_tune_table(result: TuneResult) -> str:
         before = c.plan.predicted.iteration_s
         after = c.refit_predicted_s
         err = (c.measured_s - before) / before * 100
-        err_after = f"{(c.measured_s - after) / after * 100:+8.1f}%" if after else f"{'-':>9}"
+        err_after = f"{(c.measured_s - after) / after * 100:+8.1f}%"
         mark = "  <- fastest measured" if plan_key(c.plan) == best_key else ""
         rows.append(
             f"{i:>2}  {_label(c.plan):<52} {before * 1e3:>8.2f}ms "
-            f"{(f'{after * 1e3:8.2f}ms' if after else '-'):>10} {c.measured_s * 1e3:>8.2f}ms {err:>+6.1f}% "
+            f"{after * 1e3:>8.2f}ms {c.measured_s * 1e3:>8.2f}ms {err:>+6.1f}% "
             f"{err_after}{mark}"
         )
     cal = result.calibration
