@@ -1,0 +1,213 @@
+"""Fidelity: is the prediction what happens? Predicted (textbook, calibrated, refit) vs measured iterations.
+
+    python benchmarks/bench_fidelity.py --out benchmarks/results/fidelity
+
+For each model (P = 2, global batch 8, gloo processes on this machine, 1 torch thread per rank):
+
+1. profile it with the threads each rank will have (``--threads 1`` on 2 cores);
+2. plan it under each schedule (gpipe, 1f1b, interleaved-1f1b) with the calibration, and with the
+   schedule left to the planner (``auto``) with and without the calibration;
+3. run every distinct plan for real (``verify`` in processes mode, optimizer step included), the plans of
+   one model interleaved round by round, and keep the median iteration;
+4. hold each measured plan against three predictions of the *same* plan: the textbook model
+   (``--calibration none``), the calibration measured at the start of this run, and the calibration
+   ``tune`` refits from this model's measurements (in-sample, as ``tune`` uses it).
+
+Writes ``fidelity.json`` and ``fidelity.md`` into ``--out``. Machines are shared and noisy: the load
+average before and after is recorded, and every number is a median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from planner.calibration import Calibration, load_calibration, save_calibration  # noqa: E402
+from planner.cost import default_settings  # noqa: E402
+from planner.plan import Plan  # noqa: E402
+from planner.runtime.calibrate import calibrate  # noqa: E402
+from planner.runtime.tune import refit_calibration  # noqa: E402
+from planner.runtime.verify import VerifyReport, verify_plan  # noqa: E402
+from planner.search import PlanRequest, make_plan, plan_key, predict_plan  # noqa: E402
+from profiles.format import Profile, save_profile  # noqa: E402
+from profiles.profiler import profile_model  # noqa: E402
+from profiles.workload import load_workload  # noqa: E402
+
+MODELS = (
+    "gpt2-tiny",
+    "mlp",
+    "llama-small",
+    "unet-small",
+    "examples/custom_model.py:workload",
+    "benchmarks/models.py:cnn13",
+)
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+
+
+def _profile(spec: str, sizes: tuple[int, ...], repeats: int) -> Profile:
+    torch.set_num_threads(1)  # what each of 2 ranks gets on 2 cores
+    return profile_model(load_workload(spec), micro_batch_sizes=sizes, repeats=repeats, progress=False)
+
+
+def _plans(profile: Profile, calibration: Calibration, ranks: int, batch: int) -> dict[str, Plan]:
+    cal = default_settings(profile, calibration=calibration, calibration_label="calibrate")
+    none = default_settings(profile)
+    plans: dict[str, Plan] = {}
+    for name in SCHEDULES:
+        request = PlanRequest(num_ranks=ranks, global_batch_size=batch, schedule=name, settings=cal)
+        try:
+            plans[name] = make_plan(profile, request, sha256="0" * 64)
+        except Exception as exc:  # a schedule the model cannot take (too few units): say so, go on
+            print(f"  {name}: not planned ({exc})", file=sys.stderr)
+    plans["auto (calibrated)"] = make_plan(profile, PlanRequest(ranks, batch, settings=cal), sha256="0" * 64)
+    plans["auto (textbook)"] = make_plan(profile, PlanRequest(ranks, batch, settings=none), sha256="0" * 64)
+    return plans
+
+
+def _measure(spec: str, plans: list[Plan], rounds: int, steps: int) -> list[tuple[float, VerifyReport]]:
+    per_plan: list[list[VerifyReport]] = [[] for _ in plans]
+    for _ in range(rounds):
+        for i, plan in enumerate(plans):
+            per_plan[i].append(verify_plan(plan, spec, steps=steps, warmup=1, mode="processes", timeout_s=900))
+    out = []
+    for reports in per_plan:
+        median = statistics.median(r.measured_iteration_s for r in reports)
+        out.append((median, min(reports, key=lambda r: abs(r.measured_iteration_s - median))))
+    return out
+
+
+def _error(measured: float, predicted: float) -> float:
+    return (measured - predicted) / predicted * 100.0
+
+
+def bench_model(
+    spec: str, calibration: Calibration, *, ranks: int, batch: int, rounds: int, steps: int, out: Path
+) -> dict[str, object]:
+    started = time.perf_counter()
+    profile = _profile(spec, (1, 2, 4), repeats=3)
+    save_profile(profile, out / f"{profile.model.name}.profile.json")
+    named = _plans(profile, calibration, ranks, batch)
+    distinct: dict[tuple[object, ...], Plan] = {}
+    for plan in named.values():
+        distinct.setdefault(plan_key(plan), plan)
+    plans = list(distinct.values())
+    measured = _measure(spec, plans, rounds, steps)
+    by_key = {plan_key(p): m for p, m in zip(plans, measured, strict=True)}
+    refit = refit_calibration(
+        calibration, [(replace(p, measured=None), r) for p, (_, r) in zip(plans, measured, strict=True)]
+    )
+    settings = {
+        "textbook": default_settings(profile),
+        "calibrated": default_settings(profile, calibration=calibration, calibration_label="calibrate"),
+        "refit": default_settings(profile, calibration=refit, calibration_label="refit"),
+    }
+    rows = []
+    for label, plan in named.items():
+        median, report = by_key[plan_key(plan)]
+        predicted = {k: predict_plan(profile, plan, s).iteration_s for k, s in settings.items()}
+        rows.append(
+            {
+                "plan": label,
+                "schedule": plan.schedule.value,
+                "virtual_stages": plan.virtual_stages,
+                "micro_batch_size": plan.micro_batch_size,
+                "split_points": list(plan.split_points),
+                "measured_s": median,
+                "predicted_s": predicted,
+                "error_pct": {k: _error(median, v) for k, v in predicted.items()},
+                "breakdown": [vars(r) for r in report.ranks],
+            }
+        )
+    fastest = min(m for m, _ in measured)
+    auto = by_key[plan_key(named["auto (calibrated)"])][0]
+    textbook_auto = by_key[plan_key(named["auto (textbook)"])][0]
+    return {
+        "model": profile.model.name,
+        "spec": spec,
+        "units": profile.num_units,
+        "rows": rows,
+        "fastest_measured_s": fastest,
+        "calibrated_pick_vs_fastest_pct": (auto - fastest) / fastest * 100,
+        "textbook_pick_vs_fastest_pct": (textbook_auto - fastest) / fastest * 100,
+        "refit": {"colocation_factor": refit.colocation_factor, "action_overhead_s": refit.action_overhead_s},
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def markdown(results: list[dict[str, object]], calibration: Calibration, load: tuple[float, float]) -> str:
+    c = calibration
+    overheads = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(c.action_overhead_s.items()))
+    lines = [
+        f"Calibration: {overheads} per action; link {c.p2p_latency_s * 1e6:.0f} us + bytes / "
+        f"{c.p2p_bytes_per_s / 1e9:.2f} GB/s; Adam {c.optimizer['adam'].per_param_s * 1e9:.2f} ns/param; "
+        f"co-location {c.colocation_factor:.2f}. Load average {load[0]:.2f} before, {load[1]:.2f} after.",
+        "",
+        "| model | plan | schedule | measured | textbook | calibrated | refit (tune) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for res in results:
+        for row in res["rows"]:  # type: ignore[attr-defined]
+            sched = row["schedule"] + (f" v={row['virtual_stages']}" if row["virtual_stages"] > 1 else "")
+            sched += f", b={row['micro_batch_size']}"
+            err = row["error_pct"]
+            lines.append(
+                f"| {res['model']} | {row['plan']} | {sched} | {row['measured_s'] * 1e3:.1f} ms | "
+                f"{err['textbook']:+.1f}% | {err['calibrated']:+.1f}% | {err['refit']:+.1f}% |"
+            )
+    lines += [
+        "",
+        "| model | `plan` (calibrated) vs fastest measured | `plan` (textbook) vs fastest measured |",
+        "|---|---|---|",
+    ]
+    for res in results:
+        picks = (res["calibrated_pick_vs_fastest_pct"], res["textbook_pick_vs_fastest_pct"])
+        lines.append(f"| {res['model']} | {picks[0]:+.1f}% | {picks[1]:+.1f}% |")
+    errors = {
+        k: [abs(r["error_pct"][k]) for res in results for r in res["rows"]] for k in ("textbook", "calibrated", "refit")
+    }  # type: ignore[index]
+    lines += ["", "| model of cost | median abs error | worst |", "|---|---|---|"]
+    for k, v in errors.items():
+        lines.append(f"| {k} | {statistics.median(v):.1f}% | {max(v):.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fidelity"))
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--calibration", type=Path, default=None, help="use this file instead of calibrating first")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()[0]
+    if args.calibration:
+        calibration = load_calibration(args.calibration)
+    else:
+        calibration = calibrate(2)
+        save_calibration(calibration, args.out / "calibration.json")
+    results = []
+    for spec in args.models.split(","):
+        print(f"{spec} ...", file=sys.stderr)
+        results.append(
+            bench_model(spec, calibration, ranks=2, batch=8, rounds=args.rounds, steps=args.steps, out=args.out)
+        )
+        (args.out / "fidelity.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    text = markdown(results, calibration, (load_before, os.getloadavg()[0]))
+    (args.out / "fidelity.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
