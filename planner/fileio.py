@@ -62,16 +62,18 @@ def check_output_path(path: str | os.PathLike[str], *, inputs: Iterable[str | os
         target = Path(os.path.realpath(text))
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot use output path {shorten(text)}: {exc}") from None
+    # Checked before any stat(): a name over NAME_MAX makes stat itself fail (ENAMETOOLONG).
+    too_long = [part for part in target.parts if len(os.fsencode(part)) > _NAME_MAX]
+    if too_long:
+        raise UsageError(
+            f"output path has a name of {len(os.fsencode(too_long[0]))} bytes, over the {_NAME_MAX} the file "
+            f"system allows: {shorten(too_long[0], 60)}"
+        )
     if target.is_dir():
         raise UsageError(f"output path is a folder, not a file: {shorten(text)}")
     parent = target.parent
     if not parent.is_dir():
         raise UsageError(f"output folder does not exist: {shorten(str(Path(text).parent))} (create it first)")
-    if len(os.fsencode(target.name)) > _NAME_MAX:
-        raise UsageError(
-            f"output file name is {len(os.fsencode(target.name))} bytes, over the {_NAME_MAX} the file system "
-            f"allows: {shorten(target.name)}"
-        )
     for given in inputs:
         if given is not None and _same_file(target, given):
             raise UsageError(
