@@ -17,15 +17,18 @@ from __future__ import annotations
 import math
 import os
 import resource
+import signal
 import statistics
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from planner.errors import UsageError
+from planner.errors import ExecutionError, UsageError
 from planner.plan import Plan
 from planner.runtime.apply import apply_plan, schedule_microbatches, tied_parameter_groups
 from planner.runtime.launch import run_ranks
@@ -278,7 +281,7 @@ def verify_plan(
         steps, warmup: timed and untimed iterations.
         mode: ``auto``, ``processes`` or ``replay``.
         check_numerics: also compare one step's loss and gradients with a single process.
-        timeout_s: processes mode: limit for the whole run.
+        timeout_s: limit for the run: every rank (processes) or the replay (one process) is stopped after it.
         device: ``cpu`` or ``cuda``.
         tolerance: the largest relative iteration error for ``report.ok``.
 
@@ -310,7 +313,8 @@ def verify_plan(
             numerics = compare_numerics(*reference_step(fresh, plan), loss, grads)
     else:
         local = load_workload(workload) if isinstance(workload, str) else workload
-        result = replay_plan(plan, local, steps=steps, warmup=warmup, device=device, keep_grads=check_numerics)
+        with _deadline(timeout_s):
+            result = replay_plan(plan, local, steps=steps, warmup=warmup, device=device, keep_grads=check_numerics)
         fwd, bwd = list(result.forward_s), list(result.backward_s)
         sim = simulate(fwd, bwd, schedule_microbatches(plan), plan.schedule, num_ranks=plan.num_ranks, **sim_kwargs)
         measured, busy = sim.iteration_s, sim.busy_s
@@ -339,6 +343,34 @@ def verify_plan(
         memory_kind=memory_kind,
         numerics=numerics,
     )
+
+
+class _ReplayTimeout(Exception):
+    """Raised in the main thread by the replay's timer."""
+
+
+@contextmanager
+def _deadline(timeout_s: float) -> Iterator[None]:
+    """Stop a replay after ``timeout_s`` like the processes mode stops its ranks (main thread only: SIGALRM).
+
+    A hung model in Python code is interrupted at once; one stuck inside a single native op, when it returns.
+    """
+    if threading.current_thread() is not threading.main_thread() or not timeout_s > 0:
+        yield
+        return
+
+    def expire(_signum: int, _frame: object) -> None:
+        raise _ReplayTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        yield
+    except _ReplayTimeout:
+        raise ExecutionError(f"the replay did not finish within {timeout_s:g} s (--timeout)") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _comm_kwargs(plan: Plan) -> dict[str, Any]:
