@@ -264,12 +264,14 @@ def test_work_past_the_limits_is_refused_at_once(files, tmp_path, capsys):
         "micro-batches (global batch 4096 / micro-batch size 1) is 4,096, over pipeplan's limit of 1,024",
     )
     assert time.monotonic() - started < 10
+    data = make_profile([1.0] * 8, sizes=(1,)).to_dict()
     for units, message in (
         (2 * MAX_UNITS, f"2,048 units, over pipeplan's limit of {MAX_UNITS:,}"),
         (60_000, "60,000 units, over pipeplan's limit"),
     ):
+        data["units"] = [{**data["units"][0], "name": f"u{i}"} for i in range(units)]
         path = tmp_path / f"big{units}.json"
-        path.write_text(json.dumps(make_profile([1.0] * units, sizes=(1,)).to_dict()))  # compact: 20 MB
+        path.write_text(json.dumps(data))  # compact: 60,000 units in 17 MB
         started = time.monotonic()
         assert_fails(capsys, ["plan", path, "--stages", "2", "--global-batch", "4", "--out", tmp_path / "o"], message)
         assert time.monotonic() - started < 10
