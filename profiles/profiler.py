@@ -199,7 +199,6 @@ def profile_model(
     if capture not in (None, "export", "hooks"):
         raise UsageError(f"unknown capture {capture!r}: use export or hooks")
     dev = _resolve_device(device)
-    load_before = _warn_if_busy(dev)
     torch_dtype = DTYPES[dtype]
     model = workload.model.to(device=dev, dtype=torch_dtype)
     model.train()
@@ -214,6 +213,8 @@ def profile_model(
 
     example, _ = _batch(workload, sizes[0], dev, torch_dtype)
     check_output(model, example, sizes[0])
+    # After the checks: a model that cannot run gets its one error line, not a load warning before it.
+    load_before = _warn_if_busy(dev)
     if units is not None:
         unit_names, unit_spec = find_units(model, example, units), units if isinstance(units, int) else "explicit"
     elif workload.units is not None:
