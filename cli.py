@@ -8,12 +8,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import signal
 import sys
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from planner.errors import PipeplanError, UsageError
+from planner.errors import MAX_MESSAGE_CHARS, PipeplanError, UsageError, shorten
+from planner.limits import (
+    MAX_GLOBAL_BATCH,
+    MAX_JSON_INT,
+    MAX_MICROBATCHES,
+    MAX_PROFILED_SIZES,
+    MAX_RANKS,
+    MAX_REPEATS,
+    MAX_SECONDS,
+    MAX_STEPS,
+    MAX_UNITS,
+)
 from planner.schedule.orders import Schedule
 
 if TYPE_CHECKING:
@@ -23,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["main", "build_parser"]
 
 EXIT_USAGE = 2
+EXIT_INTERNAL = 1
 
 _TOP = """\
 pipeplan: profile a PyTorch model once, get an exact pipeline-parallel plan, apply it with
@@ -41,64 +58,106 @@ Run `pipeplan COMMAND --help` for each command's options.
 """
 
 
+def _write_line(line: str) -> None:
+    """One line on stderr that cannot fail: a lone surrogate in a name is escaped, not an UnicodeEncodeError."""
+    encoding = getattr(sys.stderr, "encoding", None) or "utf-8"
+    line = shorten(line, MAX_MESSAGE_CHARS)
+    sys.stderr.write(line.encode(encoding, "backslashreplace").decode(encoding, "replace") + "\n")
+    sys.stderr.flush()
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad argument as one line (exit 2) instead of usage + message."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"pipeplan {self.prog.split()[-1]}: error: {message} (see --help)\n")
+        _write_line(f"pipeplan {self.prog.split()[-1]}: error: {shorten(message, 200)} (see --help)")
+        self.exit(EXIT_USAGE)
 
 
-def _int_at_least(minimum: int, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= {minimum}")
+def _bad(text: str, why: str) -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(f"{shorten(repr(text), 40)} {why}")
+
+
+def _int_in(minimum: int, maximum: int, text: str) -> int:
+    # Digits only (sign allowed): '4.0', '1e3', 'abc' and 400-digit numbers are refused before int().
+    stripped = text.strip()
+    if not stripped.lstrip("+-").isdigit() or len(stripped) > 19:
+        raise _bad(text, f"is not an integer in {minimum}..{maximum:,}")
+    value = int(stripped)
+    if not minimum <= value <= maximum:
+        raise _bad(text, f"must be an integer in {minimum}..{maximum:,}")
     return value
 
 
-def _positive_int(text: str) -> int:
-    return _int_at_least(1, text)
+def _int_range(minimum: int, maximum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        return _int_in(minimum, maximum, text)
+
+    return parse
 
 
-def _nonneg_int(text: str) -> int:
-    return _int_at_least(0, text)
-
-
-def _positive_float(text: str) -> float:
+def _number(text: str, low: float, high: float, *, low_open: bool = True) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
+        raise _bad(text, "is not a number") from None
+    if not math.isfinite(value) or not (value > low if low_open else value >= low) or value > high:
+        if low == 0 and low_open:
+            raise _bad(text, f"must be a positive finite number, at most {high:g}")
+        raise _bad(text, f"must be a finite number {'>' if low_open else '>='} {low:g} and <= {high:g}")
     return value
 
 
+def _positive_float(text: str) -> float:
+    return _number(text, 0.0, MAX_SECONDS)
+
+
+def _nonneg_float(text: str) -> float:
+    return _number(text, 0.0, MAX_SECONDS, low_open=False)
+
+
+def _speed(text: str) -> float:
+    # Relative speeds outside [1e-3, 1e3] are not a device; they only push the solver's numbers out of range.
+    return _number(text, 1e-3, 1e3, low_open=False)
+
+
+def _items(text: str, limit: int) -> list[str]:
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not t for t in items):
+        raise _bad(text, "is not a comma-separated list of values (empty item)")
+    if len(items) > limit:
+        raise _bad(text, f"has {len(items)} values, over pipeplan's limit of {limit}")
+    return items
+
+
 def _int_list(text: str) -> tuple[int, ...]:
-    return tuple(_positive_int(t.strip()) for t in text.split(",") if t.strip()) or _fail(f"{text!r} is empty")
+    return tuple(_int_in(1, MAX_GLOBAL_BATCH, t) for t in _items(text, MAX_PROFILED_SIZES))
 
 
 def _float_list(text: str) -> tuple[float, ...]:
-    return tuple(_positive_float(t.strip()) for t in text.split(",") if t.strip()) or _fail(f"{text!r} is empty")
+    return tuple(_positive_float(t) for t in _items(text, MAX_UNITS))
 
 
-def _fail(message: str) -> tuple:
-    raise argparse.ArgumentTypeError(message)
+def _speed_list(text: str) -> tuple[float, ...]:
+    return tuple(_speed(t) for t in _items(text, MAX_RANKS))
 
 
 def _memory(text: str) -> int:
     from planner.cost import parse_bytes
 
+    if len(text) > 40:
+        raise _bad(text, "is not a memory size: write e.g. 80GiB, 16GB or 1073741824")
     try:
-        return parse_bytes(text)
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        value = parse_bytes(text)
+    except (UsageError, OverflowError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(shorten(str(exc), 120)) from None
+    if value > MAX_JSON_INT:
+        raise _bad(text, "is over pipeplan's limit of 2**53 bytes (8 PiB)")
+    return value
 
 
 def _memory_list(text: str) -> tuple[int, ...]:
-    return tuple(_memory(t) for t in text.split(",") if t.strip())
+    return tuple(_memory(t) for t in _items(text, MAX_RANKS))
 
 
 def _bandwidth(text: str) -> float:
@@ -106,11 +165,21 @@ def _bandwidth(text: str) -> float:
     return float(value)
 
 
+def _auto_or_positive_int(text: str) -> int | None:
+    return None if text.strip() == "auto" else _int_in(1, MAX_GLOBAL_BATCH, text)
+
+
 def _pin(text: str) -> tuple[str, int]:
     name, sep, stage = text.rpartition("=")
     if not sep or not name:
-        raise argparse.ArgumentTypeError(f"{text!r}: write UNIT=STAGE, e.g. lm_head=3")
-    return name, _nonneg_int(stage)
+        raise _bad(text, "is not UNIT=STAGE, e.g. lm_head=3")
+    return name, _int_in(0, MAX_UNITS, stage)
+
+
+def _model_file(spec: str) -> str | None:
+    """The Python file a MODEL spec names (an input no output may replace), if any."""
+    target = spec.rpartition(":")[0]
+    return target if target.endswith(".py") else None
 
 
 # --- commands ---------------------------------------------------------------------------------------------
@@ -123,7 +192,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from profiles.report import format_profile_table
     from profiles.workload import load_workload
 
-    check_output_path(args.out)
+    check_output_path(args.out, inputs=[_model_file(args.model)])
     if args.threads:
         import torch
 
@@ -168,6 +237,47 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_pins(profile: object, pins: Sequence[tuple[str, int]], num_ranks: int, schedule: Schedule | None) -> None:
+    """Each pin names a unit, once, at a stage that leaves every other stage a unit, in model order.
+
+    Said here, in terms of the pins, rather than as the solver's "no plan fits" (which reads as memory).
+    """
+    names = [u.name for u in profile.units]  # type: ignore[attr-defined]
+    index = {name: i for i, name in enumerate(names)}
+    n = len(names)
+    # Stage counts the search may try: one stage per rank, or 2 or 4 per rank when interleaving.
+    looped = schedule is None or schedule.multi_stage
+    counts = [num_ranks] + ([num_ranks * v for v in (2, 4) if num_ranks * v <= n] if looped else [])
+    chosen: dict[str, int] = {}
+    for name, stage in pins:
+        if name not in index:
+            raise UsageError(
+                f"--pin {shorten(name, 60)}={stage}: no unit of that name (units: {shorten(', '.join(names), 120)})"
+            )
+        if chosen.get(name, stage) != stage:
+            raise UsageError(f"--pin {shorten(name, 60)} is given twice, to stage {chosen[name]} and to stage {stage}")
+        chosen[name] = stage
+        k, stages = index[name], counts[0]
+        if any(stage < s and stage <= k and s - 1 - stage <= n - 1 - k for s in counts):
+            continue
+        if stage >= max(counts):
+            why = f"stages are 0..{max(counts) - 1} for {num_ranks} ranks"
+        elif stage > k:
+            why = f"stages 0..{stage - 1} before it need a unit each, and only {k} units come before it"
+        else:
+            why = (
+                f"stages {stage + 1}..{stages - 1} after it need a unit each, and only {n - 1 - k} units come after it"
+            )
+        raise UsageError(f"--pin {shorten(name, 60)}={stage}: unit {k} of 0..{n - 1} cannot be on stage {stage}: {why}")
+    by_unit = sorted((index[name], stage, name) for name, stage in chosen.items())
+    for (_, s1, n1), (_, s2, n2) in zip(by_unit, by_unit[1:], strict=False):
+        if s2 < s1:
+            raise UsageError(
+                f"--pin {shorten(n1, 40)}={s1} and --pin {shorten(n2, 40)}={s2} conflict: {shorten(n2, 40)} comes "
+                "later in the model, so its stage cannot be earlier"
+            )
+
+
 def _calibration_settings(args: argparse.Namespace, device_kind: str) -> dict[str, object]:
     """``--calibration auto|none|FILE`` as CostSettings fields (``auto``: the calibration shipped for the device)."""
     from planner.calibration import load_calibration, shipped_calibration
@@ -200,11 +310,19 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _plan_request(args: argparse.Namespace, profile: Profile) -> PlanRequest:
-    """The search request that ``plan`` and ``tune`` build from the same options."""
+    """The search request that ``plan`` and ``tune`` build from the same options (checked here, once)."""
     from planner.cost import default_settings
+    from planner.limits import check_plan_work
     from planner.search import PlanRequest
 
-    memory = (args.memory,) if args.memory else args.device_memory
+    if args.memory is not None and args.device_memory is not None:
+        raise UsageError("--memory and --device-memory conflict: give one (--memory is every device's memory)")
+    schedule = None if args.schedule == "auto" else Schedule.parse(args.schedule)
+    sizes = [args.micro_batch_size] if args.micro_batch_size is not None else profile.micro_batch_sizes
+    check_plan_work(args.stages, args.global_batch, sizes)
+    if args.pin:
+        _check_pins(profile, args.pin, args.stages, schedule)
+    memory = (args.memory,) if args.memory is not None else args.device_memory
     settings = default_settings(
         profile,
         optimizer=args.optimizer,
@@ -214,11 +332,11 @@ def _plan_request(args: argparse.Namespace, profile: Profile) -> PlanRequest:
         device_speeds=args.device_speeds or (),
         **_calibration_settings(args, profile.device.kind),
     )
-    request = PlanRequest(
+    return PlanRequest(
         num_ranks=args.stages,
         global_batch_size=args.global_batch,
-        schedule=None if args.schedule == "auto" else Schedule.parse(args.schedule),
-        micro_batch_size=None if args.micro_batch_size == "auto" else _positive_int(args.micro_batch_size),
+        schedule=schedule,
+        micro_batch_size=args.micro_batch_size,
         recompute=args.recompute,
         solver=args.solver,
         settings=settings,
@@ -226,7 +344,6 @@ def _plan_request(args: argparse.Namespace, profile: Profile) -> PlanRequest:
         max_units_per_stage=args.max_units_per_stage,
         ilp_time_limit_s=args.time_limit,
     )
-    return request
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -236,7 +353,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from planner.search import make_plan, profile_sha256
     from profiles.format import load_profile
 
-    check_output_path(args.out)
+    check_output_path(args.out, inputs=[args.profile])
     profile = load_profile(args.profile)
     request = _plan_request(args, profile)
     plan = make_plan(profile, request, sha256=profile_sha256(args.profile), record_timing=args.record_timing)
@@ -257,9 +374,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from planner.search import profile_sha256
     from profiles.format import load_profile
 
-    check_output_path(args.out)
+    check_output_path(args.out, inputs=[args.profile])
     calibration_out = args.calibration_out or _beside(args.out, ".calibration.json")
-    check_output_path(calibration_out)
+    check_output_path(calibration_out, inputs=[args.profile, args.out])
     if args.calibration == "none":
         raise UsageError("tune refits a calibration: give --calibration auto (the shipped one) or a file")
     profile = load_profile(args.profile)
@@ -298,9 +415,18 @@ def _beside(path: str, suffix: str) -> str:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
+    from planner.fileio import check_output_path
+    from planner.limits import check_simulation
     from planner.schedule.simulate import simulate
     from planner.schedule.timeline import ascii_timeline, render_comparison_png, render_png, time_breakdown
 
+    compare_png = (args.compare_png or "schedules.png") if args.compare else None
+    outputs = [out for out in (args.png, compare_png) if out is not None]
+    for out in outputs:
+        check_output_path(out, inputs=[args.plan])
+    if len(outputs) == 2 and os.path.realpath(outputs[0]) == os.path.realpath(outputs[1]):
+        raise UsageError(f"--png and --compare-png both name {shorten(outputs[0])}: give two files")
+    compare = [Schedule.parse(name) for name in _items(args.compare, 8)] if args.compare else []
     if args.plan:
         from planner.plan import load_plan
 
@@ -325,6 +451,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         m, ranks = args.microbatches, args.stages
         comm_f = comm_b = ()
         runtime = None
+    check_simulation(len(forward), m)
+    if compare:
+        check_simulation(max(len(forward), ranks * args.virtual_stages), m)
     result = simulate(
         forward, backward, m, schedule, num_ranks=ranks, comm_forward_s=comm_f, comm_backward_s=comm_b, runtime=runtime
     )
@@ -338,12 +467,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         render_png(result, args.png)
         if not args.json:
             print(f"wrote {args.png}")
-    if args.compare:
+    if compare_png is not None:
         results = [
-            _simulate_as(Schedule.parse(name), forward, backward, m, ranks, comm_f, comm_b, args.virtual_stages)
-            for name in args.compare.split(",")
+            _simulate_as(schedule, forward, backward, m, ranks, comm_f, comm_b, args.virtual_stages)
+            for schedule in compare
         ]
-        out = args.compare_png or "schedules.png"
+        out = compare_png
         render_comparison_png(results, out)
         if not args.json:
             for r in results:
@@ -382,22 +511,27 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from planner.plan import load_plan
     from planner.runtime.verify import format_report, verify_plan
 
-    plan = load_plan(args.plan)
     if args.out:
         from planner.fileio import check_output_path
 
-        check_output_path(args.out)
-    report = verify_plan(
-        plan,
-        args.model,
-        steps=args.steps,
-        warmup=args.warmup,
-        tolerance=args.tolerance,
-        mode=args.mode,
-        check_numerics=args.check_numerics,
-        timeout_s=args.timeout,
-        device=args.device,
-    )
+        check_output_path(args.out, inputs=[args.plan, _model_file(args.model)])
+    plan = load_plan(args.plan)
+    with _signals_interrupt(), warnings.catch_warnings():
+        # torch's deprecation and resource warnings are not the user's concern, and would follow the error line.
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", module=r"torch(\..*)?$")
+        report = verify_plan(
+            plan,
+            args.model,
+            steps=args.steps,
+            warmup=args.warmup,
+            tolerance=args.tolerance,
+            mode=args.mode,
+            check_numerics=args.check_numerics,
+            timeout_s=args.timeout,
+            device=args.device,
+        )
     print(format_report(report))
     if args.out:
         write_json_atomic(args.out, report.to_dict())
@@ -405,13 +539,41 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+class _Signalled(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the main thread is so that every ``finally`` (stopping ranks) runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP stop verify like Ctrl-C: the ranks and their process groups are stopped first."""
+
+    def handler(signum: int, _frame: object) -> None:
+        raise _Signalled(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 # --- parser -----------------------------------------------------------------------------------------------
 
 
 def _add_search_arguments(p: argparse.ArgumentParser) -> None:
     """The plan search's options, shared by ``plan`` and ``tune``."""
-    p.add_argument("--stages", type=_positive_int, required=True, help="pipeline ranks (devices), P")
-    p.add_argument("--global-batch", type=_positive_int, required=True, help="samples per iteration, B = b x M")
+    p.add_argument("--stages", type=_int_range(1, MAX_RANKS), required=True, help="pipeline ranks (devices), P")
+    p.add_argument(
+        "--global-batch", type=_int_range(1, MAX_GLOBAL_BATCH), required=True, help="samples per iteration, B = b x M"
+    )
     p.add_argument(
         "--memory",
         type=_memory,
@@ -428,7 +590,7 @@ def _add_search_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--device-speeds",
-        type=_float_list,
+        type=_speed_list,
         default=None,
         metavar="1,1,0.5,...",
         help="speed per rank relative to the profiled device (uses the ILP)",
@@ -442,7 +604,7 @@ def _add_search_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--latency",
-        type=float,
+        type=_nonneg_float,
         default=None,
         metavar="SECONDS",
         help="link latency per message (default: cpu 130e-6, cuda 10e-6)",
@@ -454,7 +616,7 @@ def _add_search_arguments(p: argparse.ArgumentParser) -> None:
         help="decides the optimizer state per parameter (default adam)",
     )
     p.add_argument("--schedule", choices=("auto", "gpipe", "1f1b", "interleaved-1f1b"), default="auto")
-    p.add_argument("--micro-batch-size", default="auto", metavar="auto|N")
+    p.add_argument("--micro-batch-size", type=_auto_or_positive_int, default=None, metavar="auto|N")
     p.add_argument(
         "--recompute",
         choices=("auto", "on", "off"),
@@ -471,7 +633,9 @@ def _add_search_arguments(p: argparse.ArgumentParser) -> None:
         "or a file from `pipeplan calibrate` / `pipeplan tune` (default auto)",
     )
     p.add_argument("--pin", type=_pin, action="append", metavar="UNIT=STAGE", help="pin a unit to a stage (ILP)")
-    p.add_argument("--max-units-per-stage", type=_positive_int, default=None, help="cap units per stage (ILP)")
+    p.add_argument(
+        "--max-units-per-stage", type=_int_range(1, MAX_UNITS), default=None, help="cap units per stage (ILP)"
+    )
     p.add_argument("--time-limit", type=_positive_float, default=60.0, help="ILP time limit in seconds (default 60)")
 
 
@@ -506,9 +670,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    p.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length of built-in language models")
-    p.add_argument("--repeats", type=_positive_int, default=3, help="timed repeats; the median is kept (default 3)")
-    p.add_argument("--warmup", type=_nonneg_int, default=1, help="untimed warm-up runs (default 1)")
+    p.add_argument(
+        "--seq-len", type=_int_range(1, 1 << 20), default=None, help="sequence length of built-in language models"
+    )
+    p.add_argument(
+        "--repeats", type=_int_range(1, MAX_REPEATS), default=3, help="timed repeats; the median is kept (default 3)"
+    )
+    p.add_argument("--warmup", type=_int_range(0, MAX_REPEATS), default=1, help="untimed warm-up runs (default 1)")
     p.add_argument(
         "--units",
         default=None,
@@ -517,7 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--threads",
-        type=_positive_int,
+        type=_int_range(1, 4096),
         default=None,
         help="CPU intra-op threads while measuring; match what each rank will get (cores / ranks per machine)",
     )
@@ -537,9 +705,13 @@ def build_parser() -> argparse.ArgumentParser:
             "example:\n  pipeplan calibrate --ranks 2 --out cpu.calibration.json"
         ),
     )
-    p.add_argument("--ranks", type=_positive_int, default=2, help="ranks to run, as in your pipeline (default 2)")
+    p.add_argument(
+        "--ranks", type=_int_range(1, MAX_RANKS), default=2, help="ranks to run, as in your pipeline (default 2)"
+    )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--repeats", type=_positive_int, default=15, help="timed repeats of each measurement (median)")
+    p.add_argument(
+        "--repeats", type=_int_range(1, MAX_REPEATS), default=15, help="timed repeats of each measurement (median)"
+    )
     p.add_argument("--timeout", type=_positive_float, default=300.0, help="seconds before every rank is stopped")
     p.add_argument("--out", required=True, metavar="CALIBRATION.json")
     p.set_defaults(func=_cmd_calibrate)
@@ -599,9 +771,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CALIBRATION.json",
         help="where the refit calibration goes (default: beside the plan, PLAN.calibration.json)",
     )
-    p.add_argument("--candidates", type=_positive_int, default=4, help="distinct plans to run (default 4)")
-    p.add_argument("--steps", type=_positive_int, default=3, help="timed steps per candidate (default 3)")
-    p.add_argument("--warmup", type=_nonneg_int, default=1, help="untimed steps per candidate (default 1)")
+    p.add_argument("--candidates", type=_int_range(1, 32), default=4, help="distinct plans to run (default 4)")
+    p.add_argument("--steps", type=_int_range(1, MAX_STEPS), default=3, help="timed steps per candidate (default 3)")
+    p.add_argument("--warmup", type=_int_range(0, MAX_STEPS), default=1, help="untimed steps per candidate (default 1)")
     p.add_argument("--mode", choices=("auto", "processes", "replay"), default="auto")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds per candidate before it is stopped")
@@ -626,10 +798,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p.add_argument("--compare", default=None, metavar="gpipe,1f1b,...", help="side-by-side picture of schedules")
     p.add_argument("--compare-png", default=None, metavar="schedules.png")
-    p.add_argument("--stages", type=_positive_int, default=None, help="what-if: ranks")
-    p.add_argument("--microbatches", type=_positive_int, default=None, help="what-if: micro-batches M")
+    p.add_argument("--stages", type=_int_range(1, MAX_RANKS), default=None, help="what-if: ranks")
+    p.add_argument(
+        "--microbatches", type=_int_range(1, MAX_MICROBATCHES), default=None, help="what-if: micro-batches M"
+    )
     p.add_argument("--schedule", default=None, choices=("naive", "gpipe", "1f1b", "interleaved-1f1b"))
-    p.add_argument("--virtual-stages", type=_positive_int, default=2, help="what-if: v for interleaved-1f1b")
+    p.add_argument("--virtual-stages", type=_int_range(1, 16), default=2, help="what-if: v for interleaved-1f1b")
     p.add_argument("--stage-times", type=_float_list, default=None, metavar="1,1,2,1", help="forward time per stage")
     p.add_argument("--backward-times", type=_float_list, default=None, help="backward time per stage")
     p.add_argument(
@@ -654,8 +828,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("plan", metavar="PLAN.json")
     p.add_argument("--model", required=True, metavar="MODEL", help="the model the plan was made for")
-    p.add_argument("--steps", type=_positive_int, default=5)
-    p.add_argument("--warmup", type=_nonneg_int, default=2)
+    p.add_argument("--steps", type=_int_range(1, MAX_STEPS), default=5)
+    p.add_argument("--warmup", type=_int_range(0, MAX_STEPS), default=2)
     p.add_argument("--tolerance", type=_positive_float, default=0.15, help="allowed iteration-time error (0.15 = 15%%)")
     p.add_argument("--mode", choices=("auto", "processes", "replay"), default="auto")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -666,6 +840,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Errors that are not pipeplan's own but that user input can still reach (a full disk, a name the file
+# system refuses, a number or a structure too large for Python): reported as one line like a PipeplanError.
+_ENVIRONMENT_ERRORS = (OSError, OverflowError, RecursionError, MemoryError, UnicodeError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # torch 2.13's pipelining tracer warns about its own use of a deprecated pytree API; not the user's concern.
     warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec.*", category=FutureWarning)
@@ -674,14 +853,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
+    prefix = f"pipeplan {args.command}"
     try:
         return args.func(args)
     except PipeplanError as exc:
-        print(f"pipeplan {args.command}: error: {exc}", file=sys.stderr)
+        _write_line(f"{prefix}: error: {exc}")
         return EXIT_USAGE
+    except _Signalled as exc:
+        _write_line(f"{prefix}: stopped by {exc}")
+        return 128 + exc.signum
     except KeyboardInterrupt:
-        print(f"pipeplan {args.command}: interrupted", file=sys.stderr)
+        _write_line(f"{prefix}: interrupted")
         return 130
+    except _ENVIRONMENT_ERRORS as exc:
+        _write_line(f"{prefix}: error: {type(exc).__name__}: {exc}")
+        return EXIT_USAGE
+    except Exception as exc:  # a bug in pipeplan: still one line, and the way to see the traceback
+        if os.environ.get("PIPEPLAN_DEBUG"):
+            raise
+        _write_line(
+            f"{prefix}: internal error (a bug in pipeplan; PIPEPLAN_DEBUG=1 shows the traceback): "
+            f"{type(exc).__name__}: {exc}"
+        )
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

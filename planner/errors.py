@@ -20,7 +20,20 @@ __all__ = [
     "ModelMismatchError",
     "ExecutionError",
     "CalibrationError",
+    "shorten",
+    "MAX_MESSAGE_CHARS",
 ]
+
+MAX_MESSAGE_CHARS = 300
+"""The CLI prints an error as one line of at most this many characters."""
+
+
+def shorten(text: str, limit: int = 80) -> str:
+    """``text`` on one line, cut to ``limit`` characters: a message echoes a value, never megabytes of it."""
+    flat = str(text)
+    if "\n" in flat or "\r" in flat:
+        flat = " ".join(flat.split())
+    return flat if len(flat) <= limit else flat[: max(0, limit - 3)] + "..."
 
 
 class PipeplanError(Exception):

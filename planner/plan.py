@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from planner.errors import PipeplanError, PlanFormatError
+from planner.errors import PipeplanError, PlanFormatError, shorten
 from planner.fileio import check_document, read_json, write_json_atomic
-from planner.schedule.orders import Schedule
+from planner.limits import MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_RANKS, MAX_SECONDS, MAX_UNITS
+from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank, virtual_stages
 from planner.schedule.simulate import RuntimeTerms
 
 __all__ = [
@@ -194,21 +195,6 @@ def _schema() -> dict[str, Any]:
     return json.loads(resources.files("planner").joinpath("plan.schema.json").read_text())
 
 
-def _validate(data: Any) -> None:
-    check_document(data, _schema(), error=PlanFormatError, kind="plan", fmt=PLAN_FORMAT, version=PLAN_VERSION)
-    stages = data["stages"]
-    if len(stages) != data["num_stages"]:
-        raise PlanFormatError(f"invalid plan: num_stages is {data['num_stages']} but {len(stages)} stages are listed")
-    if [s["index"] for s in stages] != list(range(len(stages))):
-        raise PlanFormatError("invalid plan: stage indices must be 0..num_stages-1 in order")
-    if data["split_points"] != [s["units"][0] for s in stages[1:]]:
-        raise PlanFormatError("invalid plan: split_points must be the first unit of every stage but the first")
-    if data["micro_batch_size"] * data["num_microbatches"] != data["global_batch_size"]:
-        raise PlanFormatError("invalid plan: micro_batch_size x num_microbatches != global_batch_size")
-    if any(not 0 <= s["rank"] < data["num_ranks"] for s in stages):
-        raise PlanFormatError(f"invalid plan: a stage's rank is outside 0..{data['num_ranks'] - 1}")
-
-
 def _schedule(name: str) -> Schedule:
     try:
         return Schedule.parse(name)
@@ -216,9 +202,128 @@ def _schedule(name: str) -> Schedule:
         raise PlanFormatError(f"invalid plan: {exc}") from None
 
 
+def _fail(message: str) -> PlanFormatError:
+    return PlanFormatError(f"invalid plan: {message}")
+
+
+def _check_units(stages: list[dict[str, Any]], split_points: list[str]) -> None:
+    """Stages hold every unit once, in order: no unit twice, no empty name, split points agree."""
+    seen: dict[str, int] = {}
+    for s in stages:
+        for name in s["units"]:
+            if not name.strip():
+                raise _fail(f"stage {s['index']} has an empty unit name")
+            if name in seen:
+                where = "twice in stage" if seen[name] == s["index"] else f"in stage {seen[name]} and in stage"
+                raise _fail(f"unit {shorten(name)} is {where} {s['index']}: a unit belongs to exactly one stage")
+            seen[name] = s["index"]
+    expected = [s["units"][0] for s in stages[1:]]
+    if split_points != expected:
+        raise _fail(
+            f"split_points {shorten(str(split_points))} must be the first unit of every stage but the first "
+            f"({shorten(str(expected))})"
+        )
+
+
+def _check_placement(data: dict[str, Any], schedule: Schedule) -> None:
+    """Ranks and virtual stages as torch places the schedule's stages (orders.stage_to_rank)."""
+    n, ranks = data["num_stages"], data["num_ranks"]
+    try:
+        v = virtual_stages(schedule, n, ranks)
+        placement = stage_to_rank(schedule, n, ranks)
+        m = data["num_microbatches"]
+        check_microbatches(schedule, ranks, v, 1 if schedule is Schedule.NAIVE else m)
+    except PipeplanError as exc:
+        raise _fail(str(exc)) from None
+    if data["virtual_stages"] != v:
+        raise _fail(f"virtual_stages is {data['virtual_stages']}, but {n} stages on {ranks} ranks make {v}")
+    for s, rank in zip(data["stages"], placement, strict=True):
+        if s["rank"] != rank:
+            raise _fail(
+                f"stage {s['index']} is on rank {s['rank']}, but schedule {schedule.value} places it on rank {rank}"
+            )
+
+
+def _check_numbers(data: dict[str, Any]) -> None:
+    n, p = data["num_stages"], data["predicted"]
+    for key, value, limit in (
+        ("num_stages", n, MAX_UNITS),
+        ("num_ranks", data["num_ranks"], MAX_RANKS),
+        ("num_microbatches", data["num_microbatches"], MAX_MICROBATCHES),
+        ("global_batch_size", data["global_batch_size"], MAX_GLOBAL_BATCH),
+    ):
+        if value > limit:
+            raise _fail(f"{key} is {value}, over pipeplan's limit of {limit:,}")
+    if data["micro_batch_size"] * data["num_microbatches"] != data["global_batch_size"]:
+        raise _fail(
+            f"micro_batch_size x num_microbatches = {data['micro_batch_size']} x {data['num_microbatches']} "
+            f"!= global_batch_size {data['global_batch_size']}"
+        )
+    if p["bottleneck_stage"] >= n:
+        raise _fail(f"predicted.bottleneck_stage is {p['bottleneck_stage']}, but stages are 0..{n - 1}")
+    times = [("forward_s", s["forward_s"]) for s in data["stages"]] + [
+        ("backward_s", s["backward_s"]) for s in data["stages"]
+    ]
+    times += [(k, p[k]) for k in ("iteration_s", "formula_iteration_s")]
+    per_rank = ("busy_s", "step_tail_s", "overhead_s", "comm_wait_s")
+    times += [(k, x) for k in (*per_rank, "comm_forward_s", "comm_backward_s") for x in p.get(k, ())]
+    times += [("action_overhead_s", p.get("action_overhead_s", 0.0)), ("compute_scale", p.get("compute_scale", 1.0))]
+    times += [(f"baselines.{b['name']}", b["iteration_s"]) for b in data["baselines"] if b["iteration_s"] is not None]
+    for key, value in times:
+        if value > MAX_SECONDS:
+            raise _fail(f"{shorten(key)} is {value:.3g} s, over pipeplan's limit of {MAX_SECONDS:.0e} s")
+    sizes = [(k, data["num_ranks"]) for k in per_rank] + [("comm_forward_s", n - 1), ("comm_backward_s", n - 1)]
+    measured = data.get("measured")
+    if measured is not None:
+        times += [("measured.iteration_s", measured["iteration_s"])]
+        times += [(f"measured.{k}", x) for k in ("forward_s", "backward_s") for x in measured[k]]
+        if len(measured["forward_s"]) != n or len(measured["backward_s"]) != n:
+            raise _fail(f"measured.forward_s and measured.backward_s need one value per stage ({n})")
+    for key, size in sizes:
+        values = p.get(key, [])
+        if values and len(values) != size:
+            raise _fail(f"predicted.{key} has {len(values)} values, expected {size} (or none)")
+    for s in data["stages"]:
+        if s["in_flight"] > data["num_microbatches"]:
+            raise _fail(f"stage {s['index']} holds {s['in_flight']} micro-batches in flight, more than the plan runs")
+
+
+def _check_baselines(data: dict[str, Any]) -> None:
+    order = {name: i for i, name in enumerate(u for s in data["stages"] for u in s["units"])}
+    for b in data["baselines"]:
+        positions = [order.get(name, -1) for name in b["split_points"]]
+        if -1 in positions or positions != sorted(set(positions)) or 0 in positions:
+            raise _fail(
+                f"baseline {shorten(b['name'])}: split_points {shorten(str(b['split_points']))} must be units "
+                "of the plan, after the first, in order, each once"
+            )
+
+
+def _validate(data: Any) -> Schedule:
+    """The JSON Schema (shape), then the meaning: what every reader of a plan relies on."""
+    check_document(data, _schema(), error=PlanFormatError, kind="plan", fmt=PLAN_FORMAT, version=PLAN_VERSION)
+    stages = data["stages"]
+    if len(stages) != data["num_stages"]:
+        raise _fail(f"num_stages is {data['num_stages']} but {len(stages)} stages are listed")
+    if [s["index"] for s in stages] != list(range(len(stages))):
+        raise _fail("stage indices must be 0..num_stages-1 in order")
+    schedule = _schedule(data["schedule"])
+    _check_numbers(data)
+    _check_units(stages, data["split_points"])
+    _check_placement(data, schedule)
+    _check_baselines(data)
+    return schedule
+
+
+def _known(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """The keys ``cls`` has: the schema lets a writer add keys, which this version ignores."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in values.items() if k in names}
+
+
 def plan_from_dict(data: Any) -> Plan:
     """Validate ``data`` (parsed JSON) and build a :class:`Plan`; raise :class:`PlanFormatError`."""
-    _validate(data)
+    schedule = _validate(data)
     stages = tuple(
         StagePlan(
             index=s["index"],
@@ -240,7 +345,7 @@ def plan_from_dict(data: Any) -> Plan:
         profile_sha256=data["profile_sha256"],
         num_stages=data["num_stages"],
         num_ranks=data["num_ranks"],
-        schedule=_schedule(data["schedule"]),
+        schedule=schedule,
         virtual_stages=data["virtual_stages"],
         micro_batch_size=data["micro_batch_size"],
         num_microbatches=data["num_microbatches"],
@@ -263,9 +368,12 @@ def plan_from_dict(data: Any) -> Plan:
             overhead_s=tuple(map(float, p.get("overhead_s", ()))),
             comm_wait_s=tuple(map(float, p.get("comm_wait_s", ()))),
         ),
-        solver=SolverInfo(**data["solver"]),
+        solver=SolverInfo(**_known(SolverInfo, data["solver"])),
         constraints=dict(data.get("constraints", {})),
-        baselines=tuple(BaselinePlan(**{**b, "split_points": tuple(b["split_points"])}) for b in data["baselines"]),
+        baselines=tuple(
+            BaselinePlan(**_known(BaselinePlan, {**b, "split_points": tuple(b["split_points"])}))
+            for b in data["baselines"]
+        ),
         device=dict(data.get("device", {})),
         measured=_measurement(data.get("measured")),
     )
@@ -290,7 +398,7 @@ def load_plan(path: str | Path) -> Plan:
     try:
         return plan_from_dict(data)
     except PlanFormatError as exc:
-        raise PlanFormatError(f"{path}: {exc}") from None
+        raise PlanFormatError(f"{shorten(str(path))}: {exc}") from None
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:

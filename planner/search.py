@@ -15,6 +15,7 @@ from pathlib import Path
 
 from planner.cost import CostSettings, UnitCosts, build_problem, stage_memory, step_tails, unit_costs
 from planner.errors import PlanInfeasibleError, ScheduleError, UsageError
+from planner.limits import MAX_GLOBAL_BATCH, MAX_RANKS, check_at_most
 from planner.plan import BaselinePlan, Plan, Prediction, SolverInfo, StagePlan
 from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank
 from planner.schedule.simulate import RuntimeTerms, SimulationResult, in_flight_per_stage, simulate
@@ -67,6 +68,10 @@ class PlanRequest:
             raise UsageError(f"--stages must be >= 1, got {self.num_ranks}")
         if self.global_batch_size < 1:
             raise UsageError(f"--global-batch must be >= 1, got {self.global_batch_size}")
+        # The bounds of planner.limits, checked where a request enters (README, "Limits").
+        check_at_most("--stages", self.num_ranks, MAX_RANKS)
+        check_at_most("--global-batch", self.global_batch_size, MAX_GLOBAL_BATCH)
+        check_at_most("--micro-batch-size", self.micro_batch_size or 1, MAX_GLOBAL_BATCH)
         if self.recompute not in ("auto", "on", "off"):
             raise UsageError(f"--recompute must be auto, on or off, got {self.recompute!r}")
         if self.solver not in ("auto", "dp", "ilp"):

@@ -9,15 +9,15 @@ See docs/profile-format.md.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from planner.errors import ProfileError
+from planner.errors import ProfileError, shorten
 from planner.fileio import check_document, read_json, write_json_atomic
+from planner.limits import MAX_GLOBAL_BATCH, MAX_PROFILED_SIZES, MAX_SECONDS, MAX_TENSORS, MAX_UNITS
 
 __all__ = [
     "PROFILE_FORMAT",
@@ -143,44 +143,70 @@ def _schema() -> dict[str, Any]:
     return json.loads(resources.files("profiles").joinpath("profile.schema.json").read_text())
 
 
-def _check_finite(obj: Any, where: str = "$") -> None:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        raise ProfileError(f"{where} is {obj}: numbers must be finite")
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            _check_finite(value, f"{where}.{key}")
-    elif isinstance(obj, list):
-        for i, value in enumerate(obj):
-            _check_finite(value, f"{where}[{i}]")
+def _fail(message: str) -> ProfileError:
+    return ProfileError(f"invalid profile: {message}")
+
+
+def _check_sizes(data: dict[str, Any]) -> None:
+    """Bounds checked before the JSON Schema, so that an oversized profile is refused at once."""
+    for key, limit in (("units", MAX_UNITS), ("tensors", MAX_TENSORS), ("micro_batch_sizes", MAX_PROFILED_SIZES)):
+        value = data.get(key)
+        if isinstance(value, list) and len(value) > limit:
+            raise _fail(f"{len(value):,} {key}, over pipeplan's limit of {limit:,}")
+
+
+def _check_meaning(data: dict[str, Any]) -> None:
+    """What the planner relies on beyond the schema: names unique, arrays aligned, data flowing forward."""
+    sizes = data["micro_batch_sizes"]
+    n_sizes = len(sizes)
+    if len(set(sizes)) != n_sizes:
+        raise _fail(f"micro_batch_sizes has duplicates: {shorten(str(sizes))}")
+    if max(sizes) > MAX_GLOBAL_BATCH:
+        raise _fail(f"micro-batch size {max(sizes)} is over pipeplan's limit of {MAX_GLOBAL_BATCH:,}")
+    n_units = len(data["units"])
+    seen: dict[str, int] = {}
+    per_size = ("forward_s", "backward_s", "flops", "output_bytes", "saved_bytes")
+    for i, unit in enumerate(data["units"]):
+        name = unit["name"]
+        if not name.strip():
+            raise _fail(f"units[{i}] has an empty name")
+        if name in seen:
+            raise _fail(f"units[{seen[name]}] and units[{i}] are both named {shorten(name)}: unit names must be unique")
+        seen[name] = i
+        for key in per_size + (("peak_bytes",) if unit.get("peak_bytes") is not None else ()):
+            if len(unit[key]) != n_sizes:
+                raise _fail(f"units[{i}].{key} has {len(unit[key])} values, micro_batch_sizes has {n_sizes}")
+        for key in ("forward_s", "backward_s"):
+            if any(t > MAX_SECONDS for t in unit[key]):
+                raise _fail(
+                    f"units[{i}].{key} holds {max(unit[key]):.3g} s, over pipeplan's limit of {MAX_SECONDS:.0e} s"
+                )
+    for i, tensor in enumerate(data["tensors"]):
+        if len(tensor["bytes"]) != n_sizes:
+            raise _fail(f"tensors[{i}].bytes has {len(tensor['bytes'])} values, expected {n_sizes}")
+        producer, consumers = tensor["producer"], tensor["consumers"]
+        if producer >= n_units or any(c >= n_units for c in consumers):
+            raise _fail(f"tensors[{i}] names a unit index >= {n_units}")
+        if any(c <= producer for c in consumers):
+            raise _fail(
+                f"tensors[{i}] is produced by unit {producer} but consumed by unit "
+                f"{min(consumers)}: a producer must come strictly before its consumers"
+            )
+        if len(set(consumers)) != len(consumers):
+            raise _fail(f"tensors[{i}] lists a consumer twice: {shorten(str(consumers))}")
+    for key in ("forward_s", "backward_s"):
+        values = data["whole_model"][key]
+        if len(values) != n_sizes:
+            raise _fail(f"whole_model.{key} is not aligned with micro_batch_sizes")
+        if any(t > MAX_SECONDS for t in values):
+            raise _fail(f"whole_model.{key} holds {max(values):.3g} s, over pipeplan's limit of {MAX_SECONDS:.0e} s")
 
 
 def _validate(data: Any) -> None:
     if isinstance(data, dict):
-        _check_finite(data)
+        _check_sizes(data)
     check_document(data, _schema(), error=ProfileError, kind="profile", fmt=PROFILE_FORMAT, version=PROFILE_VERSION)
-    n_sizes = len(data["micro_batch_sizes"])
-    if len(set(data["micro_batch_sizes"])) != n_sizes:
-        raise ProfileError("invalid profile: micro_batch_sizes has duplicates")
-    n_units = len(data["units"])
-    per_size = ("forward_s", "backward_s", "flops", "output_bytes", "saved_bytes")
-    for i, unit in enumerate(data["units"]):
-        for key in per_size + (("peak_bytes",) if unit.get("peak_bytes") is not None else ()):
-            if len(unit[key]) != n_sizes:
-                raise ProfileError(
-                    f"invalid profile: units[{i}].{key} has {len(unit[key])} values, micro_batch_sizes has {n_sizes}"
-                )
-    for i, tensor in enumerate(data["tensors"]):
-        if len(tensor["bytes"]) != n_sizes:
-            raise ProfileError(
-                f"invalid profile: tensors[{i}].bytes has {len(tensor['bytes'])} values, expected {n_sizes}"
-            )
-        if tensor["producer"] >= n_units or any(c >= n_units for c in tensor["consumers"]):
-            raise ProfileError(f"invalid profile: tensors[{i}] names a unit index >= {n_units}")
-        if any(c <= tensor["producer"] for c in tensor["consumers"]):
-            raise ProfileError(f"invalid profile: tensors[{i}] is consumed at or before its producer")
-    for key in ("forward_s", "backward_s"):
-        if len(data["whole_model"][key]) != n_sizes:
-            raise ProfileError(f"invalid profile: whole_model.{key} is not aligned with micro_batch_sizes")
+    _check_meaning(data)
 
 
 def profile_from_dict(data: Any) -> Profile:
@@ -232,7 +258,7 @@ def load_profile(path: str | Path) -> Profile:
     try:
         return profile_from_dict(data)
     except ProfileError as exc:
-        raise ProfileError(f"{path}: {exc}") from None
+        raise ProfileError(f"{shorten(str(path))}: {exc}") from None
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:

@@ -14,13 +14,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.errors import ProfilingError, UsageError
+from planner.errors import ProfilingError, UsageError, shorten
 from profiles.dataflow import Capture, Edge, Piece, capture_export, capture_hooks
 from profiles.fingerprint import model_fingerprint
 from profiles.format import DeviceInfo, ModelInfo, Profile, TensorFlow, UnitProfile, WholeModel
 from profiles.measure import PieceMeasurement, count_flops, measure_piece
 from profiles.units import find_units
-from profiles.workload import Workload, as_tuple
+from profiles.workload import Workload, active_dropout, as_tuple, check_batch, check_model_signature, check_output
 
 __all__ = ["profile_model", "device_info", "DTYPES"]
 
@@ -72,8 +72,11 @@ def _to_device(value: Any, device: torch.device, dtype: torch.dtype) -> Any:
 def _batch(workload: Workload, size: int, device: torch.device, dtype: torch.dtype) -> tuple[tuple, Any]:
     try:
         inputs, target = workload.make_batch(size)
+    except SystemExit as exc:
+        raise ProfilingError(f"make_batch({size}) called sys.exit({exc.code!r})") from None
     except Exception as exc:
-        raise ProfilingError(f"make_batch({size}) failed: {type(exc).__name__}: {exc}") from None
+        raise ProfilingError(f"make_batch({size}) failed: {shorten(f'{type(exc).__name__}: {exc}', 200)}") from None
+    check_batch(size, inputs, target)
     return _to_device(as_tuple(inputs), device, dtype), _to_device(target, device, dtype)
 
 
@@ -196,12 +199,22 @@ def profile_model(
     if capture not in (None, "export", "hooks"):
         raise UsageError(f"unknown capture {capture!r}: use export or hooks")
     dev = _resolve_device(device)
-    load_before = _warn_if_busy(dev)
     torch_dtype = DTYPES[dtype]
     model = workload.model.to(device=dev, dtype=torch_dtype)
     model.train()
+    check_model_signature(model)
+    dropout = active_dropout(model)
+    if dropout:
+        print(
+            f"pipeplan: warning: {len(dropout)} dropout modules are active in training mode (e.g. {dropout[0]}): "
+            "every run differs, and so do the profile and verify's numerics; set their p to 0 to compare runs",
+            file=sys.stderr,
+        )
 
     example, _ = _batch(workload, sizes[0], dev, torch_dtype)
+    check_output(model, example, sizes[0])
+    # After the checks: a model that cannot run gets its one error line, not a load warning before it.
+    load_before = _warn_if_busy(dev)
     if units is not None:
         unit_names, unit_spec = find_units(model, example, units), units if isinstance(units, int) else "explicit"
     elif workload.units is not None:

@@ -9,19 +9,28 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.errors import ModelSpecError
+from planner.errors import ModelSpecError, shorten
 
 if TYPE_CHECKING:  # torch is imported where a model is built, so that the planner's CLI starts fast
     import torch
     from torch import nn
 
-__all__ = ["Workload", "load_workload", "as_tuple"]
+__all__ = [
+    "Workload",
+    "load_workload",
+    "as_tuple",
+    "check_model_signature",
+    "check_batch",
+    "check_output",
+    "active_dropout",
+]
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,10 @@ def as_tuple(inputs: Any) -> tuple[torch.Tensor, ...]:
     return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
 
+def _one_line(exc: BaseException) -> str:
+    return shorten(f"{type(exc).__name__}: {exc}", 200)
+
+
 def _resolve_callable(spec: str) -> Callable[..., Any]:
     target, _, attr = spec.rpartition(":")
     if not target or not attr:
@@ -63,13 +76,21 @@ def _resolve_callable(spec: str) -> Callable[..., Any]:
         sys.modules[module_name] = module
         try:
             loader_spec.loader.exec_module(module)
+        except SystemExit as exc:  # sys.exit() in a model file would end pipeplan with no profile written
+            raise ModelSpecError(
+                f"importing {path} called sys.exit({exc.code!r}): a model file must not exit"
+            ) from None
         except Exception as exc:  # the user's file: any error is theirs to see in one line
-            raise ModelSpecError(f"importing {path} failed: {type(exc).__name__}: {exc}") from None
+            raise ModelSpecError(f"importing {path} failed: {_one_line(exc)}") from None
     else:
         try:
             module = importlib.import_module(target)
+        except SystemExit as exc:
+            raise ModelSpecError(
+                f"importing {target} called sys.exit({exc.code!r}): a model module must not exit"
+            ) from None
         except Exception as exc:
-            raise ModelSpecError(f"cannot import module {target!r}: {type(exc).__name__}: {exc}") from None
+            raise ModelSpecError(f"cannot import module {target!r}: {_one_line(exc)}") from None
     try:
         return getattr(module, attr)
     except AttributeError:
@@ -97,8 +118,10 @@ def load_workload(spec: str, **builtin_options: Any) -> Workload:
         raise ModelSpecError(f"{spec} is not callable: NAME must be a zero-argument function returning a Workload")
     try:
         result = factory()
+    except SystemExit as exc:
+        raise ModelSpecError(f"calling {spec}() called sys.exit({exc.code!r}): it must return a Workload") from None
     except Exception as exc:
-        raise ModelSpecError(f"calling {spec}() failed: {type(exc).__name__}: {exc}") from None
+        raise ModelSpecError(f"calling {spec}() failed: {_one_line(exc)}") from None
     if isinstance(result, tuple) and len(result) == 3:
         result = Workload(*result)
     if not isinstance(result, Workload):
@@ -114,3 +137,68 @@ def load_workload(spec: str, **builtin_options: Any) -> Workload:
     if not result.name:
         result = Workload(result.model, result.make_batch, result.loss_fn, spec, result.units)
     return result
+
+
+def check_model_signature(model: nn.Module) -> None:
+    """The pipeline calls ``model(*inputs)``: a required keyword-only argument can never be passed."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return  # a builtin or C forward: nothing to inspect
+    required = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    if required:
+        raise ModelSpecError(
+            f"{type(model).__name__}.forward has required keyword-only arguments ({', '.join(required)}): "
+            "the pipeline passes make_batch's inputs positionally; give them defaults or make them positional"
+        )
+
+
+def check_batch(batch_size: int, inputs: Any, target: Any) -> None:
+    """``make_batch(batch_size)`` returned tensors whose first dimension is ``batch_size``."""
+    import torch
+
+    tensors = as_tuple(inputs)
+    if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
+        kinds = ", ".join(type(t).__name__ for t in tensors) or "nothing"
+        raise ModelSpecError(
+            f"make_batch({batch_size}) returned inputs of {kinds}: expected a tensor or a tuple of tensors"
+        )
+    if not isinstance(target, torch.Tensor):
+        raise ModelSpecError(
+            f"make_batch({batch_size}) returned a target of {type(target).__name__}: expected a tensor"
+        )
+    for what, t in [*((f"input {i}", t) for i, t in enumerate(tensors)), ("the target", target)]:
+        if t.dim() == 0 or t.shape[0] != batch_size:
+            raise ModelSpecError(
+                f"make_batch({batch_size}) returned {what} of shape {tuple(t.shape)}: its first dimension must be "
+                f"the batch size {batch_size} (make_batch must use its batch_size argument)"
+            )
+
+
+def check_output(model: nn.Module, inputs: tuple[Any, ...], batch_size: int) -> None:
+    """One forward without gradients: it runs on make_batch's inputs and returns a tensor."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            out = model(*inputs)
+    except SystemExit as exc:
+        raise ModelSpecError(f"the model's forward called sys.exit({exc.code!r})") from None
+    except Exception as exc:
+        raise ModelSpecError(
+            f"the model's forward failed on make_batch({batch_size})'s inputs "
+            f"(shapes {[tuple(getattr(t, 'shape', ())) for t in inputs]}): {_one_line(exc)}"
+        ) from None
+    if not isinstance(out, torch.Tensor):
+        raise ModelSpecError(
+            f"forward must return a tensor (it returned {type(out).__name__}): torch.distributed.pipelining "
+            "splits a model whose forward returns one tensor; return e.g. the logits (output.logits, output[0])"
+        )
+
+
+def active_dropout(model: nn.Module) -> list[str]:
+    """Dropout modules with p > 0: in training mode they make every run, and so every profile, differ."""
+    from torch import nn
+
+    kinds = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+    return [name for name, m in model.named_modules() if isinstance(m, kinds) and m.p > 0]

@@ -66,9 +66,9 @@ def _dict():
         (lambda d: d.update(version=2), "unsupported plan version 2"),
         (lambda d: d.pop("stages"), "'stages' is a required property"),
         (lambda d: d["stages"][0].update(forward_s=-1.0), "stages"),
-        (lambda d: d.update(split_points=["layers.1"]), "split_points must be the first unit"),
+        (lambda d: d.update(split_points=["layers.1"]), r"split_points \['layers.1'\] must be the first unit"),
         (lambda d: d.update(num_microbatches=3), "global_batch_size"),
-        (lambda d: d["stages"][1].update(rank=5), "rank is outside"),
+        (lambda d: d["stages"][1].update(rank=5), "stage 1 is on rank 5, but schedule 1f1b places it on rank 1"),
         (lambda d: d.update(num_stages=3), "num_stages is 3 but 2 stages"),
     ],
 )

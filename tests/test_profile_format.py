@@ -140,5 +140,5 @@ def test_missing_file_is_rejected(tmp_path: Path) -> None:
 
 def test_consumer_before_producer_is_rejected(profile: Profile) -> None:
     data = _mutate(profile, lambda d: d["tensors"][1].update(consumers=[0]))
-    with pytest.raises(ProfileError, match=r"tensors\[1\] is consumed at or before its producer"):
+    with pytest.raises(ProfileError, match=r"tensors\[1\] is produced by unit 0 but consumed by unit 0"):
         profile_from_dict(data)

@@ -4,7 +4,9 @@
 (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``), opens the process group, calls
 ``fn(rank, world_size, *args)`` in each and returns the results in rank order. When a rank raises,
 hangs past the time-out or dies, the others are terminated (then killed) and one
-:class:`ExecutionError` names the rank that failed first; no process is left behind.
+:class:`ExecutionError` names the rank that failed first; no process is left behind. Each rank leads a
+process group of its own, and the whole group is stopped, so a subprocess started by user code inside a
+rank goes with it (also when the parent is interrupted: the CLI turns SIGTERM and SIGHUP into that).
 
 Test hook: ``PIPEPLAN_TEST_FAULT="<rank>:<raise|hang|kill>"`` in the environment makes that rank
 raise ``RuntimeError("boom")``, sleep forever, or SIGKILL itself right after the process group is
@@ -20,6 +22,7 @@ import signal
 import socket
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -74,7 +77,12 @@ def _worker(
     threads: int,
     conn: Connection,
 ) -> None:
+    # A process group of its own: stopping the rank stops what user code started inside it too.
+    os.setpgid(0, 0)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    # torch's deprecation warnings would land on the parent's stderr after its one error line.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
     try:
         import torch
 
@@ -94,10 +102,21 @@ def _worker(
         conn.close()
 
 
+def _signal_group(p: mp.process.BaseProcess, sig: int) -> None:
+    """Send ``sig`` to the rank's process group (the rank and whatever it started); gone is fine."""
+    if p.pid is None:
+        return
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _stop(procs: Sequence[mp.process.BaseProcess]) -> None:
     for p in procs:
         if p.is_alive():
             p.terminate()
+        _signal_group(p, signal.SIGTERM)
     deadline = time.monotonic() + _TERMINATE_S
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
@@ -105,6 +124,8 @@ def _stop(procs: Sequence[mp.process.BaseProcess]) -> None:
         if p.is_alive():
             p.kill()
             p.join()
+        # A rank may be gone while a process it started lives on in its group: no orphans.
+        _signal_group(p, signal.SIGKILL)
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:

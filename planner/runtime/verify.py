@@ -19,15 +19,18 @@ from __future__ import annotations
 import math
 import os
 import resource
+import signal
 import statistics
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from planner.errors import UsageError
+from planner.errors import ExecutionError, UsageError
 from planner.plan import Plan
 from planner.runtime.apply import apply_plan, schedule_microbatches, tied_parameter_groups
 from planner.runtime.launch import run_ranks
@@ -338,7 +341,7 @@ def verify_plan(
         steps, warmup: timed and untimed iterations.
         mode: ``auto``, ``processes`` or ``replay``.
         check_numerics: also compare one step's loss and gradients with a single process.
-        timeout_s: processes mode: limit for the whole run.
+        timeout_s: limit for the run: every rank (processes) or the replay (one process) is stopped after it.
         device: ``cpu`` or ``cuda``.
         tolerance: the largest relative iteration error for ``report.ok``.
 
@@ -371,7 +374,8 @@ def verify_plan(
             numerics = compare_numerics(*reference_step(fresh, plan), loss, grads)
     else:
         local = load_workload(workload) if isinstance(workload, str) else workload
-        result = replay_plan(plan, local, steps=steps, warmup=warmup, device=device, keep_grads=check_numerics)
+        with _deadline(timeout_s):
+            result = replay_plan(plan, local, steps=steps, warmup=warmup, device=device, keep_grads=check_numerics)
         fwd, bwd = list(result.forward_s), list(result.backward_s)
         # Replay measures compute alone; the runtime terms (overhead, step tail, co-location) stay the plan's.
         sim = simulate(
@@ -435,6 +439,34 @@ def _rank_time(plan: Plan, rank: int, result: dict[str, Any]) -> RankTime:
         measured_tail_s=_median(result["tail"]),
         measured_overhead_s=max(0.0, _median(rest)),
     )
+
+
+class _ReplayTimeout(Exception):
+    """Raised in the main thread by the replay's timer."""
+
+
+@contextmanager
+def _deadline(timeout_s: float) -> Iterator[None]:
+    """Stop a replay after ``timeout_s`` like the processes mode stops its ranks (main thread only: SIGALRM).
+
+    A hung model in Python code is interrupted at once; one stuck inside a single native op, when it returns.
+    """
+    if threading.current_thread() is not threading.main_thread() or not timeout_s > 0:
+        yield
+        return
+
+    def expire(_signum: int, _frame: object) -> None:
+        raise _ReplayTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        yield
+    except _ReplayTimeout:
+        raise ExecutionError(f"the replay did not finish within {timeout_s:g} s (--timeout)") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _comm_kwargs(plan: Plan) -> dict[str, Any]:

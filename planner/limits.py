@@ -1,0 +1,106 @@
+"""The largest inputs pipeplan accepts, and the checks that refuse more, at the edges.
+
+Each bound keeps a command within seconds on a 2-core CPU (measured 2026-11-30, synthetic profiles,
+machine shared with another job): ``plan`` on 1,024 units and 4 ranks 4.4 s; on 16 units, 4 ranks and
+1,024 micro-batches 3.1 s; on 64 units, 16 ranks and 256 micro-batches 3.3 s; ``simulate`` of 128
+stages x 1,024 micro-batches 2.8 s. Past a bound a command refuses at once, naming the bound, instead
+of running for minutes or exhausting memory. The checks live where input enters (the CLI, the file
+readers, ``PlanRequest``), not inside the solvers or the simulator. README, "Limits", lists them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from planner.errors import UsageError
+
+__all__ = [
+    "MAX_FILE_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_JSON_INT",
+    "MAX_SECONDS",
+    "MAX_UNITS",
+    "MAX_TENSORS",
+    "MAX_PROFILED_SIZES",
+    "MAX_RANKS",
+    "MAX_MICROBATCHES",
+    "MAX_GLOBAL_BATCH",
+    "MAX_PLAN_WORK",
+    "MAX_SIMULATED",
+    "MAX_REPEATS",
+    "MAX_STEPS",
+    "check_at_most",
+    "check_plan_work",
+    "check_simulation",
+]
+
+MAX_FILE_BYTES = 32 * 2**20
+"""A profile or plan file: 32 MiB (a 1,024-unit profile is about 1 MiB)."""
+MAX_JSON_DEPTH = 32
+"""Nesting of JSON objects and arrays; the formats need 5."""
+MAX_JSON_INT = 2**53
+"""Largest integer magnitude in a file: counts and bytes stay exact as a float (8 PiB)."""
+MAX_SECONDS = 1e9
+"""Largest time in a file or argument (31 years): sums over stages and micro-batches stay finite."""
+MAX_UNITS = 1024
+"""Units in a profile (and so in a plan)."""
+MAX_TENSORS = 16 * MAX_UNITS
+"""Tensor flows between units in a profile."""
+MAX_PROFILED_SIZES = 64
+"""Micro-batch sizes in a profile."""
+MAX_RANKS = 64
+"""Pipeline ranks (devices): ``--stages``, ``--device-memory`` / ``--device-speeds`` entries."""
+MAX_MICROBATCHES = 1024
+"""Micro-batches per iteration (``simulate --microbatches``, a plan's ``num_microbatches``)."""
+MAX_GLOBAL_BATCH = 65536
+"""Samples per iteration (``plan --global-batch``), and the largest micro-batch size."""
+MAX_PLAN_WORK = 4096
+"""``plan``: ranks x the most micro-batches a searched micro-batch size gives."""
+MAX_SIMULATED = 131072
+"""``simulate``: stages x micro-batches (each is a forward and a backward action)."""
+MAX_REPEATS = 1000
+"""``profile --repeats`` / ``--warmup``."""
+MAX_STEPS = 10000
+"""``verify --steps`` / ``--warmup``."""
+
+
+def check_at_most(what: str, value: int | float, limit: int | float, fix: str = "") -> None:
+    """Raise :class:`UsageError` naming ``what`` and the limit when ``value`` exceeds it."""
+    if value > limit:
+        shown = f"{value:,}" if isinstance(value, int) and value < 10**30 else f"{value:.3g}"
+        raise UsageError(f"{what} is {shown}, over pipeplan's limit of {limit:,}" + (f": {fix}" if fix else ""))
+
+
+def check_plan_work(num_ranks: int, global_batch_size: int, micro_batch_sizes: Sequence[int]) -> None:
+    """Refuse a plan search whose largest micro-batch count (smallest dividing size) is too much work.
+
+    The search simulates every dividing micro-batch size; its cost grows with ranks x micro-batches.
+    """
+    dividing = [b for b in micro_batch_sizes if b > 0 and global_batch_size % b == 0]
+    if not dividing:
+        return  # the search says which sizes would divide
+    b = min(dividing)
+    m = global_batch_size // b
+    check_at_most(
+        f"micro-batches (global batch {global_batch_size} / micro-batch size {b})",
+        m,
+        MAX_MICROBATCHES,
+        "pass a larger --micro-batch-size, or profile larger sizes",
+    )
+    check_at_most(
+        f"ranks x micro-batches ({num_ranks} x {m})",
+        num_ranks * m,
+        MAX_PLAN_WORK,
+        "pass a larger --micro-batch-size or use fewer --stages",
+    )
+
+
+def check_simulation(num_stages: int, num_microbatches: int) -> None:
+    """Refuse a simulation of more stage x micro-batch pairs than :data:`MAX_SIMULATED`."""
+    check_at_most("micro-batches", num_microbatches, MAX_MICROBATCHES)
+    check_at_most(
+        f"stages x micro-batches ({num_stages} x {num_microbatches})",
+        num_stages * num_microbatches,
+        MAX_SIMULATED,
+        "simulate fewer micro-batches or stages",
+    )
