@@ -18,6 +18,7 @@ from planner.calibration import (
 from planner.cost import CostSettings, default_settings, step_tails, unit_costs
 from planner.errors import CalibrationError
 from planner.schedule.orders import Schedule
+from planner.schedule.simulate import RuntimeTerms, simulate
 from planner.search import PlanRequest, make_plan, make_plans, plan_key, predict_plan
 from synthetic import make_profile
 
@@ -116,11 +117,20 @@ def test_calibrated_plan_records_its_runtime_terms() -> None:
     pred = plan.predicted
     assert (pred.calibration, pred.action_overhead_s, pred.compute_scale) == ("test", 1e-3, 1.5)
     assert pred.step_tail_s == pytest.approx((1e-3 + 2000 * 1e-8,) * 2)
-    # GPipe, 2 ranks, 2 micro-batches, every stage F = 0.02 * 1.5, B = 0.04 * 1.5, plus 1 ms per action,
-    # plus links of latency + 1 KiB / 1 GB/s, plus the step tail: the textbook (M + P - 1) (F + B) stretched.
+    # The prediction is the simulation of the plan's stages, links and these runtime terms.
     link = 1e-4 + 1024 / 1e9
-    f, b = 0.03 + 1e-3, 0.06 + 1e-3
-    assert pred.iteration_s == pytest.approx(3 * (f + b) + 2 * link + pred.step_tail_s[0])
+    again = simulate(
+        [st.forward_s for st in plan.stages],
+        [st.backward_s for st in plan.stages],
+        2,
+        "gpipe",
+        comm_forward_s=[link],
+        comm_backward_s=[link],
+        runtime=RuntimeTerms(1e-3, pred.step_tail_s, 1.5),
+    )
+    assert pred.iteration_s == again.iteration_s
+    textbook = simulate([0.02, 0.02], [0.04, 0.04], 2, "gpipe", comm_forward_s=[link], comm_backward_s=[link])
+    assert pred.iteration_s > textbook.iteration_s + 6 * 1e-3 + pred.step_tail_s[0]
     assert pred.overhead_s == pytest.approx((4e-3, 4e-3))
 
 

@@ -5,7 +5,8 @@
 2. Each runs for real (:func:`planner.runtime.verify.verify_plan`: processes when there are cores or GPUs
    for every rank, otherwise the one-process replay).
 3. The calibration is refit from what was measured (processes mode; replay measures compute only):
-   - co-location factor: median over candidates and ranks of measured compute / profiled compute;
+   - co-location factor: the one for which the simulated compute of every rank of every candidate adds up
+     to the measured compute (bisection; compute slows only where ranks overlap, docs/cost-model.md);
    - per-action overhead of each measured schedule: the value for which the simulator, with the refit
      factor, reproduces the measured iteration (bisection, as ``calibrate`` does), median over that
      schedule's candidates; unmeasured schedules scale by the median change of the measured ones;
@@ -27,7 +28,7 @@ from planner.errors import UsageError
 from planner.plan import Measurement, Plan
 from planner.runtime.calibrate import fit_overhead
 from planner.runtime.verify import VerifyReport, verify_plan
-from planner.schedule.simulate import RuntimeTerms, simulate
+from planner.schedule.simulate import RuntimeTerms, SimulationResult, simulate
 from planner.search import PlanRequest, make_plans, plan_key, predict_plan, repredicted_plan
 from profiles.format import Profile
 
@@ -62,8 +63,8 @@ def _label(plan: Plan) -> str:
     return f"{plan.schedule.value}{v}, b={plan.micro_batch_size} x {plan.num_microbatches}, recompute {recompute}"
 
 
-def _simulate_with(plan: Plan, compute_scale: float, overhead_s: float, tail_factor: float) -> float:
-    """The plan's iteration under other runtime terms (stage times in a plan are the profiled, unscaled ones)."""
+def _simulate_with(plan: Plan, compute_scale: float, overhead_s: float, tail_factor: float) -> SimulationResult:
+    """The plan under other runtime terms (stage times in a plan are the profiled, unscaled ones)."""
     pred = plan.predicted
     return simulate(
         [s.forward_s for s in plan.stages],
@@ -74,7 +75,27 @@ def _simulate_with(plan: Plan, compute_scale: float, overhead_s: float, tail_fac
         comm_forward_s=pred.comm_forward_s,
         comm_backward_s=pred.comm_backward_s,
         runtime=RuntimeTerms(overhead_s, tuple(t * tail_factor for t in pred.step_tail_s), compute_scale),
-    ).iteration_s
+    )
+
+
+def _fit_colocation(measured: list[tuple[Plan, VerifyReport]], overheads: list[float], start: float) -> float:
+    """The co-location factor whose simulated compute matches the measured compute, summed over the runs."""
+    target = sum(r.measured_compute_s for _, rep in measured for r in rep.ranks)
+
+    def simulated(k: float) -> float:
+        return sum(sum(_simulate_with(p, k, o, 1.0).busy_s) for (p, _), o in zip(measured, overheads, strict=True))
+
+    if target <= 0:
+        return start
+    if simulated(1.0) >= target:
+        return 1.0
+    low, high = 1.0, 2.0
+    while simulated(high) < target and high < 1e3:
+        high *= 2
+    for _ in range(50):
+        mid = (low + high) / 2
+        low, high = (mid, high) if simulated(mid) < target else (low, mid)
+    return (low + high) / 2
 
 
 def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyReport]]) -> Calibration:
@@ -82,18 +103,23 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
     measured = [(p, r) for p, r in runs if r.mode == "processes" and r.ranks]
     if not measured:
         return calibration
-    scales = []
-    for plan, report in measured:
-        for rank in report.ranks:
-            profiled = rank.predicted_compute_s / (plan.predicted.compute_scale or 1.0)
-            if profiled > 0:
-                scales.append(rank.measured_compute_s / profiled)
-    scale = statistics.median(scales) if scales else calibration.colocation_factor
     tails = [r.measured_tail_s / r.predicted_tail_s for _, rep in measured for r in rep.ranks if r.predicted_tail_s > 0]
     tail_factor = statistics.median(tails) if tails else 1.0
+    # The factor and the overheads depend on each other (overhead moves actions, hence their overlap):
+    # alternate the two fits; a few rounds settle them.
+    per_run = [calibration.overhead_for(plan.schedule) for plan, _ in measured]
+    scale = calibration.colocation_factor
+    for _ in range(4):
+        scale = _fit_colocation(measured, per_run, scale)
+        per_run = [
+            fit_overhead(
+                report.measured_iteration_s,
+                lambda o, p=plan, k=scale: _simulate_with(p, k, o, tail_factor).iteration_s,
+            )
+            for plan, report in measured
+        ]
     by_schedule: dict[str, list[float]] = {}
-    for plan, report in measured:
-        overhead = fit_overhead(report.measured_iteration_s, lambda o, p=plan: _simulate_with(p, scale, o, tail_factor))
+    for (plan, _), overhead in zip(measured, per_run, strict=True):
         by_schedule.setdefault(plan.schedule.value, []).append(overhead)
     overheads = dict(calibration.action_overhead_s)
     changes = []

@@ -11,9 +11,11 @@ The model (docs/simulator.md):
 - communication delays a dependency but occupies no rank's compute time (sends are asynchronous),
   and torch's fused send/receive waits are not modelled;
 - with :class:`RuntimeTerms` (measured by ``pipeplan calibrate``, docs/cost-model.md "Runtime terms"):
-  compute is scaled by the co-location factor, every action costs ``action_overhead_s`` more on its
-  rank (torch's dispatch, posting and waiting on P2P ops, the loss), and each rank ends the iteration
-  with its step tail (tied-gradient all-reduce, ``optimizer.step()`` and ``zero_grad``).
+  every action costs ``action_overhead_s`` more on its rank (torch's dispatch, posting and waiting on
+  P2P ops, the loss), each rank ends the iteration with its step tail (tied-gradient all-reduce,
+  ``optimizer.step()`` and ``zero_grad``), and compute slows by the co-location factor ``k`` only where
+  ranks compute at the same time: a rank whose compute overlaps others' for a share ``o`` of its busy
+  time computes ``1 + (k - 1) o`` times slower (``o`` from a first pass at full speed; one refinement).
 
 Start times are therefore the longest path through a DAG (rank order edges + dependency edges), so
 the result is exact for this model and independent of event tie-breaking.
@@ -60,7 +62,8 @@ class RuntimeTerms:
     step_tail_s: tuple[float, ...] = ()
     """Per rank, after its last action: tied-gradient all-reduce, ``optimizer.step()``, ``zero_grad``."""
     compute_scale: float = 1.0
-    """Co-location factor: compute with every rank busy on the machine / compute profiled alone."""
+    """Co-location factor: compute with every rank busy on the machine / compute profiled alone. Applied to
+    each rank in proportion to how much of its compute overlaps other ranks' (module docstring)."""
 
     def __post_init__(self) -> None:
         values = (self.action_overhead_s, *self.step_tail_s)
@@ -253,13 +256,18 @@ def simulate(
     terms = runtime or RuntimeTerms()
     if terms.step_tail_s and len(terms.step_tail_s) != ranks:
         raise UsageError(f"step_tail_s has {len(terms.step_tail_s)} values for {ranks} ranks")
-    scale = terms.compute_scale
-    durations = {
-        "F": [f * scale for f in fwd],
-        "B": [b * scale for b in bwd],
-        "I": [(b - w) * scale for b, w in zip(bwd, w_part, strict=True)],
-        "W": [w * scale for w in w_part],
+    base = {
+        "F": fwd,
+        "B": bwd,
+        "I": [b - w for b, w in zip(bwd, w_part, strict=True)],
+        "W": w_part,
     }
+    stage_rank = _stage_ranks(orders, n)
+    scales = [1.0] * ranks
+    if terms.compute_scale != 1.0:
+        full_speed, _ = _run(orders, base, comm_f, comm_b, n, terms.action_overhead_s)
+        scales = [1.0 + (terms.compute_scale - 1.0) * o for o in _overlap_fractions(full_speed, ranks)]
+    durations = {kind: [t * scales[stage_rank[s]] for s, t in enumerate(times)] for kind, times in base.items()}
     actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, terms.action_overhead_s)
     tails = terms.step_tail_s or (0.0,) * ranks
     last_end = [max((a.end_s for a in actions if a.rank == r), default=0.0) for r in range(ranks)]
@@ -333,6 +341,36 @@ def _run(
             raise ScheduleDeadlockError(f"schedule deadlocks; blocked at {waiting}\n{format_orders(orders)}")
     out.sort(key=lambda a: (a.rank, a.start_s, a.end_s))
     return out, comm_wait
+
+
+def _stage_ranks(orders: Sequence[Sequence[Step]], num_stages: int) -> list[int]:
+    ranks = [0] * num_stages
+    for rank, order in enumerate(orders):
+        for step in order:
+            ranks[step.stage] = rank
+    return ranks
+
+
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _overlap_fractions(actions: Sequence[TimedAction], num_ranks: int) -> list[float]:
+    """Per rank, the share of its compute time during which at least one other rank is busy."""
+    fractions = []
+    for rank in range(num_ranks):
+        own = [(a.start_s, a.end_s - a.overhead_s) for a in actions if a.rank == rank]
+        others = _merged([(a.start_s, a.end_s) for a in actions if a.rank != rank])
+        busy = sum(e - s for s, e in own)
+        shared = sum(max(0.0, min(e, oe) - max(s, os_)) for s, e in own for os_, oe in others)
+        fractions.append(shared / busy if busy > 0 else 0.0)
+    return fractions
 
 
 def _ready_time(

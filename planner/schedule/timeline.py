@@ -96,7 +96,7 @@ def _draw(ax: object, result: SimulationResult) -> None:
     for a in result.actions:
         # Later chunks of the same rank (interleaved) are drawn lighter so the chunk is visible.
         chunk = a.stage // result.num_ranks
-        alpha = 1.0 - 0.45 * chunk / max(1, v - 1) if v > 1 else 1.0
+        alpha = 1.0 - 0.45 * chunk / max(1, v - 1) if v > 1 and a.kind != "S" else 1.0
         ax.barh(  # type: ignore[attr-defined]
             a.rank,
             a.duration_s,

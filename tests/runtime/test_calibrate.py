@@ -33,7 +33,7 @@ def test_fit_overhead_inverts_the_simulator() -> None:
     assert fit_overhead(iteration(0.0) * 0.9, iteration) == 0.0  # faster than compute alone: nothing to add
 
 
-def _report(plan, measured_s: float, compute_scale: float, tail_s: float) -> VerifyReport:
+def _report(plan, measured_s: float, compute_s: tuple[float, ...], tail_s: float) -> VerifyReport:
     ranks = tuple(
         RankTime(
             rank=r,
@@ -41,7 +41,7 @@ def _report(plan, measured_s: float, compute_scale: float, tail_s: float) -> Ver
             predicted_wait_s=0.0,
             predicted_tail_s=plan.predicted.step_tail_s[r],
             predicted_overhead_s=plan.predicted.overhead_s[r],
-            measured_compute_s=plan.predicted.busy_s[r] / plan.predicted.compute_scale * compute_scale,
+            measured_compute_s=compute_s[r],
             measured_wait_s=0.0,
             measured_tail_s=tail_s,
             measured_overhead_s=0.0,
@@ -83,10 +83,10 @@ def test_refit_recovers_the_runtime_that_produced_the_measurements() -> None:
             comm_forward_s=plan.predicted.comm_forward_s,
             comm_backward_s=plan.predicted.comm_backward_s,
             runtime=RuntimeTerms(true_overhead, (true_tail,) * plan.num_ranks, true_scale),
-        ).iteration_s
-        runs.append((plan, _report(plan, truth, true_scale, true_tail)))
+        )
+        runs.append((plan, _report(plan, truth.iteration_s, truth.busy_s, true_tail)))
     refit = refit_calibration(start, runs)
-    assert refit.colocation_factor == pytest.approx(true_scale)
+    assert refit.colocation_factor == pytest.approx(true_scale, rel=1e-6)
     for plan in plans:
         assert refit.action_overhead_s[plan.schedule.value] == pytest.approx(true_overhead, rel=1e-6)
     assert refit.optimizer["adam"].per_param_s == pytest.approx(2 * start.optimizer["adam"].per_param_s)
@@ -98,7 +98,7 @@ def test_refit_from_replay_changes_nothing() -> None:
     start = calibration()
     request = PlanRequest(num_ranks=2, global_batch_size=2, settings=default_settings(profile, calibration=start))
     plan = make_plans(profile, request, sha256="0" * 64, count=1)[0]
-    report = replace(_report(plan, 1.0, 1.0, 0.0), mode="replay", ranks=())
+    report = replace(_report(plan, 1.0, (1.0, 1.0), 0.0), mode="replay", ranks=())
     assert refit_calibration(start, [(plan, report)]) is start
 
 

@@ -249,11 +249,26 @@ def test_step_tail_ends_each_rank() -> None:
     assert [(a.rank, a.start_s, a.end_s) for a in tails] == [(0, 6.0, 6.5), (1, 5.0, 7.0)]
 
 
-def test_compute_scale_scales_compute_only() -> None:
+def test_colocation_slows_only_overlapped_compute() -> None:
+    # GPipe, P = 2, M = 2, F = B = 1: rank 0 computes at [0, 2] and [4, 6], rank 1 at [1, 5]; each has
+    # half of its compute overlapped, so k = 2 makes every action 1.5 long and the iteration 6 x 1.5 = 9.
+    r = simulate([1, 1], [1, 1], 2, "gpipe", runtime=RuntimeTerms(compute_scale=2.0))
+    assert r.iteration_s == 9.0
+    assert r.busy_s == (6.0, 6.0)
+
+
+def test_colocation_leaves_a_pipeline_without_overlap_alone() -> None:
+    # One micro-batch through two stages: the ranks never compute at once, so nothing slows.
+    assert simulate([1, 1], [1, 1], 1, "gpipe", runtime=RuntimeTerms(compute_scale=3.0)).iteration_s == 4.0
+
+
+def test_colocation_with_a_link() -> None:
+    # A 1 s link shifts rank 1 to [2, 6] while rank 0 computes at [0, 2] and [5, 7]: a quarter of each
+    # rank's compute overlaps ([5, 6]), so each computes 1.25x slower. Rank 1's forwards then run at
+    # [2.25, 4.75], its backwards to 7.25; rank 0's backwards at [6, 8.5].
     r = simulate([1, 1], [1, 1], 2, "gpipe", comm_forward_s=[1.0], runtime=RuntimeTerms(compute_scale=2.0))
-    # Every action 2 s, the one link 1 s: F(1,0) starts at 3, the iteration is (2 + 1) * 2 * 2 + 1 = 13.
-    assert r.iteration_s == 13.0
-    assert r.busy_s == (8.0, 8.0)
+    assert r.iteration_s == 8.5
+    assert r.busy_s == (5.0, 5.0)
 
 
 def test_comm_wait_counts_link_time_only() -> None:
