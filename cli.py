@@ -289,6 +289,11 @@ def _calibration_settings(args: argparse.Namespace, device_kind: str) -> dict[st
     return {"calibration": load_calibration(args.calibration), "calibration_label": str(args.calibration)}
 
 
+def _calibration_inputs(args: argparse.Namespace) -> list[str]:
+    """The calibration file a command reads, if any: an input that no output may replace."""
+    return [] if args.calibration in ("auto", "none") else [args.calibration]
+
+
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from planner.calibration import save_calibration
     from planner.fileio import check_output_path
@@ -353,7 +358,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from planner.search import make_plan, profile_sha256
     from profiles.format import load_profile
 
-    check_output_path(args.out, inputs=[args.profile])
+    check_output_path(args.out, inputs=[args.profile, *_calibration_inputs(args)])
     profile = load_profile(args.profile)
     request = _plan_request(args, profile)
     plan = make_plan(profile, request, sha256=profile_sha256(args.profile), record_timing=args.record_timing)
@@ -374,9 +379,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from planner.search import profile_sha256
     from profiles.format import load_profile
 
-    check_output_path(args.out, inputs=[args.profile])
+    check_output_path(args.out, inputs=[args.profile, *_calibration_inputs(args)])
     calibration_out = args.calibration_out or _beside(args.out, ".calibration.json")
-    check_output_path(calibration_out, inputs=[args.profile, args.out])
+    check_output_path(calibration_out, inputs=[args.profile, args.out, *_calibration_inputs(args)])
     if args.calibration == "none":
         raise UsageError("tune refits a calibration: give --calibration auto (the shipped one) or a file")
     profile = load_profile(args.profile)

@@ -166,3 +166,32 @@ def test_predict_plan_reproduces_the_search_and_changes_with_the_calibration() -
         assert predict_plan(profile, plan, settings).iteration_s == plan.predicted.iteration_s
         slower = default_settings(profile, calibration=calibration(colocation_factor=2.0))
         assert predict_plan(profile, plan, slower).iteration_s > plan.predicted.iteration_s
+
+
+def test_cli_never_replaces_the_calibration_it_reads(tmp_path, capsys) -> None:
+    from cli import main
+    from profiles.format import save_profile
+
+    profile, cal = tmp_path / "p.json", tmp_path / "c.json"
+    save_profile(make_profile([0.01] * 4), profile)
+    save_calibration(calibration(), cal)
+    before = cal.read_bytes()
+    args = ["plan", str(profile), "--stages", "2", "--global-batch", "4", "--calibration", str(cal)]
+    assert main([*args, "--out", str(cal)]) == 2
+    assert "is this command's input" in capsys.readouterr().err
+    assert cal.read_bytes() == before
+    assert main([*args, "--out", str(tmp_path / "plan.json")]) == 0
+    assert json.loads((tmp_path / "plan.json").read_text())["predicted"]["calibration"] == str(cal)
+
+
+def test_cli_refuses_a_calibration_of_another_device(tmp_path, capsys) -> None:
+    from cli import main
+    from profiles.format import save_profile
+
+    profile, cal = tmp_path / "p.json", tmp_path / "c.json"
+    save_profile(make_profile([0.01] * 4), profile)
+    save_calibration(calibration(device_kind="cuda", backend="nccl"), cal)
+    args = ["plan", str(profile), "--stages", "2", "--global-batch", "4", "--calibration", str(cal), "--out"]
+    assert main([*args, str(tmp_path / "plan.json")]) == 2
+    err = capsys.readouterr().err
+    assert "measured on cuda/nccl but the profile is for cpu/gloo" in err and len(err.splitlines()) == 1
