@@ -44,13 +44,15 @@ BACKEND_OF_DEVICE = {"cpu": "gloo", "cuda": "nccl"}
 
 @dataclass(frozen=True)
 class OptimizerCost:
-    """``optimizer.step()`` plus ``zero_grad()`` on one rank: ``per_step_s + per_param_s * parameters``."""
+    """``optimizer.step()`` plus ``zero_grad()`` on one rank:
+    ``per_step_s + per_param_s * parameters + per_tensor_s * parameter tensors``."""
 
     per_param_s: float
     per_step_s: float
+    per_tensor_s: float = 0.0
 
-    def seconds(self, num_params: int) -> float:
-        return self.per_step_s + self.per_param_s * num_params
+    def seconds(self, num_params: int, num_tensors: int = 0) -> float:
+        return self.per_step_s + self.per_param_s * num_params + self.per_tensor_s * num_tensors
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class Calibration:
 
     def __post_init__(self) -> None:
         numbers = [self.p2p_latency_s, *self.action_overhead_s.values()]
-        numbers += [v for o in self.optimizer.values() for v in (o.per_param_s, o.per_step_s)]
+        numbers += [v for o in self.optimizer.values() for v in (o.per_param_s, o.per_step_s, o.per_tensor_s)]
         if not all(isinstance(v, int | float) and math.isfinite(v) and v >= 0 for v in numbers):
             raise CalibrationError(f"invalid calibration: times must be finite and >= 0, got {numbers}")
         positive = (self.p2p_bytes_per_s, self.colocation_factor)
@@ -117,13 +119,13 @@ class Calibration:
         steps = 2 * (num_ranks - 1)
         return steps * (self.p2p_latency_s + num_bytes / num_ranks / self.p2p_bytes_per_s)
 
-    def optimizer_s(self, optimizer: str, num_params: int) -> float:
+    def optimizer_s(self, optimizer: str, num_params: int, num_tensors: int = 0) -> float:
         cost = self.optimizer.get(optimizer)
         if cost is None:
             raise CalibrationError(
                 f"the calibration has no optimizer {optimizer!r} (has: {', '.join(sorted(self.optimizer))})"
             )
-        return cost.seconds(num_params)
+        return cost.seconds(num_params, num_tensors)
 
     def runtime_terms(self, schedule: Schedule, step_tail_s: tuple[float, ...]) -> RuntimeTerms:
         return RuntimeTerms(
@@ -172,7 +174,8 @@ def calibration_from_dict(data: Any) -> Calibration:
         p2p_bytes_per_s=float(data["p2p_bytes_per_s"]),
         action_overhead_s={k: float(v) for k, v in data["action_overhead_s"].items()},
         optimizer={
-            k: OptimizerCost(float(v["per_param_s"]), float(v["per_step_s"])) for k, v in data["optimizer"].items()
+            k: OptimizerCost(float(v["per_param_s"]), float(v["per_step_s"]), float(v.get("per_tensor_s", 0.0)))
+            for k, v in data["optimizer"].items()
         },
         colocation_factor=float(data["colocation_factor"]),
         source=data.get("source", "measured"),

@@ -7,8 +7,10 @@ run (``cores // P`` on a CPU machine):
    then the alpha-beta line ``t = latency + bytes / bandwidth`` fitted by least squares.
 2. **Co-location**: a fixed matmul-and-activation workload timed on rank 0 alone, then on every rank at
    once; the factor is the ratio of the two medians.
-3. **Optimizer**: ``optimizer.step()`` + ``zero_grad()`` of Adam and SGD on two parameter sets, every rank
-   at once (as in training), fitted to ``per_step + per_param * parameters``.
+3. **Optimizer**: ``optimizer.step()`` + ``zero_grad()`` of Adam and SGD, every rank at once (as in
+   training), on 2^18 parameters in 8 tensors, 2^21 in 8 and 2^18 in 256, solved for
+   ``per_step + per_param * parameters + per_tensor * tensors`` (torch's CPU optimizers loop over tensors,
+   so a model of many small tensors pays per tensor).
 4. **Per-action overhead** of each schedule: torch's own schedule runs stages of one tiny ``Linear`` at
    several micro-batch counts. Their compute is measured by the profiler's harness (what a profile
    would say); the overhead is the value per action for which the simulator, given that compute and the
@@ -142,14 +144,18 @@ def _colocation(rank: int, dev: torch.device, sync: Callable[[], None], repeats:
     return alone, together
 
 
-def _optimizer(dev: torch.device, sync: Callable[[], None], repeats: int) -> dict[str, list[tuple[int, float]]]:
+_OPTIMIZER_SETS = ((1 << 18, 8), (1 << 21, 8), (1 << 18, 256))
+"""(parameters, tensors) timed for the optimizer fit: two sizes at one count, two counts at one size."""
+
+
+def _optimizer(dev: torch.device, sync: Callable[[], None], repeats: int) -> dict[str, list[tuple[int, int, float]]]:
     import torch.distributed as dist
 
-    out: dict[str, list[tuple[int, float]]] = {}
+    out: dict[str, list[tuple[int, int, float]]] = {}
     for name in ("adam", "sgd"):
         points = []
-        for numel in (1 << 18, 1 << 21):
-            params = [nn.Parameter(torch.randn(numel // 8, device=dev)) for _ in range(8)]
+        for numel, count in _OPTIMIZER_SETS:
+            params = [nn.Parameter(torch.randn(numel // count, device=dev)) for _ in range(count)]
             for p in params:
                 p.grad = torch.randn_like(p)
             opt = (
@@ -163,7 +169,7 @@ def _optimizer(dev: torch.device, sync: Callable[[], None], repeats: int) -> dic
                     p.grad.zero_()  # type: ignore[union-attr]
 
             dist.barrier()
-            points.append((numel, _median_time(step, repeats, sync)))
+            points.append((numel, count, _median_time(step, repeats, sync)))
         out[name] = points
     return out
 
@@ -321,11 +327,14 @@ def calibrate(
     optimizer = {}
     for name in ("adam", "sgd"):
         # Every rank stepped at once; the slowest rank is what the iteration waits for.
-        points = [
-            (n, max(r["optimizer"][name][i][1] for r in results)) for i, (n, _) in enumerate(head["optimizer"][name])
+        (n1, t1, a), (n2, _, b), (_, t2, c) = [
+            (n, k, max(r["optimizer"][name][i][2] for r in results))
+            for i, (n, k, _) in enumerate(head["optimizer"][name])
         ]
-        per_step, per_param = fit_line([float(n) for n, _ in points], [t for _, t in points])
-        optimizer[name] = OptimizerCost(per_param_s=per_param, per_step_s=per_step)
+        per_param = max((b - a) / (n2 - n1), 0.0)
+        per_tensor = max((c - a) / (t2 - t1), 0.0)
+        per_step = max(a - per_param * n1 - per_tensor * t1, 0.0)
+        optimizer[name] = OptimizerCost(per_param_s=per_param, per_step_s=per_step, per_tensor_s=per_tensor)
     forward_s, backward_s = head["compute"]
     transfer = latency + _WIDTH * 4 / bandwidth
     runs = {
@@ -354,7 +363,7 @@ def calibrate(
             "samples": {
                 "p2p_one_way_s": [[s, t] for s, t in head["p2p"]],
                 "colocation_s": {"alone": alone, "together": together},
-                "optimizer_step_s": {k: [[n, t] for n, t in v] for k, v in head["optimizer"].items()},
+                "optimizer_step_s": {k: [[n, c, t] for n, c, t in v] for k, v in head["optimizer"].items()},
                 "tiny_stage_s": {"forward": forward_s, "backward": backward_s},
                 "schedule_iteration_s": {k: [[m, t] for m, t in v] for k, v in runs.items()},
                 "overhead_per_microbatch_count_s": per_count,

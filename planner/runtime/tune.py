@@ -134,7 +134,7 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
             if name not in by_schedule:
                 overheads[name] *= factor
     optimizer = {
-        k: OptimizerCost(v.per_param_s * tail_factor, v.per_step_s * tail_factor)
+        k: OptimizerCost(v.per_param_s * tail_factor, v.per_step_s * tail_factor, v.per_tensor_s * tail_factor)
         for k, v in calibration.optimizer.items()
     }
     notes = dict(calibration.notes)

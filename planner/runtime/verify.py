@@ -266,7 +266,7 @@ def _rank_main(
     timers = [_StageTimer(stage, dev) for stage in run.stages]
     waits = _WaitTimer()
     optimizer = make_optimizer(str(plan.constraints.get("optimizer", "adam")), run.parameters())
-    iteration, busy, wait, tail = [], [], [], []
+    iteration, busy, wait, tail, own = [], [], [], [], []
     for i in range(warmup + steps):
         for t in timers:
             t.records.clear()
@@ -287,6 +287,7 @@ def _rank_main(
             busy.append(sum(d for t in timers for _, d in t.records))
             wait.append(waits.total_s)
             tail.append(t2 - t1)
+            own.append(t2 - t0)
             out.setdefault("records", [[] for _ in timers])
             for k, t in enumerate(timers):
                 out["records"][k].extend(t.records)
@@ -298,6 +299,7 @@ def _rank_main(
     out["busy"] = busy
     out["wait"] = wait
     out["tail"] = tail
+    out["own"] = own
     return out
 
 
@@ -423,10 +425,11 @@ def _rank_time(plan: Plan, rank: int, result: dict[str, Any]) -> RankTime:
     compute = pred.busy_s[rank] if rank < len(pred.busy_s) else 0.0
     overhead = pred.overhead_s[rank] if rank < len(pred.overhead_s) else 0.0
     tail = pred.step_tail_s[rank] if rank < len(pred.step_tail_s) else 0.0
-    # Per step, the rest of the iteration once compute, waits and the step tail are taken out.
+    # Per step, the rest of this rank's own time (to the end of its optimizer step; the barrier after it
+    # only waits for the slowest rank) once compute, waits and the step tail are taken out.
     rest = [
-        it - b - w - t
-        for it, b, w, t in zip(result["iteration"], result["busy"], result["wait"], result["tail"], strict=True)
+        mine - b - w - t
+        for mine, b, w, t in zip(result["own"], result["busy"], result["wait"], result["tail"], strict=True)
     ]
     return RankTime(
         rank=rank,
