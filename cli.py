@@ -130,6 +130,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype,
         repeats=args.repeats,
+        max_repeats=max(args.max_repeats, args.repeats),
         warmup=args.warmup,
         units=units,
         progress=not args.no_progress,
@@ -335,7 +336,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length of built-in language models")
-    p.add_argument("--repeats", type=_positive_int, default=3, help="timed repeats; the median is kept (default 3)")
+    p.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=3,
+        help="timed rounds at least (each times every unit once); the median is kept (default 3)",
+    )
+    p.add_argument(
+        "--max-repeats",
+        type=_positive_int,
+        default=15,
+        help="timed rounds at most: rounds go on until the medians of the unit sum and of the whole model "
+        "move by 1%% or less (default 15)",
+    )
     p.add_argument("--warmup", type=_nonneg_int, default=1, help="untimed warm-up runs (default 1)")
     p.add_argument(
         "--units",

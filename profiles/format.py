@@ -27,6 +27,7 @@ __all__ = [
     "UnitProfile",
     "TensorFlow",
     "WholeModel",
+    "PieceOverhead",
     "Profile",
     "load_profile",
     "save_profile",
@@ -104,6 +105,18 @@ class WholeModel:
 
 
 @dataclass(frozen=True)
+class PieceOverhead:
+    """The fixed cost of timing one piece: a trivial piece (one multiply) through the same harness.
+
+    Every unit's time includes it once, and so does the whole model: a stage of k units measured
+    unit by unit counts it k times where the stage, run as one piece, pays it once.
+    """
+
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class Profile:
     model: ModelInfo
     device: DeviceInfo
@@ -112,6 +125,8 @@ class Profile:
     tensors: tuple[TensorFlow, ...]
     whole_model: WholeModel
     settings: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    piece_overhead: PieceOverhead | None = None
+    """Optional (profiles made before it lack it)."""
 
     @property
     def num_units(self) -> int:
@@ -132,9 +147,16 @@ class Profile:
     def whole_s(self, size_index: int) -> float:
         return self.whole_model.forward_s[size_index] + self.whole_model.backward_s[size_index]
 
+    def overhead_s(self, size_index: int) -> float:
+        """Forward + backward harness overhead of one piece; 0 when the profile did not measure it."""
+        o = self.piece_overhead
+        return 0.0 if o is None else o.forward_s[size_index] + o.backward_s[size_index]
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         settings = data.pop("settings")
+        if data["piece_overhead"] is None:  # an optional field: absent, as in profiles made before it
+            del data["piece_overhead"]
         return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, **data, "settings": settings}
 
 
@@ -178,9 +200,10 @@ def _validate(data: Any) -> None:
             raise ProfileError(f"invalid profile: tensors[{i}] names a unit index >= {n_units}")
         if any(c <= tensor["producer"] for c in tensor["consumers"]):
             raise ProfileError(f"invalid profile: tensors[{i}] is consumed at or before its producer")
-    for key in ("forward_s", "backward_s"):
-        if len(data["whole_model"][key]) != n_sizes:
-            raise ProfileError(f"invalid profile: whole_model.{key} is not aligned with micro_batch_sizes")
+    for block in ("whole_model", "piece_overhead"):
+        for key in ("forward_s", "backward_s") if block in data else ():
+            if len(data[block][key]) != n_sizes:
+                raise ProfileError(f"invalid profile: {block}.{key} is not aligned with micro_batch_sizes")
 
 
 def profile_from_dict(data: Any) -> Profile:
@@ -214,7 +237,7 @@ def profile_from_dict(data: Any) -> Profile:
         )
         for t in data["tensors"]
     )
-    m, d, w = data["model"], data["device"], data["whole_model"]
+    m, d, w, o = data["model"], data["device"], data["whole_model"], data.get("piece_overhead")
     return Profile(
         model=ModelInfo(m["name"], m["fingerprint"], m["param_count"], m.get("param_bytes", 0)),
         device=DeviceInfo(d["kind"], d["name"], d["memory_bytes"], d["dtype"], d["torch_version"]),
@@ -223,6 +246,9 @@ def profile_from_dict(data: Any) -> Profile:
         tensors=tensors,
         whole_model=WholeModel(tuple(map(float, w["forward_s"])), tuple(map(float, w["backward_s"]))),
         settings=dict(data.get("settings", {})),
+        piece_overhead=None
+        if o is None
+        else PieceOverhead(tuple(map(float, o["forward_s"])), tuple(map(float, o["backward_s"]))),
     )
 
 
