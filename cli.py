@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -108,6 +109,11 @@ def _pin(text: str) -> tuple[str, int]:
 # --- commands ---------------------------------------------------------------------------------------------
 
 
+def _rank_threads(ranks: int) -> int:
+    """Threads each of ``ranks`` processes on this machine gets: the rule of planner/runtime/launch.py."""
+    return max(1, (os.cpu_count() or 1) // ranks)
+
+
 def _cmd_profile(args: argparse.Namespace) -> int:
     from planner.fileio import check_output_path
     from profiles.format import save_profile
@@ -116,10 +122,11 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from profiles.workload import load_workload
 
     check_output_path(args.out)
-    if args.threads:
+    threads = args.threads or (_rank_threads(args.ranks) if args.ranks else None)
+    if threads:
         import torch
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(threads)
     workload = load_workload(args.model, seq_len=args.seq_len)
     units: object = None
     if args.units:
@@ -356,11 +363,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FQN,FQN|DEPTH",
         help="unit FQNs in execution order, or a module depth (default: the largest repeated block list)",
     )
-    p.add_argument(
+    threads = p.add_mutually_exclusive_group()
+    threads.add_argument(
         "--threads",
         type=_positive_int,
         default=None,
         help="CPU intra-op threads while measuring; match what each rank will get (cores / ranks per machine)",
+    )
+    threads.add_argument(
+        "--ranks",
+        type=_positive_int,
+        default=None,
+        metavar="P",
+        help="profile with the threads each of P ranks on this machine will get: cores // P, as the runtime sets",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_profile)
