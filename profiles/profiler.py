@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from planner.errors import ProfilingError, UsageError
+from profiles.allocator import keep_freed_memory
 from profiles.dataflow import Capture, Edge, capture_export, capture_hooks
 from profiles.fingerprint import model_fingerprint
 from profiles.format import DeviceInfo, ModelInfo, PieceOverhead, Profile, TensorFlow, UnitProfile, WholeModel
@@ -273,6 +274,8 @@ def profile_model(
         raise UsageError(f"unknown capture {capture!r}: use export or hooks")
     dev = _resolve_device(device)
     load_before = _warn_if_busy(dev)
+    # the runtime's ranks keep freed memory too (planner/runtime/launch.py): see profiles/allocator.py
+    kept_memory = keep_freed_memory() if dev.type == "cpu" else False
     torch_dtype = DTYPES[dtype]
     model = workload.model.to(device=dev, dtype=torch_dtype)
     model.train()
@@ -368,6 +371,7 @@ def profile_model(
         "stable_within": stable_within,
         "repeats_used": rounds_used,
         "whole_model_path": WHOLE_PATHS[mode],
+        "keep_freed_memory": kept_memory,
         "warmup": warmup,
         "capture": mode,
         "unit_spec": unit_spec,

@@ -78,7 +78,10 @@ def _worker(
     try:
         import torch
 
+        from profiles.allocator import keep_freed_memory
+
         torch.set_num_threads(threads)
+        keep_freed_memory()  # as the profiler measured (profiles/allocator.py)
         if backend is not None:
             import torch.distributed as dist
 
