@@ -250,6 +250,7 @@ def test_profile_records_piece_overhead_rounds_and_whole_model_path(gpt2_profile
     assert all(p.overhead_s(j) > 0 for j in (0, 1))
     assert p.settings["whole_model_path"] == "exported as one piece"
     assert p.settings["repeats_used"] == [1, 1] and p.settings["max_repeats"] == 1
+    assert "keep_freed_memory" in p.settings
     assert "(exported as one piece)" in format_profile_table(p) and "less 7 x piece overhead" in format_profile_table(p)
 
 
