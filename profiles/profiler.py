@@ -252,6 +252,11 @@ def profile_model(
     (default: export, hooks when the model cannot be traced). The model is moved to ``device``/``dtype``
     in place. The loss is computed, and timed, with the last unit, as the last pipeline stage does.
 
+    Units, the whole model (along the units' code path, :func:`profiles.rounds.whole_piece`) and the
+    piece overhead are timed in round-robin rounds: at least ``repeats``, then until the median unit
+    sum and whole model move by at most ``stable_within`` per round, at most ``max_repeats`` (default:
+    ``repeats``, no adaptation).
+
     Raises :class:`UsageError` for bad sizes/repeats/dtype/units and :class:`ProfilingError` when CUDA
     is missing or the model cannot be run.
     """
