@@ -185,6 +185,11 @@ def _model_file(spec: str) -> str | None:
 # --- commands ---------------------------------------------------------------------------------------------
 
 
+def _rank_threads(ranks: int) -> int:
+    """Threads each of ``ranks`` processes on this machine gets: the rule of planner/runtime/launch.py."""
+    return max(1, (os.cpu_count() or 1) // ranks)
+
+
 def _cmd_profile(args: argparse.Namespace) -> int:
     from planner.fileio import check_output_path
     from profiles.format import save_profile
@@ -193,10 +198,11 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from profiles.workload import load_workload
 
     check_output_path(args.out, inputs=[_model_file(args.model)])
-    if args.threads:
+    threads = args.threads or (_rank_threads(args.ranks) if args.ranks else None)
+    if threads:
         import torch
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(threads)
     workload = load_workload(args.model, seq_len=args.seq_len)
     units: object = None
     if args.units:
@@ -207,6 +213,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype,
         repeats=args.repeats,
+        max_repeats=max(args.max_repeats, args.repeats),
         warmup=args.warmup,
         units=units,
         progress=not args.no_progress,
@@ -679,7 +686,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--seq-len", type=_int_range(1, 1 << 20), default=None, help="sequence length of built-in language models"
     )
     p.add_argument(
-        "--repeats", type=_int_range(1, MAX_REPEATS), default=3, help="timed repeats; the median is kept (default 3)"
+        "--repeats",
+        type=_int_range(1, MAX_REPEATS),
+        default=3,
+        help="timed rounds at least (each times every unit once); the median is kept (default 3)",
+    )
+    p.add_argument(
+        "--max-repeats",
+        type=_int_range(1, MAX_REPEATS),
+        default=15,
+        help="timed rounds at most: rounds go on until the medians of the unit sum and of the whole model "
+        "move by 1%% or less (default 15)",
     )
     p.add_argument("--warmup", type=_int_range(0, MAX_REPEATS), default=1, help="untimed warm-up runs (default 1)")
     p.add_argument(
@@ -688,11 +705,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FQN,FQN|DEPTH",
         help="unit FQNs in execution order, or a module depth (default: the largest repeated block list)",
     )
-    p.add_argument(
+    threads = p.add_mutually_exclusive_group()
+    threads.add_argument(
         "--threads",
         type=_int_range(1, 4096),
         default=None,
         help="CPU intra-op threads while measuring; match what each rank will get (cores / ranks per machine)",
+    )
+    threads.add_argument(
+        "--ranks",
+        type=_int_range(1, MAX_RANKS),
+        default=None,
+        metavar="P",
+        help="profile with the threads each of P ranks on this machine will get: cores // P, as the runtime sets",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_profile)

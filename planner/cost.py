@@ -252,19 +252,20 @@ def step_tails(
 ) -> tuple[float, ...]:
     """Per rank, what follows its last action: tied-gradient all-reduce, then optimizer step and zero_grad.
 
-    ``optimizer_s(params of the rank)`` from the calibration (docs/cost-model.md, "Runtime terms"), plus,
-    for every tied copy whose owner sits on another rank, a ring all-reduce of the copy's gradient over
-    the two ranks. Zero for every rank without a calibration.
+    ``optimizer_s(parameters and parameter tensors of the rank)`` from the calibration (docs/cost-model.md,
+    "Runtime terms"), plus, for every tied copy whose owner sits on another rank, a ring all-reduce of the
+    copy's gradient over the two ranks. Zero for every rank without a calibration.
     """
     num_ranks = max(stage_rank) + 1
     cal = settings.calibration
     if cal is None:
         return (0.0,) * num_ranks
     unit_rank = {u: stage_rank[s] for s, units in enumerate(stage_units) for u in units}
-    params = [0] * num_ranks
+    params, tensors = [0] * num_ranks, [0] * num_ranks
     for u, r in unit_rank.items():
         params[r] += costs.param_count[u]
-    tails = [cal.optimizer_s(settings.optimizer, n) if n else 0.0 for n in params]
+        tensors[r] += profile.units[u].param_tensor_count
+    tails = [cal.optimizer_s(settings.optimizer, n, k) if n else 0.0 for n, k in zip(params, tensors, strict=True)]
     weight_bytes = bytes_per_param(profile.device.dtype, settings.optimizer)[0]
     for u, unit in enumerate(profile.units):
         if unit.tied_param_count and unit.tied_params:

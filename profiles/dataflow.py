@@ -19,7 +19,16 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from planner.errors import ProfilingError
 
-__all__ = ["Piece", "Edge", "Capture", "capture_export", "capture_hooks", "tensor_bytes", "needs_grad"]
+__all__ = [
+    "Piece",
+    "Edge",
+    "Capture",
+    "capture_export",
+    "capture_hooks",
+    "tensor_bytes",
+    "needs_grad",
+    "run_as_generated_code",
+]
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,24 @@ def _edge(producer: int, consumers: set[int], t: torch.Tensor, name: str) -> Edg
     )
 
 
+def run_as_generated_code(module: nn.Module) -> int:
+    """Make the pieces of a ``pipeline()`` split run their generated Python code, not ``torch.fx.Interpreter``.
+
+    torch 2.13 rebuilds each split piece's module hierarchy from ``InterpreterModule``s that run every forward
+    node by node through ``torch.fx.Interpreter`` (which also builds a tqdm bar per call). Switching their
+    ``_run_with_interpreter`` off runs the same graph as a GraphModule's generated code, the path torch itself
+    takes under dynamo: on this CPU gpt2-tiny's pieces went from 17-22 ms to 8-9 ms per forward+backward
+    (eager: 9-12 ms), mlp's from 2.9-4.4 ms to 0.8-1.0 ms. The profiler and ``apply_plan`` both call it, so the
+    profiled pieces are the pieces that run. Returns how many modules were switched.
+    """
+    switched = 0
+    for sub in module.modules():
+        if getattr(sub, "_run_with_interpreter", False):
+            sub._run_with_interpreter = False
+            switched += 1
+    return switched
+
+
 def capture_export(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: list[str]) -> Capture:
     """Split ``model`` at every unit but the first with ``pipeline()`` and run it once to capture.
 
@@ -99,6 +126,7 @@ def capture_export(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: li
             else:
                 module.forward = forward
     gm = pipe.split_gm
+    run_as_generated_code(gm)
     calls = [n for n in gm.graph.nodes if n.op == "call_module"]
     if len(calls) != len(units):
         raise ProfilingError(

@@ -27,6 +27,7 @@ __all__ = [
     "UnitProfile",
     "TensorFlow",
     "WholeModel",
+    "PieceOverhead",
     "Profile",
     "load_profile",
     "save_profile",
@@ -77,6 +78,9 @@ class UnitProfile:
     tied_params: tuple[str, ...] = ()
     """Names of parameters this unit shares with another unit (counted at their first user)."""
     tied_param_count: int = 0
+    param_tensor_count: int = 0
+    """Parameter tensors the unit's stage holds (tied copies included): the optimizer pays per tensor.
+    Optional (0 in profiles written before it was recorded)."""
     """Parameters this unit uses that an earlier unit already counts; a pipeline stage holds a copy."""
 
 
@@ -104,6 +108,18 @@ class WholeModel:
 
 
 @dataclass(frozen=True)
+class PieceOverhead:
+    """The fixed cost of timing one piece: a trivial piece (one multiply) through the same harness.
+
+    Every unit's time includes it once, and so does the whole model: a stage of k units measured
+    unit by unit counts it k times where the stage, run as one piece, pays it once.
+    """
+
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class Profile:
     model: ModelInfo
     device: DeviceInfo
@@ -112,6 +128,8 @@ class Profile:
     tensors: tuple[TensorFlow, ...]
     whole_model: WholeModel
     settings: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    piece_overhead: PieceOverhead | None = None
+    """Optional (profiles made before it lack it)."""
 
     @property
     def num_units(self) -> int:
@@ -132,9 +150,16 @@ class Profile:
     def whole_s(self, size_index: int) -> float:
         return self.whole_model.forward_s[size_index] + self.whole_model.backward_s[size_index]
 
+    def overhead_s(self, size_index: int) -> float:
+        """Forward + backward harness overhead of one piece; 0 when the profile did not measure it."""
+        o = self.piece_overhead
+        return 0.0 if o is None else o.forward_s[size_index] + o.backward_s[size_index]
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         settings = data.pop("settings")
+        if data["piece_overhead"] is None:  # an optional field: absent, as in profiles made before it
+            del data["piece_overhead"]
         return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, **data, "settings": settings}
 
 
@@ -194,12 +219,13 @@ def _check_meaning(data: dict[str, Any]) -> None:
             )
         if len(set(consumers)) != len(consumers):
             raise _fail(f"tensors[{i}] lists a consumer twice: {shorten(str(consumers))}")
-    for key in ("forward_s", "backward_s"):
-        values = data["whole_model"][key]
-        if len(values) != n_sizes:
-            raise _fail(f"whole_model.{key} is not aligned with micro_batch_sizes")
-        if any(t > MAX_SECONDS for t in values):
-            raise _fail(f"whole_model.{key} holds {max(values):.3g} s, over pipeplan's limit of {MAX_SECONDS:.0e} s")
+    for block in ("whole_model", "piece_overhead"):
+        for key in ("forward_s", "backward_s") if block in data else ():
+            values = data[block][key]
+            if len(values) != n_sizes:
+                raise _fail(f"{block}.{key} is not aligned with micro_batch_sizes")
+            if any(t > MAX_SECONDS for t in values):
+                raise _fail(f"{block}.{key} holds {max(values):.3g} s, over pipeplan's limit of {MAX_SECONDS:.0e} s")
 
 
 def _validate(data: Any) -> None:
@@ -226,6 +252,7 @@ def profile_from_dict(data: Any) -> Profile:
             peak_bytes=None if u.get("peak_bytes") is None else tuple(u["peak_bytes"]),
             tied_params=tuple(u.get("tied_params", ())),
             tied_param_count=u.get("tied_param_count", 0),
+            param_tensor_count=u.get("param_tensor_count", 0),
         )
         for u in data["units"]
     )
@@ -240,7 +267,7 @@ def profile_from_dict(data: Any) -> Profile:
         )
         for t in data["tensors"]
     )
-    m, d, w = data["model"], data["device"], data["whole_model"]
+    m, d, w, o = data["model"], data["device"], data["whole_model"], data.get("piece_overhead")
     return Profile(
         model=ModelInfo(m["name"], m["fingerprint"], m["param_count"], m.get("param_bytes", 0)),
         device=DeviceInfo(d["kind"], d["name"], d["memory_bytes"], d["dtype"], d["torch_version"]),
@@ -249,6 +276,9 @@ def profile_from_dict(data: Any) -> Profile:
         tensors=tensors,
         whole_model=WholeModel(tuple(map(float, w["forward_s"])), tuple(map(float, w["backward_s"]))),
         settings=dict(data.get("settings", {})),
+        piece_overhead=None
+        if o is None
+        else PieceOverhead(tuple(map(float, o["forward_s"])), tuple(map(float, o["backward_s"]))),
     )
 
 

@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import os
 import platform
-import statistics
 import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from planner.errors import ProfilingError, UsageError, shorten
-from profiles.dataflow import Capture, Edge, Piece, capture_export, capture_hooks
+from profiles.allocator import keep_freed_memory
+from profiles.dataflow import Capture, Edge, capture_export, capture_hooks
 from profiles.fingerprint import model_fingerprint
-from profiles.format import DeviceInfo, ModelInfo, Profile, TensorFlow, UnitProfile, WholeModel
+from profiles.format import DeviceInfo, ModelInfo, PieceOverhead, Profile, TensorFlow, UnitProfile, WholeModel
 from profiles.measure import PieceMeasurement, count_flops, measure_piece
+from profiles.rounds import WHOLE_PATHS, measure_rounds, overhead_piece, whole_piece
 from profiles.units import find_units
 from profiles.workload import Workload, active_dropout, as_tuple, check_batch, check_model_signature, check_output
 
@@ -98,15 +99,6 @@ def _capture(model: nn.Module, inputs: tuple, units: list[str], mode: str | None
     return capture_hooks(model, inputs, units), ""
 
 
-def _median_measurement(samples: list[PieceMeasurement]) -> PieceMeasurement:
-    """Median forward and backward time over rounds; bytes from the first round (they do not vary)."""
-    return replace(
-        samples[0],
-        forward_s=statistics.median(m.forward_s for m in samples),
-        backward_s=statistics.median(m.backward_s for m in samples),
-    )
-
-
 def _warn_if_busy(dev: torch.device) -> float:
     """The 1-minute load average; on CPU, a warning when other work competes for the cores.
 
@@ -124,8 +116,8 @@ def _warn_if_busy(dev: torch.device) -> float:
     return load
 
 
-def _param_ownership(model: nn.Module, capture: Capture) -> list[tuple[int, int, tuple[str, ...], int]]:
-    """Per piece: (param_count, param_bytes, tied names, tied count).
+def _param_ownership(model: nn.Module, capture: Capture) -> list[tuple[int, int, tuple[str, ...], int, int]]:
+    """Per piece: (param_count, param_bytes, tied names, tied count, parameter tensors held).
 
     A shared parameter counts at its first piece; later pieces that use it count it in ``tied count``,
     because a pipeline stage holding such a piece keeps its own copy.
@@ -156,8 +148,86 @@ def _param_ownership(model: nn.Module, capture: Capture) -> list[tuple[int, int,
                 tied_count += p.numel()
             if len(users[key]) > 1:
                 tied += names
-        result.append((count, nbytes, tuple(sorted(tied)), tied_count))
+        result.append((count, nbytes, tuple(sorted(tied)), tied_count, len(params)))
     return result
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How many round-robin rounds to time (see :func:`profiles.rounds.measure_rounds`)."""
+
+    repeats: int
+    """The minimum number of rounds."""
+    max_repeats: int
+    """The maximum: rounds go on past ``repeats`` until the unit sum and the whole model are stable."""
+    warmup: int
+    """Untimed iterations of each piece before its first timed one."""
+    stable_within: float
+    """Relative change of the median unit sum and whole model over the last round that counts as stable."""
+
+
+@dataclass(frozen=True)
+class SizeTiming:
+    units: tuple[PieceMeasurement, ...]
+    whole: PieceMeasurement
+    overhead: PieceMeasurement
+    rounds: int
+
+
+def _time_size(
+    cap: Capture,
+    model: nn.Module,
+    inputs: tuple,
+    target: Any,
+    workload: Workload,
+    dev: torch.device,
+    b: int,
+    bar: Any,
+    timing: Timing,
+) -> SizeTiming:
+    """Time the units, the whole model and the overhead piece at one micro-batch size, round-robin."""
+    n = len(cap.pieces)
+    whole = whole_piece(model, inputs, cap, [p.name for p in cap.pieces])
+    shared = whole is cap.pieces[0] and n == 1  # a one-unit export: the unit is the whole model
+    pieces = [*cap.pieces, *([] if shared else [whole]), overhead_piece(cap.mode, dev)]
+    bar.total += (len(pieces) - (n + 2)) * timing.repeats
+    bar.refresh()
+
+    def measure(i: int, r: int) -> PieceMeasurement:
+        piece = pieces[i]
+        with_loss = n - 1 <= i < (n if shared else n + 1)  # the last unit and the whole model
+        bar.set_description(f"b={b} {'whole model' if piece is whole and not shared else piece.name}")
+        try:
+            result = measure_piece(
+                piece,
+                device=dev,
+                repeats=1,
+                warmup=timing.warmup if r == 0 else 0,
+                loss_fn=workload.loss_fn if with_loss else None,
+                target=target if with_loss else None,
+            )
+        except Exception as exc:
+            raise ProfilingError(
+                f"measuring unit {piece.name} at micro-batch size {b} failed: {type(exc).__name__}: {exc}"
+            ) from None
+        bar.update()
+        return result
+
+    def extra_round() -> None:
+        bar.total += len(pieces)
+        bar.refresh()
+
+    whole_index = n - 1 if shared else n
+    done = measure_rounds(
+        len(pieces),
+        measure,
+        watch=[range(n), [whole_index]],
+        min_rounds=timing.repeats,
+        max_rounds=timing.max_repeats,
+        stable_within=timing.stable_within,
+        on_extra_round=extra_round,
+    )
+    return SizeTiming(done.medians[:n], done.medians[whole_index], done.medians[-1], done.rounds)
 
 
 def _edge_key(edge: Edge) -> tuple[int, tuple[int, ...], str]:
@@ -171,6 +241,8 @@ def profile_model(
     device: str = "cpu",
     dtype: str = "float32",
     repeats: int = 5,
+    max_repeats: int | None = None,
+    stable_within: float = 0.01,
     warmup: int = 2,
     units: Sequence[str] | int | None = None,
     progress: bool = True,
@@ -183,6 +255,11 @@ def profile_model(
     (default: export, hooks when the model cannot be traced). The model is moved to ``device``/``dtype``
     in place. The loss is computed, and timed, with the last unit, as the last pipeline stage does.
 
+    Units, the whole model (along the units' code path, :func:`profiles.rounds.whole_piece`) and the
+    piece overhead are timed in round-robin rounds: at least ``repeats``, then until the median unit
+    sum and whole model move by at most ``stable_within`` per round, at most ``max_repeats`` (default:
+    ``repeats``, no adaptation).
+
     Raises :class:`UsageError` for bad sizes/repeats/dtype/units and :class:`ProfilingError` when CUDA
     is missing or the model cannot be run.
     """
@@ -194,11 +271,18 @@ def profile_model(
     sizes = tuple(sorted(sizes))
     if repeats < 1 or warmup < 0:
         raise UsageError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    max_repeats = repeats if max_repeats is None else max_repeats
+    if max_repeats < repeats:
+        raise UsageError(f"max repeats must be >= repeats, got max_repeats={max_repeats}, repeats={repeats}")
+    if not 0 < stable_within < 1:
+        raise UsageError(f"stable_within must be between 0 and 1 (a fraction), got {stable_within}")
     if dtype not in DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     if capture not in (None, "export", "hooks"):
         raise UsageError(f"unknown capture {capture!r}: use export or hooks")
     dev = _resolve_device(device)
+    # the runtime's ranks keep freed memory too (planner/runtime/launch.py): see profiles/allocator.py
+    kept_memory = keep_freed_memory() if dev.type == "cpu" else False
     torch_dtype = DTYPES[dtype]
     model = workload.model.to(device=dev, dtype=torch_dtype)
     model.train()
@@ -225,10 +309,14 @@ def profile_model(
     from tqdm import tqdm
 
     n = len(unit_names)
-    bar = tqdm(total=len(sizes) * (n + 1) * repeats, disable=not progress, file=sys.stderr, unit="step", leave=False)
+    timing = Timing(repeats, max_repeats, warmup, stable_within)
+    # per size and round: the units, the whole model and the overhead piece (_time_size corrects this)
+    bar = tqdm(total=len(sizes) * (n + 2) * repeats, disable=not progress, file=sys.stderr, unit="step", leave=False)
     per_size: list[list[PieceMeasurement]] = []
     flops: list[list[int]] = []
     whole: list[PieceMeasurement] = []
+    overhead: list[PieceMeasurement] = []
+    rounds_used: list[int] = []
     edges_by_size: list[tuple[Edge, ...]] = []
     ownership = None
     mode: str | None = capture
@@ -241,43 +329,17 @@ def profile_model(
             mode, fallback_reason = cap.mode, fallback_reason or reason
             if ownership is None:
                 ownership = _param_ownership(model, cap)
-            whole_piece = Piece("<model>", model, inputs, tuple(False for _ in inputs))
-            pieces = [*cap.pieces, whole_piece]
-            # Round-robin: each round times every unit once, so a load spike of a few seconds on a shared
-            # machine lands on one sample of many units instead of every sample of one unit.
-            rounds: list[list[PieceMeasurement]] = []
-            for r in range(repeats):
-                row = []
-                for i, piece in enumerate(pieces):
-                    bar.set_description(f"b={b} {piece.name if piece is not whole_piece else 'whole model'}")
-                    with_loss = i >= n - 1
-                    try:
-                        row.append(
-                            measure_piece(
-                                piece,
-                                device=dev,
-                                repeats=1,
-                                warmup=warmup if r == 0 else 0,
-                                loss_fn=workload.loss_fn if with_loss else None,
-                                target=target if with_loss else None,
-                            )
-                        )
-                    except Exception as exc:
-                        raise ProfilingError(
-                            f"measuring unit {piece.name} at micro-batch size {b} failed: {type(exc).__name__}: {exc}"
-                        ) from None
-                    bar.update()
-                rounds.append(row)
-            medians = [_median_measurement([row[i] for row in rounds]) for i in range(n + 1)]
-            measured = medians[:n]
-            whole.append(medians[n])
+            timed = _time_size(cap, model, inputs, target, workload, dev, b, bar, timing)
+            per_size.append(list(timed.units))
+            whole.append(timed.whole)
+            overhead.append(timed.overhead)
+            rounds_used.append(timed.rounds)
             try:
                 counted = [count_flops(piece.module, piece.args, piece.kwargs) for piece in cap.pieces]
             except Exception as exc:
                 raise ProfilingError(
                     f"counting FLOPs at micro-batch size {b} failed: {type(exc).__name__}: {exc}"
                 ) from None
-            per_size.append(measured)
             flops.append(counted)
             edges_by_size.append(cap.edges)
             del cap
@@ -291,7 +353,7 @@ def profile_model(
                 f"the data flow between units differs at micro-batch size {b} from size {sizes[0]}: "
                 "the model's structure depends on the batch size"
             )
-    assert ownership is not None
+    assert ownership is not None and mode is not None
     unit_profiles = tuple(
         UnitProfile(
             name=name,
@@ -306,6 +368,7 @@ def profile_model(
             peak_bytes=tuple(int(m[i].peak_bytes or 0) for m in per_size) if dev.type == "cuda" else None,
             tied_params=ownership[i][2],
             tied_param_count=ownership[i][3],
+            param_tensor_count=ownership[i][4],
         )
         for i, name in enumerate(unit_names)
     )
@@ -323,6 +386,11 @@ def profile_model(
     distinct = {id(p): p for p in model.parameters()}.values()
     settings: dict[str, Any] = {
         "repeats": repeats,
+        "max_repeats": max_repeats,
+        "stable_within": stable_within,
+        "repeats_used": rounds_used,
+        "whole_model_path": WHOLE_PATHS[mode],
+        "keep_freed_memory": kept_memory,
         "warmup": warmup,
         "capture": mode,
         "unit_spec": unit_spec,
@@ -348,5 +416,6 @@ def profile_model(
         units=unit_profiles,
         tensors=tensors,
         whole_model=WholeModel(tuple(w.forward_s for w in whole), tuple(w.backward_s for w in whole)),
+        piece_overhead=PieceOverhead(tuple(o.forward_s for o in overhead), tuple(o.backward_s for o in overhead)),
         settings=settings,
     )

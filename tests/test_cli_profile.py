@@ -1,6 +1,7 @@
 """`pipeplan profile` through the CLI: a real run, and every bad input as one line with exit code 2."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -68,15 +69,25 @@ def test_profile_then_show_then_plan(capsys, tmp_path):
     torch.set_num_threads(1)
     out = tmp_path / "mlp.profile.json"
     argv = ["profile", "mlp", "--micro-batch-sizes", "1,2", "--repeats", "1", "--warmup", "0", "--no-progress"]
-    argv += ["--threads", "1"]
+    argv += ["--max-repeats", "2", "--ranks", "2"]
     assert main([*argv, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "unit sum" in printed and "layers.0" in printed
+    assert "unit sum" in printed and "layers.0" in printed and "(exported as one piece)" in printed
     profile = json.loads(out.read_text())
     assert profile["micro_batch_sizes"] == [1, 2]
-    assert profile["settings"]["threads"] == 1
+    # --ranks 2: the threads each of 2 ranks gets, by the runtime's rule (cores // ranks)
+    assert profile["settings"]["threads"] == max(1, (os.cpu_count() or 1) // 2)
+    assert all(1 <= r <= 2 for r in profile["settings"]["repeats_used"])
     assert main(["show", str(out)]) == 0
     assert "layers.0" in capsys.readouterr().out
     plan = tmp_path / "mlp.plan.json"
     assert main(["plan", str(out), "--stages", "2", "--global-batch", "4", "--out", str(plan)]) == 0
     assert json.loads(plan.read_text())["model"]["fingerprint"] == profile["model"]["fingerprint"]
+
+
+def test_threads_and_ranks_are_exclusive(capsys, existing):
+    with pytest.raises(SystemExit) as exc:
+        main(["profile", "mlp", "--threads", "1", "--ranks", "2", "--out", str(existing)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "not allowed with argument" in err
+    assert existing.read_text() == PRECIOUS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from planner.errors import ProfileError
 from profiles.format import (
     DeviceInfo,
     ModelInfo,
+    PieceOverhead,
     Profile,
     TensorFlow,
     UnitProfile,
@@ -141,4 +143,21 @@ def test_missing_file_is_rejected(tmp_path: Path) -> None:
 def test_consumer_before_producer_is_rejected(profile: Profile) -> None:
     data = _mutate(profile, lambda d: d["tensors"][1].update(consumers=[0]))
     with pytest.raises(ProfileError, match=r"tensors\[1\] is produced by unit 0 but consumed by unit 0"):
+        profile_from_dict(data)
+
+
+def test_piece_overhead_is_optional_and_round_trips(profile: Profile, tmp_path: Path) -> None:
+    assert "piece_overhead" not in profile.to_dict()  # absent, as in profiles made before the field
+    assert profile.overhead_s(0) == 0.0
+    with_overhead = replace(profile, piece_overhead=PieceOverhead((1e-4, 2e-4), (5e-5, 6e-5)))
+    path = tmp_path / "p.json"
+    save_profile(with_overhead, path)
+    loaded = load_profile(path)
+    assert loaded.piece_overhead == with_overhead.piece_overhead
+    assert loaded.overhead_s(1) == pytest.approx(2e-4 + 6e-5)
+
+
+def test_misaligned_piece_overhead_is_rejected(profile: Profile) -> None:
+    data = _mutate(replace(profile, piece_overhead=PieceOverhead((1e-4,), (5e-5,))), lambda d: None)
+    with pytest.raises(ProfileError, match=r"piece_overhead\.forward_s is not aligned with micro_batch_sizes"):
         profile_from_dict(data)

@@ -232,3 +232,31 @@ def test_bad_arguments_are_usage_errors() -> None:
 def test_cuda_without_cuda_is_a_profiling_error() -> None:
     with pytest.raises(ProfilingError, match="CUDA is not available on this machine"):
         profile_model(_skipnet(), device="cuda", **FAST)
+
+
+def test_one_unit_profile_matches_the_whole_model_by_construction() -> None:
+    # One unit means no split points: the unit's piece is the model exported as one piece, and the
+    # whole model is that same piece, measured once.
+    profile = profile_model(BUILTIN_MODELS["mlp"](), micro_batch_sizes=(1, 2), units=["layers.0"], **FAST)
+    assert profile.num_units == 1
+    assert profile.settings["whole_model_path"] == "exported as one piece"
+    assert [profile.unit_sum_s(j) for j in (0, 1)] == [profile.whole_s(j) for j in (0, 1)]
+    assert "b=1: unit sum" in format_profile_table(profile) and ": +0.0%" in format_profile_table(profile)
+
+
+def test_profile_records_piece_overhead_rounds_and_whole_model_path(gpt2_profile, tmp_path) -> None:
+    p = gpt2_profile
+    assert p.piece_overhead is not None and len(p.piece_overhead.forward_s) == 2
+    assert all(p.overhead_s(j) > 0 for j in (0, 1))
+    assert p.settings["whole_model_path"] == "exported as one piece"
+    assert p.settings["repeats_used"] == [1, 1] and p.settings["max_repeats"] == 1
+    assert "keep_freed_memory" in p.settings
+    assert "(exported as one piece)" in format_profile_table(p) and "less 7 x piece overhead" in format_profile_table(p)
+
+
+def test_hooks_capture_checks_against_the_eager_model() -> None:
+    model = nn.Sequential(Sleep(0.0), Sleep(0.0))
+    workload = Workload(model, lambda b: (torch.randn(b, 4), torch.randn(b, 4)), nn.functional.mse_loss, "sleep")
+    profile = profile_model(workload, micro_batch_sizes=(1,), units=["0", "1"], capture="hooks", **FAST)
+    assert profile.settings["whole_model_path"] == "eager model"
+    assert profile.piece_overhead is not None and profile.overhead_s(0) > 0

@@ -31,6 +31,7 @@ from torch.utils.checkpoint import checkpoint
 from planner.errors import ModelMismatchError, PlanFormatError, ScheduleError
 from planner.plan import Plan
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule
+from profiles.dataflow import run_as_generated_code
 from profiles.fingerprint import model_fingerprint
 from profiles.workload import as_tuple
 
@@ -177,6 +178,7 @@ def split_stages(
             f"splitting at {list(split_points)} gave {pipe.num_stages} stages, expected {len(split_points) + 1}: "
             "every split point must be a module the forward calls once, in order"
         )
+    run_as_generated_code(pipe.split_gm)  # the code path the profiler measured (profiles/dataflow.py)
     return _relay_stages(pipe.split_gm, recompute)
 
 

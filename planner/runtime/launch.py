@@ -20,6 +20,7 @@ import os
 import pickle
 import signal
 import socket
+import threading
 import time
 import traceback
 import warnings
@@ -86,7 +87,15 @@ def _worker(
     try:
         import torch
 
+        from profiles.allocator import keep_freed_memory
+
         torch.set_num_threads(threads)
+        keep_freed_memory()  # as the profiler measured (profiles/allocator.py)
+        # torch.fx's Interpreter builds a tqdm bar, whose default lock is a multiprocessing semaphore that a
+        # rank never frees: the resource tracker would then warn after pipeplan's last line.
+        from tqdm import tqdm
+
+        tqdm.set_lock(threading.RLock())
         if backend is not None:
             import torch.distributed as dist
 

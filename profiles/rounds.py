@@ -1,0 +1,138 @@
+"""Timing a set of pieces in round-robin rounds until their medians are stable (issue 9, fidelity).
+
+A round times every piece once. Round-robin spreads a load spike of a few seconds on a shared machine
+over one sample of many pieces instead of every sample of one piece. Rounds go on past the minimum
+until the watched totals (the unit sum, the whole model) each moved by at most ``stable_within`` over
+the last round, and stop at the maximum either way.
+
+Also here, the two reference pieces the unit sum is checked against:
+
+- ``whole_piece``: the whole model along the units' own code path. With export capture the units are
+  pieces of torch's ``pipeline()`` split of the exported graph (what ``apply_plan`` runs), so the whole
+  model is the same graph exported as ONE piece (no split points); the eager model is not comparable
+  (measured on gpt2-tiny, 1 thread: eager fwd+bwd 7.3 ms, the exported graph as one piece 15.8 ms).
+  With hooks capture the units are eager modules, so the whole model is the eager model.
+- ``overhead_piece``: a trivial piece (one multiply) timed through the same harness: the fixed cost
+  each timed piece pays once (module call, autograd launch, timers) that a stage of several units
+  pays once, not once per unit.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from profiles.dataflow import Capture, Piece, capture_export
+from profiles.measure import PieceMeasurement
+
+__all__ = ["WHOLE_PATHS", "Rounds", "whole_piece", "overhead_piece", "median_measurement", "measure_rounds"]
+
+WHOLE_PATHS = {"export": "exported as one piece", "hooks": "eager model"}
+"""How the whole model was run, by capture mode (recorded in ``settings.whole_model_path``)."""
+
+
+def whole_piece(model: nn.Module, inputs: tuple, capture: Capture, units: Sequence[str]) -> Piece:
+    """The whole model as one piece measured along the units' code path (see the module docstring).
+
+    A one-unit export capture already is the model as one piece: it is returned as it is, so unit sum
+    and whole model are the same measurement.
+    """
+    if capture.mode == "hooks":
+        return Piece("<model>", model, inputs, tuple(False for _ in inputs))
+    if len(capture.pieces) == 1:
+        return capture.pieces[0]
+    # One unit means no split points: pipeline() exports the whole forward as a single piece.
+    piece = capture_export(model, inputs, list(units[:1])).pieces[0]
+    return replace(piece, name="<model>")
+
+
+class _Scale(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 1.0
+
+
+class _Holder(nn.Module):
+    """Multiplies, then calls a child: split before the child, the first piece holds only the multiply."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = _Scale()  # names the first piece; not called
+        self.unit = _Scale()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.unit(x * 1.0)
+
+
+def overhead_piece(mode: str, device: torch.device) -> Piece:
+    """A one-multiply piece on a 1x1 input that needs grad, built like the units of ``mode``.
+
+    Export units are GraphModules from ``pipeline()``, hooks units eager modules: the trivial piece is
+    of the same kind, so it pays the same call overhead. The export piece holds the multiply at its
+    top level: a nested module call (measured here: 75 us each) is inside every unit and inside the
+    whole model alike, so it is not overhead of timing a piece.
+    """
+    x = torch.zeros(1, 1, device=device)
+    if mode == "hooks":
+        return Piece("<overhead>", _Scale(), (x,), (True,))
+    piece = capture_export(_Holder(), (x,), ["pre", "unit"]).pieces[0]
+    return Piece("<overhead>", piece.module, (x,), (True,))
+
+
+def median_measurement(samples: Sequence[PieceMeasurement]) -> PieceMeasurement:
+    """Median forward and backward time over rounds; bytes from the first round (they do not vary)."""
+    return replace(
+        samples[0],
+        forward_s=statistics.median(m.forward_s for m in samples),
+        backward_s=statistics.median(m.backward_s for m in samples),
+    )
+
+
+@dataclass(frozen=True)
+class Rounds:
+    medians: tuple[PieceMeasurement, ...]
+    """Per piece, the median over every round."""
+    rounds: int
+
+
+def _total(medians: Sequence[PieceMeasurement], group: Sequence[int]) -> float:
+    return sum(medians[i].forward_s + medians[i].backward_s for i in group)
+
+
+def _stable(history: Sequence[float], within: float) -> bool:
+    """The last two values differ by at most ``within`` of the last one."""
+    return len(history) >= 2 and abs(history[-1] - history[-2]) <= within * history[-1]
+
+
+def measure_rounds(
+    count: int,
+    measure: Callable[[int, int], PieceMeasurement],
+    *,
+    watch: Sequence[Sequence[int]],
+    min_rounds: int,
+    max_rounds: int,
+    stable_within: float,
+    on_extra_round: Callable[[], None] = lambda: None,
+) -> Rounds:
+    """Call ``measure(piece_index, round)`` for every piece, round after round.
+
+    At least ``min_rounds`` rounds and at most ``max_rounds``; in between, stop once the summed median
+    of every index group in ``watch`` is stable. ``on_extra_round`` runs before each round past the
+    minimum (the caller grows its progress bar: the bar's total stays honest).
+    """
+    rows: list[list[PieceMeasurement]] = []
+    history: list[list[float]] = [[] for _ in watch]
+    while True:
+        r = len(rows)
+        if r >= min_rounds:
+            on_extra_round()
+        rows.append([measure(i, r) for i in range(count)])
+        medians = [median_measurement([row[i] for row in rows]) for i in range(count)]
+        for h, group in zip(history, watch, strict=True):
+            h.append(_total(medians, group))
+        done = len(rows) >= max_rounds or (len(rows) >= min_rounds and all(_stable(h, stable_within) for h in history))
+        if done:
+            return Rounds(tuple(medians), len(rows))

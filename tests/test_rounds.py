@@ -1,0 +1,86 @@
+"""Round-robin timing until stable, the whole-model reference piece, and the piece-overhead piece."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from profiles.dataflow import capture_export
+from profiles.measure import PieceMeasurement
+from profiles.rounds import measure_rounds, overhead_piece, whole_piece
+
+torch.set_num_threads(1)
+CPU = torch.device("cpu")
+
+
+def _fake(times: list[list[float]]):
+    """``measure(i, r)`` returning ``times[r][i]`` as the forward time: a deterministic timer."""
+
+    def measure(i: int, r: int) -> PieceMeasurement:
+        return PieceMeasurement(times[r][i], 0.0, 0, 0, None)
+
+    return measure
+
+
+def test_rounds_stop_once_both_totals_are_stable() -> None:
+    # unit sum (pieces 0, 1) medians: 3.0, 2.5, 2.0, 2.0 -> stable after round 4; whole (piece 2) is flat
+    times = [[1.0, 2.0, 5.0], [1.0, 1.0, 5.0], [1.0, 1.0, 5.0], [1.0, 1.0, 5.0], [9.0, 9.0, 9.0]]
+    extra: list[int] = []
+    done = measure_rounds(
+        3,
+        _fake(times),
+        watch=[[0, 1], [2]],
+        min_rounds=2,
+        max_rounds=5,
+        stable_within=0.01,
+        on_extra_round=lambda: extra.append(1),
+    )
+    assert done.rounds == 4
+    assert [m.forward_s for m in done.medians] == [1.0, 1.0, 5.0]
+    assert len(extra) == 2  # rounds 3 and 4, past the minimum: the progress bar grew for each
+
+
+def test_rounds_keep_the_minimum_and_the_maximum() -> None:
+    flat = [[1.0, 1.0]] * 6
+    assert measure_rounds(2, _fake(flat), watch=[[0], [1]], min_rounds=3, max_rounds=6, stable_within=0.01).rounds == 3
+    drifting = [[float(r + 1), 1.0] for r in range(6)]
+    assert measure_rounds(2, _fake(drifting), watch=[[0]], min_rounds=1, max_rounds=4, stable_within=0.01).rounds == 4
+    # one round only when the minimum is the maximum (the tests' FAST settings)
+    assert measure_rounds(2, _fake(drifting), watch=[[0]], min_rounds=1, max_rounds=1, stable_within=0.01).rounds == 1
+
+
+class Two(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 8)
+        self.b = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_whole_piece_of_an_export_capture_is_the_graph_as_one_piece() -> None:
+    torch.manual_seed(0)
+    model, x = Two(), torch.randn(3, 4)
+    capture = capture_export(model, (x,), ["a", "b"])
+    whole = whole_piece(model, (x,), capture, ["a", "b"])
+    assert isinstance(whole.module, torch.fx.GraphModule) and whole.module is not model
+    assert whole.name == "<model>"
+    torch.testing.assert_close(whole.module(x), model(x))
+    one = capture_export(model, (x,), ["a"])
+    assert whole_piece(model, (x,), one, ["a"]) is one.pieces[0]  # one unit: the same piece, by construction
+
+
+@pytest.mark.parametrize("mode", ["export", "hooks"])
+def test_overhead_piece_is_one_multiply_that_needs_grad(mode: str) -> None:
+    piece = overhead_piece(mode, CPU)
+    x = piece.args[0].clone().requires_grad_(True)
+    y = piece.module(x)
+    y.sum().backward()
+    assert piece.arg_needs_grad == (True,) and y.shape == (1, 1)
+    assert x.grad is not None and float(x.grad) == 1.0
+    if mode == "export":
+        # the multiply sits at the piece's top level: no nested module call inside it
+        assert isinstance(piece.module, torch.fx.GraphModule)
+        assert not [n for n in piece.module.graph.nodes if n.op == "call_module"]
