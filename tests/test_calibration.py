@@ -195,3 +195,13 @@ def test_cli_refuses_a_calibration_of_another_device(tmp_path, capsys) -> None:
     assert main([*args, str(tmp_path / "plan.json")]) == 2
     err = capsys.readouterr().err
     assert "measured on cuda/nccl but the profile is for cpu/gloo" in err and len(err.splitlines()) == 1
+
+
+def test_step_tails_pay_per_parameter_tensor() -> None:
+    profile = make_profile([1.0] * 2, param_counts=[100, 100])
+    units = tuple(replace(u, param_tensor_count=k) for u, k in zip(profile.units, (3, 50), strict=True))
+    profile = replace(profile, units=units)
+    cost = {"adam": OptimizerCost(per_param_s=0.0, per_step_s=0.0, per_tensor_s=1e-4)}
+    settings = CostSettings(calibration=calibration(optimizer=cost))
+    tails = step_tails(profile, unit_costs(profile, 1), settings, [[0], [1]], (0, 1))
+    assert tails == pytest.approx((3e-4, 5e-3))
