@@ -55,8 +55,9 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
 
 def _profile(spec: str, sizes: tuple[int, ...], repeats: int) -> Profile:
-    torch.set_num_threads(1)  # what each of 2 ranks gets on 2 cores
-    return profile_model(load_workload(spec), micro_batch_sizes=sizes, repeats=repeats, progress=False)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))  # what each of 2 ranks gets (`--ranks 2`)
+    workload = load_workload(spec)
+    return profile_model(workload, micro_batch_sizes=sizes, repeats=repeats, max_repeats=3 * repeats, progress=False)
 
 
 def _plans(profile: Profile, calibration: Calibration, ranks: int, batch: int) -> dict[str, Plan]:
@@ -181,6 +182,33 @@ def markdown(results: list[dict[str, object]], calibration: Calibration, load: t
     return "\n".join(lines) + "\n"
 
 
+def bench_gpt2_small(calibration: Calibration, out: Path, steps: int) -> dict[str, object]:
+    """gpt2-small: the calibrated plan for P = 2 run on 2 gloo processes, and for P = 4 replayed in one."""
+    profile = _profile("gpt2-small", (1, 2, 4), repeats=3)
+    save_profile(profile, out / "gpt2-small.profile.json")
+    settings = default_settings(profile, calibration=calibration, calibration_label="calibrate")
+    rows = []
+    for ranks, batch, mode in ((2, 8, "processes"), (4, 16, "replay")):
+        plan = make_plan(profile, PlanRequest(ranks, batch, settings=settings), sha256="0" * 64)
+        report = verify_plan(plan, "gpt2-small", steps=steps, warmup=1, mode=mode, timeout_s=1800)
+        rows.append(
+            {
+                "ranks": ranks,
+                "mode": mode,
+                "schedule": plan.schedule.value,
+                "micro_batch_size": plan.micro_batch_size,
+                "predicted_s": plan.predicted.iteration_s,
+                "measured_s": report.measured_iteration_s,
+                "error_pct": report.iteration_error_pct,
+            }
+        )
+    unit_sum = [
+        (profile.unit_sum_s(k) - profile.whole_s(k)) / profile.whole_s(k) * 100
+        for k in range(len(profile.micro_batch_sizes))
+    ]
+    return {"rows": rows, "unit_sum_vs_whole_pct": unit_sum}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fidelity"))
@@ -188,6 +216,7 @@ def main() -> int:
     parser.add_argument("--calibration", type=Path, default=None, help="use this file instead of calibrating first")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--gpt2-small", action="store_true", help="also gpt2-small: P = 2 processes, P = 4 replay")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
@@ -204,6 +233,15 @@ def main() -> int:
         )
         (args.out / "fidelity.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     text = markdown(results, calibration, (load_before, os.getloadavg()[0]))
+    if args.gpt2_small:
+        big = bench_gpt2_small(calibration, args.out, args.steps)
+        (args.out / "gpt2-small.json").write_text(json.dumps(big, indent=2) + "\n")
+        text += "\n| gpt2-small | plan | predicted | measured | error |\n|---|---|---|---|---|\n"
+        for row in big["rows"]:  # type: ignore[attr-defined]
+            text += (
+                f"| P = {row['ranks']}, {row['mode']} | {row['schedule']}, b={row['micro_batch_size']} | "
+                f"{row['predicted_s']:.2f} s | {row['measured_s']:.2f} s | {row['error_pct']:+.1f}% |\n"
+            )
     (args.out / "fidelity.md").write_text(text)
     print(text)
     return 0
