@@ -5,8 +5,10 @@ run (``cores // P`` on a CPU machine):
 
 1. **Point-to-point**: ping-pong between ranks 0 and 1 at 4 KiB .. 4 MiB; one-way time = round trip / 2,
    then the alpha-beta line ``t = latency + bytes / bandwidth`` fitted by least squares.
-2. **Co-location**: a fixed matmul-and-activation workload timed on rank 0 alone, then on every rank at
-   once; the factor is the ratio of the two medians.
+2. **Co-location**: an MLP block's forward+backward timed alone by the profiler's harness, then inside
+   torch's 1F1B running that block on every rank; the factor is pipelined / alone (at least 1). This is
+   the slowdown a profiled unit meets in a real run: other ranks compute and gloo's threads poll for the
+   pending transfers (a pending ``irecv`` alone slowed gpt2-tiny's compute by 16 % here).
 3. **Optimizer**: ``optimizer.step()`` + ``zero_grad()`` of Adam and SGD, every rank at once (as in
    training), on 2^18 parameters in 8 tensors, 2^21 in 8 and 2^18 in 256, solved for
    ``per_step + per_param * parameters + per_tensor * tensors`` (torch's CPU optimizers loop over tensors,
@@ -119,33 +121,76 @@ def _p2p(rank: int, dev: torch.device, sync: Callable[[], None], repeats: int) -
     return samples
 
 
-def _work(dev: torch.device) -> Callable[[], None]:
-    # Matmuls and an activation: both the arithmetic and the memory traffic that co-located ranks share.
-    layer = nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 512)).to(dev)
-    x = torch.randn(32, 512, device=dev)
+class _Block(nn.Module):
+    """An MLP block whose forward+backward takes a few milliseconds on one CPU core: compute dominates."""
 
-    def run() -> None:
-        layer(x).sum().backward()
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(512, 1024)
+        self.down = nn.Linear(1024, 512)
 
-    return run
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.gelu(self.up(x)))
 
 
-def _colocation(rank: int, dev: torch.device, sync: Callable[[], None], repeats: int) -> tuple[float, float]:
+def _colocation(rank: int, world: int, dev: torch.device, steps: int) -> tuple[float, float]:
+    """``(alone, pipelined)``: one block's forward+backward timed alone by the profiler's harness (on rank 0,
+    the other ranks blocked on the store, a socket read that takes no core), then inside torch's 1F1B on
+    every rank, where the other ranks compute and transfers are pending (gloo's threads poll for them)."""
     import torch.distributed as dist
+    from torch.distributed import pipelining
+    from torch.distributed.distributed_c10d import _get_default_store
 
-    work = _work(dev)
-    for _ in range(3):
-        work()
-    alone, together = [], []
-    # Alternating phases, so that a slow spell of the machine lands in both and not in one.
-    for _ in range(3):
-        dist.barrier()
-        if rank == 0:
-            alone.append(_median_time(work, repeats, sync))
-        dist.barrier()
-        together.append(_median_time(work, repeats, sync))
+    from profiles.dataflow import Piece
+    from profiles.measure import measure_piece
+
+    torch.manual_seed(0)
+    block = _Block().to(dev)
+    x = torch.randn(32, 512, device=dev)
+    store = _get_default_store()
     dist.barrier()
-    return (statistics.median(alone) if alone else 0.0), statistics.median(together)
+    alone = 0.0
+    if rank == 0:
+        m = measure_piece(Piece("block", block, (x,), (True,)), device=dev, repeats=15, warmup=3)
+        alone = m.forward_s + m.backward_s
+        store.set("pipeplan-calibrate-alone", "done")
+    else:
+        store.wait(["pipeplan-calibrate-alone"])
+    dist.barrier()
+    n = 4 * world
+    stage = pipelining.PipelineStage(
+        block,
+        rank,
+        world,
+        dev,
+        input_args=(x.clone().requires_grad_(rank > 0),),
+        output_args=(x.clone().requires_grad_(True),),
+    )
+    timed: list[float] = []
+    for method in ("forward_one_chunk", "backward_one_chunk"):
+        original = getattr(stage, method)
+
+        def wrapper(*args: Any, _fn: Callable[..., Any] = original, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            out = _fn(*args, **kwargs)
+            timed.append(time.perf_counter() - t0)
+            return out
+
+        setattr(stage, method, wrapper)
+    schedule = pipelining.Schedule1F1B(stage, n_microbatches=n, loss_fn=nn.MSELoss())
+    batch, target = torch.randn(32 * n, 512, device=dev), torch.randn(32 * n, 512, device=dev)
+    per_step = []
+    for i in range(steps + 2):
+        timed.clear()
+        dist.barrier()
+        if rank == world - 1:
+            schedule.step(*((batch,) if rank == 0 else ()), target=target, losses=[])
+        else:
+            schedule.step(*((batch,) if rank == 0 else ()))
+        if i >= 2:
+            per_step.append(sum(timed) / n)  # one micro-batch's forward + backward
+    dist.barrier()
+    return alone, statistics.median(per_step)
 
 
 _OPTIMIZER_SETS = ((1 << 18, 8), (1 << 21, 8), (1 << 18, 256))
@@ -256,7 +301,7 @@ def _rank_main(rank: int, world: int, device: str, repeats: int, steps: int) -> 
 
     counts = (max(world, 2), 2 * world, 4 * world)
     result: dict[str, Any] = {"p2p": _p2p(rank, dev, sync, repeats)}
-    result["colocation"] = _colocation(rank, dev, sync, repeats)
+    result["colocation"] = _colocation(rank, world, dev, steps)
     result["optimizer"] = _optimizer(dev, sync, repeats)
     result["compute"] = _tiny_compute(dev)
     result["schedules"] = _schedule_runs(rank, world, dev, steps, counts)
@@ -327,7 +372,7 @@ def calibrate(
     head = results[0]
     latency, bandwidth, link_source = _link(head["p2p"], device)
     alone = head["colocation"][0]
-    together = statistics.median(r["colocation"][1] for r in results)
+    together = statistics.median(r["colocation"][1] for r in results)  # the pipelined time, every rank
     optimizer = {}
     for name in ("adam", "sgd"):
         # Every rank stepped at once; the slowest rank is what the iteration waits for.
