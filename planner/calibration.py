@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -133,9 +133,6 @@ class Calibration:
             step_tail_s=step_tail_s,
             compute_scale=self.colocation_factor,
         )
-
-    def with_changes(self, **changes: Any) -> Calibration:
-        return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         return {

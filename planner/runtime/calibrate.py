@@ -42,7 +42,7 @@ from planner.runtime.launch import run_ranks
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule, stage_to_rank
 from planner.schedule.simulate import RuntimeTerms, simulate
 
-__all__ = ["calibrate", "fit_line", "fit_overhead", "CALIBRATED_SCHEDULES"]
+__all__ = ["calibrate", "fit_overhead", "CALIBRATED_SCHEDULES"]
 
 CALIBRATED_SCHEDULES: tuple[tuple[Schedule, int], ...] = (
     (Schedule.GPIPE, 1),
@@ -54,16 +54,6 @@ CALIBRATED_SCHEDULES: tuple[tuple[Schedule, int], ...] = (
 
 _P2P_SIZES = (4 << 10, 64 << 10, 512 << 10, 4 << 20)
 _WIDTH = 64  # features of the tiny stages: compute far below the overhead being measured
-
-
-def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares ``y = intercept + slope * x``; returns ``(intercept, slope)``, both clamped at >= 0."""
-    n = len(xs)
-    mean_x, mean_y = sum(xs) / n, sum(ys) / n
-    var = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var if var > 0 else 0.0
-    slope = max(slope, 0.0)
-    return max(mean_y - slope * mean_x, 0.0), slope
 
 
 def fit_overhead(measured_s: float, simulate_with: Callable[[float], float], *, upper_s: float | None = None) -> float:

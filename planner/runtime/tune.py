@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from planner.calibration import Calibration, OptimizerCost
-from planner.cost import CostSettings
 from planner.errors import UsageError
 from planner.plan import Measurement, Plan
 from planner.runtime.calibrate import fit_overhead
@@ -195,7 +194,7 @@ def tune(
         measure(plan)
     refit = refit_calibration(start, runs)
     refit_settings = replace(request.settings, calibration=refit, calibration_label="refit by tune")
-    replanned = make_plans(profile, _with_settings(request, refit_settings), sha256=sha256, count=1)[0]
+    replanned = make_plans(profile, replace(request, settings=refit_settings), sha256=sha256, count=1)[0]
     if plan_key(replanned) not in {plan_key(p) for p, _ in runs}:
         measure(replanned)
     fastest_plan, fastest = min(runs, key=lambda pr: pr[1].measured_iteration_s)
@@ -216,10 +215,6 @@ def tune(
         TunedCandidate(plan, report, predict_plan(profile, plan, refit_settings).iteration_s) for plan, report in runs
     )
     return TuneResult(best=best, calibration=refit, candidates=tuned)
-
-
-def _with_settings(request: PlanRequest, settings: CostSettings) -> PlanRequest:
-    return replace(request, settings=settings)
 
 
 def format_tune_table(result: TuneResult) -> str:

@@ -10,7 +10,7 @@ from test_calibration import calibration
 from cli import main
 from planner.calibration import shipped_calibration
 from planner.cost import default_settings
-from planner.runtime.calibrate import CALIBRATED_SCHEDULES, calibrate, fit_line, fit_overhead
+from planner.runtime.calibrate import CALIBRATED_SCHEDULES, _link, calibrate, fit_overhead
 from planner.runtime.tune import format_tune_table, refit_calibration, tune
 from planner.runtime.verify import RankTime, VerifyReport
 from planner.schedule.simulate import RuntimeTerms, simulate
@@ -19,10 +19,17 @@ from profiles.format import load_profile, save_profile
 from synthetic import make_profile
 
 
-def test_fit_line_recovers_an_exact_line() -> None:
-    xs = [4096.0, 65536.0, 1 << 20]
-    intercept, slope = fit_line(xs, [1e-4 + x / 1e9 for x in xs])
-    assert intercept == pytest.approx(1e-4) and 1 / slope == pytest.approx(1e9)
+def test_link_fit_recovers_an_exact_alpha_beta_line() -> None:
+    sizes = [4096, 65536, 524288, 4194304]
+    latency, bandwidth, how = _link([(n, 1e-4 + n / 1e9) for n in sizes], "cpu")
+    assert latency == pytest.approx(1e-4) and bandwidth == pytest.approx(1e9) and how.startswith("measured")
+
+
+def test_one_rank_takes_the_shipped_link_and_says_so() -> None:
+    latency, bandwidth, how = _link([], "cpu")
+    shipped = shipped_calibration("cpu")
+    assert (latency, bandwidth) == (shipped.p2p_latency_s, shipped.p2p_bytes_per_s)
+    assert how.startswith("not measured (one rank)")
 
 
 def test_fit_overhead_inverts_the_simulator() -> None:
