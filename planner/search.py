@@ -491,16 +491,12 @@ def _plan_of(
         global_batch_size=request.global_batch_size,
         stages=tuple(stages),
         split_points=split_points,
-        predicted=Prediction(
-            iteration_s=simulation.iteration_s,
-            formula_iteration_s=solution.objective_s,
-            bubble_fraction=simulation.bubble_fraction,
-            samples_per_s=request.global_batch_size / simulation.iteration_s,
-            bottleneck_stage=simulation.bottleneck_stage,
-            busy_s=tuple(simulation.busy_s),
-            comm_forward_s=tuple(comm_forward),
-            comm_backward_s=tuple(comm_backward),
-            **_runtime_fields(request.settings, simulation),
+        predicted=_prediction(
+            simulation,
+            request.settings,
+            formula_s=solution.objective_s,
+            global_batch_size=request.global_batch_size,
+            comm=(tuple(comm_forward), tuple(comm_backward)),
         ),
         solver=SolverInfo(
             name="ilp" if used_ilp else "dp",
@@ -513,6 +509,27 @@ def _plan_of(
         constraints=_constraints(profile, request),
         baselines=tuple(_baselines(profile, costs, best, request)),
         device={"kind": profile.device.kind, "name": profile.device.name, "dtype": profile.device.dtype},
+    )
+
+
+def _prediction(
+    simulation: SimulationResult,
+    settings: CostSettings,
+    *,
+    formula_s: float,
+    global_batch_size: int,
+    comm: tuple[tuple[float, ...], tuple[float, ...]],
+) -> Prediction:
+    return Prediction(
+        iteration_s=simulation.iteration_s,
+        formula_iteration_s=formula_s,
+        bubble_fraction=simulation.bubble_fraction,
+        samples_per_s=global_batch_size / simulation.iteration_s,
+        bottleneck_stage=simulation.bottleneck_stage,
+        busy_s=tuple(simulation.busy_s),
+        comm_forward_s=comm[0],
+        comm_backward_s=comm[1],
+        **_runtime_fields(settings, simulation),
     )
 
 
@@ -568,16 +585,12 @@ def repredicted_plan(profile: Profile, plan: Plan, settings: CostSettings) -> Pl
     """``plan`` with its prediction (and the calibration it records) recomputed under ``settings``."""
     simulation = predict_plan(profile, plan, settings)
     old = plan.predicted
-    prediction = Prediction(
-        iteration_s=simulation.iteration_s,
-        formula_iteration_s=old.formula_iteration_s,
-        bubble_fraction=simulation.bubble_fraction,
-        samples_per_s=plan.global_batch_size / simulation.iteration_s,
-        bottleneck_stage=simulation.bottleneck_stage,
-        busy_s=tuple(simulation.busy_s),
-        comm_forward_s=old.comm_forward_s,
-        comm_backward_s=old.comm_backward_s,
-        **_runtime_fields(settings, simulation),
+    prediction = _prediction(
+        simulation,
+        settings,
+        formula_s=old.formula_iteration_s,
+        global_batch_size=plan.global_batch_size,
+        comm=(old.comm_forward_s, old.comm_backward_s),
     )
     constraints = {**plan.constraints, "calibration": settings.calibration_label}
     return replace(plan, predicted=prediction, constraints=constraints)
