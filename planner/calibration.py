@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import CalibrationError
-from planner.fileio import check_document, read_json, write_json_atomic
+from planner.fileio import check_document, load_document, write_json_atomic
 from planner.schedule.orders import Schedule
 from planner.schedule.simulate import RuntimeTerms
 
@@ -182,11 +182,7 @@ def calibration_from_dict(data: Any) -> Calibration:
 
 def load_calibration(path: str | Path) -> Calibration:
     """Read and validate a calibration file; every failure is a one-line :class:`CalibrationError`."""
-    data = read_json(path, CalibrationError, "calibration")
-    try:
-        return calibration_from_dict(data)
-    except CalibrationError as exc:
-        raise CalibrationError(f"{path}: {exc}") from None
+    return load_document(path, CalibrationError, "calibration", calibration_from_dict)
 
 
 def save_calibration(calibration: Calibration, path: str | Path) -> None:

@@ -15,14 +15,15 @@ import math
 import os
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from planner.errors import PipeplanError, UsageError, shorten
 from planner.limits import MAX_FILE_BYTES, MAX_JSON_DEPTH, MAX_JSON_INT
 
 __all__ = [
+    "load_document",
     "check_output_path",
     "write_atomic",
     "write_json_atomic",
@@ -184,6 +185,20 @@ def _check_text(text: str) -> None:
     except UnicodeEncodeError:
         shown = ascii(text)[:60]
         raise _ContentError(f"the string {shown} holds a lone surrogate (\\ud800-\\udfff), not text") from None
+
+
+_Doc = TypeVar("_Doc")
+
+
+def load_document(
+    path: str | os.PathLike[str], error: type[PipeplanError], kind: str, parse: Callable[[Any], _Doc]
+) -> _Doc:
+    """Read ``path`` with :func:`read_json` and build it with ``parse``; a failure names the file, one line."""
+    data = read_json(path, error, kind)
+    try:
+        return parse(data)
+    except error as exc:
+        raise error(f"{shorten(os.fspath(path))}: {exc}") from None
 
 
 def read_json(path: str | os.PathLike[str], error: type[PipeplanError], kind: str) -> Any:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import PipeplanError, PlanFormatError, shorten
-from planner.fileio import check_document, read_json, write_json_atomic
+from planner.fileio import check_document, load_document, write_json_atomic
 from planner.limits import MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_RANKS, MAX_SECONDS, MAX_UNITS
 from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank, virtual_stages
 from planner.schedule.simulate import RuntimeTerms
@@ -394,11 +394,7 @@ def _measurement(data: dict[str, Any] | None) -> Measurement | None:
 
 def load_plan(path: str | Path) -> Plan:
     """Read and validate a plan file; every failure is a one-line :class:`PlanFormatError`."""
-    data = read_json(path, PlanFormatError, "plan")
-    try:
-        return plan_from_dict(data)
-    except PlanFormatError as exc:
-        raise PlanFormatError(f"{shorten(str(path))}: {exc}") from None
+    return load_document(path, PlanFormatError, "plan", plan_from_dict)
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import ProfileError, shorten
-from planner.fileio import check_document, read_json, write_json_atomic
+from planner.fileio import check_document, load_document, write_json_atomic
 from planner.limits import MAX_GLOBAL_BATCH, MAX_PROFILED_SIZES, MAX_SECONDS, MAX_TENSORS, MAX_UNITS
 
 __all__ = [
@@ -284,11 +284,7 @@ def profile_from_dict(data: Any) -> Profile:
 
 def load_profile(path: str | Path) -> Profile:
     """Read and validate a profile file; every failure is a one-line :class:`ProfileError`."""
-    data = read_json(path, ProfileError, "profile")
-    try:
-        return profile_from_dict(data)
-    except ProfileError as exc:
-        raise ProfileError(f"{shorten(str(path))}: {exc}") from None
+    return load_document(path, ProfileError, "profile", profile_from_dict)
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:
