@@ -25,6 +25,7 @@ calibration's for that device (said so in ``notes``) and the co-location factor 
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -42,7 +43,7 @@ from planner.runtime.launch import run_ranks
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule, stage_to_rank
 from planner.schedule.simulate import RuntimeTerms, simulate
 
-__all__ = ["calibrate", "fit_overhead", "CALIBRATED_SCHEDULES"]
+__all__ = ["calibrate", "fit_overhead", "solve_increasing", "CALIBRATED_SCHEDULES"]
 
 CALIBRATED_SCHEDULES: tuple[tuple[Schedule, int], ...] = (
     (Schedule.GPIPE, 1),
@@ -56,23 +57,30 @@ _P2P_SIZES = (4 << 10, 64 << 10, 512 << 10, 4 << 20)
 _WIDTH = 64  # features of the tiny stages: compute far below the overhead being measured
 
 
-def fit_overhead(measured_s: float, simulate_with: Callable[[float], float], *, upper_s: float | None = None) -> float:
-    """The per-action overhead ``o >= 0`` with ``simulate_with(o) == measured_s`` (bisection; monotone in o).
+def solve_increasing(
+    f: Callable[[float], float], target: float, low: float, high: float, limit: float = math.inf
+) -> float:
+    """The ``x >= low`` with ``f(x) == target`` for a non-decreasing ``f``, by bisection (60 halvings).
 
-    Returns 0 when even ``o = 0`` over-predicts: the runtime then adds nothing measurable.
+    ``low`` when ``f(low)`` already reaches the target; the upper end doubles until ``f`` reaches it or
+    passes ``limit``.
     """
-    low, high = 0.0, upper_s if upper_s is not None else measured_s
-    if simulate_with(low) >= measured_s:
-        return 0.0
-    while simulate_with(high) < measured_s:
+    if f(low) >= target:
+        return low
+    while f(high) < target and high < limit:
         high *= 2
     for _ in range(60):
         mid = (low + high) / 2
-        if simulate_with(mid) < measured_s:
-            low = mid
-        else:
-            high = mid
+        low, high = (mid, high) if f(mid) < target else (low, mid)
     return (low + high) / 2
+
+
+def fit_overhead(measured_s: float, simulate_with: Callable[[float], float]) -> float:
+    """The per-action overhead ``o >= 0`` with ``simulate_with(o) == measured_s`` (the simulation is monotone in o).
+
+    Returns 0 when even ``o = 0`` over-predicts: the runtime then adds nothing measurable.
+    """
+    return solve_increasing(simulate_with, measured_s, 0.0, measured_s)
 
 
 def _median_time(fn: Callable[[], Any], repeats: int, sync: Callable[[], None]) -> float:

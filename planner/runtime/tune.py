@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from planner.calibration import Calibration, OptimizerCost
 from planner.errors import UsageError
 from planner.plan import Measurement, Plan
-from planner.runtime.calibrate import fit_overhead
+from planner.runtime.calibrate import fit_overhead, solve_increasing
 from planner.runtime.verify import VerifyReport, verify_plan
 from planner.schedule.simulate import RuntimeTerms, SimulationResult, simulate
 from planner.search import PlanRequest, make_plans, plan_key, predict_plan, repredicted_plan
@@ -84,17 +84,7 @@ def _fit_colocation(measured: list[tuple[Plan, VerifyReport]], overheads: list[f
     def simulated(k: float) -> float:
         return sum(sum(_simulate_with(p, k, o, 1.0).busy_s) for (p, _), o in zip(measured, overheads, strict=True))
 
-    if target <= 0:
-        return start
-    if simulated(1.0) >= target:
-        return 1.0
-    low, high = 1.0, 2.0
-    while simulated(high) < target and high < 1e3:
-        high *= 2
-    for _ in range(50):
-        mid = (low + high) / 2
-        low, high = (mid, high) if simulated(mid) < target else (low, mid)
-    return (low + high) / 2
+    return solve_increasing(simulated, target, 1.0, 2.0, limit=1e3) if target > 0 else start
 
 
 def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyReport]]) -> Calibration:
