@@ -108,10 +108,6 @@ class Calibration:
             return self.action_overhead_s[schedule.value]
         return max(self.action_overhead_s.values(), default=0.0)
 
-    def transfer_s(self, num_bytes: int) -> float:
-        """One point-to-point message of ``num_bytes`` (alpha-beta)."""
-        return 0.0 if num_bytes <= 0 else self.p2p_latency_s + num_bytes / self.p2p_bytes_per_s
-
     def allreduce_s(self, num_bytes: int, num_ranks: int) -> float:
         """Ring all-reduce of ``num_bytes`` over ``num_ranks``: ``2 (k-1)`` steps of ``bytes / k`` each."""
         if num_ranks <= 1 or num_bytes <= 0:

@@ -15,7 +15,7 @@ from planner.calibration import (
     save_calibration,
     shipped_calibration,
 )
-from planner.cost import CostSettings, default_settings, step_tails, unit_costs
+from planner.cost import CostSettings, _transfer_s, default_settings, step_tails, unit_costs
 from planner.errors import CalibrationError
 from planner.schedule.orders import Schedule
 from planner.schedule.simulate import RuntimeTerms, simulate
@@ -83,7 +83,8 @@ def test_ring_allreduce_and_transfer() -> None:
     # 2 ranks: 2 (k - 1) = 2 steps of (latency + 1 MB / 2 / 1 GB/s).
     assert cal.allreduce_s(1_000_000, 2) == pytest.approx(2 * (1e-4 + 5e-4))
     assert cal.allreduce_s(1_000_000, 1) == 0.0
-    assert cal.transfer_s(1_000_000) == pytest.approx(1e-4 + 1e-3)
+    settings = default_settings(make_profile([1.0, 1.0]), calibration=cal)
+    assert _transfer_s(1_000_000, settings) == pytest.approx(1e-4 + 1e-3)  # the cost model's link, alpha-beta
     assert cal.overhead_for(Schedule.ZERO_BUBBLE) == 1e-3  # unmeasured: the largest measured value
 
 
