@@ -318,14 +318,17 @@ def expert_layout(model: nn.Module, units: Sequence[str]) -> list[dict[str, Any]
     A module counts as an expert container when it has an int ``num_experts`` (or ``num_local_experts``,
     ``n_routed_experts``: transformers' names); ``top_k`` is read from it or its parent (the MoE block
     that routes). Each entry: ``{"module", "unit", "experts", "top_k"}`` (``unit`` None when outside
-    every unit, ``top_k`` None when not found). Nested containers are reported once, outermost first.
+    every unit, ``top_k`` None when not found). Only the innermost such modules count: a model class
+    keeps its config's ``num_experts`` too (transformers' ``MixtralForCausalLM``).
     """
     modules = dict(model.named_modules())
+    counted = [n for n, m in modules.items() if _int_attr(m, _EXPERT_COUNTS) is not None]
     found: list[dict[str, Any]] = []
-    for name, module in modules.items():
+    for name in counted:
+        if any(o != name and (name == "" or o.startswith(name + ".")) for o in counted):
+            continue  # an outer holder of the setting, not the experts themselves
+        module = modules[name]
         count = _int_attr(module, _EXPERT_COUNTS)
-        if count is None or any(name.startswith(f["module"] + ".") for f in found):
-            continue
         parent = modules.get(name.rpartition(".")[0]) if name else None
         top_k = _int_attr(module, _EXPERT_TOP_K) or (_int_attr(parent, _EXPERT_TOP_K) if parent is not None else None)
         unit = next((u for u in units if name == u or name.startswith(u + ".")), None)

@@ -119,7 +119,8 @@ def test_explicit_and_depth_specs_keep_their_forms() -> None:
     model = EncoderDecoder()
     assert choose_units(model, X4, ["head", "encoder.0"]).how == "listed explicitly"
     assert find_units(model, X4, ["head", "encoder.0"]) == ["encoder.0", "head"]
-    assert find_units(model, X4, 2) == ["shared", "encoder.0", "encoder.1", "decoder.0", "decoder.1", "decoder.2", "head"]
+    depth2 = ["shared", "encoder.0", "encoder.1", "decoder.0", "decoder.1", "decoder.2", "head"]
+    assert find_units(model, X4, 2) == depth2
 
 
 def test_expert_layout_names_the_unit_and_the_routing() -> None:

@@ -70,10 +70,9 @@ def _graph_node(frame: Any, lineno: int) -> tuple[Any, Any] | None:
     gm = owner.__dict__.get("graph_module", owner)  # an unflattened InterpreterModule runs its GraphModule's code
     lineno_map = getattr(gm, "_lineno_map", None)
     nodes = list(getattr(gm, "graph", torch.fx.Graph()).nodes)
-    index = lineno_map.get(lineno) if isinstance(lineno_map, dict) else None
-    # the map is relative to the code's first line (the ``def forward``)
-    if index is None and isinstance(lineno_map, dict):
-        index = lineno_map.get(lineno - frame.f_code.co_firstlineno + 1)
+    # torch.fx keys the map by the line's offset from the ``def forward`` line (``_prologue_start``)
+    start = getattr(gm, "_prologue_start", frame.f_code.co_firstlineno)
+    index = lineno_map.get(lineno - start) if isinstance(lineno_map, dict) else None
     node = nodes[index] if isinstance(index, int) and 0 <= index < len(nodes) else None
     return owner, node
 
@@ -84,15 +83,15 @@ def _unit_of(module_name: str, units: Sequence[str]) -> str | None:
 
 
 def _source_line(stack_trace: str) -> str | None:
-    """``file:line in func`` of the last frame of a traced node's stack trace (the model's own code)."""
-    lines = [ln.strip() for ln in stack_trace.splitlines() if ln.strip().startswith('File "')]
-    if not lines:
-        return None
-    # File "/path/modeling_bert.py", line 123, in forward
-    last = lines[-1]
-    path, _, rest = last[len('File "') :].partition('", line ')
-    lineno, _, func = rest.partition(", in ")
-    return f"{os.path.basename(path)}:{lineno} in {func}" if lineno else None
+    """``file:line in func`` of the innermost frame of a traced node's stack trace outside torch (the model's)."""
+    library = _library_dirs()
+    for line in reversed([ln.strip() for ln in stack_trace.splitlines() if ln.strip().startswith('File "')]):
+        # File "/path/modeling_bert.py", line 123, in forward
+        path, _, rest = line[len('File "') :].partition('", line ')
+        lineno, _, func = rest.partition(", in ")
+        if lineno and not os.path.abspath(path).startswith(library):
+            return f"{os.path.basename(path)}:{lineno} in {func}"
+    return None
 
 
 def where(exc: BaseException) -> str:
