@@ -316,13 +316,24 @@ def expert_layout(model: nn.Module, units: Sequence[str]) -> list[dict[str, Any]
     """The mixture-of-experts modules of ``model``: where they are, how many experts, how many per token.
 
     A module counts as an expert container when it has an int ``num_experts`` (or ``num_local_experts``,
-    ``n_routed_experts``: transformers' names); ``top_k`` is read from it or its parent (the MoE block
-    that routes). Each entry: ``{"module", "unit", "experts", "top_k"}`` (``unit`` None when outside
-    every unit, ``top_k`` None when not found). Only the innermost such modules count: a model class
-    keeps its config's ``num_experts`` too (transformers' ``MixtralForCausalLM``).
+    ``n_routed_experts``: transformers' names) and a parameter stacked per expert or a child per expert;
+    ``top_k`` is read from it or its parent (the MoE block that routes); a router, whose weight is
+    (experts, hidden), does not count. Each entry: ``{"module", "unit", "experts", "top_k"}`` (``unit``
+    None when outside every unit, ``top_k`` None when not found). Only the innermost such modules count.
     """
     modules = dict(model.named_modules())
-    counted = [n for n, m in modules.items() if _int_attr(m, _EXPERT_COUNTS) is not None]
+
+    def holds_experts(module: nn.Module) -> bool:
+        # The experts themselves: a weight per expert stacked on dim 0 (transformers' fused experts), or one
+        # child module per expert. A router also knows num_experts, but its weight is (experts, hidden).
+        count = _int_attr(module, _EXPERT_COUNTS)
+        if count is None:
+            return False
+        stacked = any(p.dim() >= 3 and p.shape[0] == count for p in module.parameters(recurse=False))
+        listed = any(isinstance(c, nn.ModuleList) and len(c) == count for c in module.children())
+        return stacked or listed or (isinstance(module, nn.ModuleList) and len(module) == count)
+
+    counted = [n for n, m in modules.items() if holds_experts(m)]
     found: list[dict[str, Any]] = []
     for name in counted:
         if any(o != name and (name == "" or o.startswith(name + ".")) for o in counted):
