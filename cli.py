@@ -205,7 +205,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(threads)
-    workload = load_workload(args.model, seq_len=args.seq_len)
+    workload = load_workload(args.model, seq_len=args.seq_len, task=args.task)
     units: object = None
     if args.units:
         units = int(args.units) if args.units.isdigit() else [u.strip() for u in args.units.split(",") if u.strip()]
@@ -740,7 +740,9 @@ def build_parser() -> argparse.ArgumentParser:
             "multiply-adds), output and saved-activation bytes, parameters, and the tensors flowing between\n"
             "units, for several micro-batch sizes. The unit sum is checked against the whole model.\n\n"
             f"MODEL is a built-in ({', '.join(BUILTIN_NAMES)}), path/to/file.py:NAME or\n"
-            "package.module:NAME, NAME being a zero-argument function returning a profiles.workload.Workload.\n\n"
+            "package.module:NAME, NAME being a zero-argument function returning a profiles.workload.Workload,\n"
+            "or hf:path/to/config.json (a transformers model built from a local config, random weights;\n"
+            "--task, --seq-len; the profile's model name is the full spec verify takes).\n\n"
             "example:\n  pipeplan profile gpt2-small --micro-batch-sizes 1,2,4 --out gpt2.profile.json"
         ),
     )
@@ -756,7 +758,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument(
-        "--seq-len", type=_int_range(1, 1 << 20), default=None, help="sequence length of built-in language models"
+        "--seq-len",
+        type=_int_range(1, 1 << 20),
+        default=None,
+        help="sequence length of built-in language models and hf: configs",
+    )
+    p.add_argument(
+        "--task",
+        choices=("causal-lm", "masked-lm", "seq2seq", "image-classification"),
+        default=None,
+        help="what an hf:CONFIG.json model is built for (default: from the config's architectures)",
     )
     p.add_argument(
         "--repeats",
@@ -940,6 +951,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check-numerics", action="store_true", help="compare loss and gradients with one process")
     p.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds before every rank is stopped")
     p.add_argument("--out", default=None, metavar="report.json")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="when a rank fails, print its full traceback (from the rank's process) before the one-line error",
+    )
     p.set_defaults(func=_cmd_verify)
     return parser
 
@@ -961,6 +977,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except PipeplanError as exc:
+        remote = getattr(exc, "remote_traceback", "")
+        if remote and getattr(args, "verbose", False):
+            sys.stderr.write(remote.rstrip("\n") + "\n")
         _write_line(f"{prefix}: error: {exc}")
         return EXIT_USAGE
     except _Signalled as exc:

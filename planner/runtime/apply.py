@@ -30,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.errors import ModelMismatchError, PlanFormatError, ScheduleError
 from planner.plan import Plan
+from planner.runtime.failure import mark_stage
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule
 from profiles.dataflow import run_as_generated_code
 from profiles.fingerprint import model_fingerprint
@@ -293,8 +294,8 @@ class PipelineRun:
         so every copy gets the single-device gradient and the copies stay equal.
         """
         for tie in self.tied:
-            if not tie.local and tie.group is None:
-                continue
+            if not tie.local:
+                continue  # no copy on this rank: it is not in the group either (see _tied_copies)
             # On this rank's shards when FSDP shards the copies (alike over the replicas, so they add up).
             grads = [_local(p.grad) for p in tie.local if p.grad is not None]
             total = torch.stack(grads).sum(0) if grads else torch.zeros_like(_local(tie.local[0]))
@@ -355,7 +356,8 @@ def _tied_copies(
         holders: dict[int, list[nn.Parameter]] = {}
         for s, module in enumerate(modules):
             found = {id(p): p for n, p in module.inner.named_parameters(remove_duplicate=False) if n in names}
-            holders.setdefault(plan.stages[s].rank, []).extend(found.values())
+            if found:  # a rank with no copy of this group takes no part in its all-reduce
+                holders.setdefault(plan.stages[s].rank, []).extend(found.values())
         ranks = sorted(holders)
         sub = None
         if len(ranks) > 1:
@@ -366,6 +368,26 @@ def _tied_copies(
                 sub = made if row == replica else sub
         out.append(TiedCopies(names, tuple(holders.get(rank, ())), sub if rank in ranks else None))
     return tuple(out)
+
+
+def _name_failures(stage: Any, index: int, units: Sequence[str], module: StageModule) -> None:
+    """Make an error raised in ``stage``'s compute say which stage it was (:mod:`planner.runtime.failure`).
+
+    Wrapped on the instance, like verify's timers: torch's schedules call these three methods by name.
+    """
+    for method in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+        original = getattr(stage, method, None)
+        if original is None:
+            continue
+
+        def named(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            try:
+                return _original(*args, **kwargs)
+            except BaseException as exc:
+                mark_stage(exc, index, units, module)
+                raise
+
+        setattr(stage, method, named)
 
 
 def _stage_io_examples(
@@ -544,6 +566,8 @@ def apply_plan(
         )
         for m, s in zip(runs, mine, strict=True)
     )
+    for stage, s in zip(stages, mine, strict=True):
+        _name_failures(stage, s, plan.stages[s].units, modules[s])
     cls = getattr(pipelining, TORCH_SCHEDULE_CLASS[sched])
     n_mb = schedule_microbatches(plan)
     if sched.multi_stage:
