@@ -110,7 +110,7 @@ def _exhaustive(profile, request: PlanRequest, cluster: Cluster) -> tuple[float,
     return best
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(12))
 def test_the_choice_is_the_exhaustive_searchs(seed: int) -> None:
     rng = random.Random(seed)
     n = rng.randint(3, 6)
