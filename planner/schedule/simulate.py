@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from planner.errors import UsageError
@@ -245,7 +246,7 @@ def simulate(
     v = virtual_stages(sched, n, ranks)
     check_microbatches(sched, ranks, v, num_microbatches)
     if orders is None:
-        orders = rank_orders(sched, n, num_microbatches, ranks)
+        orders = _rank_orders(sched, n, num_microbatches, ranks)
     elif len(orders) != ranks:
         raise UsageError(f"orders has {len(orders)} ranks, expected {ranks}")
 
@@ -270,7 +271,10 @@ def simulate(
     durations = {kind: [t * scales[stage_rank[s]] for s, t in enumerate(times)] for kind, times in base.items()}
     actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, terms.action_overhead_s)
     tails = terms.step_tail_s or (0.0,) * ranks
-    last_end = [max((a.end_s for a in actions if a.rank == r), default=0.0) for r in range(ranks)]
+    # One pass, not one per rank: a plan search simulates up to 65,536 actions on 64 ranks.
+    last_end = [0.0] * ranks
+    for a in actions:
+        last_end[a.rank] = max(last_end[a.rank], a.end_s)
     tail_actions = [
         TimedAction(r, -1, -1, "S", last_end[r], last_end[r] + tails[r]) for r in range(ranks) if tails[r] > 0
     ]
@@ -432,13 +436,29 @@ def _peak_in_flight(orders: Sequence[Sequence[Step]], num_stages: int) -> tuple[
     return tuple(peak)
 
 
+@lru_cache(maxsize=32)
+def _rank_orders(
+    sched: Schedule, num_stages: int, num_microbatches: int, num_ranks: int
+) -> tuple[tuple[Step, ...], ...]:
+    """:func:`rank_orders`, kept: a plan search simulates each (schedule, stages, M, ranks) for every partition
+    it scores (up to 65,536 steps each time); the orders depend on nothing else, and are read, never changed."""
+    return tuple(tuple(order) for order in rank_orders(sched, num_stages, num_microbatches, num_ranks))
+
+
 def in_flight_per_stage(
     sched: Schedule, num_stages: int, num_microbatches: int, num_ranks: int | None = None
 ) -> tuple[int, ...]:
     """Peak micro-batches of activations held per stage (for the memory model).
 
-    Simulated with unit times; for 1f1b it equals ``min(P - s, M)``, for gpipe ``M``.
+    What :func:`simulate` reports as ``peak_in_flight``: it depends only on the orders (see
+    ``_peak_in_flight``), so no timing is run. For 1f1b it equals ``min(P - s, M)``, for gpipe ``M``.
     """
+    sched = Schedule.parse(sched)
+    if not isinstance(num_microbatches, int) or num_microbatches < 1:
+        raise UsageError(f"num_microbatches = {num_microbatches!r} must be an integer >= 1")
+    if num_stages < 1:
+        raise UsageError("forward_s is empty: give one forward time per stage")
     ranks = _default_ranks(sched, num_stages) if num_ranks is None else num_ranks
-    result = simulate([1.0] * num_stages, [1.0] * num_stages, num_microbatches, sched, num_ranks=ranks)
-    return result.peak_in_flight
+    if not isinstance(ranks, int) or ranks < 1:
+        raise UsageError(f"num_ranks = {ranks!r} must be an integer >= 1")
+    return _peak_in_flight(_rank_orders(sched, num_stages, num_microbatches, ranks), num_stages)
