@@ -315,7 +315,14 @@ def _run(
 ) -> tuple[list[TimedAction], list[float]]:
     # Longest path over the DAG: repeatedly advance every rank whose next action has all its
     # dependencies timed. Each pass advances at least one rank unless the orders deadlock.
-    end: dict[tuple[str, int, int], float] = {}
+    # End times live in one flat list per kind, indexed stage * M + micro-batch (None: not yet timed): a
+    # plan search runs this on up to 65,536 actions per call, and tuple-keyed dict look-ups were its cost.
+    # The dependency rules are the module docstring's, written out per kind (they were a function called per
+    # action, with the same arithmetic: the results are the same).
+    width = 1 + max((step.microbatch for order in orders for step in order), default=0)
+    end: dict[str, list[float | None]] = {kind: [None] * (num_stages * width) for kind in ("F", "B", "I", "W")}
+    end_f, end_b, end_i = end["F"], end["B"], end["I"]
+    last = num_stages - 1
     pos = [0] * len(orders)
     free = [0.0] * len(orders)
     comm_wait = [0.0] * len(orders)
@@ -324,22 +331,50 @@ def _run(
     while remaining:
         progressed = False
         for rank, order in enumerate(orders):
-            while pos[rank] < len(order):
-                step = order[pos[rank]]
-                timing = _ready_time(step, end, comm_f, comm_b, num_stages)
-                if timing is None:
-                    break
-                ready, comm = timing
-                start = max(free[rank], ready)
+            p, length, busy_until = pos[rank], len(order), free[rank]
+            while p < length:
+                step = order[p]
+                kind, s, m = step.kind, step.stage, step.microbatch
+                key = s * width + m
+                if kind == "F":
+                    if s == 0:
+                        ready = comm = 0.0
+                    else:
+                        prev = end_f[key - width]
+                        if prev is None:
+                            break
+                        comm = comm_f[s - 1]
+                        ready = prev + comm
+                elif kind == "W":
+                    own_i = end_i[key]
+                    if own_i is None:
+                        break
+                    ready, comm = own_i, 0.0
+                else:
+                    own = end_f[key]
+                    if own is None:
+                        break
+                    if s == last:
+                        ready, comm = own, 0.0
+                    else:
+                        grad = end_b[key + width]
+                        if grad is None:
+                            grad = end_i[key + width]
+                            if grad is None:
+                                break
+                        arrival = grad + comm_b[s]
+                        ready, comm = (arrival, comm_b[s]) if arrival > own else (own, 0.0)
+                start = max(busy_until, ready)
                 # Of the wait, the part after the producer finished is the link's, not the schedule's.
-                comm_wait[rank] += min(max(0.0, start - free[rank]), comm)
-                finish = start + durations[step.kind][step.stage] + overhead_s
-                end[(step.kind, step.stage, step.microbatch)] = finish
-                out.append(TimedAction(rank, step.stage, step.microbatch, step.kind, start, finish, overhead_s))
-                free[rank] = finish
-                pos[rank] += 1
+                comm_wait[rank] += min(max(0.0, start - busy_until), comm)
+                finish = start + durations[kind][s] + overhead_s
+                end[kind][key] = finish
+                out.append(TimedAction(rank, s, m, kind, start, finish, overhead_s))
+                busy_until = finish
+                p += 1
                 remaining -= 1
                 progressed = True
+            pos[rank], free[rank] = p, busy_until
         if not progressed:
             waiting = ", ".join(f"rank {r}: {orders[r][p]}" for r, p in enumerate(pos) if p < len(orders[r]))
             raise ScheduleDeadlockError(f"schedule deadlocks; blocked at {waiting}\n{format_orders(orders)}")
@@ -388,35 +423,6 @@ def _intersection(own: list[tuple[float, float]], others: list[tuple[float, floa
             shared += max(0.0, min(end, others[j][1]) - max(start, others[j][0]))
             j += 1
     return shared
-
-
-def _ready_time(
-    step: Step,
-    end: dict[tuple[str, int, int], float],
-    comm_f: list[float],
-    comm_b: list[float],
-    num_stages: int,
-) -> tuple[float, float] | None:
-    """When ``step`` may start, and how much of that is link time; None while a dependency is untimed."""
-    s, m = step.stage, step.microbatch
-    if step.kind == "F":
-        if s == 0:
-            return 0.0, 0.0
-        prev = end.get(("F", s - 1, m))
-        return None if prev is None else (prev + comm_f[s - 1], comm_f[s - 1])
-    if step.kind == "W":
-        own_i = end.get(("I", s, m))
-        return None if own_i is None else (own_i, 0.0)
-    own = end.get(("F", s, m))
-    if own is None:
-        return None
-    if s == num_stages - 1:
-        return own, 0.0
-    grad = end.get(("B", s + 1, m), end.get(("I", s + 1, m)))
-    if grad is None:
-        return None
-    arrival = grad + comm_b[s]
-    return (arrival, comm_b[s]) if arrival > own else (own, 0.0)
 
 
 def _peak_in_flight(orders: Sequence[Sequence[Step]], num_stages: int) -> tuple[int, ...]:
