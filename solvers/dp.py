@@ -218,6 +218,8 @@ class _Model:
         gprev = np.full(n, np.inf)
         gprev[0] = 0.0
         padded = np.full(n + width - 1, np.inf)
+        # One view for every stage: each stage rewrites padded in place, and the view reads it.
+        windows = sliding_window_view(padded, width)
         args = np.zeros((p, n), dtype=np.int64)
         f = gprev
         for s in range(p):
@@ -227,7 +229,7 @@ class _Model:
                 costs[kind] = np.where(q0[cap] >= in_flight, c0k, np.where(q1[cap] >= in_flight, c1k, np.inf))
             rows = slice(n - 1, n) if s == p - 1 else slice(s, n - p + s + 1)
             padded[width - 1 :] = gprev
-            total = costs[kind][rows] + sliding_window_view(padded, width)[rows]
+            total = costs[kind][rows] + windows[rows]
             best = np.argmin(total, axis=1)
             f = np.full(n, np.inf)
             f[rows] = total[np.arange(total.shape[0]), best]

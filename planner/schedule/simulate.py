@@ -364,9 +364,11 @@ def _run(
                                 break
                         arrival = grad + comm_b[s]
                         ready, comm = (arrival, comm_b[s]) if arrival > own else (own, 0.0)
-                start = max(busy_until, ready)
+                # max() and min() spelled as comparisons (the same values, ties included: builtin calls cost).
+                start = ready if ready > busy_until else busy_until
                 # Of the wait, the part after the producer finished is the link's, not the schedule's.
-                comm_wait[rank] += min(max(0.0, start - busy_until), comm)
+                wait = start - busy_until
+                comm_wait[rank] += wait if wait <= comm else comm
                 finish = start + durations[kind][s] + overhead_s
                 end[kind][key] = finish
                 out.append(TimedAction(rank, s, m, kind, start, finish, overhead_s))
