@@ -227,7 +227,19 @@ class _Model:
             if kind not in costs:
                 in_flight, cap = kind
                 costs[kind] = np.where(q0[cap] >= in_flight, c0k, np.where(q1[cap] >= in_flight, c1k, np.inf))
-            rows = slice(n - 1, n) if s == p - 1 else slice(s, n - p + s + 1)
+            # Rows (last unit j of stage s) that lie on some complete partition: the s + 1 stages so far reach j
+            # (j < (s + 1) * width) and the p - 1 - s left can still cover the rest (n - 1 - j <= (p - 1 - s) *
+            # width). Every other row is infinite, or is only ever the predecessor of rows that cannot complete
+            # either, so leaving them out changes no value or choice on a complete partition (it skips most rows
+            # when p * width is near n: thousands of units on 64-256 stages).
+            if s == p - 1:
+                lo = hi = n - 1
+            else:
+                lo, hi = max(s, n - 1 - (p - 1 - s) * width), min(n - p + s, (s + 1) * width - 1)
+            if lo > hi:
+                f = np.full(n, np.inf)
+                break
+            rows = slice(lo, hi + 1)
             padded[width - 1 :] = gprev
             total = costs[kind][rows] + windows[rows]
             best = np.argmin(total, axis=1)
