@@ -247,8 +247,11 @@ def simulate(
     check_microbatches(sched, ranks, v, num_microbatches)
     if orders is None:
         orders = _rank_orders(sched, n, num_microbatches, ranks)
+        peaks = _peaks(sched, n, num_microbatches, ranks)
     elif len(orders) != ranks:
         raise UsageError(f"orders has {len(orders)} ranks, expected {ranks}")
+    else:
+        peaks = _peak_in_flight(orders, n)
 
     if sched is Schedule.ZERO_BUBBLE:
         w_part = weight or [b * DEFAULT_WEIGHT_FRACTION for b in bwd]
@@ -275,10 +278,15 @@ def simulate(
     last_end = [0.0] * ranks
     for a in actions:
         last_end[a.rank] = max(last_end[a.rank], a.end_s)
-    tail_actions = [
-        TimedAction(r, -1, -1, "S", last_end[r], last_end[r] + tails[r]) for r in range(ranks) if tails[r] > 0
-    ]
-    actions = sorted([*actions, *tail_actions], key=lambda a: (a.rank, a.start_s, a.end_s))
+    if any(t > 0 for t in tails):
+        # A tail starts when its rank's last action ends: it sorts last among the rank's actions.
+        by_rank: list[list[TimedAction]] = [[] for _ in range(ranks)]
+        for a in actions:
+            by_rank[a.rank].append(a)
+        for r in range(ranks):
+            if tails[r] > 0:
+                by_rank[r].append(TimedAction(r, -1, -1, "S", last_end[r], last_end[r] + tails[r]))
+        actions = [a for group in by_rank for a in group]
     iteration = max(a.end_s for a in actions)
     busy = [0.0] * ranks
     overhead = [0.0] * ranks
@@ -297,7 +305,7 @@ def simulate(
         iteration_s=iteration,
         busy_s=tuple(busy),
         bubble_fraction=bubble,
-        peak_in_flight=_peak_in_flight(orders, n),
+        peak_in_flight=peaks,
         bottleneck_stage=per_stage.index(max(per_stage)),
         overhead_s=tuple(overhead),
         step_tail_s=tuple(tails),
@@ -326,12 +334,14 @@ def _run(
     pos = [0] * len(orders)
     free = [0.0] * len(orders)
     comm_wait = [0.0] * len(orders)
-    out: list[TimedAction] = []
+    # Each rank's actions in its execution order: start times never decrease along a rank (an action starts
+    # when the previous one has ended), so this is the (rank, start, end) order without sorting.
+    by_rank: list[list[TimedAction]] = [[] for _ in orders]
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
         for rank, order in enumerate(orders):
-            p, length, busy_until = pos[rank], len(order), free[rank]
+            p, length, busy_until, out = pos[rank], len(order), free[rank], by_rank[rank]
             while p < length:
                 step = order[p]
                 kind, s, m = step.kind, step.stage, step.microbatch
@@ -380,8 +390,7 @@ def _run(
         if not progressed:
             waiting = ", ".join(f"rank {r}: {orders[r][p]}" for r, p in enumerate(pos) if p < len(orders[r]))
             raise ScheduleDeadlockError(f"schedule deadlocks; blocked at {waiting}\n{format_orders(orders)}")
-    out.sort(key=lambda a: (a.rank, a.start_s, a.end_s))
-    return out, comm_wait
+    return [a for actions in by_rank for a in actions], comm_wait
 
 
 def _stage_ranks(orders: Sequence[Sequence[Step]], num_stages: int) -> list[int]:
@@ -469,4 +478,9 @@ def in_flight_per_stage(
     ranks = _default_ranks(sched, num_stages) if num_ranks is None else num_ranks
     if not isinstance(ranks, int) or ranks < 1:
         raise UsageError(f"num_ranks = {ranks!r} must be an integer >= 1")
-    return _peak_in_flight(_rank_orders(sched, num_stages, num_microbatches, ranks), num_stages)
+    return _peaks(sched, num_stages, num_microbatches, ranks)
+
+
+@lru_cache(maxsize=32)
+def _peaks(sched: Schedule, num_stages: int, num_microbatches: int, num_ranks: int) -> tuple[int, ...]:
+    return _peak_in_flight(_rank_orders(sched, num_stages, num_microbatches, num_ranks), num_stages)
