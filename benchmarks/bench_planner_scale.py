@@ -253,7 +253,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--png", type=Path, default=None, help="write the log-log picture")
     parser.add_argument("--before", type=Path, default=None, help="JSON of an earlier run, drawn dotted")
     parser.add_argument("--write-profile", type=Path, default=None, help="write the synthetic profile(s) and stop")
+    parser.add_argument("--from-json", type=Path, default=None, help="tables and picture of a saved run, no measuring")
     args = parser.parse_args(argv)
+    if args.from_json:
+        points = [ScalePoint(**p) for p in json.loads(args.from_json.read_text())]
+        print(scale_table(points))
+        print()
+        print(phase_table(points))
+        if args.png:
+            before = [ScalePoint(**p) for p in json.loads(args.before.read_text())] if args.before else []
+            scale_png(points, args.png, before)
+            print(f"wrote {args.png}")
+        return
     units = [int(x) for x in args.units.split(",")]
     if args.write_profile:
         from profiles.format import save_profile
