@@ -328,7 +328,8 @@ def _run(
     # The dependency rules are the module docstring's, written out per kind (they were a function called per
     # action, with the same arithmetic: the results are the same).
     width = 1 + max((step.microbatch for order in orders for step in order), default=0)
-    end: dict[str, list[float | None]] = {kind: [None] * (num_stages * width) for kind in ("F", "B", "I", "W")}
+    kinds = ("F", "B", "I", "W", *durations)
+    end: dict[str, list[float | None]] = {kind: [None] * (num_stages * width) for kind in kinds}
     end_f, end_b, end_i = end["F"], end["B"], end["I"]
     last = num_stages - 1
     pos = [0] * len(orders)
