@@ -248,6 +248,8 @@ def simulate(
         raise UsageError(f"num_ranks = {ranks!r} must be an integer >= 1")
     v = virtual_stages(sched, n, ranks)
     check_microbatches(sched, ranks, v, num_microbatches)
+    # Micro-batch indices of rank_orders' orders are 0..M-1; given orders are scanned for theirs.
+    width = num_microbatches if orders is None else None
     if orders is None:
         orders = _rank_orders(sched, n, num_microbatches, ranks)
         peaks = _peaks(sched, n, num_microbatches, ranks)
@@ -272,10 +274,10 @@ def simulate(
     stage_rank = _stage_ranks(orders, n)
     scales = [1.0] * ranks
     if terms.compute_scale != 1.0:
-        full_speed, _ = _run(orders, base, comm_f, comm_b, n, terms.action_overhead_s)
+        full_speed, _ = _run(orders, base, comm_f, comm_b, n, terms.action_overhead_s, width)
         scales = [1.0 + (terms.compute_scale - 1.0) * o for o in _overlap_fractions(full_speed, ranks)]
     durations = {kind: [t * scales[stage_rank[s]] for s, t in enumerate(times)] for kind, times in base.items()}
-    actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, terms.action_overhead_s)
+    actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, terms.action_overhead_s, width)
     tails = terms.step_tail_s or (0.0,) * ranks
     # One pass, not one per rank: a plan search simulates up to 65,536 actions on 64 ranks.
     last_end = [0.0] * ranks
@@ -323,6 +325,7 @@ def _run(
     comm_b: list[float],
     num_stages: int,
     overhead_s: float = 0.0,
+    width: int | None = None,
 ) -> tuple[list[TimedAction], list[float]]:
     # Longest path over the DAG: repeatedly advance every rank whose next action has all its
     # dependencies timed. Each pass advances at least one rank unless the orders deadlock.
@@ -330,7 +333,8 @@ def _run(
     # plan search runs this on up to 65,536 actions per call, and tuple-keyed dict look-ups were its cost.
     # The dependency rules are the module docstring's, written out per kind (they were a function called per
     # action, with the same arithmetic: the results are the same).
-    width = 1 + max((step.microbatch for order in orders for step in order), default=0)
+    if width is None:  # one more than the largest micro-batch index, unless the caller knows it (M)
+        width = 1 + max((step.microbatch for order in orders for step in order), default=0)
     kinds = ("F", "B", "I", "W", *durations)
     end: dict[str, list[float | None]] = {kind: [None] * (num_stages * width) for kind in kinds}
     end_f, end_b, end_i = end["F"], end["B"], end["I"]
@@ -463,7 +467,13 @@ def _rank_orders(
 ) -> tuple[tuple[Step, ...], ...]:
     """:func:`rank_orders`, kept: a plan search simulates each (schedule, stages, M, ranks) for every partition
     it scores (up to 65,536 steps each time); the orders depend on nothing else, and are read, never changed."""
-    return tuple(tuple(order) for order in rank_orders(sched, num_stages, num_microbatches, num_ranks))
+    orders = tuple(tuple(order) for order in rank_orders(sched, num_stages, num_microbatches, num_ranks))
+    # _run indexes end times by stage * M + micro-batch: an order outside 0..M-1 would alias another action.
+    if any(not 0 <= step.microbatch < num_microbatches for order in orders for step in order):
+        raise ScheduleDeadlockError(
+            f"internal: {sched.value} orders hold a micro-batch outside 0..{num_microbatches - 1}"
+        )
+    return orders
 
 
 def in_flight_per_stage(
