@@ -175,8 +175,8 @@ def _lower_bound_s(profile: Profile, request: PlanRequest, settings: CostSetting
     Every rank's step ends after its own compute and its gradient sync, so the step is at least their
     average over the ``pp`` ranks: one replica's compute (and FSDP's gathers) spread evenly at the
     fastest device speed, no bubble, no recomputation, no latency, plus the bandwidth part of the
-    replicas' synchronisation of all parameters, spread likewise. Memory: the ranks together hold every
-    parameter's state at least once.
+    replicas' synchronisation of all parameters, spread likewise; and at least the longest unit times
+    the micro-batches. Memory: the ranks together hold every parameter's state at least once.
     """
     dp = settings.data_parallel
     held = sum(u.param_count + u.tied_param_count for u in profile.units)
@@ -197,14 +197,16 @@ def _lower_bound_s(profile: Profile, request: PlanRequest, settings: CostSetting
     speed = max(settings.device_speeds, default=1.0)
     cal = settings.calibration
     scale = min(1.0, cal.colocation_factor) if cal is not None else 1.0
-    per_step = [
-        batch / b * (sum(u.forward_s[k] + u.backward_s[k] for u in profile.units) + gathers) * scale / speed
-        for k, b in enumerate(profile.micro_batch_sizes)
-        if batch % b == 0
-    ]
-    if not per_step:
-        return 0.0
-    return (min(per_step) + sync) / layout.pp
+    bounds = []
+    for k, b in enumerate(profile.micro_batch_sizes):
+        if batch % b:
+            continue
+        work = [u.forward_s[k] + u.backward_s[k] for u in profile.units]
+        spread = (batch / b * (sum(work) + gathers) * scale / speed + sync) / layout.pp
+        # Whichever rank holds the longest unit runs it for every micro-batch.
+        longest = batch / b * max(work) * scale / speed
+        bounds.append(max(spread, longest))
+    return min(bounds, default=0.0)
 
 
 def plan_cluster(
