@@ -30,6 +30,7 @@ __all__ = [
     "build_problem",
     "stage_memory",
     "step_tails",
+    "split_backward_times",
 ]
 
 # One-way link per pipeline hop: (bytes/s, latency s).
@@ -149,6 +150,11 @@ class UnitCosts:
     cut_bytes: tuple[int, ...]
     cut_grad_bytes: tuple[int, ...]
     input_bytes: int
+    input_s: tuple[float, ...] = ()
+    """Per unit, the input-gradient part I of the backward as torch's zero-bubble schedules run it
+    (``stage_backward_input``); empty when the profile did not measure the split."""
+    weight_s: tuple[float, ...] = ()
+    """Per unit, the weight-gradient part W (``stage_backward_weight``); empty as above."""
 
 
 def unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
@@ -158,6 +164,7 @@ def unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
     # Without an allocator peak (CPU), a unit's working memory is estimated as its output plus that
     # output's gradient: the two tensors alive at the boundary of its forward and backward.
     transient = tuple(u.peak_bytes[k] if u.peak_bytes is not None else 2 * u.output_bytes[k] for u in units)
+    split = all(u.has_split for u in units)
     return UnitCosts(
         forward_s=tuple(u.forward_s[k] for u in units),
         backward_s=tuple(u.backward_s[k] for u in units),
@@ -167,7 +174,41 @@ def unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
         cut_bytes=tuple(cut_bytes(profile, k, graph)),
         cut_grad_bytes=tuple(cut_grad_bytes(profile, k, graph)),
         input_bytes=sum(t.bytes[k] for t in profile.tensors if t.producer == -1),
+        input_s=tuple(u.backward_input_s[k] for u in units) if split else (),  # type: ignore[index]
+        weight_s=tuple(u.backward_weight_s[k] for u in units) if split else (),  # type: ignore[index]
     )
+
+
+def split_backward_times(
+    costs: UnitCosts,
+    stage_units: list[range] | list[list[int]],
+    forward_s: list[float],
+    backward_s: list[float],
+    recompute: tuple[bool, ...],
+    speed: tuple[float, ...] = (),
+) -> tuple[list[float], list[float]]:
+    """Per stage, the split backward ``(I, W)`` of one micro-batch, as torch 2.13 runs it; ``([], [])``
+    when the profile did not measure the split (the schedules then run the backward unsplit).
+
+    A stage's I and W are its units' (docs/cost-model.md, "Split backward"); a recomputed stage re-runs
+    its forward inside I, the first backward pass. The first stage is different: torch's
+    ``PipelineStage.backward_one_chunk`` skips I for it (its input needs no gradient) and
+    ``backward_weight_one_chunk`` runs the stage's whole backward as W, so there I = 0 and W = its full
+    backward ``backward_s[0]``.
+    """
+    if not costs.weight_s:
+        return [], []
+    inputs, weights = [], []
+    for s, units in enumerate(stage_units):
+        scale = speed[s] if speed else 1.0
+        if s == 0:
+            inputs.append(0.0)
+            weights.append(backward_s[0])
+            continue
+        i = sum(costs.input_s[u] for u in units) / scale + (forward_s[s] if recompute[s] else 0.0)
+        inputs.append(i)
+        weights.append(sum(costs.weight_s[u] for u in units) / scale)
+    return inputs, weights
 
 
 def _transfer_s(num_bytes: int, settings: CostSettings) -> float:

@@ -189,6 +189,7 @@ def simulate(
     comm_forward_s: Sequence[float] = (),
     comm_backward_s: Sequence[float] = (),
     weight_s: Sequence[float] = (),
+    input_s: Sequence[float] = (),
     orders: Sequence[Sequence[Step]] | None = None,
     runtime: RuntimeTerms | None = None,
 ) -> SimulationResult:
@@ -208,6 +209,9 @@ def simulate(
             Used by the schedules that split the backward (zero-bubble, zbv, dualpipev; a full backward
             ``B`` still costs ``backward_s``). Empty: the backward stays unsplit, ``I = backward_s`` and
             ``W = 0`` (no guess of the split). Ignored by the other schedules.
+        input_s: per stage, the input-gradient action ``I`` as measured apart (torch's
+            ``stage_backward_input``); empty: ``backward_s - weight_s``. Given with ``weight_s``, the
+            split may cost more than ``backward_s`` (torch walks the autograd graph to split it).
         orders: optional rank orders to run instead of :func:`rank_orders` (e.g. converted from a
             torch schedule's ``pipeline_order`` with :func:`planner.schedule.orders.orders_from_torch`).
         runtime: overhead per action, step tail per rank and co-location factor; None: all zero.
@@ -236,9 +240,12 @@ def simulate(
     comm_f = _as_times("comm_forward_s", comm_forward_s, cuts, allow_zero=True) if comm_forward_s else [0.0] * cuts
     comm_b = _as_times("comm_backward_s", comm_backward_s, cuts, allow_zero=True) if comm_backward_s else [0.0] * cuts
     weight = _as_times("weight_s", weight_s, n, allow_zero=True) if weight_s else []
+    inputs = _as_times("input_s", input_s, n, allow_zero=True) if input_s else []
+    if inputs and not weight:
+        raise UsageError("input_s needs weight_s: give both parts of the split backward")
     for s, (w, b) in enumerate(zip(weight, bwd, strict=False)):
-        if w >= b:
-            raise UsageError(f"weight_s[{s}] = {w} must be below backward_s[{s}] = {b} (W is a part of B)")
+        if w > b and not inputs:
+            raise UsageError(f"weight_s[{s}] = {w} must be at most backward_s[{s}] = {b} (W is a part of B)")
     ranks = _default_ranks(sched, n) if num_ranks is None else num_ranks
     if not isinstance(ranks, int) or ranks < 1:
         raise UsageError(f"num_ranks = {ranks!r} must be an integer >= 1")
@@ -249,14 +256,16 @@ def simulate(
     elif len(orders) != ranks:
         raise UsageError(f"orders has {len(orders)} ranks, expected {ranks}")
 
-    w_part = weight if (sched.splits_backward and weight) else [0.0] * n
+    split = sched.splits_backward and bool(weight)
+    w_part = weight if split else [0.0] * n
+    i_part = inputs if (split and inputs) else [b - w for b, w in zip(bwd, w_part, strict=True)]
     terms = runtime or RuntimeTerms()
     if terms.step_tail_s and len(terms.step_tail_s) != ranks:
         raise UsageError(f"step_tail_s has {len(terms.step_tail_s)} values for {ranks} ranks")
     base = {
         "F": fwd,
         "B": bwd,
-        "I": [b - w for b, w in zip(bwd, w_part, strict=True)],
+        "I": i_part,
         "W": w_part,
     }
     stage_rank = _stage_ranks(orders, n)

@@ -353,7 +353,10 @@ def test_deadlocking_order_raises_internal_error() -> None:
         ({"schedule": "1f1b", "num_microbatches": 1}, ScheduleError, "at least as many micro-batches as stages"),
         ({"schedule": "naive", "num_microbatches": 2}, ScheduleError, "naive runs exactly 1 micro-batch"),
         ({"num_ranks": 1}, ScheduleError, "runs one stage per rank"),
-        ({"schedule": "zero-bubble", "weight_s": [1, 5]}, UsageError, r"weight_s\[1\] = 5.0 must be below"),
+        ({"schedule": "zero-bubble", "weight_s": [1, 5]}, UsageError, r"weight_s\[1\] = 5.0 must be at most"),
+        ({"schedule": "zero-bubble", "input_s": [1, 1]}, UsageError, "input_s needs weight_s"),
+        ({"schedule": "zbv", "num_ranks": 2}, ScheduleError, r"exactly 2 stages per rank in a V \(stages: 2"),
+        ({"schedule": "dualpipev", "num_ranks": 1, "num_microbatches": 1}, ScheduleError, "at least as many"),
     ],
 )
 def test_bad_input(kwargs: dict[str, object], error: type[Exception], message: str) -> None:
