@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.errors import ModelMismatchError, PlanFormatError, ScheduleError
 from planner.plan import Plan
-from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule
+from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule, stage_to_rank
 from profiles.dataflow import run_as_generated_code
 from profiles.fingerprint import model_fingerprint
 from profiles.workload import as_tuple
@@ -324,7 +324,8 @@ def _tied_copies(
         holders: dict[int, list[nn.Parameter]] = {}
         for s, module in enumerate(modules):
             found = {id(p): p for n, p in module.inner.named_parameters(remove_duplicate=False) if n in names}
-            holders.setdefault(plan.stages[s].rank, []).extend(found.values())
+            if found:  # a rank with no copy (possible in a V) stays out of the group: nothing to sum there
+                holders.setdefault(plan.stages[s].rank, []).extend(found.values())
         ranks = sorted(holders)
         sub = None
         if len(ranks) > 1:
@@ -361,12 +362,15 @@ def _stage_io_examples(
 
 def _check_placement(plan: Plan) -> Schedule:
     sched = plan.schedule
-    expected = tuple(s % plan.num_ranks for s in range(plan.num_stages))
+    # Looped (stage s on rank s % R) or, for zbv/dualpipev, V (rank r: stages r and 2R-1-r): torch's
+    # classes derive the placement from the schedule, so the plan's must be the same.
+    expected = stage_to_rank(sched, plan.num_stages, plan.num_ranks)
     actual = tuple(s.rank for s in plan.stages)
     if actual != expected:
+        where = "in a V" if sched.v_shape else f"stage s on rank s % {plan.num_ranks}"
         raise ScheduleError(
-            f"plan places stages on ranks {list(actual)}; torch's {sched.value} schedule needs stage s on rank "
-            f"s % {plan.num_ranks}: {list(expected)}"
+            f"plan places stages on ranks {list(actual)}; torch's {sched.value} schedule needs {where}: "
+            f"{list(expected)}"
         )
     return sched
 
