@@ -689,7 +689,12 @@ def _add_search_arguments(p: argparse.ArgumentParser) -> None:
         default="adam",
         help="decides the optimizer state per parameter (default adam)",
     )
-    p.add_argument("--schedule", choices=("auto", "gpipe", "1f1b", "interleaved-1f1b"), default="auto")
+    p.add_argument(
+        "--schedule",
+        choices=("auto", *(x.value for x in Schedule if x is not Schedule.NAIVE)),
+        default="auto",
+        help="auto: search every schedule torch ships (the split-backward ones when the profile measured the split)",
+    )
     p.add_argument("--micro-batch-size", type=_auto_or_positive_int, default=None, metavar="auto|N")
     p.add_argument(
         "--recompute",
