@@ -31,6 +31,7 @@ from planner.schedule.simulate import RuntimeTerms, SimulationResult, in_flight_
 from profiles.format import Profile
 from solvers.baselines import balanced_by_params, balanced_by_time, uniform_by_count
 from solvers.dp import solve_dp
+from solvers.even import solve_even
 from solvers.ilp import solve_ilp
 from solvers.problem import PartitionProblem, PartitionSolution, evaluate, stage_cost
 
@@ -268,7 +269,13 @@ def _peak_memory(problem: PartitionProblem, solution: PartitionSolution) -> floa
 def _solve(problem: PartitionProblem, request: PlanRequest) -> list[PartitionSolution]:
     if _use_ilp(request):
         return [solve_ilp(problem, time_limit_s=request.ilp_time_limit_s)]
-    return solve_dp(problem, top_k=request.top_k)
+    solutions = solve_dp(problem, top_k=request.top_k)
+    # The most even partition under the best one's bottleneck (solvers/even.py): same objective bound,
+    # ranks more evenly used; the simulator judges it with the others.
+    even = solve_even(problem, solutions[0].bottleneck_s)
+    if even is not None and all(even.boundaries != s.boundaries for s in solutions):
+        solutions.append(even)
+    return solutions
 
 
 def _pins(profile: Profile, request: PlanRequest, virtual_stages: int) -> tuple[tuple[int, int], ...]:

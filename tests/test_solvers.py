@@ -241,3 +241,39 @@ def test_dp_is_deterministic():
         return [(s.boundaries, s.recompute, s.objective_s) for s in sols]
 
     assert key(solve_dp(problem, top_k=3)) == key(solve_dp(problem, top_k=3))
+
+
+def test_even_matches_enumeration_and_keeps_the_dp_bottleneck():
+    # solve_even against enumerating every partition: least sum of squared stage compute among those
+    # within the DP's bottleneck that fit; and it never worsens the objective's bottleneck term.
+    import itertools
+
+    from solvers.even import solve_even
+    from solvers.problem import stage_cost
+
+    checked = 0
+    for seed in range(200):
+        problem = random_problem(seed)
+        dp = solve_or_none(lambda p: solve_dp(p)[0], problem)
+        if dp is None:
+            continue
+        even = solve_even(problem, dp.bottleneck_s)
+        n, p = problem.num_units, problem.num_stages
+        flag = False not in problem.recompute_choices
+        best = math.inf
+        for cuts in itertools.combinations(range(1, n), p - 1):
+            bounds = (0, *cuts)
+            spans = enumerate(zip(bounds, (*cuts, n), strict=True))
+            costs = [stage_cost(problem, s, a, b - 1, flag) for s, (a, b) in spans]
+            if all(c.feasible and c.compute_s <= dp.bottleneck_s * (1 + 1e-9) for c in costs):
+                best = min(best, sum(c.compute_s**2 for c in costs))
+        # One recompute flag for every stage, so the DP's own (mixed) partition may not qualify.
+        assert (even is None) == (best == math.inf)
+        if even is None:
+            continue
+        check_partition(problem, even)
+        assert even.bottleneck_s <= dp.bottleneck_s * (1 + 1e-9)
+        got = sum(stage_cost(problem, s, r[0], r[-1], flag).compute_s ** 2 for s, r in enumerate(even.stage_units(n)))
+        assert got == pytest.approx(best, rel=1e-9, abs=1e-12)
+        checked += 1
+    assert checked > 100
