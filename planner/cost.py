@@ -155,6 +155,15 @@ class UnitCosts:
     (``stage_backward_input``); empty when the profile did not measure the split."""
     weight_s: tuple[float, ...] = ()
     """Per unit, the weight-gradient part W (``stage_backward_weight``); empty as above."""
+    weight_grad_bytes: tuple[int, ...] = ()
+    """Per unit, the gradients I keeps alive until W (profile ``weight_grad_bytes``); empty if unmeasured."""
+
+    def held_bytes(self, split_backward: bool) -> tuple[int, ...]:
+        """Per unit, what one in-flight micro-batch holds: its saved activations, plus under a split
+        backward the gradients kept for W (counted for every in-flight micro-batch: an upper bound)."""
+        if not split_backward or not self.weight_grad_bytes:
+            return self.saved_bytes
+        return tuple(a + g for a, g in zip(self.saved_bytes, self.weight_grad_bytes, strict=True))
 
 
 def unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
@@ -176,6 +185,7 @@ def unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
         input_bytes=sum(t.bytes[k] for t in profile.tensors if t.producer == -1),
         input_s=tuple(u.backward_input_s[k] for u in units) if split else (),  # type: ignore[index]
         weight_s=tuple(u.backward_weight_s[k] for u in units) if split else (),  # type: ignore[index]
+        weight_grad_bytes=tuple(u.weight_grad_bytes[k] if u.weight_grad_bytes else 0 for u in units) if split else (),
     )
 
 
@@ -227,6 +237,7 @@ def build_problem(
     recompute_choices: tuple[bool, ...],
     pinned: tuple[tuple[int, int], ...] = (),
     max_units_per_stage: int | None = None,
+    split_backward: bool = False,
 ) -> PartitionProblem:
     """The partition problem of ``num_stages`` stages placed on ranks by ``stage_rank``.
 
@@ -246,7 +257,7 @@ def build_problem(
         cut_bytes=costs.cut_bytes,
         input_bytes=costs.input_bytes,
         param_state_bytes=tuple(n * (weights + grads + optim) for n in costs.param_count),
-        saved_bytes=costs.saved_bytes,
+        saved_bytes=costs.held_bytes(split_backward),
         transient_bytes=costs.transient_bytes,
         in_flight=in_flight,
         capacity_bytes=tuple(settings.capacity(profile, r, num_ranks) / per_rank[r] for r in stage_rank),
@@ -266,11 +277,12 @@ def stage_memory(
     *,
     in_flight: int,
     recompute: bool,
+    split_backward: bool = False,
 ) -> MemoryBreakdown:
     """Memory of a stage holding units ``first..last``: the same terms as ``solvers.problem.stage_cost``."""
     weights, grads, optim = bytes_per_param(profile.device.dtype, settings.optimizer)
     params = sum(costs.param_count[first : last + 1])
-    saved = sum(costs.saved_bytes[first : last + 1])
+    saved = sum(costs.held_bytes(split_backward)[first : last + 1])
     stage_input = costs.input_bytes if first == 0 else costs.cut_bytes[first - 1]
     activations = stage_input * in_flight + saved if recompute else saved * in_flight
     transient = max(costs.transient_bytes[first : last + 1])

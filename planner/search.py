@@ -314,6 +314,7 @@ def _search(profile: Profile, request: PlanRequest) -> tuple[list[Candidate], li
                 recompute_choices=_recompute_choices(request),
                 pinned=_pins(profile, request, v) if request.pinned else (),
                 max_units_per_stage=request.max_units_per_stage,
+                split_backward=schedule.splits_backward,
             )
             try:
                 solutions = _solve(problem, request)
@@ -549,6 +550,7 @@ def _plan_of(
                     last,
                     in_flight=problem.in_flight[s],
                     recompute=solution.recompute[s],
+                    split_backward=best.schedule.splits_backward,
                 ),
                 input_s=inputs[s] if inputs else None,
                 weight_s=weights[s] if weights else None,
@@ -651,6 +653,7 @@ def predict_plan(profile: Profile, plan: Plan, settings: CostSettings) -> Simula
         in_flight=in_flight_per_stage(plan.schedule, plan.num_stages, plan.num_microbatches, plan.num_ranks),
         stage_rank=stage_rank,
         recompute_choices=(False, True),
+        split_backward=plan.schedule.splits_backward,
     )
     recompute = tuple(s.recompute for s in plan.stages)
     objective, bottleneck = evaluate(problem, boundaries, recompute)

@@ -139,3 +139,14 @@ def test_near_best_prefers_evenly_used_ranks():
     slow = candidate(12.0, (5.0, 5.0), 0.5)
     ranked = _ranked([lopsided, even, even_small, slow])
     assert ranked == [even_small, even, lopsided, slow]
+
+
+def test_split_schedules_count_the_gradients_kept_for_w():
+    profile = make_profile([1.0] * 4, weight_share=0.5, saved_bytes=[1000] * 4)
+    zb = _plan(profile, num_ranks=2, global_batch_size=4, recompute="off", schedule="zero-bubble")
+    one = _plan(profile, num_ranks=2, global_batch_size=4, recompute="off", schedule="1f1b")
+    # 64 bytes kept per unit and micro-batch at size 1, for every micro-batch in flight (upper bound).
+    for z in zb.stages:
+        assert z.memory_bytes.activations == (1000 + 64) * len(z.units) * z.in_flight
+    for o in one.stages:
+        assert o.memory_bytes.activations == 1000 * len(o.units) * o.in_flight
