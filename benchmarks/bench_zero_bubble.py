@@ -19,6 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_quality import _full_desc, quality_rows  # noqa: E402
+from common import make_setting, score  # noqa: E402
+from peers import peer_partitions  # noqa: E402
 
 from planner.cost import default_settings  # noqa: E402
 from planner.errors import PipeplanError  # noqa: E402
@@ -45,9 +47,25 @@ def _per_schedule(profile: Profile, p: int, global_batch: int) -> dict[str, str]
     return out
 
 
+def _best_peer_at(profile: Profile, p: int, b: int, m: int) -> float | None:
+    """The best fitting peer (1F1B, one stage per rank) at the full plan's own micro-batch size and count."""
+    setting = make_setting(profile, b, p, m)
+    costs = setting.costs
+    times = [f + bw for f, bw in zip(costs.forward_s, costs.backward_s, strict=True)]
+    names = [u.name for u in profile.units]
+    scores = [
+        score(setting, r)
+        for r in peer_partitions(names, times, list(costs.param_count), p).values()
+        if not isinstance(r, str)
+    ]
+    fitting = [s.iteration_s for s in scores if s.fits]
+    return min(fitting) if fitting else None
+
+
 def zero_bubble_tables(profiles: dict[str, Profile], stages: tuple[int, ...] = (4, 8)) -> str:
-    head = "| model | P | b x M | best peer (1F1B) | pipeplan full plan | best peer / full | spread |"
-    lines = [head, "|---|---|---|---|---|---|---|"]
+    head = "| model | P | b x M | best peer (1F1B) | pipeplan full plan | best peer / full | "
+    head += "best peer at the plan's b x M / full | 1F1B-only plan / full | spread |"
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     per: list[str] = []
     names = [s.value for s in Schedule if s is not Schedule.NAIVE]
     per_head = "| model | P | " + " | ".join(names) + " |"
@@ -66,6 +84,15 @@ def zero_bubble_tables(profiles: dict[str, Profile], stages: tuple[int, ...] = (
             )
             cells = _per_schedule(profile, row.num_stages, row.micro_batch_size * row.num_microbatches)
             per_lines.append(f"| {model} | {row.num_stages} | " + " | ".join(cells[n] for n in names) + " |")
+            same = _best_peer_at(profile, row.num_stages, full.micro_batch_size, full.num_microbatches)
+            one_f_one_b = float(cells["1f1b"].split()[0]) if cells["1f1b"][0].isdigit() else None
+            s_full = full.predicted.iteration_s
+            lines[-1] = (
+                lines[-1].removesuffix(f" {spread:.0%} |")
+                + (f" {same / s_full:.3f} |" if same else " - |")
+                + (f" {one_f_one_b / s_full:.3f} |" if one_f_one_b else " - |")
+                + f" {spread:.0%} |"
+            )
     per = per_lines
     return "\n".join(lines) + "\n\nbest plan of each schedule alone (simulated iteration, s):\n\n" + "\n".join(per)
 
