@@ -446,9 +446,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         plan = load_plan(args.plan)
         forward = [s.forward_s for s in plan.stages]
         backward = [s.backward_s for s in plan.stages]
-        split = all(s.weight_s is not None and s.input_s is not None for s in plan.stages)
-        weight = [s.weight_s for s in plan.stages] if split else []
-        inputs = [s.input_s for s in plan.stages] if split else []
+        split = plan.split_backward_s()
+        weight, inputs = split.get("weight_s", []), split.get("input_s", [])
         m, ranks, schedule = plan.num_microbatches, plan.num_ranks, plan.schedule
         comm_f, comm_b = plan.predicted.comm_forward_s, plan.predicted.comm_backward_s
         runtime = plan.predicted.runtime_terms()

@@ -178,6 +178,15 @@ class Plan:
     def stages_of_rank(self, rank: int) -> tuple[StagePlan, ...]:
         return tuple(s for s in self.stages if s.rank == rank)
 
+    def split_backward_s(self) -> dict[str, list[float]]:
+        """``simulate`` keywords for the stages' I and W (``input_s``, ``weight_s``); empty when unsplit."""
+        if any(s.input_s is None or s.weight_s is None for s in self.stages):
+            return {}
+        return {
+            "input_s": [s.input_s or 0.0 for s in self.stages],
+            "weight_s": [s.weight_s or 0.0 for s in self.stages],
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": PLAN_FORMAT,

@@ -183,3 +183,18 @@ def test_simulate_compare_splits_each_rank_into_a_v(capsys, tmp_path):
 def test_simulate_v_schedule_takes_two_stages_per_rank(capsys):
     argv = ["simulate", "--stages", "2", "--microbatches", "4", "--schedule", "zbv", "--virtual-stages", "3"]
     assert_fails(capsys, argv, "runs exactly 2 stages per rank")
+
+
+def test_simulate_reproduces_a_split_backward_plan(tmp_path, capsys):
+    profile = tmp_path / "p.json"
+    save_profile(make_profile([1.0, 2.0, 1.0, 3.0], weight_share=0.4), profile)
+    out = tmp_path / "plan.json"
+    argv = ["plan", str(profile), "--stages", "2", "--global-batch", "4", "--schedule", "zbv", "--out", str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    stages = json.loads(out.read_text())["stages"]
+    assert [s["rank"] for s in stages] == [0, 1, 1, 0] and all("weight_s" in s for s in stages)
+    assert main(["simulate", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["iteration_s"] == pytest.approx(json.loads(out.read_text())["predicted"]["iteration_s"])
+    assert {a["kind"] for a in result["actions"]} >= {"F", "I", "W"}
