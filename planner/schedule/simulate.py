@@ -24,6 +24,7 @@ the result is exact for this model and independent of event tie-breaking.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -449,5 +450,11 @@ def in_flight_per_stage(
     keeps its own count: zero-bubble (ZB-H1) 1F1B's, zbv and dualpipev their V's.
     """
     ranks = _default_ranks(sched, num_stages) if num_ranks is None else num_ranks
-    result = simulate([1.0] * num_stages, [1.0] * num_stages, num_microbatches, sched, num_ranks=ranks)
-    return result.peak_in_flight
+    return _in_flight(Schedule.parse(sched), num_stages, num_microbatches, ranks)
+
+
+@functools.lru_cache(maxsize=256)
+def _in_flight(sched: Schedule, num_stages: int, num_microbatches: int, num_ranks: int) -> tuple[int, ...]:
+    # The count depends on the order only (see _peak_in_flight): no timing needed, and a plan search asks
+    # for the same (schedule, stages, M, ranks) once per micro-batch size and recompute choice.
+    return _peak_in_flight(rank_orders(sched, num_stages, num_microbatches, num_ranks), num_stages)
