@@ -31,7 +31,7 @@ from planner.schedule.simulate import RuntimeTerms, SimulationResult, in_flight_
 from profiles.format import Profile
 from solvers.baselines import balanced_by_params, balanced_by_time, uniform_by_count
 from solvers.dp import solve_dp
-from solvers.even import solve_even
+from solvers.even import balance_ranks, solve_even
 from solvers.ilp import solve_ilp
 from solvers.problem import PartitionProblem, PartitionSolution, evaluate, stage_cost
 
@@ -321,6 +321,11 @@ def _search(profile: Profile, request: PlanRequest) -> tuple[list[Candidate], li
             except PlanInfeasibleError:
                 infeasible.append(f"b={b} {schedule.value} v={v}")
                 continue
+            if v > 1 and not _use_ilp(request):
+                # Several stages per rank: balance what a rank holds, not each stage (solvers/even.py).
+                rebalanced = [balance_ranks(problem, s, stage_rank) for s in solutions]
+                known = {s.boundaries for s in solutions}
+                solutions += [r for r in rebalanced if r is not None and r.boundaries not in known]
             for solution in solutions:
                 runtime = _runtime_terms(
                     profile, costs, request.settings, problem, solution, schedule, request.num_ranks

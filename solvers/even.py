@@ -13,7 +13,7 @@ import math
 
 from solvers.problem import PartitionProblem, PartitionSolution, evaluate, stage_cost
 
-__all__ = ["solve_even", "MAX_EVEN_WORK"]
+__all__ = ["solve_even", "balance_ranks", "MAX_EVEN_WORK"]
 
 MAX_EVEN_WORK = 200_000
 """Largest ``stages x units^2`` solved (a few tenths of a second in pure Python); above it, None."""
@@ -63,3 +63,54 @@ def solve_even(problem: PartitionProblem, bottleneck_s: float) -> PartitionSolut
     flags = (recompute,) * stages
     objective, bottleneck = evaluate(problem, bounds, flags)
     return PartitionSolution(bounds, flags, objective, bottleneck, solver="even")
+
+
+def balance_ranks(
+    problem: PartitionProblem, start: PartitionSolution, stage_rank: tuple[int, ...], max_moves: int = 10_000
+) -> PartitionSolution | None:
+    """Move ``start``'s boundaries one unit at a time while the busiest rank's compute goes down.
+
+    For schedules that put several stages on a rank (looped, or the V of zbv/dualpipev, where rank r holds
+    stages r and 2R-1-r), what the pipeline pays is a rank's sum, not a stage's: the V pairs the first
+    stage with the last, so a large last unit (an LM head) wants a small first stage. Local search on
+    ``(busiest rank, sum of squared rank loads)``, recomputation flags kept, every stage non-empty and
+    fitting; None when no move helps or the problem is not homogeneous.
+    """
+    n, stages = problem.num_units, problem.num_stages
+    if not problem.is_homogeneous or len(stage_rank) != stages or len(set(stage_rank)) == stages:
+        return None
+    ranks = max(stage_rank) + 1
+
+    def loads(bounds: tuple[int, ...]) -> tuple[float, float] | None:
+        per_rank = [0.0] * ranks
+        ends = (*bounds[1:], n)
+        for s, (a, b) in enumerate(zip(bounds, ends, strict=True)):
+            cost = stage_cost(problem, s, a, b - 1, start.recompute[s])
+            if not cost.feasible:
+                return None
+            per_rank[stage_rank[s]] += cost.compute_s
+        return max(per_rank), sum(x * x for x in per_rank)
+
+    bounds = start.boundaries
+    current = loads(bounds)
+    if current is None:
+        return None
+    moved = False
+    for _ in range(max_moves):
+        best_move, best_value = None, current
+        for k in range(1, stages):
+            for step in (-1, 1):
+                b = bounds[k] + step
+                if b <= bounds[k - 1] or b >= (bounds[k + 1] if k + 1 < stages else n):
+                    continue
+                trial = (*bounds[:k], b, *bounds[k + 1 :])
+                value = loads(trial)
+                if value is not None and value < best_value:
+                    best_move, best_value = trial, value
+        if best_move is None:
+            break
+        bounds, current, moved = best_move, best_value, True
+    if not moved:
+        return None
+    objective, bottleneck = evaluate(problem, bounds, start.recompute)
+    return PartitionSolution(bounds, start.recompute, objective, bottleneck, solver="rank-balance")

@@ -277,3 +277,20 @@ def test_even_matches_enumeration_and_keeps_the_dp_bottleneck():
         assert got == pytest.approx(best, rel=1e-9, abs=1e-12)
         checked += 1
     assert checked > 100
+
+
+def test_balance_ranks_pairs_a_small_first_stage_with_a_large_last_one():
+    from solvers.even import balance_ranks
+
+    # A V on 2 ranks: rank 0 holds stages 0 and 3, rank 1 stages 1 and 2. The last unit weighs 6.
+    problem = PartitionProblem(forward_s=(1.0,) * 7 + (6.0,), backward_s=(0.0,) * 8, num_stages=4, num_microbatches=4)
+    start = PartitionSolution((0, 2, 4, 6), (False,) * 4, *evaluate(problem, (0, 2, 4, 6), (False,) * 4), "given")
+    # Rank loads: rank 0 = 2 + 7 = 9, rank 1 = 2 + 2 = 4.
+    better = balance_ranks(problem, start, (0, 1, 1, 0))
+    assert better is not None
+    check_partition(problem, better)
+    loads = [0.0, 0.0]
+    for s, r in enumerate(better.stage_units(8)):
+        loads[(0, 1, 1, 0)[s]] += sum(problem.forward_s[u] for u in r)
+    assert max(loads) == 7.0  # optimal: rank 0 holds the 6 and stage 0 (at least one unit)
+    assert balance_ranks(problem, start, (0, 1, 2, 3)) is None  # one stage per rank: nothing to pair
