@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from planner.errors import MAX_MESSAGE_CHARS, PipeplanError, UsageError, shorten
 from planner.limits import (
+    MAX_DEVICES,
     MAX_GLOBAL_BATCH,
     MAX_JSON_INT,
     MAX_MICROBATCHES,
@@ -34,6 +35,7 @@ from planner.limits import (
 from planner.schedule.orders import Schedule
 
 if TYPE_CHECKING:
+    from planner.cluster import Cluster
     from planner.search import PlanRequest
     from profiles.format import Profile
 
@@ -204,7 +206,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(threads)
-    workload = load_workload(args.model, seq_len=args.seq_len)
+    workload = load_workload(args.model, seq_len=args.seq_len, task=args.task)
     units: object = None
     if args.units:
         units = int(args.units) if args.units.isdigit() else [u.strip() for u in args.units.split(",") if u.strip()]
@@ -332,7 +334,13 @@ def _plan_request(args: argparse.Namespace, profile: Profile) -> PlanRequest:
         raise UsageError("--memory and --device-memory conflict: give one (--memory is every device's memory)")
     schedule = None if args.schedule == "auto" else Schedule.parse(args.schedule)
     sizes = [args.micro_batch_size] if args.micro_batch_size is not None else profile.micro_batch_sizes
-    check_plan_work(args.stages, args.global_batch, sizes)
+    cluster = getattr(args, "devices", None) is not None
+    if args.stages is None and not cluster:
+        raise UsageError("give --stages P (one pipeline of P ranks), or --devices N for a cluster plan")
+    if cluster and (args.pin or args.device_memory or args.device_speeds):
+        raise UsageError("--pin, --device-memory and --device-speeds are per pipeline rank: use them without --devices")
+    if not cluster:
+        check_plan_work(args.stages, args.global_batch, sizes)
     if args.pin:
         _check_pins(profile, args.pin, args.stages, schedule)
     memory = (args.memory,) if args.memory is not None else args.device_memory
@@ -346,7 +354,7 @@ def _plan_request(args: argparse.Namespace, profile: Profile) -> PlanRequest:
         **_calibration_settings(args, profile.device.kind),
     )
     return PlanRequest(
-        num_ranks=args.stages,
+        num_ranks=args.stages or 1,  # a cluster plan sets the pipeline degree per layout
         global_batch_size=args.global_batch,
         schedule=schedule,
         micro_batch_size=args.micro_batch_size,
@@ -369,11 +377,39 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     check_output_path(args.out, inputs=[args.profile, *_calibration_inputs(args)])
     profile = load_profile(args.profile)
     request = _plan_request(args, profile)
-    plan = make_plan(profile, request, sha256=profile_sha256(args.profile), record_timing=args.record_timing)
-    save_plan(plan, args.out)
-    print(format_plan(plan))
+    sha256 = profile_sha256(args.profile)
+    if args.devices is None:
+        plan = make_plan(profile, request, sha256=sha256, record_timing=args.record_timing)
+        save_plan(plan, args.out)
+        print(format_plan(plan))
+    else:
+        from planner.cluster import plan_cluster
+        from planner.report import format_cluster
+
+        cluster = _cluster(args, profile.device.kind)
+        result = plan_cluster(
+            profile, request, cluster, sha256=sha256, pipeline_degree=args.stages, record_timing=args.record_timing
+        )
+        save_plan(result.plan, args.out)
+        print(format_cluster(result))
+        print()
+        print(format_plan(result.plan))
     print(f"\nwrote {args.out}")
     return 0
+
+
+def _cluster(args: argparse.Namespace, device_kind: str) -> Cluster:
+    from planner.cluster import DEFAULT_CLUSTER_LINKS, Cluster
+
+    intra, inter, latency = DEFAULT_CLUSTER_LINKS.get(device_kind, DEFAULT_CLUSTER_LINKS["cpu"])
+    return Cluster(
+        num_devices=args.devices,
+        devices_per_node=args.devices_per_node or args.devices,
+        intra_node_bytes_per_s=args.intra_node_bandwidth or intra,
+        inter_node_bytes_per_s=args.inter_node_bandwidth or inter,
+        latency_s=args.latency if args.latency is not None else latency,
+        shard=args.shard,
+    )
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -641,9 +677,46 @@ def _signals_interrupt() -> Iterator[None]:
 # --- parser -----------------------------------------------------------------------------------------------
 
 
+def _add_cluster_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "cluster plans",
+        "With --devices N the plan is a pp x dp mesh: pp pipeline ranks (--stages fixes it) times dp replicas of\n"
+        "the pipeline, each stage's gradients reduced over its replicas; --global-batch is the whole step's.",
+    )
+    g.add_argument("--devices", type=_int_range(1, MAX_DEVICES), default=None, metavar="N", help="devices to plan for")
+    g.add_argument(
+        "--devices-per-node", type=_int_range(1, MAX_DEVICES), default=None, metavar="G", help="default: all on one"
+    )
+    g.add_argument(
+        "--intra-node-bandwidth",
+        type=_bandwidth,
+        default=None,
+        metavar="450GB/s",
+        help="per device, each way, inside a node (default: cuda 450GB/s, cpu 1.1GB/s)",
+    )
+    g.add_argument(
+        "--inter-node-bandwidth",
+        type=_bandwidth,
+        default=None,
+        metavar="50GB/s",
+        help="per device, each way, between nodes (default: cuda 50GB/s, cpu 1.1GB/s)",
+    )
+    g.add_argument(
+        "--shard",
+        choices=("none", "optimizer", "full"),
+        default="none",
+        help="what the replicas split: nothing (DDP), optimizer state (ZeRO-1), everything (FSDP)",
+    )
+
+
 def _add_search_arguments(p: argparse.ArgumentParser) -> None:
     """The plan search's options, shared by ``plan`` and ``tune``."""
-    p.add_argument("--stages", type=_int_range(1, MAX_RANKS), required=True, help="pipeline ranks (devices), P")
+    p.add_argument(
+        "--stages",
+        type=_int_range(1, MAX_RANKS),
+        default=None,
+        help="pipeline ranks (devices), P; with --devices: the pipeline degree pp, fixed",
+    )
     p.add_argument(
         "--global-batch", type=_int_range(1, MAX_GLOBAL_BATCH), required=True, help="samples per iteration, B = b x M"
     )
@@ -733,7 +806,9 @@ def build_parser() -> argparse.ArgumentParser:
             "multiply-adds), output and saved-activation bytes, parameters, and the tensors flowing between\n"
             "units, for several micro-batch sizes. The unit sum is checked against the whole model.\n\n"
             f"MODEL is a built-in ({', '.join(BUILTIN_NAMES)}), path/to/file.py:NAME or\n"
-            "package.module:NAME, NAME being a zero-argument function returning a profiles.workload.Workload.\n\n"
+            "package.module:NAME, NAME being a zero-argument function returning a profiles.workload.Workload,\n"
+            "or hf:path/to/config.json (a transformers model built from a local config, random weights;\n"
+            "--task, --seq-len; the profile's model name is the full spec verify takes).\n\n"
             "example:\n  pipeplan profile gpt2-small --micro-batch-sizes 1,2,4 --out gpt2.profile.json"
         ),
     )
@@ -749,7 +824,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument(
-        "--seq-len", type=_int_range(1, 1 << 20), default=None, help="sequence length of built-in language models"
+        "--seq-len",
+        type=_int_range(1, 1 << 20),
+        default=None,
+        help="sequence length of built-in language models and hf: configs",
+    )
+    p.add_argument(
+        "--task",
+        choices=("causal-lm", "masked-lm", "seq2seq", "image-classification"),
+        default=None,
+        help="what an hf:CONFIG.json model is built for (default: from the config's architectures)",
     )
     p.add_argument(
         "--repeats",
@@ -837,6 +921,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("profile", metavar="PROFILE.json")
     p.add_argument("--out", required=True, metavar="PLAN.json")
     _add_search_arguments(p)
+    _add_cluster_arguments(p)
     p.add_argument(
         "--record-timing",
         action="store_true",
@@ -954,6 +1039,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check-numerics", action="store_true", help="compare loss and gradients with one process")
     p.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds before every rank is stopped")
     p.add_argument("--out", default=None, metavar="report.json")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="when a rank fails, print its full traceback (from the rank's process) before the one-line error",
+    )
     p.set_defaults(func=_cmd_verify)
     return parser
 
@@ -975,6 +1065,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except PipeplanError as exc:
+        remote = getattr(exc, "remote_traceback", "")
+        if remote and getattr(args, "verbose", False):
+            sys.stderr.write(remote.rstrip("\n") + "\n")
         _write_line(f"{prefix}: error: {exc}")
         return EXIT_USAGE
     except _Signalled as exc:

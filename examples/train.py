@@ -2,6 +2,14 @@
 
 Every rank builds the same seeded model, keeps its plan stage(s) and steps the torch schedule; the
 rank holding the last stage prints the loss. gloo on CPU, nccl when CUDA is available.
+
+A cluster plan (``pipeplan plan --devices N``) runs on pp x dp processes, across machines like any
+torchrun job; on each of 2 nodes with 8 GPUs::
+
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \
+        examples/train.py --plan cluster.plan.json
+
+Each process takes its (replica, pipeline rank) from the plan's mesh, and its replica's slice of the batch.
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ def main() -> None:
 
     plan = load_plan(args.plan)
     workload = load_workload(args.model or plan.model_name)
-    inputs, target = workload.make_batch(plan.global_batch_size)
+    # A cluster plan's step is every replica's batch; run.step hands each replica its slice.
+    inputs, target = workload.make_batch(plan.mesh.global_batch_size if plan.mesh else plan.global_batch_size)
     inputs = tuple(t.to(device) for t in as_tuple(inputs))
     target = target.to(device)
 

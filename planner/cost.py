@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from planner.calibration import Calibration
 from planner.errors import UsageError
 from planner.graph import build_graph, cut_bytes, cut_grad_bytes
-from planner.plan import MemoryBreakdown
+from planner.plan import SHARDING, MemoryBreakdown
 from profiles.format import Profile
 from solvers.problem import PartitionProblem
 
@@ -30,6 +30,8 @@ __all__ = [
     "build_problem",
     "stage_memory",
     "step_tails",
+    "SHARDING",
+    "DataParallel",
     "split_backward_times",
 ]
 
@@ -79,6 +81,49 @@ def parse_bytes(text: str) -> int:
 
 
 @dataclass(frozen=True)
+class DataParallel:
+    """Every pipeline stage replicated on ``replicas`` devices, its gradients reduced over them each step.
+
+    Collectives are rings (Patarasuk & Yuan, JPDC 2009; Thakur et al., IJHPCA 2005): an all-reduce of
+    ``n`` bytes over ``d`` devices is ``2 (d - 1)`` steps of ``n / d`` bytes, a reduce-scatter or an
+    all-gather ``d - 1`` such steps, each on the slowest link of the ring.
+    """
+
+    replicas: int
+    bytes_per_s: float
+    """The slowest link a stage's ring of replicas crosses (inter-node once the ring leaves a node)."""
+    latency_s: float
+    shard: str = "none"
+    """One of :data:`SHARDING`."""
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise UsageError(f"data-parallel replicas must be >= 1, got {self.replicas}")
+        if self.bytes_per_s <= 0 or self.latency_s < 0:
+            raise UsageError(f"a data-parallel link needs bandwidth > 0 and latency >= 0, got {self}")
+        if self.shard not in SHARDING:
+            raise UsageError(f"--shard must be one of {', '.join(SHARDING)}, got {self.shard!r}")
+
+    def _steps_s(self, steps: int, num_bytes: float) -> float:
+        if self.replicas <= 1 or num_bytes <= 0:
+            return 0.0
+        return steps * (self.latency_s + num_bytes / self.replicas / self.bytes_per_s)
+
+    def allreduce_s(self, num_bytes: float) -> float:
+        return self._steps_s(2 * (self.replicas - 1), num_bytes)
+
+    def gather_s(self, num_bytes: float) -> float:
+        """An all-gather (or a reduce-scatter) of ``num_bytes`` in all."""
+        return self._steps_s(self.replicas - 1, num_bytes)
+
+    def state_divisors(self) -> tuple[int, int, int]:
+        """What divides (weights, gradients, optimizer state) per device: ZeRO stages 0, 1 and 3
+        (Rajbhandari et al., SC 2020, Sec. 5)."""
+        d = self.replicas
+        return {"none": (1, 1, 1), "optimizer": (1, 1, d), "full": (d, d, d)}[self.shard]
+
+
+@dataclass(frozen=True)
 class CostSettings:
     optimizer: Optimizer = "adam"
     link_bytes_per_s: float = DEFAULT_LINKS["cpu"][0]
@@ -92,6 +137,8 @@ class CostSettings:
     """Runtime terms (overhead per action, optimizer, tied all-reduce, co-location); None: textbook model."""
     calibration_label: str = "none"
     """Where ``calibration`` came from, recorded in the plan: ``none``, ``shipped`` or the file name."""
+    data_parallel: DataParallel | None = None
+    """Replicas of every stage (a cluster plan's ``dp``); None: one pipeline, nothing to reduce."""
 
     def __post_init__(self) -> None:
         if self.link_bytes_per_s <= 0:
@@ -225,6 +272,36 @@ def _transfer_s(num_bytes: int, settings: CostSettings) -> float:
     return 0.0 if num_bytes == 0 else settings.link_latency_s + num_bytes / settings.link_bytes_per_s
 
 
+def _param_state_bytes(profile: Profile, settings: CostSettings) -> float:
+    """Bytes per parameter on one device: weights, gradients and optimizer state, each split over the
+    data-parallel replicas as far as the sharding goes."""
+    per_param = bytes_per_param(profile.device.dtype, settings.optimizer)
+    divisors = settings.data_parallel.state_divisors() if settings.data_parallel else (1, 1, 1)
+    return sum(b / d for b, d in zip(per_param, divisors, strict=True))
+
+
+def _with_gathers(
+    profile: Profile, costs: UnitCosts, settings: CostSettings
+) -> tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...]]:
+    """Per unit ``(forward_s, backward_s, transient_bytes)``, with full sharding's collectives.
+
+    Under ``full`` (FSDP's defaults: reshard after forward, reduce-scatter after each backward) every
+    micro-batch gathers a unit's weights before its forward and again before its backward, and
+    reduce-scatters its gradients after; none of it is assumed hidden behind compute. The gathered
+    weights and unreduced gradients of one unit are working memory.
+    """
+    dp = settings.data_parallel
+    if dp is None or dp.shard != "full" or dp.replicas == 1:
+        return costs.forward_s, costs.backward_s, costs.transient_bytes
+    weights, grads, _ = bytes_per_param(profile.device.dtype, settings.optimizer)
+    gather = [dp.gather_s(n * weights) for n in costs.param_count]
+    scatter = [dp.gather_s(n * grads) for n in costs.param_count]
+    forward = tuple(f + g for f, g in zip(costs.forward_s, gather, strict=True))
+    backward = tuple(b + g + r for b, g, r in zip(costs.backward_s, gather, scatter, strict=True))
+    transient = tuple(t + n * (weights + grads) for t, n in zip(costs.transient_bytes, costs.param_count, strict=True))
+    return forward, backward, transient
+
+
 def build_problem(
     profile: Profile,
     costs: UnitCosts,
@@ -246,19 +323,20 @@ def build_problem(
     """
     num_ranks = max(stage_rank) + 1
     per_rank = [stage_rank.count(r) for r in range(num_ranks)]
-    weights, grads, optim = bytes_per_param(profile.device.dtype, settings.optimizer)
+    state = _param_state_bytes(profile, settings)
+    forward, backward, transient = _with_gathers(profile, costs, settings)
     return PartitionProblem(
-        forward_s=costs.forward_s,
-        backward_s=costs.backward_s,
+        forward_s=forward,
+        backward_s=backward,
         num_stages=num_stages,
         num_microbatches=num_microbatches,
         cut_forward_s=tuple(_transfer_s(b, settings) for b in costs.cut_bytes),
         cut_backward_s=tuple(_transfer_s(b, settings) for b in costs.cut_grad_bytes),
         cut_bytes=costs.cut_bytes,
         input_bytes=costs.input_bytes,
-        param_state_bytes=tuple(n * (weights + grads + optim) for n in costs.param_count),
+        param_state_bytes=tuple(round(n * state) for n in costs.param_count),
         saved_bytes=costs.held_bytes(split_backward),
-        transient_bytes=costs.transient_bytes,
+        transient_bytes=transient,
         in_flight=in_flight,
         capacity_bytes=tuple(settings.capacity(profile, r, num_ranks) / per_rank[r] for r in stage_rank),
         recompute_choices=recompute_choices,
@@ -281,13 +359,26 @@ def stage_memory(
 ) -> MemoryBreakdown:
     """Memory of a stage holding units ``first..last``: the same terms as ``solvers.problem.stage_cost``."""
     weights, grads, optim = bytes_per_param(profile.device.dtype, settings.optimizer)
+    divisors = settings.data_parallel.state_divisors() if settings.data_parallel else (1, 1, 1)
     params = sum(costs.param_count[first : last + 1])
     saved = sum(costs.held_bytes(split_backward)[first : last + 1])
     stage_input = costs.input_bytes if first == 0 else costs.cut_bytes[first - 1]
     activations = stage_input * in_flight + saved if recompute else saved * in_flight
-    transient = max(costs.transient_bytes[first : last + 1])
-    parts = (params * weights, params * grads, params * optim, activations, transient)
+    transient = max(_with_gathers(profile, costs, settings)[2][first : last + 1])
+    state = [round(params * b / d) for b, d in zip((weights, grads, optim), divisors, strict=True)]
+    parts = (*state, activations, transient)
     return MemoryBreakdown(*parts, peak=sum(parts))
+
+
+def _gradient_sync_s(dp: DataParallel | None, weight_bytes: float, grad_bytes: float) -> float:
+    """A rank's gradient synchronisation over its replicas after its last backward: DDP all-reduces
+    the gradients; ZeRO-1 reduce-scatters them and all-gathers the updated weights (the same volume);
+    FSDP has reduce-scattered them after every backward already (see :func:`_with_gathers`)."""
+    if dp is None or dp.shard == "full":
+        return 0.0
+    if dp.shard == "optimizer":
+        return dp.gather_s(grad_bytes) + dp.gather_s(weight_bytes)
+    return dp.allreduce_s(grad_bytes)
 
 
 def _tie_owner(profile: Profile, unit: int) -> int:
@@ -303,23 +394,31 @@ def step_tails(
     stage_units: list[range] | list[list[int]],
     stage_rank: tuple[int, ...],
 ) -> tuple[float, ...]:
-    """Per rank, what follows its last action: tied-gradient all-reduce, then optimizer step and zero_grad.
+    """Per rank, what follows its last action: gradient synchronisation over the data-parallel replicas,
+    tied-gradient all-reduce, then optimizer step and zero_grad.
 
-    ``optimizer_s(parameters and parameter tensors of the rank)`` from the calibration (docs/cost-model.md,
-    "Runtime terms"), plus, for every tied copy whose owner sits on another rank, a ring all-reduce of the
-    copy's gradient over the two ranks. Zero for every rank without a calibration.
+    The replicas' synchronisation (see :func:`_gradient_sync_s`) needs no calibration. With one,
+    ``optimizer_s(parameters and parameter tensors of the rank)`` (docs/cost-model.md, "Runtime terms"),
+    plus, for every tied copy whose owner sits on another rank, a ring all-reduce of the copy's gradient
+    over the two ranks. Zero for every rank without either.
     """
     num_ranks = max(stage_rank) + 1
-    cal = settings.calibration
-    if cal is None:
+    cal, dp = settings.calibration, settings.data_parallel
+    if cal is None and dp is None:
         return (0.0,) * num_ranks
     unit_rank = {u: stage_rank[s] for s, units in enumerate(stage_units) for u in units}
     params, tensors = [0] * num_ranks, [0] * num_ranks
     for u, r in unit_rank.items():
         params[r] += costs.param_count[u]
         tensors[r] += profile.units[u].param_tensor_count
-    tails = [cal.optimizer_s(settings.optimizer, n, k) if n else 0.0 for n, k in zip(params, tensors, strict=True)]
-    weight_bytes = bytes_per_param(profile.device.dtype, settings.optimizer)[0]
+    weight_bytes, grad_bytes, _ = bytes_per_param(profile.device.dtype, settings.optimizer)
+    tails = [_gradient_sync_s(dp, n * weight_bytes, n * grad_bytes) for n in params]
+    if cal is None:
+        return tuple(tails)
+    # A sharded optimizer steps only the replica's share of the parameters.
+    share = dp.replicas if dp is not None and dp.shard != "none" else 1
+    for r, (n, k) in enumerate(zip(params, tensors, strict=True)):
+        tails[r] += cal.optimizer_s(settings.optimizer, -(-n // share), k) if n else 0.0
     for u, unit in enumerate(profile.units):
         if unit.tied_param_count and unit.tied_params:
             here, there = unit_rank[u], unit_rank[_tie_owner(profile, u)]

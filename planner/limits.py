@@ -50,6 +50,8 @@ MAX_PROFILED_SIZES = 64
 """Micro-batch sizes in a profile."""
 MAX_RANKS = 64
 """Pipeline ranks (devices): ``--stages``, ``--device-memory`` / ``--device-speeds`` entries."""
+MAX_DEVICES = 65536
+"""Devices of a cluster plan (``--devices``): pipeline ranks x data-parallel replicas."""
 MAX_MICROBATCHES = 1024
 """Micro-batches per iteration (``simulate --microbatches``, a plan's ``num_microbatches``)."""
 MAX_GLOBAL_BATCH = 65536

@@ -17,7 +17,7 @@ from typing import Any
 
 from planner.errors import PipeplanError, PlanFormatError, shorten
 from planner.fileio import check_document, load_document, write_json_atomic
-from planner.limits import MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_RANKS, MAX_SECONDS, MAX_UNITS
+from planner.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_RANKS, MAX_SECONDS, MAX_UNITS
 from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank, virtual_stages
 from planner.schedule.simulate import RuntimeTerms
 
@@ -30,6 +30,9 @@ __all__ = [
     "Measurement",
     "SolverInfo",
     "BaselinePlan",
+    "Mesh",
+    "SHARDING",
+    "PLACEMENTS",
     "Plan",
     "load_plan",
     "save_plan",
@@ -154,6 +157,51 @@ class BaselinePlan:
     peak_memory_bytes: int = 0
 
 
+SHARDING = ("none", "optimizer", "full")
+"""``none``: DDP (every replica keeps everything); ``optimizer``: ZeRO-1 (optimizer state split over the
+replicas); ``full``: FSDP / ZeRO-3 (weights, gradients and optimizer state split, weights gathered per use)."""
+
+PLACEMENTS = ("pipeline-in-node", "replicas-in-node")
+"""Where a cluster plan's devices go: a replica's pipeline ranks on consecutive devices (pipeline hops stay
+inside a node as far as they can), or a stage's replicas on consecutive devices (gradient rings do)."""
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A cluster plan's layout: ``pp`` pipeline ranks x ``dp`` data-parallel replicas (docs/plan-format.md)."""
+
+    pp: int
+    dp: int
+    placement: str
+    """One of :data:`PLACEMENTS`."""
+    shard: str
+    """One of :data:`SHARDING`."""
+    num_devices: int
+    """Devices offered (``--devices``); ``pp * dp`` of them are used."""
+    devices_per_node: int
+    global_batch_size: int
+    """Samples per step over all replicas: ``dp`` x the plan's (one replica's) ``global_batch_size``."""
+    devices: tuple[tuple[int, ...], ...]
+    """``devices[replica][pipeline rank]``: the global rank (device) that runs it."""
+    hop_bytes_per_s: float
+    """The slowest pipeline hop's link, used for every hop."""
+    hop_latency_s: float
+    ring_bytes_per_s: float
+    """The slowest link of any stage's ring of replicas."""
+    ring_latency_s: float
+
+    @property
+    def used_devices(self) -> int:
+        return self.pp * self.dp
+
+    def coordinates(self, device: int) -> tuple[int, int]:
+        """``(replica, pipeline rank)`` of a global rank."""
+        for replica, row in enumerate(self.devices):
+            if device in row:
+                return replica, row.index(device)
+        raise PlanFormatError(f"device {device} is not in the plan's mesh (devices 0..{self.used_devices - 1})")
+
+
 @dataclass(frozen=True)
 class Plan:
     model_name: str
@@ -174,6 +222,8 @@ class Plan:
     baselines: tuple[BaselinePlan, ...] = ()
     device: dict[str, Any] = field(default_factory=dict, hash=False)
     measured: Measurement | None = None
+    mesh: Mesh | None = None
+    """Cluster plans: the pp x dp mesh; None: one pipeline of ``num_ranks`` ranks."""
 
     def stages_of_rank(self, rank: int) -> tuple[StagePlan, ...]:
         return tuple(s for s in self.stages if s.rank == rank)
@@ -207,8 +257,15 @@ class Plan:
             "solver": asdict(self.solver),
             "constraints": self.constraints,
             "baselines": [asdict(b) for b in self.baselines],
+            **({"mesh": _mesh_dict(self.mesh)} if self.mesh is not None else {}),
             **({"measured": asdict(self.measured)} if self.measured is not None else {}),
         }
+
+
+def _mesh_dict(mesh: Mesh) -> dict[str, Any]:
+    data = asdict(mesh)
+    data["devices"] = [list(row) for row in mesh.devices]
+    return data
 
 
 @cache
@@ -321,6 +378,27 @@ def _check_baselines(data: dict[str, Any]) -> None:
             )
 
 
+def _check_mesh(data: dict[str, Any]) -> None:
+    mesh = data["mesh"]
+    pp, dp, devices = mesh["pp"], mesh["dp"], mesh["devices"]
+    if pp != data["num_ranks"]:
+        raise _fail(f"mesh.pp is {pp}, but the plan's pipeline has {data['num_ranks']} ranks")
+    if len(devices) != dp or any(len(row) != pp for row in devices):
+        raise _fail(f"mesh.devices must be {dp} replicas x {pp} pipeline ranks")
+    used = sorted(d for row in devices for d in row)
+    if used != list(range(pp * dp)):
+        raise _fail(f"mesh.devices must hold the devices 0..{pp * dp - 1} once each")
+    if pp * dp > mesh["num_devices"]:
+        raise _fail(f"the mesh uses {pp * dp} devices, more than the {mesh['num_devices']} offered")
+    if mesh["num_devices"] > MAX_DEVICES:
+        raise _fail(f"mesh.num_devices is {mesh['num_devices']}, over pipeplan's limit of {MAX_DEVICES:,}")
+    if mesh["global_batch_size"] != dp * data["global_batch_size"]:
+        raise _fail(
+            f"mesh.global_batch_size {mesh['global_batch_size']} != dp {dp} x the replica's global_batch_size "
+            f"{data['global_batch_size']}"
+        )
+
+
 def _validate(data: Any) -> Schedule:
     """The JSON Schema (shape), then the meaning: what every reader of a plan relies on."""
     check_document(data, _schema(), error=PlanFormatError, kind="plan", fmt=PLAN_FORMAT, version=PLAN_VERSION)
@@ -334,6 +412,8 @@ def _validate(data: Any) -> Schedule:
     _check_units(stages, data["split_points"])
     _check_placement(data, schedule)
     _check_baselines(data)
+    if "mesh" in data:
+        _check_mesh(data)
     return schedule
 
 
@@ -400,7 +480,17 @@ def plan_from_dict(data: Any) -> Plan:
         ),
         device=dict(data.get("device", {})),
         measured=_measurement(data.get("measured")),
+        mesh=_mesh(data.get("mesh")),
     )
+
+
+def _mesh(data: dict[str, Any] | None) -> Mesh | None:
+    if data is None:
+        return None
+    values = {**_known(Mesh, data), "devices": tuple(tuple(row) for row in data["devices"])}
+    for key in ("hop_bytes_per_s", "hop_latency_s", "ring_bytes_per_s", "ring_latency_s"):
+        values[key] = float(values[key])
+    return Mesh(**values)
 
 
 def _measurement(data: dict[str, Any] | None) -> Measurement | None:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from planner.plan import Plan
 from planner.table import format_table, human_bytes, human_seconds
 
-__all__ = ["format_plan"]
+if TYPE_CHECKING:
+    from planner.cluster import ClusterResult
+
+__all__ = ["format_plan", "format_cluster"]
 
 
 def _unit_span(units: tuple[str, ...]) -> str:
@@ -58,6 +63,16 @@ def format_plan(plan: Plan) -> str:
         + f", micro-batch {plan.micro_batch_size} x {plan.num_microbatches} = {plan.global_batch_size}"
     )
     lines = [head, table, ""]
+    if plan.mesh is not None:
+        m = plan.mesh
+        lines.append(
+            f"mesh: pp {m.pp} x dp {m.dp} = {m.used_devices} of {m.num_devices} devices ({m.placement}, shard "
+            f"{m.shard}); each replica runs the table's {plan.global_batch_size} of the step's {m.global_batch_size} "
+            "samples; step tail = gradient sync over the replicas"
+            + (" + optimizer" if plan.predicted.calibration != "none" else "")
+            + ": "
+            + ", ".join(human_seconds(t) for t in plan.predicted.step_tail_s)
+        )
     lines.append(
         f"predicted iteration {human_seconds(p.iteration_s)} (simulated; solver objective "
         f"{human_seconds(p.formula_iteration_s)}), bubble {p.bubble_fraction:.1%}, {p.samples_per_s:.3g} samples/s"
@@ -85,5 +100,36 @@ def format_plan(plan: Plan) -> str:
                 baseline_rows,
                 align="<>>>",
             )
+        )
+    return "\n".join(lines)
+
+
+def format_cluster(result: ClusterResult, *, top: int = 8) -> str:
+    """The layouts the cluster search simulated, fastest first, and what it chose."""
+    simulated = sorted((t for t in result.tried if t[1] is not None), key=lambda t: t[1])
+    best = simulated[0][1] if simulated else None
+    rows = [
+        [
+            f"{layout.pp} x {layout.dp}",
+            layout.pp * layout.dp,
+            layout.placement,
+            human_seconds(step),
+            f"{step / best:.2f}x",
+        ]
+        for layout, step, _ in simulated[:top]
+    ]
+    table = format_table(["pp x dp", "devices", "placement", "step", "vs best"], rows, align=">><>>")
+    pruned = sum(1 for t in result.tried if t[1] is None and t[2].startswith("pruned"))
+    failed = len(result.tried) - len(simulated) - pruned
+    mesh = result.plan.mesh
+    lines = [
+        f"cluster search: {len(result.tried)} layouts, {len(simulated)} simulated, {pruned} pruned by a lower "
+        f"bound, {failed} without a plan (memory or batch)",
+        table,
+    ]
+    if mesh is not None and mesh.used_devices < mesh.num_devices:
+        lines.append(
+            f"uses {mesh.used_devices} of {mesh.num_devices} devices: no layout with more was faster "
+            "(or the global batch does not split into more replicas)"
         )
     return "\n".join(lines)

@@ -228,11 +228,14 @@ def _runtime_terms(
     schedule: Schedule,
     num_ranks: int,
 ) -> RuntimeTerms | None:
-    """The calibration's terms for this partition (None without a calibration: the textbook model)."""
-    if settings.calibration is None:
+    """The calibration's terms and the replicas' gradient synchronisation for this partition (None with
+    neither: the textbook model of one pipeline)."""
+    if settings.calibration is None and settings.data_parallel is None:
         return None
     stage_rank = stage_to_rank(schedule, problem.num_stages, num_ranks)
     tails = step_tails(profile, costs, settings, solution.stage_units(problem.num_units), stage_rank)
+    if settings.calibration is None:
+        return RuntimeTerms(step_tail_s=tails)
     return settings.calibration.runtime_terms(schedule, tails)
 
 
@@ -620,13 +623,13 @@ def _prediction(
 
 def _runtime_fields(settings: CostSettings, simulation: SimulationResult) -> dict[str, object]:
     """The prediction's runtime terms, so that ``simulate PLAN`` and ``verify`` reproduce it."""
-    if settings.calibration is None:
+    if settings.calibration is None and settings.data_parallel is None:
         return {}
     overheads = [a.overhead_s for a in simulation.actions if a.kind != "S"]
     return {
         "calibration": settings.calibration_label,
         "action_overhead_s": overheads[0] if overheads else 0.0,
-        "compute_scale": settings.calibration.colocation_factor,
+        "compute_scale": settings.calibration.colocation_factor if settings.calibration else 1.0,
         "step_tail_s": tuple(simulation.step_tail_s),
         "overhead_s": tuple(simulation.overhead_s),
         "comm_wait_s": tuple(simulation.comm_wait_s),

@@ -98,10 +98,31 @@ def run_as_generated_code(module: nn.Module) -> int:
     """
     switched = 0
     for sub in module.modules():
-        if getattr(sub, "_run_with_interpreter", False):
+        if getattr(sub, "_run_with_interpreter", False) and _codegen_safe(sub):
             sub._run_with_interpreter = False
             switched += 1
     return switched
+
+
+def _codegen_safe(sub: nn.Module) -> bool:
+    """Rename graph nodes called ``self`` so that the generated code can run; False if one cannot be.
+
+    A submodule named ``self`` (BERT's ``attention.self``) becomes a call node named ``self``, and torch
+    2.13's code generation then writes ``self = self.self(...)``: the next ``self.output(...)`` reads an
+    attribute of a tensor. The interpreter looks nodes up by object and is not affected.
+    """
+    graph = getattr(sub, "graph", None)
+    if not isinstance(graph, torch.fx.Graph):
+        return True
+    clashing = [n for n in graph.nodes if n.name == "self"]
+    if not clashing:
+        return True
+    if any(n.op == "placeholder" for n in clashing) or not hasattr(sub, "finalize"):
+        return False
+    for node in clashing:
+        node._rename("self_module")
+    sub.finalize()  # regenerate the code from the renamed graph
+    return True
 
 
 def capture_export(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: list[str]) -> Capture:

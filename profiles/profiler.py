@@ -20,8 +20,16 @@ from profiles.fingerprint import model_fingerprint
 from profiles.format import DeviceInfo, ModelInfo, PieceOverhead, Profile, TensorFlow, UnitProfile, WholeModel
 from profiles.measure import PieceMeasurement, count_flops, measure_piece
 from profiles.rounds import WHOLE_PATHS, measure_rounds, overhead_piece, whole_piece
-from profiles.units import find_units
-from profiles.workload import Workload, active_dropout, as_tuple, check_batch, check_model_signature, check_output
+from profiles.units import choose_units, expert_layout
+from profiles.workload import (
+    Workload,
+    active_dropout,
+    adapt_workload,
+    as_tuple,
+    check_batch,
+    check_model_signature,
+    check_output,
+)
 
 __all__ = ["profile_model", "device_info", "DTYPES"]
 
@@ -284,6 +292,9 @@ def profile_model(
     # the runtime's ranks keep freed memory too (planner/runtime/launch.py): see profiles/allocator.py
     kept_memory = keep_freed_memory() if dev.type == "cpu" else False
     torch_dtype = DTYPES[dtype]
+    workload = adapt_workload(workload)  # keyword inputs, a ModelOutput: what the pipeline can split
+    for note in workload.notes:
+        print(f"pipeplan: {note}", file=sys.stderr)
     model = workload.model.to(device=dev, dtype=torch_dtype)
     model.train()
     check_model_signature(model)
@@ -300,11 +311,15 @@ def profile_model(
     # After the checks: a model that cannot run gets its one error line, not a load warning before it.
     load_before = _warn_if_busy(dev)
     if units is not None:
-        unit_names, unit_spec = find_units(model, example, units), units if isinstance(units, int) else "explicit"
+        choice, unit_spec = choose_units(model, example, units), units if isinstance(units, int) else "explicit"
     elif workload.units is not None:
-        unit_names, unit_spec = find_units(model, example, list(workload.units)), "workload"
+        choice, unit_spec = choose_units(model, example, list(workload.units)), "workload"
     else:
-        unit_names, unit_spec = find_units(model, example), "default"
+        choice, unit_spec = choose_units(model, example), "default"
+    unit_names = list(choice.units)
+    print(f"pipeplan: {len(unit_names)} units ({choice.how})", file=sys.stderr)
+    for warning in choice.warnings:
+        print(f"pipeplan: warning: {warning}", file=sys.stderr)
 
     from tqdm import tqdm
 
@@ -397,6 +412,7 @@ def profile_model(
         "warmup": warmup,
         "capture": mode,
         "unit_spec": unit_spec,
+        "unit_choice": choice.how,
         "loss_in_last_unit": True,
         # CPU timings depend on intra-op threads: a rank of a P-process CPU pipeline gets cores / P.
         "threads": torch.get_num_threads(),
@@ -407,6 +423,11 @@ def profile_model(
         settings["seq_len"] = int(first.shape[-1])  # token ids (batch, seq_len)
     if fallback_reason:
         settings["export_error"] = fallback_reason
+    if workload.notes:
+        settings["adapted"] = list(workload.notes)
+    experts = expert_layout(model, unit_names)
+    if experts:
+        settings["experts"] = experts
     return Profile(
         model=ModelInfo(
             name=workload.name or type(workload.model).__name__,

@@ -1,8 +1,8 @@
 """The model-spec protocol: what a MODEL argument names, and how it is resolved.
 
-A MODEL is a built-in name (``pipeplan profile --help`` lists them), ``path/to/file.py:NAME`` or
-``package.module:NAME``. NAME is a zero-argument callable returning a :class:`Workload`
-(or a ``(model, make_batch, loss_fn)`` tuple).
+A MODEL is a built-in name (``pipeplan profile --help`` lists them), ``path/to/file.py:NAME``,
+``package.module:NAME`` or ``hf:path/to/config.json`` (:mod:`profiles.models.hf_config`). NAME is a
+zero-argument callable returning a :class:`Workload` (or a ``(model, make_batch, loss_fn)`` tuple).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,8 @@ __all__ = [
     "check_batch",
     "check_output",
     "active_dropout",
+    "adapt_workload",
+    "pick_output",
 ]
 
 
@@ -37,9 +39,12 @@ __all__ = [
 class Workload:
     """A model with the means to feed it.
 
-    ``make_batch(batch_size)`` returns ``(inputs, target)``: ``inputs`` a tensor or a tuple of tensors
-    passed positionally to ``model``, ``target`` what ``loss_fn(model(*inputs), target)`` takes.
-    For pipelining, ``model(*inputs)`` must return a tensor (e.g. logits, not a ModelOutput).
+    ``make_batch(batch_size)`` returns ``(inputs, target)``: ``inputs`` a tensor, a tuple of tensors
+    passed positionally to ``model``, or a dict of tensors passed by keyword (``input_ids=``,
+    ``attention_mask=``); ``target`` is what ``loss_fn(output, target)`` takes. The model may return a
+    tensor, a ModelOutput, a dict or a tuple: ``output`` picks the tensor the loss takes, by default
+    ``logits`` or else the first tensor (:func:`pick_output`). :func:`adapt_workload` turns such a
+    workload into one whose ``model(*inputs)`` returns a tensor, which is what the pipeline splits.
     """
 
     model: nn.Module
@@ -48,6 +53,10 @@ class Workload:
     name: str = ""
     units: tuple[str, ...] | None = None
     """Optional default unit FQNs, in execution order; the profiler finds them when None."""
+    output: Callable[[Any], torch.Tensor] | None = None
+    """Optional: the model's output -> the tensor ``loss_fn`` takes (default :func:`pick_output`)."""
+    notes: tuple[str, ...] = ()
+    """What :func:`adapt_workload` (and ``hf:`` configs) did to the model, for the profile to say."""
 
 
 def as_tuple(inputs: Any) -> tuple[torch.Tensor, ...]:
@@ -100,11 +109,18 @@ def _resolve_callable(spec: str) -> Callable[..., Any]:
 def load_workload(spec: str, **builtin_options: Any) -> Workload:
     """Resolve a MODEL spec into a :class:`Workload`.
 
-    ``builtin_options`` (e.g. ``seq_len``) reach built-in models only; user callables take no arguments.
+    ``builtin_options`` (``seq_len``; ``task`` for ``hf:``) reach built-in models and ``hf:`` configs
+    only; user callables take no arguments. A user's workload goes through :func:`adapt_workload`.
     """
     from profiles.models import BUILTIN_MODELS
 
     options = {k: v for k, v in builtin_options.items() if v is not None}
+    if spec.startswith("hf:"):
+        from profiles.models.hf_config import hf_config_workload
+
+        return adapt_workload(hf_config_workload(spec, task=options.get("task"), seq_len=options.get("seq_len")))
+    if "task" in options:
+        raise ModelSpecError(f"--task applies to hf:CONFIG.json models only, not to {shorten(spec, 80)}")
     if spec in BUILTIN_MODELS:
         workload = BUILTIN_MODELS[spec](**options)
         return workload
@@ -135,8 +151,8 @@ def load_workload(spec: str, **builtin_options: Any) -> Workload:
     if not callable(result.make_batch) or not callable(result.loss_fn):
         raise ModelSpecError(f"{spec}(): make_batch and loss_fn must be callable")
     if not result.name:
-        result = Workload(result.model, result.make_batch, result.loss_fn, spec, result.units)
-    return result
+        result = replace(result, name=spec)
+    return adapt_workload(result)
 
 
 def check_model_signature(model: nn.Module) -> None:
@@ -202,3 +218,147 @@ def active_dropout(model: nn.Module) -> list[str]:
 
     kinds = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
     return [name for name, m in model.named_modules() if isinstance(m, kinds) and m.p > 0]
+
+
+def pick_output(out: Any) -> torch.Tensor:
+    """The tensor a loss takes from a model's output: itself, its ``logits``, or its first tensor.
+
+    A ModelOutput or dict is searched in its key order (``logits`` first), a tuple or list in order.
+    """
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, Mapping):
+        if isinstance(out.get("logits"), torch.Tensor):
+            return out["logits"]
+        values = list(out.values())
+    elif isinstance(out, (tuple, list)):
+        values = list(out)
+    else:
+        raise ModelSpecError(
+            f"the model returned {type(out).__name__}: return a tensor, a ModelOutput, a dict or a tuple of tensors, "
+            "or give the Workload an output function"
+        )
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            return value
+    for value in values:  # a nested structure: its first tensor
+        if isinstance(value, (Mapping, tuple, list)):
+            try:
+                return pick_output(value)
+            except ModelSpecError:
+                continue
+    raise ModelSpecError(f"the model returned a {type(out).__name__} with no tensor in it: nothing to take a loss of")
+
+
+def _describe_pick(out: Any) -> str:
+    import torch
+
+    if isinstance(out, Mapping):
+        for key, value in out.items():
+            if value is pick_output(out) or (key == "logits" and isinstance(value, torch.Tensor)):
+                return f"{key!r} of the {type(out).__name__} it returns"
+    if isinstance(out, (tuple, list)):
+        return f"the first tensor of the {type(out).__name__} it returns"
+    return f"the tensor picked from the {type(out).__name__} it returns"
+
+
+def _adapted_forward(
+    forward: Callable[..., Any], keys: tuple[str, ...] | None, pick: Callable[[Any], Any]
+) -> Callable[..., Any]:
+    """``model.forward`` made positional-in, tensor-out: keyword inputs in a fixed order, one output picked.
+
+    Installed on the instance, not as a wrapper module, so that every FQN, parameter tie and the
+    fingerprint stay the model's own (a wrapper would prefix every name). A plain function, because
+    torch.export reads ``forward.__code__``.
+    """
+
+    def adapted(*args: Any, **kwargs: Any) -> Any:
+        if keys is not None:
+            kwargs = {**dict(zip(keys, args, strict=False)), **kwargs}
+            args = ()
+        return pick(forward(*args, **kwargs))
+
+    params = inspect.Parameter
+    if keys is not None:
+        # torch.export binds the example inputs to this signature: one named parameter per input.
+        adapted.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [params(k, params.POSITIONAL_OR_KEYWORD) for k in keys]
+        )
+    else:
+        try:
+            adapted.__signature__ = inspect.signature(forward)  # type: ignore[attr-defined]
+        except (TypeError, ValueError):
+            pass
+    adapted._pipeplan_adapted = True  # type: ignore[attr-defined]
+    return adapted
+
+
+def adapt_workload(workload: Workload, batch_size: int = 1) -> Workload:
+    """``workload`` with ``model(*inputs)`` returning a tensor: what torch's pipelining can split.
+
+    Keyword inputs (``make_batch`` returning a dict) are passed positionally in the dict's key order;
+    a ModelOutput, dict or tuple output is reduced to ``workload.output(out)`` or :func:`pick_output`.
+    Runs one forward without gradients on ``make_batch(batch_size)`` to see what the model returns.
+    Returns ``workload`` itself when nothing needs adapting (or it was adapted already); otherwise a
+    Workload whose ``notes`` say what was done. The model's ``forward`` is replaced on the instance.
+    """
+    import torch
+
+    model = workload.model
+    if getattr(model.__dict__.get("forward"), "_pipeplan_adapted", False):
+        return workload
+    try:
+        inputs, _ = workload.make_batch(batch_size)
+    except SystemExit as exc:
+        raise ModelSpecError(f"make_batch({batch_size}) called sys.exit({exc.code!r})") from None
+    except Exception as exc:
+        raise ModelSpecError(f"make_batch({batch_size}) failed: {_one_line(exc)}") from None
+    keys = tuple(inputs) if isinstance(inputs, Mapping) else None
+    if keys is not None and not all(isinstance(k, str) for k in keys):
+        raise ModelSpecError(f"make_batch({batch_size}) returned a dict whose keys are not all names: {keys!r}")
+    # In eval mode, so that the look does not move BatchNorm's running statistics (nor fail on a batch of 1).
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(**inputs) if keys is not None else model(*as_tuple(inputs))
+    except (Exception, SystemExit) as exc:
+        if keys is None:
+            return workload  # check_output reports it, with the shapes
+        if isinstance(exc, SystemExit):
+            raise ModelSpecError(f"the model's forward called sys.exit({exc.code!r})") from None
+        raise ModelSpecError(
+            f"the model's forward failed on make_batch({batch_size})'s inputs (by keyword: {', '.join(keys)}): "
+            f"{_one_line(exc)}"
+        ) from None
+    finally:
+        model.train(was_training)
+    if keys is None and workload.output is None and isinstance(out, torch.Tensor):
+        return workload
+    pick = workload.output or pick_output
+    notes = []
+    if keys is not None:
+        notes.append(f"inputs passed by keyword: {', '.join(keys)}")
+    if workload.output is not None:
+        notes.append("output: the Workload's output function")
+    elif not isinstance(out, torch.Tensor):
+        pick_output(out)  # a structure with no tensor fails here, in one line
+        notes.append(f"output: {_describe_pick(out)} (give the Workload an output function to choose another)")
+    model.forward = _adapted_forward(model.forward, keys, pick)
+    make_batch = original = workload.make_batch
+    if keys is not None:
+        order = keys
+
+        def positional(batch_size: int) -> tuple[Any, Any]:
+            inputs, target = original(batch_size)
+            if not isinstance(inputs, Mapping) or tuple(inputs) != order:
+                raise ModelSpecError(
+                    f"make_batch({batch_size}) returned inputs {shorten(repr(list(inputs)), 80)}, "
+                    f"not the keywords {list(order)} of make_batch(1)"
+                )
+            return tuple(inputs[k] for k in order), target
+
+        make_batch = positional
+    return replace(workload, make_batch=make_batch, notes=(*workload.notes, *notes))

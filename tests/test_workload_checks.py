@@ -29,15 +29,15 @@ def batch(n):
 """
 
 CASES = {
-    "returns a dict": (
-        "class Out(Net):\n    def forward(self, x):\n        return {'logits': super().forward(x)}\n"
+    "returns a dict without a tensor": (
+        "class Out(Net):\n    def forward(self, x):\n        return {'logits': [1.0], 'n': 3}\n"
         "def w():\n    return Workload(Out(), batch, nn.functional.mse_loss, units=('a', 'b'))\n",
-        "forward must return a tensor (it returned dict)",
+        "returned a dict with no tensor in it",
     ),
-    "returns a tuple": (
-        "class Out(Net):\n    def forward(self, x):\n        return (super().forward(x), x)\n"
+    "returns a string": (
+        "class Out(Net):\n    def forward(self, x):\n        return 'logits'\n"
         "def w():\n    return Workload(Out(), batch, nn.functional.mse_loss, units=('a', 'b'))\n",
-        "forward must return a tensor (it returned tuple)",
+        "the model returned str: return a tensor, a ModelOutput, a dict or a tuple",
     ),
     "wrong shapes": (
         "def w():\n    return Workload(Net(), lambda n: (torch.randn(n, 7), torch.randn(n, 2)), "

@@ -30,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.errors import ModelMismatchError, PlanFormatError, ScheduleError
 from planner.plan import Plan
+from planner.runtime.failure import mark_stage
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule, stage_to_rank
 from profiles.dataflow import run_as_generated_code
 from profiles.fingerprint import model_fingerprint
@@ -41,11 +42,17 @@ __all__ = [
     "PipelineRun",
     "apply_plan",
     "check_fingerprint",
+    "check_replicable",
     "split_stages",
     "tied_parameter_groups",
     "microbatch_inputs",
     "schedule_microbatches",
 ]
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: the local shard of an FSDP DTensor, a plain tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def _needs_grad(value: Any) -> bool:
@@ -223,7 +230,7 @@ def microbatch_inputs(plan: Plan, example_inputs: Any) -> tuple[torch.Tensor, ..
     lead = inputs[0].shape[0]
     if lead == mb:
         return inputs
-    if lead == plan.global_batch_size:
+    if lead == plan.global_batch_size or (plan.mesh is not None and lead == plan.mesh.global_batch_size):
         return tuple(t[:mb] for t in inputs)
     raise ModelMismatchError(
         f"example inputs have batch size {lead}; the plan runs batches of {plan.global_batch_size} "
@@ -255,6 +262,10 @@ class PipelineRun:
     schedule: Any
     """The torch schedule object, ready for ``.step``."""
     tied: tuple[TiedCopies, ...] = ()
+    replica: int = 0
+    """Which data-parallel replica this rank belongs to (cluster plans; 0 otherwise)."""
+    replica_group: Any = None
+    """Process group of this pipeline rank's replicas (None: one replica): where gradients are reduced."""
 
     @property
     def is_first(self) -> bool:
@@ -283,29 +294,43 @@ class PipelineRun:
         so every copy gets the single-device gradient and the copies stay equal.
         """
         for tie in self.tied:
-            if not tie.local and tie.group is None:
-                continue
-            grads = [p.grad for p in tie.local if p.grad is not None]
-            total = torch.stack(grads).sum(0) if grads else torch.zeros_like(tie.local[0])
+            if not tie.local:
+                continue  # no copy on this rank: it is not in the group either (see _tied_copies)
+            # On this rank's shards when FSDP shards the copies (alike over the replicas, so they add up).
+            grads = [_local(p.grad) for p in tie.local if p.grad is not None]
+            total = torch.stack(grads).sum(0) if grads else torch.zeros_like(_local(tie.local[0]))
             if tie.group is not None:
                 dist.all_reduce(total, group=tie.group)
             for p in tie.local:
-                p.grad = total.clone()
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                _local(p.grad).copy_(total)
 
     def step(self, inputs: Any = None, target: torch.Tensor | None = None) -> torch.Tensor | None:
         """One training step: ``schedule.step`` then :meth:`sync_tied_grads`.
 
         Every rank may pass the whole batch; only the first stage's rank uses ``inputs`` and only the
-        last stage's rank uses ``target``. Returns the loss averaged over micro-batches on the last
-        stage's rank, else None.
+        last stage's rank uses ``target``. Under a cluster plan the whole batch is the step's, and each
+        replica takes its own slice (:meth:`replica_slice`); its gradients are reduced over the replicas.
+        Returns the loss averaged over micro-batches on the last stage's rank, else None.
         """
         loss = self.schedule_step(inputs, target)
         self.sync_tied_grads()
         return loss
 
+    def replica_slice(self, values: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """This replica's share of a whole step's batch (cluster plans); anything else as it is."""
+        mesh = self.plan.mesh
+        if mesh is None or not values or values[0].shape[0] != mesh.global_batch_size:
+            return values
+        size = self.plan.global_batch_size
+        return tuple(v[self.replica * size : (self.replica + 1) * size] for v in values)
+
     def schedule_step(self, inputs: Any = None, target: torch.Tensor | None = None) -> torch.Tensor | None:
         """:meth:`step` without the tied-gradient sync (for timing the two apart)."""
-        args = as_tuple(inputs) if self.is_first else ()
+        args = self.replica_slice(as_tuple(inputs)) if self.is_first else ()
+        if target is not None:
+            target = self.replica_slice((target,))[0]
         losses: list[torch.Tensor] = []
         if self.is_last:
             if target is None:
@@ -316,24 +341,53 @@ class PipelineRun:
         return torch.stack([loss.detach() for loss in losses]).mean() if self.is_last else None
 
 
+def _pipelines(plan: Plan, group: Any) -> list[list[int]]:
+    """Global ranks of every pipeline in the world, by replica: the plan's mesh, or the one ``group``."""
+    if plan.mesh is not None:
+        return [list(row) for row in plan.mesh.devices]
+    return [[dist.get_global_rank(group, r) if group is not None else r for r in range(plan.num_ranks)]]
+
+
 def _tied_copies(
-    plan: Plan, model: nn.Module, modules: Sequence[StageModule], rank: int, group: Any
+    plan: Plan, model: nn.Module, modules: Sequence[StageModule], rank: int, group: Any, replica: int = 0
 ) -> tuple[TiedCopies, ...]:
     out = []
     for names in tied_parameter_groups(model):
         holders: dict[int, list[nn.Parameter]] = {}
         for s, module in enumerate(modules):
             found = {id(p): p for n, p in module.inner.named_parameters(remove_duplicate=False) if n in names}
-            if found:  # a rank with no copy (possible in a V) stays out of the group: nothing to sum there
+            if found:  # a rank with no copy of this group takes no part in its all-reduce
                 holders.setdefault(plan.stages[s].rank, []).extend(found.values())
         ranks = sorted(holders)
         sub = None
         if len(ranks) > 1:
-            # new_group must be entered by every rank of the parent group, in the same order.
-            global_ranks = [dist.get_global_rank(group, r) if group is not None else r for r in ranks]
-            sub = dist.new_group(global_ranks)
+            # new_group must be entered by every process of the world, in the same order: under a
+            # cluster plan each one makes every replica's group and keeps its own.
+            for row, pipeline in enumerate(_pipelines(plan, group)):
+                made = dist.new_group([pipeline[r] for r in ranks])
+                sub = made if row == replica else sub
         out.append(TiedCopies(names, tuple(holders.get(rank, ())), sub if rank in ranks else None))
     return tuple(out)
+
+
+def _name_failures(stage: Any, index: int, units: Sequence[str], module: StageModule) -> None:
+    """Make an error raised in ``stage``'s compute say which stage it was (:mod:`planner.runtime.failure`).
+
+    Wrapped on the instance, like verify's timers: torch's schedules call these three methods by name.
+    """
+    for method in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+        original = getattr(stage, method, None)
+        if original is None:
+            continue
+
+        def named(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            try:
+                return _original(*args, **kwargs)
+            except BaseException as exc:
+                mark_stage(exc, index, units, module)
+                raise
+
+        setattr(stage, method, named)
 
 
 def _stage_io_examples(
@@ -375,6 +429,82 @@ def _check_placement(plan: Plan) -> Schedule:
     return sched
 
 
+def _mesh_groups(plan: Plan, device: torch.device) -> tuple[int, int, Any, Any]:
+    """``(replica, pipeline rank, pipeline group, replica mesh)`` of this process in the plan's mesh.
+
+    The 2-D ``DeviceMesh`` (``dp`` x ``pp``) lists the plan's ``devices[replica][pipeline rank]``;
+    every process builds it, in the same order, as torch requires of new groups.
+    """
+    from torch.distributed.device_mesh import DeviceMesh
+
+    assert plan.mesh is not None
+    world = dist.get_world_size()
+    if world != plan.mesh.used_devices:
+        raise ScheduleError(
+            f"the plan's mesh is pp {plan.mesh.pp} x dp {plan.mesh.dp} = {plan.mesh.used_devices} processes, "
+            f"but the process group has {world}"
+        )
+    mesh = DeviceMesh(device.type, torch.tensor(plan.mesh.devices), mesh_dim_names=("dp", "pp"))
+    replica, pp_rank = plan.mesh.coordinates(dist.get_rank())
+    return replica, pp_rank, mesh.get_group("pp"), mesh["dp"]
+
+
+def _has_unused_parameters(module: StageModule, inputs: tuple[torch.Tensor, ...]) -> bool:
+    """Whether a forward on ``inputs`` leaves some parameter of ``module`` out of the autograd graph."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    with torch.enable_grad():
+        out = module(*(t.detach().requires_grad_(t.requires_grad) for t in inputs))
+    outs = [t for t in (out if isinstance(out, tuple) else (out,)) if _needs_grad(t)]
+    if not outs or not params:
+        return bool(params)
+    grads = torch.autograd.grad([t.sum() for t in outs], params, allow_unused=True)
+    return any(g is None for g in grads)
+
+
+def check_replicable(plan: Plan, model: nn.Module) -> None:
+    """Refuse a cluster plan the executor cannot run: FSDP over stages that share a tied parameter
+    (each stage would shard its own copy, and the copies' gradients are summed on whole tensors)."""
+    if plan.mesh is None or plan.mesh.shard != "full":
+        return
+    stage_of = {unit: s.index for s in plan.stages for unit in s.units}
+
+    def stage(name: str) -> int | None:
+        owners = [u for u in stage_of if name == u or name.startswith(u + ".")]
+        return stage_of[max(owners, key=len)] if owners else None
+
+    for names in tied_parameter_groups(model):
+        stages = {stage(n) for n in names} - {None}
+        if len(stages) > 1:
+            raise ScheduleError(
+                f"--shard full cannot run {' and '.join(names)} tied across stages {sorted(stages)}: "
+                "plan with --shard optimizer or none"
+            )
+
+
+def _replicated(module: StageModule, plan: Plan, replicas: Any, inputs: tuple[torch.Tensor, ...]) -> nn.Module:
+    """The stage as its replicas run it: DDP (``shard`` none or optimizer) or FSDP2 (``full``).
+
+    torch's ``PipelineStage`` knows both: it reduces gradients only on a step's last backward
+    (``no_sync`` / ``set_requires_gradient_sync``), as the cost model's step tail assumes.
+    """
+    assert plan.mesh is not None
+    if plan.mesh.shard == "full":
+        from torch.distributed.fsdp import fully_shard
+
+        return fully_shard(module, mesh=replicas)
+    from torch.nn.parallel import DistributedDataParallel
+
+    # Same seed on every replica: the weights agree, so DDP need not broadcast buffers every forward.
+    # The tracer can leave a stage a tied copy that its own code never uses (GPT-2's lm_head.weight
+    # beside wte in stage 0): sync_tied_grads fills it, and DDP must not wait for its gradient.
+    return DistributedDataParallel(
+        module,
+        process_group=replicas.get_group(),
+        broadcast_buffers=False,
+        find_unused_parameters=_has_unused_parameters(module, inputs),
+    )
+
+
 def apply_plan(
     plan: Plan,
     model: nn.Module,
@@ -404,18 +534,29 @@ def apply_plan(
     from torch.distributed import pipelining
 
     check_fingerprint(plan, model)
+    check_replicable(plan, model)
     sched = _check_placement(plan)
+    device = torch.device(device)
+    replica, replicas = 0, None
+    if plan.mesh is not None and group is None:
+        replica, rank, group, replicas = _mesh_groups(plan, device)
+        world_size = plan.mesh.pp
     rank = dist.get_rank(group) if rank is None else rank
     world_size = dist.get_world_size(group) if world_size is None else world_size
     if world_size != plan.num_ranks:
         raise ScheduleError(f"the plan needs {plan.num_ranks} ranks but the process group has {world_size}")
-    device = torch.device(device)
     mb_inputs = microbatch_inputs(plan, example_inputs)
     modules = split_stages(model, mb_inputs, plan.split_points, [s.recompute for s in plan.stages])
     io = _stage_io_examples(modules, mb_inputs)
-    tied = _tied_copies(plan, model, modules, rank, group)
+    tied = _tied_copies(plan, model, modules, rank, group, replica)
     mine = tuple(s.index for s in plan.stages_of_rank(rank))
     local = tuple(modules[s].to(device) for s in mine)
+    runs = local
+    if replicas is not None:
+        runs = tuple(
+            _replicated(m, plan, replicas, tuple(t.to(device) for t in io[s][0]))
+            for m, s in zip(local, mine, strict=True)
+        )
     stages = tuple(
         pipelining.PipelineStage(
             m,
@@ -426,12 +567,15 @@ def apply_plan(
             output_args=tuple(t.to(device) for t in io[s][1]),
             group=group,
         )
-        for m, s in zip(local, mine, strict=True)
+        for m, s in zip(runs, mine, strict=True)
     )
+    for stage, s in zip(stages, mine, strict=True):
+        _name_failures(stage, s, plan.stages[s].units, modules[s])
     cls = getattr(pipelining, TORCH_SCHEDULE_CLASS[sched])
     n_mb = schedule_microbatches(plan)
     if sched.multi_stage:
         schedule = cls(list(stages), n_microbatches=n_mb, loss_fn=loss_fn)
     else:
         schedule = cls(stages[0], n_microbatches=n_mb, loss_fn=loss_fn)
-    return PipelineRun(plan, rank, world_size, mine, local, stages, schedule, tied)
+    group_of_replicas = replicas.get_group() if replicas is not None else None
+    return PipelineRun(plan, rank, world_size, mine, local, stages, schedule, tied, replica, group_of_replicas)

@@ -106,7 +106,13 @@ def _worker(
             dist.destroy_process_group()
         _send(conn, ("ok", result, time.time()))
     except BaseException as exc:  # report everything, even KeyboardInterrupt, to the parent
-        _send(conn, ("error", f"{type(exc).__name__}: {exc}", time.time(), traceback.format_exc()))
+        try:
+            from planner.runtime.failure import where
+
+            place = where(exc)
+        except Exception:  # naming the place must never hide the error itself
+            place = ""
+        _send(conn, ("error", f"{type(exc).__name__}: {exc}", time.time(), traceback.format_exc(), place))
     finally:
         conn.close()
 
@@ -198,7 +204,9 @@ def run_ranks(
                     continue
                 if message is not None:
                     # A raised error: ordered by when it was raised, so the root cause wins over peers.
-                    failures[rank] = (1, message[2], f"rank {rank} failed: {message[1]}", message[3])
+                    # The place before the message: the CLI cuts the line at 300 characters, a torch message is long.
+                    place = f" {message[4]}" if message[4] else ""
+                    failures[rank] = (1, message[2], f"rank {rank} failed{place}: {message[1]}", message[3])
                 else:
                     procs[rank].join(_TERMINATE_S)
                     code = procs[rank].exitcode

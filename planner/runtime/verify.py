@@ -156,9 +156,12 @@ class VerifyReport:
 
 
 def reference_step(workload: Workload, plan: Plan) -> tuple[float, dict[str, torch.Tensor]]:
-    """One process, one step: the loss averaged over micro-batches and every gradient by FQN."""
-    m = schedule_microbatches(plan)
-    inputs, target = workload.make_batch(plan.global_batch_size)
+    """One process, one step: the loss averaged over micro-batches and every gradient by FQN.
+
+    A cluster plan's step is every replica's micro-batches: the replicas' average of their own averages.
+    """
+    m = schedule_microbatches(plan) * (plan.mesh.dp if plan.mesh is not None else 1)
+    inputs, target = workload.make_batch(_step_batch(plan))
     chunks = list(zip(*(t.chunk(m) for t in as_tuple(inputs)), strict=True))
     workload.model.zero_grad(set_to_none=True)
     losses = [workload.loss_fn(workload.model(*x), y) for x, y in zip(chunks, target.chunk(m), strict=True)]
@@ -239,11 +242,28 @@ class _WaitTimer:
         schedules._wait_batch_p2p = timed  # the schedules look the function up by name at each call
 
 
-def make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The optimizer a plan was made for: ``adam`` (Adam, lr 1e-4) or ``sgd`` (SGD with momentum 0.9)."""
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-4, momentum=0.9)
-    return torch.optim.Adam(params, lr=1e-4)
+def make_optimizer(name: str, params: list[torch.nn.Parameter], replicas: Any = None) -> torch.optim.Optimizer:
+    """The optimizer a plan was made for: ``adam`` (Adam, lr 1e-4) or ``sgd`` (SGD with momentum 0.9);
+    with ``replicas`` (a cluster plan sharding the optimizer, ZeRO-1) torch's ZeroRedundancyOptimizer."""
+    cls, options = (
+        (torch.optim.SGD, {"lr": 1e-4, "momentum": 0.9}) if name == "sgd" else (torch.optim.Adam, {"lr": 1e-4})
+    )
+    if replicas is not None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=replicas, **options)
+    return cls(params, **options)
+
+
+def _full(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient as one plain CPU tensor: FSDP's are sharded DTensors."""
+    full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+    return full.detach().cpu().clone()
+
+
+def _step_batch(plan: Plan) -> int:
+    """Samples in one step: all replicas' under a cluster plan."""
+    return plan.mesh.global_batch_size if plan.mesh is not None else plan.global_batch_size
 
 
 def _rank_main(
@@ -254,18 +274,21 @@ def _rank_main(
 
     dev = torch.device(f"cuda:{rank}") if device.startswith("cuda") else torch.device("cpu")
     workload = load_workload(spec)
-    inputs, target = workload.make_batch(plan.global_batch_size)
+    inputs, target = workload.make_batch(_step_batch(plan))
     inputs = tuple(t.to(dev) for t in as_tuple(inputs))
     target = target.to(dev)
     run = apply_plan(plan, workload.model, inputs, workload.loss_fn, device=dev)
-    out: dict[str, Any] = {"stages": run.stage_indices}
+    out: dict[str, Any] = {"stages": run.stage_indices, "replica": run.replica}
     if numerics:
         loss = run.step(inputs, target)
         out["loss"] = None if loss is None else loss.item()
-        out["grads"] = {n: p.grad.detach().cpu().clone() for n, p in run.named_parameters() if p.grad is not None}
+        out["grads"] = {n: _full(p.grad) for n, p in run.named_parameters() if p.grad is not None}
     timers = [_StageTimer(stage, dev) for stage in run.stages]
     waits = _WaitTimer()
-    optimizer = make_optimizer(str(plan.constraints.get("optimizer", "adam")), run.parameters())
+    zero = plan.mesh is not None and plan.mesh.shard == "optimizer"
+    optimizer = make_optimizer(
+        str(plan.constraints.get("optimizer", "adam")), run.parameters(), run.replica_group if zero else None
+    )
     iteration, busy, wait, tail, own = [], [], [], [], []
     for i in range(warmup + steps):
         for t in timers:
@@ -311,14 +334,19 @@ def _stage_times(records: list[tuple[str, float]]) -> tuple[float, float]:
     return _median(by_kind["F"]), _median(by_kind["B"]) + _median(by_kind["W"])
 
 
+def _processes(plan: Plan) -> int:
+    """Processes of a run: the pipeline's ranks, times the replicas of a cluster plan."""
+    return plan.mesh.used_devices if plan.mesh is not None else plan.num_ranks
+
+
 def _pick_mode(mode: str, plan: Plan, device: str) -> str:
     if mode not in _MODES:
         raise UsageError(f"unknown verify mode {mode!r}: use one of {', '.join(_MODES)}")
     if mode != "auto":
         return mode
     if device.startswith("cuda"):
-        return "processes" if torch.cuda.device_count() >= plan.num_ranks else "replay"
-    return "processes" if (os.cpu_count() or 1) >= plan.num_ranks else "replay"
+        return "processes" if torch.cuda.device_count() >= _processes(plan) else "replay"
+    return "processes" if (os.cpu_count() or 1) >= _processes(plan) else "replay"
 
 
 def verify_plan(
@@ -359,18 +387,20 @@ def verify_plan(
     if chosen == "processes":
         backend = "nccl" if device.startswith("cuda") else "gloo"
         args = (spec, plan, steps, warmup, check_numerics, device)
-        results = run_ranks(_rank_main, args, plan.num_ranks, timeout_s=timeout_s, backend=backend)
+        everyone = run_ranks(_rank_main, args, _processes(plan), timeout_s=timeout_s, backend=backend)
+        # Replicas run the same stages: the first replica's ranks, in pipeline order, stand for them.
+        results = [everyone[d] for d in plan.mesh.devices[0]] if plan.mesh is not None else everyone
         fwd, bwd, peak = [0.0] * plan.num_stages, [0.0] * plan.num_stages, [0] * plan.num_stages
         for res in results:
             for k, s in enumerate(res["stages"]):
                 fwd[s], bwd[s] = _stage_times(res["records"][k])
                 peak[s] = res["peak"]
-        measured = max(_median(r["iteration"]) for r in results)
+        measured = max(_median(r["iteration"]) for r in everyone)
         busy = tuple(_median(r["busy"]) for r in results)
         rank_times = tuple(_rank_time(plan, r, res) for r, res in enumerate(results))
         memory_kind = "cuda" if device.startswith("cuda") else "rss"
         if check_numerics:
-            loss = next(r["loss"] for r in results if r["loss"] is not None)
+            loss = statistics.fmean(r["loss"] for r in everyone if r["loss"] is not None)
             fresh = load_workload(spec)
             grads = _merge_rank_grads([r["grads"] for r in results], tied_parameter_groups(fresh.model))
             numerics = compare_numerics(*reference_step(fresh, plan), loss, grads)

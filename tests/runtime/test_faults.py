@@ -73,7 +73,9 @@ def test_a_raising_rank_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_root_cause_wins_over_the_peer_error() -> None:
     # Rank 1 also fails (its all_reduce loses its peer), later: rank 0's error is the one reported.
-    with pytest.raises(ExecutionError, match=r"^rank 0 failed: ValueError: bad batch$"):
+    # The message leads with where the user's code raised (planner/runtime/failure.py).
+    where = r"at test_faults\.py:36 in _rank0_raises_after_barrier"
+    with pytest.raises(ExecutionError, match=rf"^rank 0 failed {where}: ValueError: bad batch$"):
         run_ranks(_rank0_raises_after_barrier, (), 2, timeout_s=60)
 
 

@@ -1,0 +1,263 @@
+"""Cluster plans: how many pipeline ranks (pp) and data-parallel replicas (dp) on N devices, and where.
+
+PipeDream's planner replicates stages over a bandwidth hierarchy (Narayanan et al., SOSP 2019, Sec. 3.1);
+Alpa's inter-operator pass pairs layer slices with submeshes (Zheng et al., OSDI 2022, Sec. 5); Galvatron
+and Metis choose the degrees from profiled costs. pipeplan keeps the layout torchtitan and Megatron run
+(every stage replicated ``dp`` times, a ``pp x dp`` mesh) and searches it exhaustively: every pipeline
+degree ``p``, every replica count ``d`` that splits the global batch into whole micro-batches with
+``p * d <= N``, and both placements of the mesh on the nodes. For each it runs the full single-pipeline
+search (boundaries, micro-batch size and count, schedule, recomputation) on one replica's batch, with
+each rank's gradient synchronisation over its ``d`` replicas in the simulated step (planner/cost.py,
+``DataParallel``). The fastest simulated step wins; ties go to fewer devices, then less memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from planner.cost import CostSettings, DataParallel
+from planner.errors import PipeplanError, PlanInfeasibleError, UsageError
+from planner.limits import MAX_DEVICES, MAX_RANKS, check_at_most
+from planner.plan import PLACEMENTS, SHARDING, Mesh, Plan
+from planner.search import PlanRequest, make_plan
+from profiles.format import Profile
+
+__all__ = ["Cluster", "Layout", "ClusterResult", "layouts", "plan_cluster", "DEFAULT_CLUSTER_LINKS"]
+
+# (intra-node bytes/s, inter-node bytes/s, latency s) per device kind, one direction per device.
+# cuda: NVLink 4 (H100/H200: 450 GB/s each way) inside a node, one 400 Gb/s NIC per GPU (50 GB/s) between
+#       nodes, 10 us a message. cpu: gloo over localhost (measured, planner/cost.py DEFAULT_LINKS) for both.
+DEFAULT_CLUSTER_LINKS: dict[str, tuple[float, float, float]] = {
+    "cuda": (450e9, 50e9, 1e-5),
+    "cpu": (1.1e9, 1.1e9, 1.3e-4),
+}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The devices a cluster plan may use."""
+
+    num_devices: int
+    devices_per_node: int
+    intra_node_bytes_per_s: float
+    inter_node_bytes_per_s: float
+    latency_s: float
+    shard: str = "none"
+    """One of :data:`planner.plan.SHARDING`."""
+
+    def __post_init__(self) -> None:
+        if self.num_devices < 1 or self.devices_per_node < 1:
+            raise UsageError(
+                f"--devices and --devices-per-node must be >= 1, got {self.num_devices}, {self.devices_per_node}"
+            )
+        check_at_most("--devices", self.num_devices, MAX_DEVICES)
+        if self.intra_node_bytes_per_s <= 0 or self.inter_node_bytes_per_s <= 0 or self.latency_s < 0:
+            raise UsageError("bandwidths must be positive and latency >= 0")
+        if self.shard not in SHARDING:
+            raise UsageError(f"--shard must be one of {', '.join(SHARDING)}, got {self.shard!r}")
+
+    def link(self, a: int, b: int) -> float:
+        """Bandwidth between devices ``a`` and ``b`` (global ranks, ``devices_per_node`` to a node)."""
+        same = a // self.devices_per_node == b // self.devices_per_node
+        return self.intra_node_bytes_per_s if same else self.inter_node_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Layout:
+    """``pp`` pipeline ranks x ``dp`` replicas placed on the cluster's devices."""
+
+    pp: int
+    dp: int
+    placement: str
+
+    def device(self, replica: int, rank: int) -> int:
+        if self.placement == "pipeline-in-node":
+            return replica * self.pp + rank
+        return rank * self.dp + replica
+
+    def devices(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(self.device(r, s) for s in range(self.pp)) for r in range(self.dp))
+
+    def hop_bytes_per_s(self, cluster: Cluster) -> float:
+        """The slowest hop between consecutive pipeline ranks of any replica (inf without hops)."""
+        return min(
+            (
+                cluster.link(self.device(r, s), self.device(r, s + 1))
+                for r in range(self.dp)
+                for s in range(self.pp - 1)
+            ),
+            default=math.inf,
+        )
+
+    def ring_bytes_per_s(self, cluster: Cluster) -> float:
+        """The slowest link in any pipeline rank's ring of replicas (inf with one replica)."""
+        if self.dp == 1:
+            return math.inf
+        return min(
+            cluster.link(self.device(r, s), self.device((r + 1) % self.dp, s))
+            for s in range(self.pp)
+            for r in range(self.dp)
+        )
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layouts(cluster: Cluster, num_units: int, global_batch: int, pipeline_degree: int | None = None) -> list[Layout]:
+    """Every layout the search considers, in a fixed order.
+
+    ``p`` runs over 1..min(N, units, the pipeline limit) (or is ``pipeline_degree``), ``d`` over the
+    divisors of the global batch with ``p * d <= N``; a placement whose links equal the other's on this
+    cluster is kept once (e.g. one node).
+    """
+    if pipeline_degree is not None:
+        degrees = [pipeline_degree]
+    else:
+        degrees = list(range(1, min(cluster.num_devices, num_units, MAX_RANKS) + 1))
+    found: list[Layout] = []
+    for p in degrees:
+        for d in _divisors(global_batch):
+            if p * d > cluster.num_devices:
+                break
+            seen: set[tuple[float, float]] = set()
+            for placement in PLACEMENTS:
+                layout = Layout(p, d, placement)
+                links = (layout.hop_bytes_per_s(cluster), layout.ring_bytes_per_s(cluster))
+                if links not in seen:
+                    seen.add(links)
+                    found.append(layout)
+    return found
+
+
+@dataclass(frozen=True)
+class ClusterResult:
+    plan: Plan
+    """The fastest plan, with its :class:`~planner.plan.Mesh`."""
+    tried: tuple[tuple[Layout, float | None, str], ...]
+    """Every layout: (layout, simulated step in seconds or None, why not when None)."""
+
+
+def _settings_for(request: PlanRequest, cluster: Cluster, layout: Layout) -> CostSettings:
+    hop = layout.hop_bytes_per_s(cluster)
+    ring = layout.ring_bytes_per_s(cluster)
+    settings = request.settings
+    if math.isfinite(hop):
+        settings = replace(settings, link_bytes_per_s=hop, link_latency_s=cluster.latency_s)
+    if layout.dp > 1:
+        dp = DataParallel(layout.dp, ring, cluster.latency_s, cluster.shard)
+        settings = replace(settings, data_parallel=dp)
+    return settings
+
+
+def _mesh(cluster: Cluster, layout: Layout, request: PlanRequest, settings: CostSettings) -> Mesh:
+    ring = layout.ring_bytes_per_s(cluster)
+    return Mesh(
+        pp=layout.pp,
+        dp=layout.dp,
+        placement=layout.placement,
+        shard=cluster.shard,
+        num_devices=cluster.num_devices,
+        devices_per_node=cluster.devices_per_node,
+        global_batch_size=request.global_batch_size,
+        devices=layout.devices(),
+        hop_bytes_per_s=settings.link_bytes_per_s,
+        hop_latency_s=settings.link_latency_s,
+        ring_bytes_per_s=ring if math.isfinite(ring) else cluster.intra_node_bytes_per_s,
+        ring_latency_s=cluster.latency_s,
+    )
+
+
+def _lower_bound_s(profile: Profile, request: PlanRequest, layout: Layout) -> float:
+    """No step of the layout is shorter: one replica's compute spread evenly over its ``pp`` ranks at the
+    fastest device speed, with no bubble, communication or recomputation."""
+    batch = request.global_batch_size // layout.dp
+    per_sample = [
+        sum(u.forward_s[k] + u.backward_s[k] for u in profile.units) / b
+        for k, b in enumerate(profile.micro_batch_sizes)
+        if batch % b == 0
+    ]
+    if not per_sample:
+        return 0.0
+    speed = max(request.settings.device_speeds, default=1.0)
+    cal = request.settings.calibration
+    scale = min(1.0, cal.colocation_factor) if cal is not None else 1.0
+    return min(per_sample) * batch * scale / (layout.pp * speed)
+
+
+def plan_cluster(
+    profile: Profile,
+    request: PlanRequest,
+    cluster: Cluster,
+    *,
+    sha256: str,
+    pipeline_degree: int | None = None,
+    record_timing: bool = False,
+) -> ClusterResult:
+    """The fastest simulated ``pp x dp`` plan of ``request.global_batch_size`` samples on ``cluster``.
+
+    ``request.num_ranks`` is ignored (the search sets it per layout); ``pipeline_degree`` fixes ``pp``
+    (``--stages`` with ``--devices``), which must then divide the devices.
+
+    Raises:
+        UsageError: ``pipeline_degree`` does not divide the devices, or exceeds the units.
+        PlanInfeasibleError: no layout gives a plan; the message says why for the closest one.
+    """
+    if pipeline_degree is not None:
+        if cluster.num_devices % pipeline_degree:
+            raise UsageError(
+                f"--stages {pipeline_degree} does not divide --devices {cluster.num_devices}: a pp x dp mesh "
+                f"needs pp to divide the devices (e.g. --stages {math.gcd(pipeline_degree, cluster.num_devices)})"
+            )
+        if pipeline_degree > profile.num_units:
+            raise UsageError(f"cannot cut {profile.num_units} units into {pipeline_degree} stages")
+    tried: list[tuple[Layout, float | None, str]] = []
+    best: tuple[tuple[float, int, int, int], Plan] | None = None
+    last_error = "no layout"
+    candidates = [
+        (_lower_bound_s(profile, request, layout), order, layout)
+        for order, layout in enumerate(layouts(cluster, profile.num_units, request.global_batch_size, pipeline_degree))
+        if pipeline_degree is None or layout.dp * layout.pp == cluster.num_devices
+    ]
+    # Branch and bound: a layout whose bound exceeds the best step found cannot win, or tie, so the
+    # answer is the exhaustive search's (tests/test_cluster.py holds them equal).
+    for bound, order, layout in sorted(candidates, key=lambda c: (c[0], c[1])):
+        if best is not None and bound > best[0][0]:
+            tried.append((layout, None, f"pruned: at least {bound:.4g} s"))
+            continue
+        settings = _settings_for(request, cluster, layout)
+        replica = replace(
+            request,
+            num_ranks=layout.pp,
+            global_batch_size=request.global_batch_size // layout.dp,
+            settings=settings,
+        )
+        try:
+            plan = make_plan(profile, replica, sha256=sha256, record_timing=record_timing)
+        except PipeplanError as exc:
+            tried.append((layout, None, str(exc)))
+            last_error = f"pp={layout.pp} dp={layout.dp}: {exc}"
+            continue
+        step_s = plan.predicted.iteration_s
+        tried.append((layout, step_s, ""))
+        peak = max(s.memory_bytes.peak for s in plan.stages)
+        key = (round(step_s, 12), layout.pp * layout.dp, peak, order)
+        if best is None or key < best[0]:
+            # Throughput counts every replica's samples.
+            predicted = replace(plan.predicted, samples_per_s=request.global_batch_size / step_s)
+            best = (key, replace(plan, predicted=predicted, mesh=_mesh(cluster, layout, request, settings)))
+    if best is None:
+        raise PlanInfeasibleError(f"no pp x dp layout of {cluster.num_devices} devices gives a plan ({last_error})")
+    plan = best[1]
+    constraints = {
+        **plan.constraints,
+        "num_devices": cluster.num_devices,
+        "devices_per_node": cluster.devices_per_node,
+        "intra_node_bytes_per_s": cluster.intra_node_bytes_per_s,
+        "inter_node_bytes_per_s": cluster.inter_node_bytes_per_s,
+        "shard": cluster.shard,
+        "global_batch_size": request.global_batch_size,
+        "layouts_tried": len(tried),
+    }
+    return ClusterResult(replace(plan, constraints=constraints), tuple(tried))

@@ -1,0 +1,210 @@
+"""Cluster plans (planner/cluster.py): layouts, links, the replicas' gradient sync, and the search's choice."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import replace
+
+import pytest
+
+from cli import main
+from cli_checks import assert_fails
+from planner.cluster import Cluster, Layout, layouts, plan_cluster
+from planner.cost import CostSettings, DataParallel, step_tails, unit_costs
+from planner.errors import PlanFormatError, UsageError
+from planner.plan import load_plan, plan_from_dict, save_plan
+from planner.search import PlanRequest, make_plan
+from profiles.format import save_profile
+from synthetic import make_profile
+
+SHA = "0" * 64
+
+
+def _request(batch: int, **settings: object) -> PlanRequest:
+    return PlanRequest(num_ranks=1, global_batch_size=batch, settings=CostSettings(**settings))
+
+
+def test_placements_put_hops_or_rings_inside_nodes() -> None:
+    cluster = Cluster(8, 4, intra_node_bytes_per_s=100.0, inter_node_bytes_per_s=10.0, latency_s=0.0)
+    pipeline = Layout(pp=4, dp=2, placement="pipeline-in-node")
+    replicas = Layout(pp=4, dp=2, placement="replicas-in-node")
+    assert pipeline.devices() == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert replicas.devices() == ((0, 2, 4, 6), (1, 3, 5, 7))
+    # A replica's 4 ranks fill a node: every hop is inside it, every ring crosses nodes.
+    assert (pipeline.hop_bytes_per_s(cluster), pipeline.ring_bytes_per_s(cluster)) == (100.0, 10.0)
+    # Pairs of replicas share a node: rings stay inside, hop 1 -> 2 (devices 2 -> 4) leaves it.
+    assert (replicas.hop_bytes_per_s(cluster), replicas.ring_bytes_per_s(cluster)) == (10.0, 100.0)
+    assert Layout(1, 8, "pipeline-in-node").hop_bytes_per_s(cluster) == math.inf
+    assert Layout(8, 1, "pipeline-in-node").ring_bytes_per_s(cluster) == math.inf
+
+
+def test_layouts_split_the_batch_and_never_exceed_the_devices() -> None:
+    cluster = Cluster(8, 8, 1.0, 1.0, 0.0)
+    found = layouts(cluster, num_units=3, global_batch=4)
+    # One node: both placements have the same links, so each (p, d) appears once.
+    assert [(x.pp, x.dp) for x in found] == [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (3, 1), (3, 2)]
+    assert [(x.pp, x.dp) for x in layouts(cluster, 3, 4, pipeline_degree=2)] == [(2, 1), (2, 2), (2, 4)]
+
+
+def test_ring_collectives_follow_the_textbook_formula() -> None:
+    dp = DataParallel(replicas=4, bytes_per_s=1e9, latency_s=1e-5)
+    # all-reduce: 2 (d - 1) steps of n / d bytes; all-gather: d - 1 steps.
+    assert dp.allreduce_s(4e9) == pytest.approx(6 * (1e-5 + 1.0))
+    assert dp.gather_s(4e9) == pytest.approx(3 * (1e-5 + 1.0))
+    assert DataParallel(1, 1e9, 1e-5).allreduce_s(4e9) == 0.0
+    assert DataParallel(4, 1e9, 0.0, "none").state_divisors() == (1, 1, 1)
+    assert DataParallel(4, 1e9, 0.0, "optimizer").state_divisors() == (1, 1, 4)
+    assert DataParallel(4, 1e9, 0.0, "full").state_divisors() == (4, 4, 4)
+    with pytest.raises(UsageError, match="--shard"):
+        DataParallel(2, 1e9, 0.0, "zero2")
+
+
+def test_each_rank_reduces_its_own_gradients_after_its_last_backward() -> None:
+    profile = make_profile([1.0, 1.0, 1.0], param_counts=[1000, 2000, 3000])
+    costs = unit_costs(profile, 1)
+    dp = DataParallel(replicas=2, bytes_per_s=1000.0, latency_s=0.5)
+    tails = step_tails(profile, costs, CostSettings(data_parallel=dp), [[0, 1], [2]], (0, 1))
+    # fp32 gradients, 4 bytes a parameter: 2 steps of (0.5 s + bytes / 2 / 1000).
+    assert tails == pytest.approx((2 * (0.5 + 12000 / 2000), 2 * (0.5 + 12000 / 2000)))
+    sharded = step_tails(
+        profile, costs, CostSettings(data_parallel=replace(dp, shard="optimizer")), [[0], [1, 2]], (0, 1)
+    )
+    # ZeRO-1: reduce-scatter the gradients, all-gather the weights: one step each of the same size.
+    assert sharded == pytest.approx((2 * (0.5 + 4000 / 2000), 2 * (0.5 + 20000 / 2000)))
+    assert step_tails(profile, costs, CostSettings(data_parallel=replace(dp, shard="full")), [[0], [1, 2]], (0, 1)) == (
+        0.0,
+        0.0,
+    )
+
+
+def test_sharding_divides_the_state_a_stage_keeps() -> None:
+    profile = make_profile([1.0, 1.0], param_counts=[1000, 1000])
+    request = PlanRequest(num_ranks=2, global_batch_size=2)
+    plain = make_plan(profile, request, sha256=SHA).stages[0].memory_bytes
+    dp = DataParallel(replicas=4, bytes_per_s=1e9, latency_s=0.0, shard="optimizer")
+    zero1 = make_plan(profile, replace(request, settings=CostSettings(data_parallel=dp)), sha256=SHA).stages[0]
+    assert (zero1.memory_bytes.params, zero1.memory_bytes.grads) == (plain.params, plain.grads)
+    assert zero1.memory_bytes.optimizer == plain.optimizer // 4
+
+
+def _exhaustive(profile, request: PlanRequest, cluster: Cluster) -> tuple[float, int]:
+    """The fastest step over every layout, planned one by one (no bound, no pruning): (step, devices)."""
+    best: tuple[float, int] | None = None
+    for layout in layouts(cluster, profile.num_units, request.global_batch_size):
+        settings = request.settings
+        hop, ring = layout.hop_bytes_per_s(cluster), layout.ring_bytes_per_s(cluster)
+        if math.isfinite(hop):
+            settings = replace(settings, link_bytes_per_s=hop, link_latency_s=cluster.latency_s)
+        if layout.dp > 1:
+            settings = replace(settings, data_parallel=DataParallel(layout.dp, ring, cluster.latency_s, cluster.shard))
+        one = replace(request, num_ranks=layout.pp, global_batch_size=request.global_batch_size // layout.dp)
+        try:
+            plan = make_plan(profile, replace(one, settings=settings), sha256=SHA)
+        except Exception:  # noqa: BLE001 - a layout without a plan (memory, batch) is simply not a candidate
+            continue
+        key = (round(plan.predicted.iteration_s, 12), layout.pp * layout.dp)
+        best = key if best is None or key < best else best
+    assert best is not None
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_choice_is_the_exhaustive_searchs(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(3, 6)
+    profile = make_profile(
+        [rng.uniform(0.5, 2.0) for _ in range(n)],
+        sizes=(1, 2),
+        param_counts=[rng.choice([10**5, 10**6, 10**7]) for _ in range(n)],
+        memory_bytes=rng.choice([2**28, 2**30, 2**36]),
+    )
+    cluster = Cluster(
+        rng.choice([4, 6, 8]),
+        rng.choice([2, 4]),
+        intra_node_bytes_per_s=rng.choice([1e9, 1e10]),
+        inter_node_bytes_per_s=1e8,
+        latency_s=1e-4,
+        shard=rng.choice(["none", "optimizer", "full"]),
+    )
+    request = _request(rng.choice([4, 8]), link_bytes_per_s=1e9)
+    result = plan_cluster(profile, request, cluster, sha256=SHA)
+    mesh = result.plan.mesh
+    assert mesh is not None
+    step, devices = _exhaustive(profile, request, cluster)
+    assert result.plan.predicted.iteration_s == pytest.approx(step, rel=1e-12)
+    assert mesh.pp * mesh.dp == devices
+    assert mesh.global_batch_size == request.global_batch_size == mesh.dp * result.plan.global_batch_size
+
+
+def test_data_parallel_wins_when_everything_fits_and_pipelines_when_it_must() -> None:
+    units = [1.0] * 4
+    cluster = Cluster(4, 4, 1e12, 1e12, 0.0)
+    roomy = make_profile(units, param_counts=[1000] * 4)
+    assert (plan_cluster(roomy, _request(8), cluster, sha256=SHA).plan.mesh.pp, 4) == (1, 4)
+    # 4 units of 10M fp32 Adam parameters (160 MB each) on 256 MiB devices: one unit a device at most.
+    tight = make_profile(units, param_counts=[10**7] * 4, memory_bytes=2**28)
+    mesh = plan_cluster(tight, _request(8), cluster, sha256=SHA).plan.mesh
+    assert (mesh.pp, mesh.dp) == (4, 1)
+
+
+def test_fewer_devices_when_the_batch_allows_no_more() -> None:
+    profile = make_profile([1.0, 1.0])
+    result = plan_cluster(profile, _request(2), Cluster(8, 8, 1e12, 1e12, 0.0), sha256=SHA)
+    mesh = result.plan.mesh
+    # 2 units and 2 samples: at most 2 pipeline ranks x 2 replicas.
+    assert (mesh.pp, mesh.dp, mesh.used_devices, mesh.num_devices) == (2, 2, 4, 8)
+
+
+def test_a_fixed_pipeline_degree_must_divide_the_devices() -> None:
+    profile = make_profile([1.0] * 4)
+    with pytest.raises(UsageError, match="does not divide --devices 6"):
+        plan_cluster(profile, _request(8), Cluster(6, 6, 1e9, 1e9, 0.0), sha256=SHA, pipeline_degree=4)
+    plan = plan_cluster(profile, _request(8), Cluster(8, 4, 1e9, 1e8, 0.0), sha256=SHA, pipeline_degree=2).plan
+    assert (plan.mesh.pp, plan.mesh.dp, plan.num_ranks) == (2, 4, 2)
+
+
+def test_the_mesh_round_trips_and_is_checked(tmp_path) -> None:
+    profile = make_profile([1.0] * 4)
+    plan = plan_cluster(profile, _request(8), Cluster(8, 4, 1e10, 1e9, 1e-5), sha256=SHA, pipeline_degree=2).plan
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    assert load_plan(path) == plan
+    data = json.loads(path.read_text())
+    bad = {**data, "mesh": {**data["mesh"], "pp": 4}}
+    with pytest.raises(PlanFormatError, match="mesh.pp is 4"):
+        plan_from_dict(bad)
+    rows = [list(r) for r in data["mesh"]["devices"]]
+    rows[1][0] = rows[0][0]
+    with pytest.raises(PlanFormatError, match="once each"):
+        plan_from_dict({**data, "mesh": {**data["mesh"], "devices": rows}})
+    with pytest.raises(PlanFormatError, match="global_batch_size"):
+        plan_from_dict({**data, "mesh": {**data["mesh"], "global_batch_size": 7}})
+
+
+def test_cli_plans_a_cluster_and_says_what_it_tried(tmp_path, capsys) -> None:
+    profile = tmp_path / "model.profile.json"
+    save_profile(make_profile([1.0] * 4, sizes=(1, 2)), profile)
+    out = tmp_path / "plan.json"
+    argv = ["plan", profile, "--devices", 8, "--devices-per-node", 4, "--global-batch", 8, "--out", out]
+    assert main([str(a) for a in argv]) == 0
+    printed = capsys.readouterr().out
+    assert "cluster search:" in printed and "mesh: pp " in printed
+    mesh = json.loads(out.read_text())["mesh"]
+    assert mesh["pp"] * mesh["dp"] <= 8 and mesh["global_batch_size"] == 8
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--devices", 6, "--stages", 4], "does not divide --devices 6"),
+        ([], "give --stages P"),
+        (["--devices", 4, "--pin", "layers.0=0"], "per pipeline rank"),
+        (["--devices", 4, "--shard", "zero2"], "invalid choice"),
+    ],
+)
+def test_cli_refuses_bad_cluster_requests(tmp_path, capsys, extra: list, message: str) -> None:
+    profile = tmp_path / "model.profile.json"
+    save_profile(make_profile([1.0] * 4), profile)
+    assert_fails(capsys, ["plan", profile, "--global-batch", 8, "--out", tmp_path / "p.json", *extra], message)
