@@ -72,6 +72,10 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
+def _not_a_view(value: Any) -> Any:
+    return value.clone() if _needs_grad(value) and value._is_view() else value
+
+
 class StageModule(nn.Module):
     """One pipeline stage: the traced piece ``inner`` plus the relaying of values later stages read.
 
@@ -109,8 +113,12 @@ class StageModule(nn.Module):
         if self.final:
             return out
         outs = out if self.tuple_output else (out,)
-        # gloo sends only contiguous tensors (a getitem or slice may not be).
-        result = tuple((carried[i] if kind == "in" else outs[i]).contiguous() for kind, i in self.out_sources)
+        # gloo sends only contiguous tensors (a getitem or slice may not be). The split-backward schedules'
+        # stage_backward_input detaches every stage output in place, which torch refuses for a view (a
+        # relayed value needing a gradient is one, through _ContiguousGrad): such an output is a copy.
+        result = tuple(
+            _not_a_view((carried[i] if kind == "in" else outs[i]).contiguous()) for kind, i in self.out_sources
+        )
         return result[0] if len(result) == 1 else result
 
     def original_named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
