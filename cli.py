@@ -56,6 +56,7 @@ torch.distributed.pipelining.
   pipeplan tune gpt2.profile.json --model gpt2-small --stages 2 --global-batch 8 --out gpt2.plan.json
                                                            run the best candidates, keep the fastest
   pipeplan show gpt2.plan.json                             reprint a profile or plan
+  pipeplan export gpt2.plan.json --to megatron             the plan as torchtitan/Megatron/DeepSpeed/accelerate config
 
 Run `pipeplan COMMAND --help` for each command's options.
 """
@@ -410,6 +411,30 @@ def _cluster(args: argparse.Namespace, device_kind: str) -> Cluster:
         latency_s=args.latency if args.latency is not None else latency,
         shard=args.shard,
     )
+
+
+def _rename(text: str) -> tuple[str, str]:
+    old, sep, new = text.partition("=")
+    old, new = old.strip(), new.strip()
+    if not sep or not old:
+        raise _bad(text, "is not OLD=NEW, e.g. model.layers=layers (NEW may be empty: strip the prefix)")
+    return old, new
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from planner.export import export_plan
+    from planner.fileio import check_output_path, write_atomic
+    from planner.plan import load_plan
+
+    if args.out:
+        check_output_path(args.out, inputs=[args.plan])
+    config = export_plan(load_plan(args.plan), args.to, renames=args.rename or ())
+    if args.out:
+        write_atomic(args.out, config.text().encode())
+        print(f"wrote {args.out}")
+    else:
+        sys.stdout.write(config.text())
+    return 0
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -961,6 +986,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_search_arguments(p)
     p.set_defaults(func=_cmd_tune)
+
+    p = sub.add_parser(
+        "export",
+        help="print the plan's layout as torchtitan, Megatron-Core, DeepSpeed or accelerate configuration",
+        formatter_class=fmt,
+        description=(
+            "Write what each trainer takes for the plan's stages (docs/export.md):\n"
+            "  torchtitan  [parallelism] module_fqns_per_model_part, pipeline_parallel_degree, schedule and\n"
+            "              micro-batch size (TOML)\n"
+            "  megatron    --pipeline-model-parallel-layout 'Et*2|t*2L' with --pipeline-model-parallel-size,\n"
+            "              --num-layers and batch sizes (flags); E = units before the first decoder layer,\n"
+            "              t = each decoder layer (units PREFIX.N), L = units after the last one (norm, head)\n"
+            "  deepspeed   a PipelineModule subclass whose _partition_layers sets self.parts to the plan's\n"
+            "              boundaries, and the layer count (Python)\n"
+            "  accelerate  prepare_pippy(model, split_points=[...], num_chunks=M) (Python; inference only)\n"
+            "What a trainer cannot express is refused with the reason (a cut inside Megatron's embedding or\n"
+            "inside a decoder layer, a non-transformer model for Megatron, interleaved stages for DeepSpeed and\n"
+            "accelerate, names nested deeper than torchtitan splits).\n\n"
+            "examples:\n"
+            "  pipeplan export gpt2.plan.json --to megatron\n"
+            "  pipeplan export llama.plan.json --to torchtitan --rename model.embed_tokens=tok_embeddings \\\n"
+            "      --rename model.layers=layers --rename model.norm=norm --rename lm_head=output --out pp.toml"
+        ),
+    )
+    p.add_argument("plan", metavar="PLAN.json")
+    p.add_argument(
+        "--to", required=True, choices=("torchtitan", "megatron", "deepspeed", "accelerate"), help="the trainer"
+    )
+    p.add_argument(
+        "--rename",
+        type=_rename,
+        action="append",
+        metavar="OLD=NEW",
+        help="map a module-name prefix of the profiled model onto the trainer's model (repeatable; the longest "
+        "matching prefix wins; NEW may be empty to strip the prefix)",
+    )
+    p.add_argument("--out", default=None, metavar="FILE", help="write to FILE (atomically) instead of stdout")
+    p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser(
         "simulate",

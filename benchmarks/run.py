@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_measured  # noqa: E402
+import bench_planner_scale  # noqa: E402
 import bench_profile  # noqa: E402
 import bench_quality  # noqa: E402
 import bench_scaling  # noqa: E402
@@ -210,6 +211,22 @@ def main(argv: list[str] | None = None) -> None:
     raw["dp"] = [t.__dict__ for t in dp]
     raw["ilp"] = [t.__dict__ for t in ilp]
     raw["plan_search"] = searches
+
+    # Issue 12: the planner's own scale, 100 to 2,000 units and 2 to 64 ranks (synthetic profiles).
+    print("planner scale", flush=True)
+    scale_units = (100, 500) if args.smoke else (100, 500, 2000) if args.quick else bench_planner_scale.UNITS
+    scale_ranks = (2, 8) if args.smoke else (2, 8, 64) if args.quick else bench_planner_scale.RANKS
+    scale_repeats = 1 if args.smoke or args.quick else 3
+    scale_load = os.getloadavg()[0]
+    scale = [bench_planner_scale.measure(n, r, scale_repeats) for n in scale_units for r in scale_ranks]
+    values["scale_table"] = bench_planner_scale.scale_table(scale)
+    values["scale_phase_table"] = bench_planner_scale.phase_table(scale)
+    values["scale_setup"] = (
+        f"median of {scale_repeats}; load average (1 min, 2 cores) {scale_load:.2f} before, "
+        f"{os.getloadavg()[0]:.2f} after"
+    )
+    bench_planner_scale.scale_png(scale, args.docs / "bench_planner_scale.png")
+    raw["planner_scale"] = [p.__dict__ for p in scale]
 
     # Item 2: measured on this CPU, P = 2. A one-thread profile matches each rank's one thread.
     print("plan quality (measured)", flush=True)

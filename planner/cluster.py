@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from planner.cost import CostSettings, DataParallel
+from planner.cost import CostSettings, DataParallel, bytes_per_param, state_bytes_per_param
 from planner.errors import PipeplanError, PlanInfeasibleError, UsageError
 from planner.limits import MAX_DEVICES, MAX_RANKS, check_at_most
 from planner.plan import PLACEMENTS, SHARDING, Mesh, Plan
@@ -169,21 +169,44 @@ def _mesh(cluster: Cluster, layout: Layout, request: PlanRequest, settings: Cost
     )
 
 
-def _lower_bound_s(profile: Profile, request: PlanRequest, layout: Layout) -> float:
-    """No step of the layout is shorter: one replica's compute spread evenly over its ``pp`` ranks at the
-    fastest device speed, with no bubble, communication or recomputation."""
+def _lower_bound_s(profile: Profile, request: PlanRequest, settings: CostSettings, layout: Layout) -> float:
+    """No step of the layout is shorter (inf: no plan of it fits in memory).
+
+    Every rank's step ends after its own compute and its gradient sync, so the step is at least their
+    average over the ``pp`` ranks: one replica's compute (and FSDP's gathers) spread evenly at the
+    fastest device speed, no bubble, no recomputation, no latency, plus the bandwidth part of the
+    replicas' synchronisation of all parameters, spread likewise; and at least the longest unit times
+    the micro-batches. Memory: the ranks together hold every parameter's state at least once.
+    """
+    dp = settings.data_parallel
+    held = sum(u.param_count + u.tied_param_count for u in profile.units)
+    usable = settings.capacity(profile, 0, layout.pp)
+    if held * state_bytes_per_param(profile, settings) > usable * layout.pp:
+        return math.inf
     batch = request.global_batch_size // layout.dp
-    per_sample = [
-        sum(u.forward_s[k] + u.backward_s[k] for u in profile.units) / b
-        for k, b in enumerate(profile.micro_batch_sizes)
-        if batch % b == 0
-    ]
-    if not per_sample:
-        return 0.0
-    speed = max(request.settings.device_speeds, default=1.0)
-    cal = request.settings.calibration
+    weights, grads, _ = bytes_per_param(profile.device.dtype, settings.optimizer)
+    gathers = sync = 0.0
+    if dp is not None and dp.replicas > 1:
+        per_byte = (dp.replicas - 1) / dp.replicas / dp.bytes_per_s
+        if dp.shard == "full":
+            gathers = held * (2 * weights + grads) * per_byte  # per micro-batch
+        elif dp.shard == "optimizer":
+            sync = held * (grads + weights) * per_byte
+        else:
+            sync = 2 * held * grads * per_byte
+    speed = max(settings.device_speeds, default=1.0)
+    cal = settings.calibration
     scale = min(1.0, cal.colocation_factor) if cal is not None else 1.0
-    return min(per_sample) * batch * scale / (layout.pp * speed)
+    bounds = []
+    for k, b in enumerate(profile.micro_batch_sizes):
+        if batch % b:
+            continue
+        work = [u.forward_s[k] + u.backward_s[k] for u in profile.units]
+        spread = (batch / b * (sum(work) + gathers) * scale / speed + sync) / layout.pp
+        # Whichever rank holds the longest unit runs it for every micro-batch.
+        longest = batch / b * max(work) * scale / speed
+        bounds.append(max(spread, longest))
+    return min(bounds, default=0.0)
 
 
 def plan_cluster(
@@ -215,18 +238,21 @@ def plan_cluster(
     tried: list[tuple[Layout, float | None, str]] = []
     best: tuple[tuple[float, int, int, int], Plan] | None = None
     last_error = "no layout"
-    candidates = [
-        (_lower_bound_s(profile, request, layout), order, layout)
-        for order, layout in enumerate(layouts(cluster, profile.num_units, request.global_batch_size, pipeline_degree))
-        if pipeline_degree is None or layout.dp * layout.pp == cluster.num_devices
-    ]
+    candidates = []
+    for order, layout in enumerate(layouts(cluster, profile.num_units, request.global_batch_size, pipeline_degree)):
+        if pipeline_degree is None or layout.dp * layout.pp == cluster.num_devices:
+            settings = _settings_for(request, cluster, layout)
+            candidates.append((_lower_bound_s(profile, request, settings, layout), order, layout, settings))
     # Branch and bound: a layout whose bound exceeds the best step found cannot win, or tie, so the
     # answer is the exhaustive search's (tests/test_cluster.py holds them equal).
-    for bound, order, layout in sorted(candidates, key=lambda c: (c[0], c[1])):
+    for bound, order, layout, settings in sorted(candidates, key=lambda c: (c[0], c[1])):
+        if bound == math.inf:
+            tried.append((layout, None, "does not fit: the parameters' state alone exceeds the devices' memory"))
+            last_error = f"pp={layout.pp} dp={layout.dp}: the parameters' state alone exceeds the memory"
+            continue
         if best is not None and bound > best[0][0]:
             tried.append((layout, None, f"pruned: at least {bound:.4g} s"))
             continue
-        settings = _settings_for(request, cluster, layout)
         replica = replace(
             request,
             num_ranks=layout.pp,

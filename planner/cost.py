@@ -32,6 +32,7 @@ __all__ = [
     "step_tails",
     "SHARDING",
     "DataParallel",
+    "state_bytes_per_param",
     "split_backward_times",
 ]
 
@@ -272,7 +273,7 @@ def _transfer_s(num_bytes: int, settings: CostSettings) -> float:
     return 0.0 if num_bytes == 0 else settings.link_latency_s + num_bytes / settings.link_bytes_per_s
 
 
-def _param_state_bytes(profile: Profile, settings: CostSettings) -> float:
+def state_bytes_per_param(profile: Profile, settings: CostSettings) -> float:
     """Bytes per parameter on one device: weights, gradients and optimizer state, each split over the
     data-parallel replicas as far as the sharding goes."""
     per_param = bytes_per_param(profile.device.dtype, settings.optimizer)
@@ -323,7 +324,7 @@ def build_problem(
     """
     num_ranks = max(stage_rank) + 1
     per_rank = [stage_rank.count(r) for r in range(num_ranks)]
-    state = _param_state_bytes(profile, settings)
+    state = state_bytes_per_param(profile, settings)
     forward, backward, transient = _with_gathers(profile, costs, settings)
     return PartitionProblem(
         forward_s=forward,

@@ -20,6 +20,7 @@ __all__ = [
     "ModelMismatchError",
     "ExecutionError",
     "CalibrationError",
+    "ExportError",
     "shorten",
     "MAX_MESSAGE_CHARS",
 ]
@@ -82,3 +83,8 @@ class ExecutionError(PipeplanError):
 
 class CalibrationError(PipeplanError):
     """Raised when a calibration file is invalid, or was measured on another device kind or backend."""
+
+
+class ExportError(PipeplanError):
+    """Raised when a trainer cannot express a plan's layout (a cut inside what it counts as one layer, a unit
+    it has no notion of, a placement or stage count it does not run); the message says which and why."""

@@ -240,6 +240,22 @@ def read_json(path: str | os.PathLike[str], error: type[PipeplanError], kind: st
     return data
 
 
+def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
+    """``node`` with every ``{"$ref": "#/$defs/NAME"}`` replaced by that definition (the same constraint).
+
+    jsonschema resolves a ``$ref`` each time it validates through it: for a 2,000-unit profile that was
+    16,000 resolutions and most of a 2 s read. A node that is only a local ``$ref`` means exactly its target.
+    """
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if len(node) == 1 and isinstance(ref, str) and ref.startswith("#/$defs/") and ref[8:] in defs:
+            return _inline_refs(defs[ref[8:]], defs)
+        return {k: _inline_refs(v, defs) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_inline_refs(v, defs) for v in node]
+    return node
+
+
 def _strict_validator(schema: dict[str, Any]) -> Any:
     """Draft 2020-12, except that ``integer`` means a JSON integer: ``2.0`` is not a count."""
     import jsonschema
@@ -248,7 +264,7 @@ def _strict_validator(schema: dict[str, Any]) -> Any:
     checker = base.TYPE_CHECKER.redefine(
         "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool)
     )
-    return jsonschema.validators.extend(base, type_checker=checker)(schema)
+    return jsonschema.validators.extend(base, type_checker=checker)(_inline_refs(schema, schema.get("$defs", {})))
 
 
 def check_document(

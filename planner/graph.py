@@ -65,10 +65,32 @@ def crossing_tensors(graph: nx.DiGraph, cut: int) -> list[int]:
 
 
 def _cut_sums(profile: Profile, graph: nx.DiGraph, size_index: int, *, grad_only: bool) -> list[int]:
-    sums = []
-    for cut in range(profile.num_units - 1):
-        tensors = (profile.tensors[t] for t in crossing_tensors(graph, cut))
-        sums.append(sum(t.bytes[size_index] for t in tensors if t.needs_grad or not grad_only))
+    """Per cut, the bytes of the distinct tensors crossing it: what :func:`crossing_tensors` gives cut by cut.
+
+    A tensor crosses the cuts ``max(producer, 0) .. last consumer - 1`` (every edge of a tensor leaves its
+    one producer), so one pass over the edges and a running sum give every cut at once: linear in edges +
+    cuts, where asking :func:`crossing_tensors` per cut was edges x cuts (8M edge visits, 25 s, for 1,000
+    units). The sums are of integers, so they are exactly the per-cut ones.
+    """
+    last_consumer: dict[int, tuple[int, int]] = {}
+    for producer, consumer, data in graph.edges(data=True):
+        for t in data["tensors"]:
+            known = last_consumer.get(t)
+            if known is None or consumer > known[1]:
+                last_consumer[t] = (producer, consumer)
+    cuts = profile.num_units - 1
+    delta = [0] * (cuts + 1)
+    for t, (producer, consumer) in last_consumer.items():
+        first, last = max(producer, 0), min(consumer - 1, cuts - 1)
+        tensor = profile.tensors[t]
+        if first > last or not (tensor.needs_grad or not grad_only):
+            continue
+        delta[first] += tensor.bytes[size_index]
+        delta[last + 1] -= tensor.bytes[size_index]
+    sums, running = [], 0
+    for k in range(cuts):
+        running += delta[k]
+        sums.append(running)
     return sums
 
 

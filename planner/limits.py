@@ -1,11 +1,12 @@
 """The largest inputs pipeplan accepts, and the checks that refuse more, at the edges.
 
 Each bound keeps a command within seconds on a 2-core CPU (measured 2026-11-30, synthetic profiles,
-machine shared with another job): ``plan`` on 1,024 units and 4 ranks 4.4 s; on 16 units, 4 ranks and
-1,024 micro-batches 3.1 s; on 64 units, 16 ranks and 256 micro-batches 3.3 s; ``simulate`` of 128
-stages x 1,024 micro-batches 2.8 s. Past a bound a command refuses at once, naming the bound, instead
-of running for minutes or exhausting memory. The checks live where input enters (the CLI, the file
-readers, ``PlanRequest``), not inside the solvers or the simulator. README, "Limits", lists them.
+machine shared with another job): ``plan`` on 16 units, 4 ranks and 1,024 micro-batches 3.1 s; on 64
+units, 16 ranks and 256 micro-batches 3.3 s; ``simulate`` of 128 stages x 1,024 micro-batches 2.8 s;
+``plan``'s search on 2,000 units 1.8-4.8 s from 2 to 64 ranks, the command 6-7 s (docs/BENCHMARKS.md, section 8).
+Past a bound a command refuses at once, naming the bound, instead of running for minutes or exhausting
+memory. The checks live where input enters (the CLI, the file readers, ``PlanRequest``), not inside the
+solvers or the simulator. README, "Limits", lists them.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ MAX_JSON_INT = 2**53
 """Largest integer magnitude in a file: counts and bytes stay exact as a float (8 PiB)."""
 MAX_SECONDS = 1e9
 """Largest time in a file or argument (31 years): sums over stages and micro-batches stay finite."""
-MAX_UNITS = 1024
-"""Units in a profile (and so in a plan)."""
+MAX_UNITS = 2048
+"""Units in a profile (and so in a plan). 2,000 units plan in under 10 s at every rank count (section 8 of
+docs/BENCHMARKS.md); the slowest is 2 ranks, where the DP's stages are widest."""
 MAX_TENSORS = 16 * MAX_UNITS
 """Tensor flows between units in a profile."""
 MAX_PROFILED_SIZES = 64

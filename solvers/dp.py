@@ -211,23 +211,43 @@ class _Model:
         band = self.ensure_band(width)
         cols = slice(band.width - width, band.width)
         c0, c1, c0k, c1k = band.c0[:, cols], band.c1[:, cols], band.c0k[:, cols], band.c1k[:, cols]
-        ok0, ok1 = c0 <= t_max, c1 <= t_max
-        q0 = {cap: np.where(ok0, band.q0[cap][:, cols], _NEVER) for cap in self.capacities}
-        q1 = {cap: np.where(ok1, band.q1[cap][:, cols], _NEVER) for cap in self.capacities}
-        costs: dict[tuple[int, float], np.ndarray] = {}
+        # Rows (last unit j of stage s) that lie on some complete partition: the s + 1 stages so far reach j
+        # (j < (s + 1) * width) and the p - 1 - s left can still cover the rest (n - 1 - j <= (p - 1 - s) *
+        # width). Every other row is infinite, or is only ever the predecessor of rows that cannot complete
+        # either, so leaving them out changes no value or choice on a complete partition (it skips most rows
+        # when p * width is near n: thousands of units on 64-256 stages, or 2 stages of 1,000 units).
+        spans = [
+            (n - 1, n - 1) if s == p - 1 else (max(s, n - 1 - (p - 1 - s) * width), min(n - p + s, (s + 1) * width - 1))
+            for s in range(p)
+        ]
+        if any(lo > hi for lo, hi in spans):
+            self.cache[t_max] = None
+            return None
+        # A stage's cost of each shape (recompute only where the plain stage does not fit, inf where neither
+        # fits or exceeds t_max), per kind of stage and only on the rows its stages use.
+        kind_rows: dict[tuple[int, float], tuple[int, int]] = {}
+        for kind, (lo, hi) in zip(self.stage_kind, spans, strict=True):
+            low, high = kind_rows.get(kind, (lo, hi))
+            kind_rows[kind] = (min(low, lo), max(high, hi))
+        costs: dict[tuple[int, float], tuple[int, np.ndarray]] = {}
+        for kind, (lo, hi) in kind_rows.items():
+            in_flight, cap = kind
+            r = slice(lo, hi + 1)
+            fit0 = (c0[r] <= t_max) & (band.q0[cap][r, cols] >= in_flight)
+            fit1 = (c1[r] <= t_max) & (band.q1[cap][r, cols] >= in_flight)
+            costs[kind] = (lo, np.where(fit0, c0k[r], np.where(fit1, c1k[r], np.inf)))
         gprev = np.full(n, np.inf)
         gprev[0] = 0.0
         padded = np.full(n + width - 1, np.inf)
+        # One view for every stage: each stage rewrites padded in place, and the view reads it.
+        windows = sliding_window_view(padded, width)
         args = np.zeros((p, n), dtype=np.int64)
         f = gprev
-        for s in range(p):
-            kind = self.stage_kind[s]
-            if kind not in costs:
-                in_flight, cap = kind
-                costs[kind] = np.where(q0[cap] >= in_flight, c0k, np.where(q1[cap] >= in_flight, c1k, np.inf))
-            rows = slice(n - 1, n) if s == p - 1 else slice(s, n - p + s + 1)
+        for s, (lo, hi) in enumerate(spans):
+            first, cost = costs[self.stage_kind[s]]
+            rows = slice(lo, hi + 1)
             padded[width - 1 :] = gprev
-            total = costs[kind][rows] + sliding_window_view(padded, width)[rows]
+            total = cost[lo - first : hi - first + 1] + windows[rows]
             best = np.argmin(total, axis=1)
             f = np.full(n, np.inf)
             f[rows] = total[np.arange(total.shape[0]), best]
@@ -242,7 +262,7 @@ class _Model:
             for s in range(p - 1, -1, -1):
                 w = int(args[s, j])
                 in_flight, cap = self.stage_kind[s]
-                recompute = not bool(q0[cap][j, w] >= in_flight)
+                recompute = not (c0[j, w] <= t_max and band.q0[cap][j, band.width - width + w] >= in_flight)
                 bottleneck = max(bottleneck, float(c1[j, w] if recompute else c0[j, w]))
                 starts.append(j - width + 1 + w)
                 flags.append(recompute)

@@ -110,7 +110,7 @@ def _exhaustive(profile, request: PlanRequest, cluster: Cluster) -> tuple[float,
     return best
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(12))
 def test_the_choice_is_the_exhaustive_searchs(seed: int) -> None:
     rng = random.Random(seed)
     n = rng.randint(3, 6)
@@ -208,3 +208,17 @@ def test_cli_refuses_bad_cluster_requests(tmp_path, capsys, extra: list, message
     profile = tmp_path / "model.profile.json"
     save_profile(make_profile([1.0] * 4), profile)
     assert_fails(capsys, ["plan", profile, "--global-batch", 8, "--out", tmp_path / "p.json", *extra], message)
+
+
+def test_export_gives_torchtitan_the_replicas() -> None:
+    import tomllib
+
+    from planner.export import export_plan
+
+    profile = make_profile([1.0] * 4)
+    for shard, replicate, sharded in (("none", 4, 1), ("full", 1, 4)):
+        cluster = Cluster(8, 8, 1e10, 1e10, 1e-5, shard=shard)
+        plan = plan_cluster(profile, _request(8), cluster, sha256=SHA, pipeline_degree=2).plan
+        config = tomllib.loads(export_plan(plan, "torchtitan").text())["parallelism"]
+        assert config["pipeline_parallel_degree"] == 2
+        assert (config["data_parallel_replicate_degree"], config["data_parallel_shard_degree"]) == (replicate, sharded)

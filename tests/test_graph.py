@@ -46,3 +46,29 @@ def test_chain_cut_bytes_scale_with_micro_batch():
 
 def test_stage_sum_is_inclusive():
     assert stage_sum([1.0, 2.0, 4.0, 8.0], 1, 2) == 6.0
+
+
+def test_cut_sums_equal_the_crossing_tensors_of_each_cut():
+    """cut_bytes sums spans in one pass; on random skips it is exactly the per-cut definition."""
+    import random
+
+    for seed in range(20):
+        rng = random.Random(seed)
+        n = rng.randint(2, 30)
+        tensors = []
+        for _ in range(rng.randint(1, 3 * n)):
+            producer = rng.randint(-1, n - 2)
+            consumers = tuple(sorted(rng.sample(range(producer + 1, n), rng.randint(1, min(3, n - 1 - producer)))))
+            tensors.append(TensorFlow(producer, consumers, (rng.randint(0, 999),), "float32", rng.random() < 0.7))
+        profile = make_profile([1.0] * n, tensors=tensors)
+        graph = build_graph(profile)
+        for grad_only, got in ((False, cut_bytes(profile, 0)), (True, cut_grad_bytes(profile, 0))):
+            expected = [
+                sum(
+                    profile.tensors[t].bytes[0]
+                    for t in crossing_tensors(graph, cut)
+                    if profile.tensors[t].needs_grad or not grad_only
+                )
+                for cut in range(n - 1)
+            ]
+            assert got == expected

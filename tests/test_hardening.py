@@ -269,7 +269,7 @@ def test_work_past_the_limits_is_refused_at_once(files, tmp_path, capsys):
     assert time.monotonic() - started < 10
     data = make_profile([1.0] * 8, sizes=(1,)).to_dict()
     for units, message in (
-        (2 * MAX_UNITS, f"2,048 units, over pipeplan's limit of {MAX_UNITS:,}"),
+        (2 * MAX_UNITS, f"{2 * MAX_UNITS:,} units, over pipeplan's limit of {MAX_UNITS:,}"),
         (60_000, "60,000 units, over pipeplan's limit"),
     ):
         data["units"] = [{**data["units"][0], "name": f"u{i}"} for i in range(units)]

@@ -24,11 +24,11 @@ the result is exact for this model and independent of event tie-breaking.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import lru_cache
+from typing import Any, NamedTuple
 
 from planner.errors import UsageError
 from planner.schedule.orders import (
@@ -74,9 +74,12 @@ class ScheduleDeadlockError(RuntimeError):
     """Internal error: no rank can make progress. Never raised for the orders of ``rank_orders``."""
 
 
-@dataclass(frozen=True)
-class TimedAction:
-    """One executed compute action with its simulated start and end (seconds from iteration start)."""
+class TimedAction(NamedTuple):
+    """One executed compute action with its simulated start and end (seconds from iteration start).
+
+    A named tuple rather than a frozen dataclass: a plan search creates millions of them (up to 32,768 per
+    simulation), and a frozen dataclass's ``__init__`` cost more than twice as much per action.
+    """
 
     rank: int
     stage: int
@@ -252,10 +255,15 @@ def simulate(
         raise UsageError(f"num_ranks = {ranks!r} must be an integer >= 1")
     v = virtual_stages(sched, n, ranks)
     check_microbatches(sched, ranks, v, num_microbatches)
+    # Micro-batch indices of rank_orders' orders are 0..M-1; given orders are scanned for theirs.
+    width = num_microbatches if orders is None else None
     if orders is None:
-        orders = rank_orders(sched, n, num_microbatches, ranks)
+        orders = _rank_orders(sched, n, num_microbatches, ranks)
+        peaks = _peaks(sched, n, num_microbatches, ranks)
     elif len(orders) != ranks:
         raise UsageError(f"orders has {len(orders)} ranks, expected {ranks}")
+    else:
+        peaks = _peak_in_flight(orders, n)
 
     split = sched.splits_backward and bool(weight)
     w_part = weight if split else [0.0] * n
@@ -275,16 +283,24 @@ def simulate(
     comm_b = [0.0 if stage_rank[c] == stage_rank[c + 1] else t for c, t in enumerate(comm_b)]
     scales = [1.0] * ranks
     if terms.compute_scale != 1.0:
-        full_speed, _ = _run(orders, base, comm_f, comm_b, n, terms.action_overhead_s)
+        full_speed, _ = _run(orders, base, comm_f, comm_b, n, terms.action_overhead_s, width)
         scales = [1.0 + (terms.compute_scale - 1.0) * o for o in _overlap_fractions(full_speed, ranks)]
     durations = {kind: [t * scales[stage_rank[s]] for s, t in enumerate(times)] for kind, times in base.items()}
-    actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, terms.action_overhead_s)
+    actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, terms.action_overhead_s, width)
     tails = terms.step_tail_s or (0.0,) * ranks
-    last_end = [max((a.end_s for a in actions if a.rank == r), default=0.0) for r in range(ranks)]
-    tail_actions = [
-        TimedAction(r, -1, -1, "S", last_end[r], last_end[r] + tails[r]) for r in range(ranks) if tails[r] > 0
-    ]
-    actions = sorted([*actions, *tail_actions], key=lambda a: (a.rank, a.start_s, a.end_s))
+    # One pass, not one per rank: a plan search simulates up to 65,536 actions on 64 ranks.
+    last_end = [0.0] * ranks
+    for a in actions:
+        last_end[a.rank] = max(last_end[a.rank], a.end_s)
+    if any(t > 0 for t in tails):
+        # A tail starts when its rank's last action ends: it sorts last among the rank's actions.
+        by_rank: list[list[TimedAction]] = [[] for _ in range(ranks)]
+        for a in actions:
+            by_rank[a.rank].append(a)
+        for r in range(ranks):
+            if tails[r] > 0:
+                by_rank[r].append(TimedAction(r, -1, -1, "S", last_end[r], last_end[r] + tails[r]))
+        actions = [a for group in by_rank for a in group]
     iteration = max(a.end_s for a in actions)
     busy = [0.0] * ranks
     overhead = [0.0] * ranks
@@ -303,7 +319,7 @@ def simulate(
         iteration_s=iteration,
         busy_s=tuple(busy),
         bubble_fraction=bubble,
-        peak_in_flight=_peak_in_flight(orders, n),
+        peak_in_flight=peaks,
         bottleneck_stage=per_stage.index(max(per_stage)),
         overhead_s=tuple(overhead),
         step_tail_s=tuple(tails),
@@ -318,39 +334,80 @@ def _run(
     comm_b: list[float],
     num_stages: int,
     overhead_s: float = 0.0,
+    width: int | None = None,
 ) -> tuple[list[TimedAction], list[float]]:
     # Longest path over the DAG: repeatedly advance every rank whose next action has all its
     # dependencies timed. Each pass advances at least one rank unless the orders deadlock.
-    end: dict[tuple[str, int, int], float] = {}
+    # End times live in one flat list per kind, indexed stage * M + micro-batch (None: not yet timed): a
+    # plan search runs this on up to 65,536 actions per call, and tuple-keyed dict look-ups were its cost.
+    # The dependency rules are the module docstring's, written out per kind (they were a function called per
+    # action, with the same arithmetic: the results are the same).
+    if width is None:  # one more than the largest micro-batch index, unless the caller knows it (M)
+        width = 1 + max((step.microbatch for order in orders for step in order), default=0)
+    kinds = ("F", "B", "I", "W", *durations)
+    end: dict[str, list[float | None]] = {kind: [None] * (num_stages * width) for kind in kinds}
+    end_f, end_b, end_i = end["F"], end["B"], end["I"]
+    last = num_stages - 1
     pos = [0] * len(orders)
     free = [0.0] * len(orders)
     comm_wait = [0.0] * len(orders)
-    out: list[TimedAction] = []
+    # Each rank's actions in its execution order: start times never decrease along a rank (an action starts
+    # when the previous one has ended), so this is the (rank, start, end) order without sorting.
+    by_rank: list[list[TimedAction]] = [[] for _ in orders]
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
         for rank, order in enumerate(orders):
-            while pos[rank] < len(order):
-                step = order[pos[rank]]
-                timing = _ready_time(step, end, comm_f, comm_b, num_stages)
-                if timing is None:
-                    break
-                ready, comm = timing
-                start = max(free[rank], ready)
+            p, length, busy_until, out = pos[rank], len(order), free[rank], by_rank[rank]
+            while p < length:
+                step = order[p]
+                kind, s, m = step.kind, step.stage, step.microbatch
+                key = s * width + m
+                if kind == "F":
+                    if s == 0:
+                        ready = comm = 0.0
+                    else:
+                        prev = end_f[key - width]
+                        if prev is None:
+                            break
+                        comm = comm_f[s - 1]
+                        ready = prev + comm
+                elif kind == "W":
+                    own_i = end_i[key]
+                    if own_i is None:
+                        break
+                    ready, comm = own_i, 0.0
+                else:
+                    own = end_f[key]
+                    if own is None:
+                        break
+                    if s == last:
+                        ready, comm = own, 0.0
+                    else:
+                        grad = end_b[key + width]
+                        if grad is None:
+                            grad = end_i[key + width]
+                            if grad is None:
+                                break
+                        arrival = grad + comm_b[s]
+                        ready, comm = (arrival, comm_b[s]) if arrival > own else (own, 0.0)
+                # max() and min() spelled as comparisons (the same values, ties included: builtin calls cost).
+                start = ready if ready > busy_until else busy_until
                 # Of the wait, the part after the producer finished is the link's, not the schedule's.
-                comm_wait[rank] += min(max(0.0, start - free[rank]), comm)
-                finish = start + durations[step.kind][step.stage] + overhead_s
-                end[(step.kind, step.stage, step.microbatch)] = finish
-                out.append(TimedAction(rank, step.stage, step.microbatch, step.kind, start, finish, overhead_s))
-                free[rank] = finish
-                pos[rank] += 1
+                wait = start - busy_until
+                comm_wait[rank] += wait if wait <= comm else comm
+                finish = start + durations[kind][s] + overhead_s
+                end[kind][key] = finish
+                out.append(TimedAction(rank, s, m, kind, start, finish, overhead_s))
+                busy_until = finish
+                p += 1
                 remaining -= 1
                 progressed = True
+            pos[rank], free[rank] = p, busy_until
         if not progressed:
             waiting = ", ".join(f"rank {r}: {orders[r][p]}" for r, p in enumerate(pos) if p < len(orders[r]))
             raise ScheduleDeadlockError(f"schedule deadlocks; blocked at {waiting}\n{format_orders(orders)}")
-    out.sort(key=lambda a: (a.rank, a.start_s, a.end_s))
-    return out, comm_wait
+    return [a for actions in by_rank for a in actions], comm_wait
 
 
 def _stage_ranks(orders: Sequence[Sequence[Step]], num_stages: int) -> list[int]:
@@ -396,35 +453,6 @@ def _intersection(own: list[tuple[float, float]], others: list[tuple[float, floa
     return shared
 
 
-def _ready_time(
-    step: Step,
-    end: dict[tuple[str, int, int], float],
-    comm_f: list[float],
-    comm_b: list[float],
-    num_stages: int,
-) -> tuple[float, float] | None:
-    """When ``step`` may start, and how much of that is link time; None while a dependency is untimed."""
-    s, m = step.stage, step.microbatch
-    if step.kind == "F":
-        if s == 0:
-            return 0.0, 0.0
-        prev = end.get(("F", s - 1, m))
-        return None if prev is None else (prev + comm_f[s - 1], comm_f[s - 1])
-    if step.kind == "W":
-        own_i = end.get(("I", s, m))
-        return None if own_i is None else (own_i, 0.0)
-    own = end.get(("F", s, m))
-    if own is None:
-        return None
-    if s == num_stages - 1:
-        return own, 0.0
-    grad = end.get(("B", s + 1, m), end.get(("I", s + 1, m)))
-    if grad is None:
-        return None
-    arrival = grad + comm_b[s]
-    return (arrival, comm_b[s]) if arrival > own else (own, 0.0)
-
-
 def _peak_in_flight(orders: Sequence[Sequence[Step]], num_stages: int) -> tuple[int, ...]:
     # A stage's actions all run on one rank, in order, so its in-flight count depends only on the
     # order: +1 after each F, -1 after the action that ends the micro-batch's backward (B, or W after
@@ -441,20 +469,41 @@ def _peak_in_flight(orders: Sequence[Sequence[Step]], num_stages: int) -> tuple[
     return tuple(peak)
 
 
+@lru_cache(maxsize=32)
+def _rank_orders(
+    sched: Schedule, num_stages: int, num_microbatches: int, num_ranks: int
+) -> tuple[tuple[Step, ...], ...]:
+    """:func:`rank_orders`, kept: a plan search simulates each (schedule, stages, M, ranks) for every partition
+    it scores (up to 65,536 steps each time); the orders depend on nothing else, and are read, never changed."""
+    orders = tuple(tuple(order) for order in rank_orders(sched, num_stages, num_microbatches, num_ranks))
+    # _run indexes end times by stage * M + micro-batch: an order outside 0..M-1 would alias another action.
+    if any(not 0 <= step.microbatch < num_microbatches for order in orders for step in order):
+        raise ScheduleDeadlockError(
+            f"internal: {sched.value} orders hold a micro-batch outside 0..{num_microbatches - 1}"
+        )
+    return orders
+
+
 def in_flight_per_stage(
     sched: Schedule, num_stages: int, num_microbatches: int, num_ranks: int | None = None
 ) -> tuple[int, ...]:
     """Peak micro-batches of activations held per stage (for the memory model).
 
-    Simulated with unit times; for 1f1b it equals ``min(P - s, M)``, for gpipe ``M``. Each schedule
-    keeps its own count: zero-bubble (ZB-H1) 1F1B's, zbv and dualpipev their V's.
+    What :func:`simulate` reports as ``peak_in_flight``: it depends only on the orders (see
+    ``_peak_in_flight``), so no timing is run. For 1f1b it equals ``min(P - s, M)``, for gpipe ``M``.
+    Each schedule keeps its own count: zero-bubble (ZB-H1) 1F1B's, zbv and dualpipev their V's.
     """
+    sched = Schedule.parse(sched)
+    if not isinstance(num_microbatches, int) or num_microbatches < 1:
+        raise UsageError(f"num_microbatches = {num_microbatches!r} must be an integer >= 1")
+    if num_stages < 1:
+        raise UsageError("forward_s is empty: give one forward time per stage")
     ranks = _default_ranks(sched, num_stages) if num_ranks is None else num_ranks
-    return _in_flight(Schedule.parse(sched), num_stages, num_microbatches, ranks)
+    if not isinstance(ranks, int) or ranks < 1:
+        raise UsageError(f"num_ranks = {ranks!r} must be an integer >= 1")
+    return _peaks(sched, num_stages, num_microbatches, ranks)
 
 
-@functools.lru_cache(maxsize=256)
-def _in_flight(sched: Schedule, num_stages: int, num_microbatches: int, num_ranks: int) -> tuple[int, ...]:
-    # The count depends on the order only (see _peak_in_flight): no timing needed, and a plan search asks
-    # for the same (schedule, stages, M, ranks) once per micro-batch size and recompute choice.
-    return _peak_in_flight(rank_orders(sched, num_stages, num_microbatches, num_ranks), num_stages)
+@lru_cache(maxsize=32)
+def _peaks(sched: Schedule, num_stages: int, num_microbatches: int, num_ranks: int) -> tuple[int, ...]:
+    return _peak_in_flight(_rank_orders(sched, num_stages, num_microbatches, num_ranks), num_stages)
