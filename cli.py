@@ -16,6 +16,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from planner.errors import MAX_MESSAGE_CHARS, PipeplanError, UsageError, shorten
@@ -506,29 +507,45 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         plan = load_plan(args.plan)
         forward = [s.forward_s for s in plan.stages]
         backward = [s.backward_s for s in plan.stages]
+        split = plan.split_backward_s()
+        weight, inputs = split.get("weight_s", []), split.get("input_s", [])
         m, ranks, schedule = plan.num_microbatches, plan.num_ranks, plan.schedule
         comm_f, comm_b = plan.predicted.comm_forward_s, plan.predicted.comm_backward_s
         runtime = plan.predicted.runtime_terms()
+        v = plan.virtual_stages
     else:
         if not args.stages or not args.microbatches:
             raise UsageError("give a PLAN.json, or --stages and --microbatches for a what-if simulation")
         schedule = Schedule.parse(args.schedule or "1f1b")
-        v = args.virtual_stages if schedule is Schedule.INTERLEAVED_1F1B else 1
+        v = _what_if_virtual_stages(schedule, args.virtual_stages)
         n_stages = args.stages * v
-        forward = list(args.stage_times) if args.stage_times else [1.0] * n_stages
-        if len(forward) != n_stages:
-            raise UsageError(f"--stage-times has {len(forward)} values for {n_stages} stages")
-        backward = list(args.backward_times) if args.backward_times else [args.backward_ratio * f for f in forward]
-        if len(backward) != n_stages:
-            raise UsageError(f"--backward-times has {len(backward)} values for {n_stages} stages")
+        forward = _per_stage("--stage-times", args.stage_times, n_stages) or [1.0] * n_stages
+        backward = _per_stage("--backward-times", args.backward_times, n_stages) or [
+            args.backward_ratio * f for f in forward
+        ]
+        weight = _per_stage("--weight-times", args.weight_times, n_stages)
+        inputs = []
+        if weight:
+            # With W given, --backward-times is the input-gradient part B: the full backward is B + W.
+            inputs = backward
+            backward = [b + w for b, w in zip(backward, weight, strict=True)]
         m, ranks = args.microbatches, args.stages
         comm_f = comm_b = ()
         runtime = None
     check_simulation(len(forward), m)
     if compare:
-        check_simulation(max(len(forward), ranks * args.virtual_stages), m)
+        check_simulation(max(len(forward), ranks * max(v, args.virtual_stages or 2)), m)
     result = simulate(
-        forward, backward, m, schedule, num_ranks=ranks, comm_forward_s=comm_f, comm_backward_s=comm_b, runtime=runtime
+        forward,
+        backward,
+        m,
+        schedule,
+        num_ranks=ranks,
+        comm_forward_s=comm_f,
+        comm_backward_s=comm_b,
+        weight_s=weight,
+        input_s=inputs,
+        runtime=runtime,
     )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
@@ -541,10 +558,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"wrote {args.png}")
     if compare_png is not None:
-        results = [
-            _simulate_as(schedule, forward, backward, m, ranks, comm_f, comm_b, args.virtual_stages)
-            for schedule in compare
-        ]
+        times = _StageTimes(forward, backward, weight, inputs)
+        results = [_simulate_as(schedule, times, m, ranks, comm_f, comm_b, args.virtual_stages) for schedule in compare]
         out = compare_png
         render_comparison_png(results, out)
         if not args.json:
@@ -557,26 +572,72 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _what_if_virtual_stages(schedule: Schedule, given: int | None) -> int:
+    """Stages per rank of a what-if: 2 for the V schedules (no other), else ``--virtual-stages`` for the
+    looped multi-stage ones (default 2; 1 for zero-bubble, which is ZB-H1 with one stage per rank)."""
+    if schedule.v_shape:
+        if given not in (None, 2):
+            raise UsageError(f"--virtual-stages {given}: schedule {schedule.value} runs exactly 2 stages per rank")
+        return 2
+    if not schedule.multi_stage:
+        return 1
+    if given is not None:
+        return given
+    return 1 if schedule is Schedule.ZERO_BUBBLE else 2
+
+
+def _per_stage(option: str, values: Sequence[float] | None, n_stages: int) -> list[float]:
+    """One value per stage; a single value is every stage's."""
+    if not values:
+        return []
+    if len(values) == 1:
+        return list(values) * n_stages
+    if len(values) != n_stages:
+        raise UsageError(f"{option} has {len(values)} values for {n_stages} stages (or give one for all)")
+    return list(values)
+
+
+@dataclass(frozen=True)
+class _StageTimes:
+    forward_s: list[float]
+    backward_s: list[float]
+    weight_s: list[float]
+    input_s: list[float]
+
+
 def _simulate_as(
     schedule: Schedule,
-    forward: list[float],
-    backward: list[float],
+    times: _StageTimes,
     m: int,
     ranks: int,
     comm_f: Sequence[float],
     comm_b: Sequence[float],
-    virtual_stages: int,
+    virtual_stages: int | None,
 ):
-    """The same per-rank work under ``schedule``; interleaving cuts each rank's stage into v equal chunks."""
+    """The same per-rank work under ``schedule``: with one stage per rank given, a multi-stage schedule
+    cuts each rank's stage into v equal chunks placed as torch places them (looped or V)."""
+    from planner.schedule.orders import stage_to_rank
     from planner.schedule.simulate import simulate
 
-    if schedule is Schedule.INTERLEAVED_1F1B and len(forward) == ranks and virtual_stages > 1:
-        v = virtual_stages
-        # Looped placement: stage s runs on rank s % ranks; chunks inside a rank have no transfer time.
-        forward = [forward[s % ranks] / v for s in range(ranks * v)]
-        backward = [backward[s % ranks] / v for s in range(ranks * v)]
+    lists = [times.forward_s, times.backward_s, times.weight_s, times.input_s]
+    v = _what_if_virtual_stages(schedule, virtual_stages) if schedule.multi_stage else 1
+    if len(times.forward_s) == ranks and v > 1:
+        # Chunks inside a rank have no transfer time, so the given cuts no longer apply.
+        placement = stage_to_rank(schedule, ranks * v, ranks)
+        lists = [[x[placement[s]] / v for s in range(ranks * v)] if x else [] for x in lists]
         comm_f = comm_b = ()
-    return simulate(forward, backward, m, schedule, num_ranks=ranks, comm_forward_s=comm_f, comm_backward_s=comm_b)
+    forward, backward, weight, inputs = lists
+    return simulate(
+        forward,
+        backward,
+        m,
+        schedule,
+        num_ranks=ranks,
+        comm_forward_s=comm_f,
+        comm_backward_s=comm_b,
+        weight_s=weight,
+        input_s=inputs,
+    )
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -725,7 +786,12 @@ def _add_search_arguments(p: argparse.ArgumentParser) -> None:
         default="adam",
         help="decides the optimizer state per parameter (default adam)",
     )
-    p.add_argument("--schedule", choices=("auto", "gpipe", "1f1b", "interleaved-1f1b"), default="auto")
+    p.add_argument(
+        "--schedule",
+        choices=("auto", *(x.value for x in Schedule if x is not Schedule.NAIVE)),
+        default="auto",
+        help="auto: search every schedule torch ships (the split-backward ones when the profile measured the split)",
+    )
     p.add_argument("--micro-batch-size", type=_auto_or_positive_int, default=None, metavar="auto|N")
     p.add_argument(
         "--recompute",
@@ -968,7 +1034,9 @@ def build_parser() -> argparse.ArgumentParser:
             "and optionally a Gantt chart PNG with the bubble visible.\n\n"
             "examples:\n  pipeplan simulate gpt2.plan.json --png timeline.png\n"
             "  pipeplan simulate --stages 4 --microbatches 8 --schedule gpipe --stage-times 1,1,2,1\n"
-            "  pipeplan simulate --stages 4 --microbatches 8 --compare gpipe,1f1b,interleaved-1f1b"
+            "  pipeplan simulate --stages 4 --microbatches 8 --compare gpipe,1f1b,interleaved-1f1b\n"
+            "  pipeplan simulate --stages 4 --microbatches 8 --schedule zero-bubble --stage-times 1 \\\n"
+            "      --backward-times 1 --weight-times 1"
         ),
     )
     p.add_argument("plan", nargs="?", metavar="PLAN.json")
@@ -980,10 +1048,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--microbatches", type=_int_range(1, MAX_MICROBATCHES), default=None, help="what-if: micro-batches M"
     )
-    p.add_argument("--schedule", default=None, choices=("naive", "gpipe", "1f1b", "interleaved-1f1b"))
-    p.add_argument("--virtual-stages", type=_int_range(1, 16), default=2, help="what-if: v for interleaved-1f1b")
-    p.add_argument("--stage-times", type=_float_list, default=None, metavar="1,1,2,1", help="forward time per stage")
-    p.add_argument("--backward-times", type=_float_list, default=None, help="backward time per stage")
+    p.add_argument("--schedule", default=None, choices=[x.value for x in Schedule], help="what-if: the schedule")
+    p.add_argument(
+        "--virtual-stages",
+        type=_int_range(1, 16),
+        default=None,
+        help="what-if: stages per rank of interleaved-1f1b, looped-bfs (default 2) and zero-bubble (default 1); "
+        "zbv and dualpipev always run 2",
+    )
+    p.add_argument(
+        "--stage-times", type=_float_list, default=None, metavar="1,1,2,1", help="forward time per stage (or one)"
+    )
+    p.add_argument(
+        "--backward-times",
+        type=_float_list,
+        default=None,
+        help="backward time per stage; with --weight-times, its input-gradient part B (the full backward is B + W)",
+    )
+    p.add_argument(
+        "--weight-times",
+        type=_float_list,
+        default=None,
+        help="weight-gradient time W per stage: split-backward schedules (zero-bubble, zbv, dualpipev) run it apart; "
+        "absent, the backward stays unsplit",
+    )
     p.add_argument(
         "--backward-ratio",
         type=_positive_float,

@@ -33,6 +33,7 @@ __all__ = [
     "SHARDING",
     "DataParallel",
     "state_bytes_per_param",
+    "split_backward_times",
 ]
 
 # One-way link per pipeline hop: (bytes/s, latency s).
@@ -197,6 +198,20 @@ class UnitCosts:
     cut_bytes: tuple[int, ...]
     cut_grad_bytes: tuple[int, ...]
     input_bytes: int
+    input_s: tuple[float, ...] = ()
+    """Per unit, the input-gradient part I of the backward as torch's zero-bubble schedules run it
+    (``stage_backward_input``); empty when the profile did not measure the split."""
+    weight_s: tuple[float, ...] = ()
+    """Per unit, the weight-gradient part W (``stage_backward_weight``); empty as above."""
+    weight_grad_bytes: tuple[int, ...] = ()
+    """Per unit, the gradients I keeps alive until W (profile ``weight_grad_bytes``); empty if unmeasured."""
+
+    def held_bytes(self, split_backward: bool) -> tuple[int, ...]:
+        """Per unit, what one in-flight micro-batch holds: its saved activations, plus under a split
+        backward the gradients kept for W (counted for every in-flight micro-batch: an upper bound)."""
+        if not split_backward or not self.weight_grad_bytes:
+            return self.saved_bytes
+        return tuple(a + g for a, g in zip(self.saved_bytes, self.weight_grad_bytes, strict=True))
 
 
 def unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
@@ -206,6 +221,7 @@ def unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
     # Without an allocator peak (CPU), a unit's working memory is estimated as its output plus that
     # output's gradient: the two tensors alive at the boundary of its forward and backward.
     transient = tuple(u.peak_bytes[k] if u.peak_bytes is not None else 2 * u.output_bytes[k] for u in units)
+    split = all(u.has_split for u in units)
     return UnitCosts(
         forward_s=tuple(u.forward_s[k] for u in units),
         backward_s=tuple(u.backward_s[k] for u in units),
@@ -215,7 +231,42 @@ def unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
         cut_bytes=tuple(cut_bytes(profile, k, graph)),
         cut_grad_bytes=tuple(cut_grad_bytes(profile, k, graph)),
         input_bytes=sum(t.bytes[k] for t in profile.tensors if t.producer == -1),
+        input_s=tuple(u.backward_input_s[k] for u in units) if split else (),  # type: ignore[index]
+        weight_s=tuple(u.backward_weight_s[k] for u in units) if split else (),  # type: ignore[index]
+        weight_grad_bytes=tuple(u.weight_grad_bytes[k] if u.weight_grad_bytes else 0 for u in units) if split else (),
     )
+
+
+def split_backward_times(
+    costs: UnitCosts,
+    stage_units: list[range] | list[list[int]],
+    forward_s: list[float],
+    backward_s: list[float],
+    recompute: tuple[bool, ...],
+    speed: tuple[float, ...] = (),
+) -> tuple[list[float], list[float]]:
+    """Per stage, the split backward ``(I, W)`` of one micro-batch, as torch 2.13 runs it; ``([], [])``
+    when the profile did not measure the split (the schedules then run the backward unsplit).
+
+    A stage's I and W are its units' (docs/cost-model.md, "Split backward"); a recomputed stage re-runs
+    its forward inside I, the first backward pass. The first stage is different: torch's
+    ``PipelineStage.backward_one_chunk`` skips I for it (its input needs no gradient) and
+    ``backward_weight_one_chunk`` runs the stage's whole backward as W, so there I = 0 and W = its full
+    backward ``backward_s[0]``.
+    """
+    if not costs.weight_s:
+        return [], []
+    inputs, weights = [], []
+    for s, units in enumerate(stage_units):
+        scale = speed[s] if speed else 1.0
+        if s == 0:
+            inputs.append(0.0)
+            weights.append(backward_s[0])
+            continue
+        i = sum(costs.input_s[u] for u in units) / scale + (forward_s[s] if recompute[s] else 0.0)
+        inputs.append(i)
+        weights.append(sum(costs.weight_s[u] for u in units) / scale)
+    return inputs, weights
 
 
 def _transfer_s(num_bytes: int, settings: CostSettings) -> float:
@@ -264,6 +315,7 @@ def build_problem(
     recompute_choices: tuple[bool, ...],
     pinned: tuple[tuple[int, int], ...] = (),
     max_units_per_stage: int | None = None,
+    split_backward: bool = False,
 ) -> PartitionProblem:
     """The partition problem of ``num_stages`` stages placed on ranks by ``stage_rank``.
 
@@ -284,7 +336,7 @@ def build_problem(
         cut_bytes=costs.cut_bytes,
         input_bytes=costs.input_bytes,
         param_state_bytes=tuple(round(n * state) for n in costs.param_count),
-        saved_bytes=costs.saved_bytes,
+        saved_bytes=costs.held_bytes(split_backward),
         transient_bytes=transient,
         in_flight=in_flight,
         capacity_bytes=tuple(settings.capacity(profile, r, num_ranks) / per_rank[r] for r in stage_rank),
@@ -304,12 +356,13 @@ def stage_memory(
     *,
     in_flight: int,
     recompute: bool,
+    split_backward: bool = False,
 ) -> MemoryBreakdown:
     """Memory of a stage holding units ``first..last``: the same terms as ``solvers.problem.stage_cost``."""
     weights, grads, optim = bytes_per_param(profile.device.dtype, settings.optimizer)
     divisors = settings.data_parallel.state_divisors() if settings.data_parallel else (1, 1, 1)
     params = sum(costs.param_count[first : last + 1])
-    saved = sum(costs.saved_bytes[first : last + 1])
+    saved = sum(costs.held_bytes(split_backward)[first : last + 1])
     stage_input = costs.input_bytes if first == 0 else costs.cut_bytes[first - 1]
     activations = stage_input * in_flight + saved if recompute else saved * in_flight
     transient = max(_with_gathers(profile, costs, settings)[2][first : last + 1])

@@ -72,6 +72,18 @@ class StagePlan:
     in_flight: int
     """Micro-batches whose activations this stage holds at its peak, under the plan's schedule."""
     memory_bytes: MemoryBreakdown
+    input_s: float | None = None
+    """Split-backward schedules (zero-bubble, zbv, dualpipev) with a measured split: the input-gradient
+    action I of one micro-batch. None (absent in the file): the backward is not split."""
+    weight_s: float | None = None
+    """The weight-gradient action W, as above; both or neither."""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("input_s", "weight_s"):  # optional: absent rather than null, as in plans made before
+            if data[key] is None:
+                del data[key]
+        return data
 
 
 @dataclass(frozen=True)
@@ -216,6 +228,15 @@ class Plan:
     def stages_of_rank(self, rank: int) -> tuple[StagePlan, ...]:
         return tuple(s for s in self.stages if s.rank == rank)
 
+    def split_backward_s(self) -> dict[str, list[float]]:
+        """``simulate`` keywords for the stages' I and W (``input_s``, ``weight_s``); empty when unsplit."""
+        if any(s.input_s is None or s.weight_s is None for s in self.stages):
+            return {}
+        return {
+            "input_s": [s.input_s or 0.0 for s in self.stages],
+            "weight_s": [s.weight_s or 0.0 for s in self.stages],
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": PLAN_FORMAT,
@@ -230,7 +251,7 @@ class Plan:
             "micro_batch_size": self.micro_batch_size,
             "num_microbatches": self.num_microbatches,
             "global_batch_size": self.global_batch_size,
-            "stages": [asdict(s) for s in self.stages],
+            "stages": [s.to_dict() for s in self.stages],
             "split_points": list(self.split_points),
             "predicted": asdict(self.predicted),
             "solver": asdict(self.solver),
@@ -318,9 +339,10 @@ def _check_numbers(data: dict[str, Any]) -> None:
         )
     if p["bottleneck_stage"] >= n:
         raise _fail(f"predicted.bottleneck_stage is {p['bottleneck_stage']}, but stages are 0..{n - 1}")
-    times = [("forward_s", s["forward_s"]) for s in data["stages"]] + [
-        ("backward_s", s["backward_s"]) for s in data["stages"]
-    ]
+    times = [(k, s[k]) for k in ("forward_s", "backward_s", "input_s", "weight_s") for s in data["stages"] if k in s]
+    for s in data["stages"]:
+        if ("input_s" in s) != ("weight_s" in s):
+            raise _fail(f"stage {s['index']} has only one of input_s and weight_s: give both or neither")
     times += [(k, p[k]) for k in ("iteration_s", "formula_iteration_s")]
     per_rank = ("busy_s", "step_tail_s", "overhead_s", "comm_wait_s")
     times += [(k, x) for k in (*per_rank, "comm_forward_s", "comm_backward_s") for x in p.get(k, ())]
@@ -415,6 +437,8 @@ def plan_from_dict(data: Any) -> Plan:
             send_bytes=s["send_bytes"],
             in_flight=s["in_flight"],
             memory_bytes=MemoryBreakdown(**s["memory_bytes"]),
+            input_s=None if s.get("input_s") is None else float(s["input_s"]),
+            weight_s=None if s.get("weight_s") is None else float(s["weight_s"]),
         )
         for s in data["stages"]
     )

@@ -3,7 +3,8 @@
 For each candidate (micro-batch size b with M = B / b, schedule, virtual stages) the cost model builds
 a partition problem, an exact solver (solvers.dp or solvers.ilp) returns its best partitions for the
 declared objective, and the schedule simulator scores each of them; the plan with the shortest
-simulated iteration wins (ties: less peak memory, then the order candidates are listed in).
+simulated iteration wins; among the plans within ``NEAR_BEST`` of it, the one whose ranks are most evenly
+used, then the one with the least peak memory (then the order candidates are listed in).
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from planner.cost import CostSettings, UnitCosts, build_problem, stage_memory, step_tails, unit_costs
+from planner.cost import (
+    CostSettings,
+    UnitCosts,
+    build_problem,
+    split_backward_times,
+    stage_memory,
+    step_tails,
+    unit_costs,
+)
 from planner.errors import PlanInfeasibleError, ScheduleError, UsageError
 from planner.limits import MAX_GLOBAL_BATCH, MAX_RANKS, check_at_most
 from planner.plan import BaselinePlan, Plan, Prediction, SolverInfo, StagePlan
@@ -22,6 +31,7 @@ from planner.schedule.simulate import RuntimeTerms, SimulationResult, in_flight_
 from profiles.format import Profile
 from solvers.baselines import balanced_by_params, balanced_by_time, uniform_by_count
 from solvers.dp import solve_dp
+from solvers.even import balance_ranks, solve_even
 from solvers.ilp import solve_ilp
 from solvers.problem import PartitionProblem, PartitionSolution, evaluate, stage_cost
 
@@ -35,11 +45,24 @@ __all__ = [
     "repredicted_plan",
     "profile_sha256",
     "OBJECTIVE",
+    "NEAR_BEST",
 ]
 
 OBJECTIVE = "sum_s (c_s + k_s) + (M - 1) * max_s c_s"
-_AUTO_SCHEDULES = (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
-_VIRTUAL_STAGES = (2, 4)
+_AUTO_SCHEDULES = tuple(s for s in Schedule if s is not Schedule.NAIVE)
+_VIRTUAL_STAGES: dict[Schedule, tuple[int, ...]] = {
+    Schedule.INTERLEAVED_1F1B: (2, 4),
+    Schedule.LOOPED_BFS: (2, 4),  # with v = 1 it is GPipe's order
+    Schedule.ZERO_BUBBLE: (1, 2, 4),  # v = 1 is ZB-H1
+    Schedule.ZBV: (2,),
+    Schedule.DUALPIPEV: (2,),
+}
+"""Stages per rank the search tries for each multi-stage schedule (on more than one rank)."""
+
+NEAR_BEST = 0.01
+"""Plans simulated within this fraction of the fastest count as equally fast: among them the planner takes
+the one with the most evenly used ranks, then the least peak memory (a plan 0.1 % faster that leaves a
+rank nearly idle, or holds more activations, is not worth it: the simulator is not that exact)."""
 
 
 @dataclass(frozen=True)
@@ -122,12 +145,24 @@ def _micro_batch_sizes(profile: Profile, request: PlanRequest) -> list[int]:
 def _schedules(
     profile: Profile, request: PlanRequest, num_microbatches: int, refusals: list[str]
 ) -> list[tuple[Schedule, int]]:
-    """(schedule, virtual stages) options that torch accepts for this micro-batch count."""
+    """(schedule, virtual stages) options that torch accepts for this micro-batch count.
+
+    ``auto`` leaves out the split-backward schedules when the profile did not measure the split: their
+    advantage is the split, and guessing it would decide the plan on a guess.
+    """
+    measured = all(u.has_split for u in profile.units)
     wanted = _AUTO_SCHEDULES if request.schedule is None else (request.schedule,)
     options: list[tuple[Schedule, int]] = []
     for schedule in wanted:
-        multi = schedule is Schedule.INTERLEAVED_1F1B and request.num_ranks > 1
-        for v in _VIRTUAL_STAGES if multi else (1,):
+        if request.schedule is None and schedule.splits_backward and not measured:
+            continue
+        if schedule.v_shape:
+            counts = _VIRTUAL_STAGES[schedule]
+        elif schedule.multi_stage and request.num_ranks > 1:
+            counts = _VIRTUAL_STAGES[schedule]
+        else:
+            counts = (1,)
+        for v in counts:
             if request.num_ranks * v > profile.num_units:
                 continue
             try:
@@ -147,6 +182,23 @@ def _use_ilp(request: PlanRequest) -> bool:
     if request.solver != "auto":
         return request.solver == "ilp"
     return bool(request.settings.device_speeds or request.pinned or request.max_units_per_stage)
+
+
+def _split_times(
+    costs: UnitCosts, problem: PartitionProblem, solution: PartitionSolution, schedule: Schedule
+) -> tuple[list[float], list[float]]:
+    """Per stage ``(I, W)`` for a split-backward schedule with a measured split, else ``([], [])``."""
+    if not schedule.splits_backward:
+        return [], []
+    forward, backward = _stage_times(problem, solution)
+    return split_backward_times(
+        costs,
+        solution.stage_units(problem.num_units),
+        forward,
+        backward,
+        solution.recompute,
+        problem.speed,
+    )
 
 
 def _stage_times(problem: PartitionProblem, solution: PartitionSolution) -> tuple[list[float], list[float]]:
@@ -188,6 +240,7 @@ def _runtime_terms(
 
 
 def _simulate_partition(
+    costs: UnitCosts,
     problem: PartitionProblem,
     solution: PartitionSolution,
     schedule: Schedule,
@@ -196,6 +249,7 @@ def _simulate_partition(
 ) -> SimulationResult:
     forward, backward = _stage_times(problem, solution)
     comm_forward, comm_backward = _comm_times(problem, solution)
+    inputs, weights = _split_times(costs, problem, solution, schedule)
     return simulate(
         forward,
         backward,
@@ -204,6 +258,8 @@ def _simulate_partition(
         num_ranks=num_ranks,
         comm_forward_s=comm_forward,
         comm_backward_s=comm_backward,
+        weight_s=weights,
+        input_s=inputs,
         runtime=runtime,
     )
 
@@ -216,7 +272,13 @@ def _peak_memory(problem: PartitionProblem, solution: PartitionSolution) -> floa
 def _solve(problem: PartitionProblem, request: PlanRequest) -> list[PartitionSolution]:
     if _use_ilp(request):
         return [solve_ilp(problem, time_limit_s=request.ilp_time_limit_s)]
-    return solve_dp(problem, top_k=request.top_k)
+    solutions = solve_dp(problem, top_k=request.top_k)
+    # The most even partition under the best one's bottleneck (solvers/even.py): same objective bound,
+    # ranks more evenly used; the simulator judges it with the others.
+    even = solve_even(problem, solutions[0].bottleneck_s)
+    if even is not None and all(even.boundaries != s.boundaries for s in solutions):
+        solutions.append(even)
+    return solutions
 
 
 def _pins(profile: Profile, request: PlanRequest, virtual_stages: int) -> tuple[tuple[int, int], ...]:
@@ -255,17 +317,23 @@ def _search(profile: Profile, request: PlanRequest) -> tuple[list[Candidate], li
                 recompute_choices=_recompute_choices(request),
                 pinned=_pins(profile, request, v) if request.pinned else (),
                 max_units_per_stage=request.max_units_per_stage,
+                split_backward=schedule.splits_backward,
             )
             try:
                 solutions = _solve(problem, request)
             except PlanInfeasibleError:
                 infeasible.append(f"b={b} {schedule.value} v={v}")
                 continue
+            if v > 1 and not _use_ilp(request):
+                # Several stages per rank: balance what a rank holds, not each stage (solvers/even.py).
+                rebalanced = [balance_ranks(problem, s, stage_rank) for s in solutions]
+                known = {s.boundaries for s in solutions}
+                solutions += [r for r in rebalanced if r is not None and r.boundaries not in known]
             for solution in solutions:
                 runtime = _runtime_terms(
                     profile, costs, request.settings, problem, solution, schedule, request.num_ranks
                 )
-                simulation = _simulate_partition(problem, solution, schedule, request.num_ranks, runtime)
+                simulation = _simulate_partition(costs, problem, solution, schedule, request.num_ranks, runtime)
                 candidates.append(
                     Candidate(b, m, schedule, v, problem, solution, simulation, _peak_memory(problem, solution))
                 )
@@ -310,18 +378,31 @@ def _explain_infeasible(profile: Profile, request: PlanRequest) -> str:
     )
 
 
+def _rank_spread(simulation: SimulationResult) -> float:
+    """How unevenly the ranks compute: 1 - least busy / most busy (0: all equal; 1: a rank idle)."""
+    most = max(simulation.busy_s)
+    return 1.0 - min(simulation.busy_s) / most if most > 0 else 0.0
+
+
 def _ranked(candidates: list[Candidate]) -> list[Candidate]:
-    """Fastest simulated first; ties: less peak memory, then the order candidates were found in."""
-    order = sorted(
-        range(len(candidates)),
-        key=lambda i: (round(candidates[i].simulation.iteration_s, 12), candidates[i].peak_memory_bytes, i),
-    )
-    return [candidates[i] for i in order]
+    """Fastest simulated first, except that the plans within ``NEAR_BEST`` of the fastest come first
+    ordered by rank spread (rounded to 1 %), then peak memory, then time; then the order found in."""
+    fastest = min(c.simulation.iteration_s for c in candidates)
+
+    def key(i: int) -> tuple[object, ...]:
+        c = candidates[i]
+        time_key = round(c.simulation.iteration_s, 12)
+        if c.simulation.iteration_s <= fastest * (1 + NEAR_BEST):
+            return (0, round(_rank_spread(c.simulation), 2), c.peak_memory_bytes, time_key, i)
+        return (1, 0.0, 0.0, time_key, c.peak_memory_bytes, i)
+
+    return [candidates[i] for i in sorted(range(len(candidates)), key=key)]
 
 
 def _baseline_schedule(best: Candidate, num_ranks: int) -> Schedule:
-    """The plan's schedule when it runs one stage per rank, else torch's 1F1B (GPipe when M < P)."""
-    if best.virtual_stages == 1:
+    """The plan's schedule when it is GPipe or 1F1B, else torch's 1F1B (GPipe when M < P): the peers
+    keep the schedule they ship with."""
+    if best.schedule in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.NAIVE):
         return best.schedule
     return Schedule.ONE_F_ONE_B if best.num_microbatches >= num_ranks else Schedule.GPIPE
 
@@ -363,7 +444,7 @@ def _baselines(profile: Profile, costs: UnitCosts, best: Candidate, request: Pla
             baselines.append(BaselinePlan(name, split_points, None, fits=False, peak_memory_bytes=peak))
             continue
         runtime = _runtime_terms(profile, costs, request.settings, problem, solution, schedule, p)
-        simulation = _simulate_partition(problem, solution, schedule, p, runtime)
+        simulation = _simulate_partition(costs, problem, solution, schedule, p, runtime)
         baselines.append(BaselinePlan(name, split_points, simulation.iteration_s, True, peak))
     return baselines
 
@@ -454,6 +535,7 @@ def _plan_of(
     problem, solution, simulation = best.problem, best.solution, best.simulation
     stage_rank = stage_to_rank(best.schedule, problem.num_stages, request.num_ranks)
     forward, backward = _stage_times(problem, solution)
+    inputs, weights = _split_times(costs, problem, solution, best.schedule)
     comm_forward, comm_backward = _comm_times(problem, solution)
     stages = []
     for s, units in enumerate(solution.stage_units(problem.num_units)):
@@ -476,7 +558,10 @@ def _plan_of(
                     last,
                     in_flight=problem.in_flight[s],
                     recompute=solution.recompute[s],
+                    split_backward=best.schedule.splits_backward,
                 ),
+                input_s=inputs[s] if inputs else None,
+                weight_s=weights[s] if weights else None,
             )
         )
     split_points = tuple(profile.units[i].name for i in solution.boundaries[1:])
@@ -576,12 +661,13 @@ def predict_plan(profile: Profile, plan: Plan, settings: CostSettings) -> Simula
         in_flight=in_flight_per_stage(plan.schedule, plan.num_stages, plan.num_microbatches, plan.num_ranks),
         stage_rank=stage_rank,
         recompute_choices=(False, True),
+        split_backward=plan.schedule.splits_backward,
     )
     recompute = tuple(s.recompute for s in plan.stages)
     objective, bottleneck = evaluate(problem, boundaries, recompute)
     solution = PartitionSolution(boundaries, recompute, objective, bottleneck, solver="given")
     runtime = _runtime_terms(profile, costs, settings, problem, solution, plan.schedule, plan.num_ranks)
-    return _simulate_partition(problem, solution, plan.schedule, plan.num_ranks, runtime)
+    return _simulate_partition(costs, problem, solution, plan.schedule, plan.num_ranks, runtime)
 
 
 def repredicted_plan(profile: Profile, plan: Plan, settings: CostSettings) -> Plan:

@@ -82,6 +82,25 @@ class UnitProfile:
     """Parameter tensors the unit's stage holds (tied copies included): the optimizer pays per tensor.
     Optional (0 in profiles written before it was recorded)."""
     """Parameters this unit uses that an earlier unit already counts; a pipeline stage holds a copy."""
+    backward_input_s: tuple[float, ...] | None = None
+    """The backward split as zero-bubble schedules run it: I, torch's ``stage_backward_input`` (input
+    gradients; 0 for a unit whose inputs need none). Optional: None in profiles made before it."""
+    backward_weight_s: tuple[float, ...] | None = None
+    """W, torch's ``stage_backward_weight`` after I (weight gradients). Optional, as above."""
+    weight_grad_bytes: tuple[int, ...] | None = None
+    """Gradients I keeps alive for W beyond the saved activations (which the kept graph also holds)."""
+
+    @property
+    def has_split(self) -> bool:
+        """True when the profile measured the I/W split of this unit's backward."""
+        return self.backward_input_s is not None and self.backward_weight_s is not None
+
+    def weight_share(self, size_index: int) -> float:
+        """W / (I + W) at one size: the part of ``backward_s`` a split schedule runs as W (0 unmeasured)."""
+        if not self.has_split:
+            return 0.0
+        i, w = self.backward_input_s[size_index], self.backward_weight_s[size_index]  # type: ignore[index]
+        return w / (i + w) if i + w > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -160,7 +179,15 @@ class Profile:
         settings = data.pop("settings")
         if data["piece_overhead"] is None:  # an optional field: absent, as in profiles made before it
             del data["piece_overhead"]
+        for unit in data["units"]:
+            for key in _OPTIONAL_PER_SIZE:
+                if unit[key] is None:
+                    del unit[key]
         return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, **data, "settings": settings}
+
+
+_OPTIONAL_PER_SIZE = ("backward_input_s", "backward_weight_s", "weight_grad_bytes")
+"""Per-size unit fields that version 1 gained later: absent in older profiles, ignored by older readers."""
 
 
 @cache
@@ -198,11 +225,14 @@ def _check_meaning(data: dict[str, Any]) -> None:
         if name in seen:
             raise _fail(f"units[{seen[name]}] and units[{i}] are both named {shorten(name)}: unit names must be unique")
         seen[name] = i
-        for key in per_size + (("peak_bytes",) if unit.get("peak_bytes") is not None else ()):
+        optional = tuple(k for k in ("peak_bytes", *_OPTIONAL_PER_SIZE) if unit.get(k) is not None)
+        for key in per_size + optional:
             if len(unit[key]) != n_sizes:
                 raise _fail(f"units[{i}].{key} has {len(unit[key])} values, micro_batch_sizes has {n_sizes}")
-        for key in ("forward_s", "backward_s"):
-            if any(t > MAX_SECONDS for t in unit[key]):
+        if ("backward_input_s" in unit) != ("backward_weight_s" in unit):
+            raise _fail(f"units[{i}] has only one of backward_input_s and backward_weight_s: give both or neither")
+        for key in ("forward_s", "backward_s", "backward_input_s", "backward_weight_s"):
+            if any(t > MAX_SECONDS for t in unit.get(key, ())):
                 raise _fail(
                     f"units[{i}].{key} holds {max(unit[key]):.3g} s, over pipeplan's limit of {MAX_SECONDS:.0e} s"
                 )
@@ -235,6 +265,10 @@ def _validate(data: Any) -> None:
     _check_meaning(data)
 
 
+def _floats(values: list[float] | None) -> tuple[float, ...] | None:
+    return None if values is None else tuple(float(x) for x in values)
+
+
 def profile_from_dict(data: Any) -> Profile:
     """Validate ``data`` (parsed JSON) and build a :class:`Profile`; raise :class:`ProfileError`."""
     _validate(data)
@@ -253,6 +287,9 @@ def profile_from_dict(data: Any) -> Profile:
             tied_params=tuple(u.get("tied_params", ())),
             tied_param_count=u.get("tied_param_count", 0),
             param_tensor_count=u.get("param_tensor_count", 0),
+            backward_input_s=_floats(u.get("backward_input_s")),
+            backward_weight_s=_floats(u.get("backward_weight_s")),
+            weight_grad_bytes=None if u.get("weight_grad_bytes") is None else tuple(u["weight_grad_bytes"]),
         )
         for u in data["units"]
     )

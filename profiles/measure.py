@@ -4,6 +4,12 @@ Each piece runs in isolation on its real captured inputs: a probe iteration (sav
 bytes, output bytes, CUDA peak), warm-up iterations, then ``repeats`` timed iterations of which the
 median is kept. Forward and backward are timed in the same iteration, separately; on CUDA the
 device is synchronised around each timer.
+
+Each timed iteration is followed by one with the backward split the way the zero-bubble schedules run
+it: torch's own ``stage_backward_input`` (I: the input gradients; it keeps the autograd graph and the
+gradients at the parameter groups' boundaries) then ``stage_backward_weight`` (W: the weight gradients
+from those kept gradients). A piece whose inputs need no gradient has no I: torch's first stage runs its
+whole backward as W, and so is it timed here.
 """
 
 from __future__ import annotations
@@ -33,6 +39,13 @@ class PieceMeasurement:
     saved_bytes: int
     peak_bytes: int | None
     """CUDA only: allocator peak of one forward+backward above what was allocated before it."""
+    backward_input_s: float = 0.0
+    """I: ``stage_backward_input`` alone (0 when no input needs a gradient)."""
+    backward_weight_s: float = 0.0
+    """W: ``stage_backward_weight`` after it (the whole backward when no input needs a gradient)."""
+    weight_grad_bytes: int = 0
+    """Gradients ``stage_backward_input`` keeps for W (at the parameter groups' boundaries), W's own memory
+    on top of the saved activations, which the kept graph also holds until W."""
 
 
 def _sync(device: torch.device) -> None:
@@ -158,6 +171,30 @@ def measure_piece(
         if roots:
             torch.autograd.backward(roots, root_grads)
 
+    def split_backward(roots: list[torch.Tensor], root_grads: list[torch.Tensor | None]) -> tuple[float, float, int]:
+        from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+        if not roots:
+            return 0.0, 0.0, 0
+        inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+        _sync(device)
+        t0 = time.perf_counter()
+        if not inputs:
+            backward(roots, root_grads)
+            _sync(device)
+            return 0.0, time.perf_counter() - t0, 0
+        # stage_backward_input detaches its outputs in place, which torch refuses for a view.
+        roots = [r.clone() if r._is_view() else r for r in roots]
+        t0 = time.perf_counter()
+        _, groups = stage_backward_input(roots, root_grads, inputs, module.parameters())
+        _sync(device)
+        t1 = time.perf_counter()
+        kept_grads = [g for group in groups for grads in group.get("grads") or () for g in grads or ()]
+        kept = sum(tensor_bytes(g) for g in kept_grads if g is not None)
+        stage_backward_weight(module.parameters(), groups)
+        _sync(device)
+        return t1 - t0, time.perf_counter() - t1, kept
+
     def clear_grads() -> None:
         for a in args:
             if isinstance(a, torch.Tensor):
@@ -183,7 +220,8 @@ def measure_piece(
     for _ in range(max(warmup - 1, 0)):  # the probe was the first warm-up iteration
         roots, root_grads, _out = forward()
         backward(roots, root_grads)
-    forward_times, backward_times = [], []
+    forward_times, backward_times, input_times, weight_times = [], [], [], []
+    kept_bytes = 0
     for _ in range(repeats):
         _sync(device)
         t0 = time.perf_counter()
@@ -195,6 +233,10 @@ def measure_piece(
         t2 = time.perf_counter()
         forward_times.append(t1 - t0)
         backward_times.append(t2 - t1)
+        roots, root_grads, _out = forward()
+        i_s, w_s, kept_bytes = split_backward(roots, root_grads)
+        input_times.append(i_s)
+        weight_times.append(w_s)
     del _out
     clear_grads()
     return PieceMeasurement(
@@ -203,4 +245,7 @@ def measure_piece(
         output_bytes=output_bytes,
         saved_bytes=hooks.total_bytes,
         peak_bytes=peak,
+        backward_input_s=statistics.median(input_times) if roots else 0.0,
+        backward_weight_s=statistics.median(weight_times) if roots else 0.0,
+        weight_grad_bytes=kept_bytes,
     )

@@ -384,6 +384,9 @@ def profile_model(
             tied_params=ownership[i][2],
             tied_param_count=ownership[i][3],
             param_tensor_count=ownership[i][4],
+            backward_input_s=tuple(m[i].backward_input_s for m in per_size),
+            backward_weight_s=tuple(m[i].backward_weight_s for m in per_size),
+            weight_grad_bytes=tuple(m[i].weight_grad_bytes for m in per_size),
         )
         for i, name in enumerate(unit_names)
     )

@@ -88,6 +88,8 @@ def median_measurement(samples: Sequence[PieceMeasurement]) -> PieceMeasurement:
         samples[0],
         forward_s=statistics.median(m.forward_s for m in samples),
         backward_s=statistics.median(m.backward_s for m in samples),
+        backward_input_s=statistics.median(m.backward_input_s for m in samples),
+        backward_weight_s=statistics.median(m.backward_weight_s for m in samples),
     )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from planner.plan import MemoryBreakdown, Plan, Prediction, SolverInfo, StagePlan
-from planner.schedule.orders import Schedule
+from planner.schedule.orders import Schedule, stage_to_rank
 from profiles.fingerprint import model_fingerprint
 from profiles.workload import Workload
 
@@ -26,7 +26,8 @@ def make_plan(
     backward_s: float = 2e-3,
     iteration_s: float = 0.05,
 ) -> Plan:
-    """A valid plan cutting ``workload`` before ``split_points``; stage s on rank s % num_ranks.
+    """A valid plan cutting ``workload`` before ``split_points``, stages placed as torch places them for
+    ``schedule`` (looped: stage s on rank s % num_ranks; zbv/dualpipev: in a V).
 
     The predicted times are placeholders (``forward_s``, ``backward_s`` per stage), not a search result.
     """
@@ -35,10 +36,11 @@ def make_plan(
     bounds = [0, *cuts, len(units)]
     n = len(bounds) - 1
     memory = MemoryBreakdown(params=0, grads=0, optimizer=0, activations=0, transient=0, peak=0)
+    placement = stage_to_rank(Schedule.parse(schedule), n, num_ranks)
     stages = tuple(
         StagePlan(
             index=s,
-            rank=s % num_ranks,
+            rank=placement[s],
             units=tuple(units[bounds[s] : bounds[s + 1]]),
             recompute=bool(recompute[s]) if recompute else False,
             forward_s=forward_s,

@@ -16,6 +16,15 @@ def chain_tensors(n: int, nbytes: Sequence[int]) -> list[TensorFlow]:
     return tensors
 
 
+def _split(backward: float, share: float, per_size) -> dict[str, tuple]:  # type: ignore[no-untyped-def]
+    weights = per_size(backward * share)
+    return {
+        "backward_input_s": per_size(backward * (1 - share)),
+        "backward_weight_s": weights,
+        "weight_grad_bytes": tuple(64 * (k + 1) for k in range(len(weights))),
+    }
+
+
 def make_profile(
     forward_s: Sequence[float],
     backward_s: Sequence[float] | None = None,
@@ -27,8 +36,13 @@ def make_profile(
     tensors: Sequence[TensorFlow] | None = None,
     memory_bytes: int = 64 * 1024**3,
     scale_with_size: bool = True,
+    weight_share: float | None = None,
 ) -> Profile:
-    """A profile whose unit k has forward ``forward_s[k] * b`` at micro-batch size b (when scaling)."""
+    """A profile whose unit k has forward ``forward_s[k] * b`` at micro-batch size b (when scaling).
+
+    With ``weight_share`` the backward split is measured too: W = share x backward, I = the rest (the
+    first unit, whose input needs no gradient, all W), and I keeps 64 bytes of gradients per sample.
+    """
     n = len(forward_s)
     backward = list(backward_s) if backward_s is not None else [2 * f for f in forward_s]
     params = list(param_counts) if param_counts is not None else [1000] * n
@@ -48,6 +62,7 @@ def make_profile(
             flops=tuple(1000 * b for b in sizes),
             output_bytes=tuple(activation_bytes * b for b in sizes),
             saved_bytes=tuple(saved[k] * b for b in sizes),
+            **(_split(backward[k], weight_share if k else 1.0, per_size) if weight_share is not None else {}),
         )
         for k in range(n)
     )

@@ -155,3 +155,46 @@ def test_simulate_compare_interleaves_each_rank_into_chunks(tmp_path, capsys):
     assert any("1f1b: iteration 22 s" in line and "interleaved" not in line for line in lines)
     assert any("interleaved-1f1b: iteration 19 s" in line for line in lines)
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("schedule", "expected"),
+    [("1f1b", 33.0), ("zero-bubble", 27.0), ("looped-bfs", 57.0), ("zbv", 51.0), ("dualpipev", 51.0)],
+)
+def test_simulate_what_if_with_weight_times(capsys, schedule, expected):
+    # The what-if: F = B = W = 1 per stage (B the input gradient, so the full backward is 2);
+    # looped-bfs, zbv and dualpipev run 2 stages per rank, twice the work per rank.
+    argv = ["simulate", "--stages", "4", "--microbatches", "8", "--schedule", schedule, "--json"]
+    assert main([*argv, "--stage-times", "1", "--backward-times", "1", "--weight-times", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["iteration_s"] == pytest.approx(expected)
+
+
+def test_simulate_compare_splits_each_rank_into_a_v(capsys, tmp_path):
+    argv = ["simulate", "--stages", "4", "--microbatches", "8", "--stage-times", "1", "--backward-times", "1"]
+    argv += ["--weight-times", "1", "--compare", "1f1b,zero-bubble,zbv,dualpipev"]
+    argv += ["--compare-png", str(tmp_path / "c.png")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    # The same per-rank work: ZB-H1 27 (bubble (P - 1)(F + B - W) = 3), the V schedules 25.5.
+    for name, iteration in (("zero-bubble", "27 s"), ("zbv", "25.5 s"), ("dualpipev", "25.5 s")):
+        assert any(line.strip().startswith(f"{name}: iteration {iteration}") for line in out.splitlines()), out
+
+
+def test_simulate_v_schedule_takes_two_stages_per_rank(capsys):
+    argv = ["simulate", "--stages", "2", "--microbatches", "4", "--schedule", "zbv", "--virtual-stages", "3"]
+    assert_fails(capsys, argv, "runs exactly 2 stages per rank")
+
+
+def test_simulate_reproduces_a_split_backward_plan(tmp_path, capsys):
+    profile = tmp_path / "p.json"
+    save_profile(make_profile([1.0, 2.0, 1.0, 3.0], weight_share=0.4), profile)
+    out = tmp_path / "plan.json"
+    argv = ["plan", str(profile), "--stages", "2", "--global-batch", "4", "--schedule", "zbv", "--out", str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    stages = json.loads(out.read_text())["stages"]
+    assert [s["rank"] for s in stages] == [0, 1, 1, 0] and all("weight_s" in s for s in stages)
+    assert main(["simulate", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["iteration_s"] == pytest.approx(json.loads(out.read_text())["predicted"]["iteration_s"])
+    assert {a["kind"] for a in result["actions"]} >= {"F", "I", "W"}

@@ -79,9 +79,11 @@ def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]
 def originals(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
     folder = tmp_path_factory.mktemp("fuzz")
     profile = folder / "p.json"
-    save_profile(make_profile([1.0, 2.0, 1.0, 3.0, 1.0, 2.0], sizes=(1, 2)), profile)
+    # With the I/W split measured, so that the mutations reach those fields and the plan's stage I/W.
+    save_profile(make_profile([1.0, 2.0, 1.0, 3.0, 1.0, 2.0], sizes=(1, 2), weight_share=0.5), profile)
     plan = folder / "plan.json"
-    assert main(["plan", str(profile), "--stages", "2", "--global-batch", "4", "--out", str(plan)]) == 0
+    argv = ["plan", str(profile), "--stages", "2", "--global-batch", "4", "--schedule", "zero-bubble"]
+    assert main([*argv, "--out", str(plan)]) == 0
     return json.loads(profile.read_text()), json.loads(plan.read_text())
 
 

@@ -94,3 +94,59 @@ def test_ilp_is_used_for_heterogeneous_devices():
     assert plan.solver.name == "ilp"
     # The twice-as-fast rank takes twice the units.
     assert len(plan.stages[0].units) == 4
+
+
+def test_measured_split_makes_the_zero_bubble_schedules_win():
+    # Equal units, b = 2 f with W = half of b: the split schedules fill the 1F1B bubble with W.
+    profile = make_profile([1.0] * 8, weight_share=0.5)
+    plan = _plan(profile, num_ranks=4, global_batch_size=8, recompute="off")
+    assert plan.schedule.splits_backward
+    one = _plan(profile, num_ranks=4, global_batch_size=8, recompute="off", schedule="1f1b")
+    assert plan.predicted.iteration_s < one.predicted.iteration_s
+    # Each stage carries its I and W; the first stage runs its whole backward as W (torch skips its I).
+    assert all(s.input_s is not None and s.weight_s is not None for s in plan.stages)
+    assert plan.stages[0].input_s == 0.0 and plan.stages[0].weight_s == plan.stages[0].backward_s
+    # The peers keep their 1F1B.
+    assert all(b.name.endswith("1f1b") for b in plan.baselines)
+
+
+def test_without_a_measured_split_auto_leaves_the_split_schedules_out():
+    plan = _plan(make_profile([1.0] * 8), num_ranks=4, global_batch_size=8, recompute="off")
+    assert not plan.schedule.splits_backward
+    # Asked for by name, zero-bubble runs with the backward unsplit: no I/W in the plan.
+    zb = _plan(make_profile([1.0] * 8), num_ranks=4, global_batch_size=8, recompute="off", schedule="zero-bubble")
+    assert all(s.weight_s is None for s in zb.stages)
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_v_schedules_plan_in_a_v(schedule):
+    plan = _plan(make_profile([1.0] * 8, weight_share=0.5), num_ranks=2, global_batch_size=8, schedule=schedule)
+    assert plan.num_stages == 4 and plan.virtual_stages == 2
+    assert [s.rank for s in plan.stages] == [0, 1, 1, 0]
+
+
+def test_near_best_prefers_evenly_used_ranks():
+    from planner.search import Candidate, _ranked
+
+    def candidate(iteration_s, busy, peak):
+        sim = simulate([1.0, 1.0], [1.0, 1.0], 2, "gpipe")
+        sim = type(sim)(**{**sim.__dict__, "iteration_s": iteration_s, "busy_s": busy})
+        return Candidate(1, 2, sim.schedule, 1, None, None, sim, peak)  # type: ignore[arg-type]
+
+    lopsided = candidate(10.0, (9.0, 0.1), 1.0)
+    even = candidate(10.05, (8.0, 8.0), 2.0)
+    even_small = candidate(10.08, (8.0, 8.0), 1.5)
+    slow = candidate(12.0, (5.0, 5.0), 0.5)
+    ranked = _ranked([lopsided, even, even_small, slow])
+    assert ranked == [even_small, even, lopsided, slow]
+
+
+def test_split_schedules_count_the_gradients_kept_for_w():
+    profile = make_profile([1.0] * 4, weight_share=0.5, saved_bytes=[1000] * 4)
+    zb = _plan(profile, num_ranks=2, global_batch_size=4, recompute="off", schedule="zero-bubble")
+    one = _plan(profile, num_ranks=2, global_batch_size=4, recompute="off", schedule="1f1b")
+    # 64 bytes kept per unit and micro-batch at size 1, for every micro-batch in flight (upper bound).
+    for z in zb.stages:
+        assert z.memory_bytes.activations == (1000 + 64) * len(z.units) * z.in_flight
+    for o in one.stages:
+        assert o.memory_bytes.activations == 1000 * len(o.units) * o.in_flight

@@ -241,3 +241,56 @@ def test_dp_is_deterministic():
         return [(s.boundaries, s.recompute, s.objective_s) for s in sols]
 
     assert key(solve_dp(problem, top_k=3)) == key(solve_dp(problem, top_k=3))
+
+
+def test_even_matches_enumeration_and_keeps_the_dp_bottleneck():
+    # solve_even against enumerating every partition: least sum of squared stage compute among those
+    # within the DP's bottleneck that fit; and it never worsens the objective's bottleneck term.
+    import itertools
+
+    from solvers.even import solve_even
+    from solvers.problem import stage_cost
+
+    checked = 0
+    for seed in range(200):
+        problem = random_problem(seed)
+        dp = solve_or_none(lambda p: solve_dp(p)[0], problem)
+        if dp is None:
+            continue
+        even = solve_even(problem, dp.bottleneck_s)
+        n, p = problem.num_units, problem.num_stages
+        flag = False not in problem.recompute_choices
+        best = math.inf
+        for cuts in itertools.combinations(range(1, n), p - 1):
+            bounds = (0, *cuts)
+            spans = enumerate(zip(bounds, (*cuts, n), strict=True))
+            costs = [stage_cost(problem, s, a, b - 1, flag) for s, (a, b) in spans]
+            if all(c.feasible and c.compute_s <= dp.bottleneck_s * (1 + 1e-9) for c in costs):
+                best = min(best, sum(c.compute_s**2 for c in costs))
+        # One recompute flag for every stage, so the DP's own (mixed) partition may not qualify.
+        assert (even is None) == (best == math.inf)
+        if even is None:
+            continue
+        check_partition(problem, even)
+        assert even.bottleneck_s <= dp.bottleneck_s * (1 + 1e-9)
+        got = sum(stage_cost(problem, s, r[0], r[-1], flag).compute_s ** 2 for s, r in enumerate(even.stage_units(n)))
+        assert got == pytest.approx(best, rel=1e-9, abs=1e-12)
+        checked += 1
+    assert checked > 100
+
+
+def test_balance_ranks_pairs_a_small_first_stage_with_a_large_last_one():
+    from solvers.even import balance_ranks
+
+    # A V on 2 ranks: rank 0 holds stages 0 and 3, rank 1 stages 1 and 2. The last unit weighs 6.
+    problem = PartitionProblem(forward_s=(1.0,) * 7 + (6.0,), backward_s=(0.0,) * 8, num_stages=4, num_microbatches=4)
+    start = PartitionSolution((0, 2, 4, 6), (False,) * 4, *evaluate(problem, (0, 2, 4, 6), (False,) * 4), "given")
+    # Rank loads: rank 0 = 2 + 7 = 9, rank 1 = 2 + 2 = 4.
+    better = balance_ranks(problem, start, (0, 1, 1, 0))
+    assert better is not None
+    check_partition(problem, better)
+    loads = [0.0, 0.0]
+    for s, r in enumerate(better.stage_units(8)):
+        loads[(0, 1, 1, 0)[s]] += sum(problem.forward_s[u] for u in r)
+    assert max(loads) == 7.0  # optimal: rank 0 holds the 6 and stage 0 (at least one unit)
+    assert balance_ranks(problem, start, (0, 1, 2, 3)) is None  # one stage per rank: nothing to pair

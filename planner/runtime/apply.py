@@ -31,7 +31,7 @@ from torch.utils.checkpoint import checkpoint
 from planner.errors import ModelMismatchError, PlanFormatError, ScheduleError
 from planner.plan import Plan
 from planner.runtime.failure import mark_stage
-from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule
+from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule, stage_to_rank
 from profiles.dataflow import run_as_generated_code
 from profiles.fingerprint import model_fingerprint
 from profiles.workload import as_tuple
@@ -72,6 +72,10 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
+def _not_a_view(value: Any) -> Any:
+    return value.clone() if _needs_grad(value) and value._is_view() else value
+
+
 class StageModule(nn.Module):
     """One pipeline stage: the traced piece ``inner`` plus the relaying of values later stages read.
 
@@ -109,8 +113,12 @@ class StageModule(nn.Module):
         if self.final:
             return out
         outs = out if self.tuple_output else (out,)
-        # gloo sends only contiguous tensors (a getitem or slice may not be).
-        result = tuple((carried[i] if kind == "in" else outs[i]).contiguous() for kind, i in self.out_sources)
+        # gloo sends only contiguous tensors (a getitem or slice may not be). The split-backward schedules'
+        # stage_backward_input detaches every stage output in place, which torch refuses for a view (a
+        # relayed value needing a gradient is one, through _ContiguousGrad): such an output is a copy.
+        result = tuple(
+            _not_a_view((carried[i] if kind == "in" else outs[i]).contiguous()) for kind, i in self.out_sources
+        )
         return result[0] if len(result) == 1 else result
 
     def original_named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
@@ -416,12 +424,15 @@ def _stage_io_examples(
 
 def _check_placement(plan: Plan) -> Schedule:
     sched = plan.schedule
-    expected = tuple(s % plan.num_ranks for s in range(plan.num_stages))
+    # Looped (stage s on rank s % R) or, for zbv/dualpipev, V (rank r: stages r and 2R-1-r): torch's
+    # classes derive the placement from the schedule, so the plan's must be the same.
+    expected = stage_to_rank(sched, plan.num_stages, plan.num_ranks)
     actual = tuple(s.rank for s in plan.stages)
     if actual != expected:
+        where = "in a V" if sched.v_shape else f"stage s on rank s % {plan.num_ranks}"
         raise ScheduleError(
-            f"plan places stages on ranks {list(actual)}; torch's {sched.value} schedule needs stage s on rank "
-            f"s % {plan.num_ranks}: {list(expected)}"
+            f"plan places stages on ranks {list(actual)}; torch's {sched.value} schedule needs {where}: "
+            f"{list(expected)}"
         )
     return sched
 

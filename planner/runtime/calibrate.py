@@ -340,6 +340,9 @@ def _overheads(
                     num_ranks=world,
                     comm_forward_s=[transfer_s] * (n - 1),
                     comm_backward_s=[transfer_s] * (n - 1),
+                    # The stages are one square Linear: its input and weight gradients are one matmul of
+                    # the same size each, so I = W = B / 2 by construction (not a guess about a model).
+                    weight_s=[backward_s / 2] * n if schedule.splits_backward else (),
                     runtime=RuntimeTerms(action_overhead_s=o),
                 ).iteration_s
 

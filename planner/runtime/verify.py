@@ -409,6 +409,7 @@ def verify_plan(
         with _deadline(timeout_s):
             result = replay_plan(plan, local, steps=steps, warmup=warmup, device=device, keep_grads=check_numerics)
         fwd, bwd = list(result.forward_s), list(result.backward_s)
+        sim_kwargs.update(_replayed_split(plan, bwd))
         # Replay measures compute alone; the runtime terms (overhead, step tail, co-location) stay the plan's.
         sim = simulate(
             fwd,
@@ -500,6 +501,20 @@ def _deadline(timeout_s: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _replayed_split(plan: Plan, backward_s: list[float]) -> dict[str, Any]:
+    """Replay runs each backward whole; a split-backward plan's I and W are its measured backward cut in
+    the plan's proportions (so the simulation keeps the schedule's W filling its bubble)."""
+    if not plan.schedule.splits_backward or any(s.input_s is None or s.weight_s is None for s in plan.stages):
+        return {}
+    inputs, weights = [], []
+    for stage, b in zip(plan.stages, backward_s, strict=True):
+        total = (stage.input_s or 0.0) + (stage.weight_s or 0.0)
+        share = (stage.weight_s or 0.0) / total if total > 0 else 0.0
+        inputs.append(b * (1 - share))
+        weights.append(b * share)
+    return {"input_s": inputs, "weight_s": weights}
 
 
 def _comm_kwargs(plan: Plan) -> dict[str, Any]:

@@ -17,11 +17,18 @@ Schedule               torch class                        placement / micro-batc
                                                           M % max(1, M // R) == 0
 ``zero-bubble``        ``ScheduleInterleavedZeroBubble``  looped like interleaved (any v >= 1),
                                                           M % max(1, M // R) == 0
+``looped-bfs``         ``ScheduleLoopedBFS``              looped (any v >= 1), M >= 1
+``zbv``                ``ScheduleZBVZeroBubble``          V (rank r: stages r and 2R-1-r), v = 2,
+                                                          M >= 1
+``dualpipev``          ``ScheduleDualPipeV``              V, v = 2, M >= 2R (the number of stages)
 =====================  ================================  ==========================================
 
-``zero-bubble`` is torch's ZB1P (``ScheduleInterleavedZeroBubble``), chosen over ``ScheduleZBVZeroBubble``
-because it takes the same looped placement as interleaved-1f1b, runs with one stage per rank as well
-as several, and runs on gloo with traced stages (``ScheduleZBVZeroBubble`` needs manual stages there).
+``zero-bubble`` is torch's ZB1P (``ScheduleInterleavedZeroBubble``, Qi et al., ICLR 2024): with one stage
+per rank it is ZB-H1. ``zbv`` is the paper's ZB-V (section 6); ``dualpipev`` is DeepSeek-V3's DualPipe
+folded into a V (torch's port of deepseek-ai/DualPipe). The three split the backward into ``I`` (input
+gradient) and ``W`` (weight gradient) and run ``W`` later to fill the bubble; ``dualpipev`` also runs
+full backwards ``B`` and pairs a forward with a backward (torch's ``OVERLAP_F_B``, executed as the
+forward then the backward: :func:`rank_orders` lists the two).
 """
 
 from __future__ import annotations
@@ -56,6 +63,9 @@ class Schedule(str, Enum):
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED_1F1B = "interleaved-1f1b"
     ZERO_BUBBLE = "zero-bubble"
+    LOOPED_BFS = "looped-bfs"
+    ZBV = "zbv"
+    DUALPIPEV = "dualpipev"
 
     @classmethod
     def parse(cls, text: str | Schedule) -> Schedule:
@@ -75,8 +85,24 @@ class Schedule(str, Enum):
 
     @property
     def multi_stage(self) -> bool:
-        """True when a rank may hold several stages (looped placement)."""
-        return self in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE)
+        """True when a rank may hold several stages (torch's multi-stage classes, which take a list)."""
+        return self in (
+            Schedule.INTERLEAVED_1F1B,
+            Schedule.ZERO_BUBBLE,
+            Schedule.LOOPED_BFS,
+            Schedule.ZBV,
+            Schedule.DUALPIPEV,
+        )
+
+    @property
+    def v_shape(self) -> bool:
+        """True for the V placement: exactly two stages per rank, rank r holds stages r and 2R-1-r."""
+        return self in (Schedule.ZBV, Schedule.DUALPIPEV)
+
+    @property
+    def splits_backward(self) -> bool:
+        """True when the schedule runs the weight gradient W apart from the input gradient I."""
+        return self in (Schedule.ZERO_BUBBLE, Schedule.ZBV, Schedule.DUALPIPEV)
 
     def __str__(self) -> str:
         return self.value
@@ -88,6 +114,9 @@ TORCH_SCHEDULE_CLASS: Mapping[Schedule, str] = {
     Schedule.ONE_F_ONE_B: "Schedule1F1B",
     Schedule.INTERLEAVED_1F1B: "ScheduleInterleaved1F1B",
     Schedule.ZERO_BUBBLE: "ScheduleInterleavedZeroBubble",
+    Schedule.LOOPED_BFS: "ScheduleLoopedBFS",
+    Schedule.ZBV: "ScheduleZBVZeroBubble",
+    Schedule.DUALPIPEV: "ScheduleDualPipeV",
 }
 """Name of the class in ``torch.distributed.pipelining`` that runs each schedule."""
 
@@ -128,9 +157,14 @@ def virtual_stages(sched: Schedule, num_stages: int, num_ranks: int) -> int:
         if num_stages != num_ranks:
             raise ScheduleError(
                 f"schedule {sched.value} runs one stage per rank (stages: {num_stages}, ranks: {num_ranks}); "
-                f"use interleaved-1f1b or zero-bubble for several stages per rank"
+                f"use interleaved-1f1b, zero-bubble, looped-bfs, zbv or dualpipev for several stages per rank"
             )
         return 1
+    if sched.v_shape and num_stages != 2 * num_ranks:
+        raise ScheduleError(
+            f"schedule {sched.value} runs exactly 2 stages per rank in a V (stages: {num_stages}, ranks: "
+            f"{num_ranks}); use {2 * num_ranks} stages"
+        )
     if num_stages % num_ranks != 0:
         raise ScheduleError(
             f"schedule {sched.value} needs the number of stages to be a multiple of the number of ranks "
@@ -140,18 +174,22 @@ def virtual_stages(sched: Schedule, num_stages: int, num_ranks: int) -> int:
 
 
 def stage_to_rank(schedule: Schedule, num_stages: int, num_ranks: int) -> tuple[int, ...]:
-    """The rank holding each stage: stage ``s`` on rank ``s % num_ranks`` (torch's looped placement)."""
+    """The rank holding each stage: stage ``s`` on rank ``s % num_ranks`` (torch's looped placement), or
+    for the V schedules rank ``r`` holding stages ``r`` and ``2R-1-r`` (torch's ``style="v"``)."""
     virtual_stages(schedule, num_stages, num_ranks)
+    if schedule.v_shape:
+        return tuple(s if s < num_ranks else num_stages - 1 - s for s in range(num_stages))
     return tuple(s % num_ranks for s in range(num_stages))
 
 
 def min_microbatches(sched: Schedule, num_ranks: int, virtual_stages: int = 1) -> int:
     """The fewest micro-batches torch's class for ``schedule`` accepts.
 
-    ``1f1b``: torch's ``Schedule1F1B`` refuses fewer micro-batches than stages. The looped schedules
-    accept any M >= 1 for which ``M % max(1, M // num_ranks) == 0`` (see :func:`check_microbatches`).
+    ``1f1b``: torch's ``Schedule1F1B`` refuses fewer micro-batches than stages, and ``dualpipev`` fewer
+    than its ``2 * num_ranks`` stages. Interleaved-1f1b and zero-bubble accept any M >= 1 for which
+    ``M % max(1, M // num_ranks) == 0`` (see :func:`check_microbatches`); looped-bfs and zbv any M >= 1.
     """
-    if sched is Schedule.ONE_F_ONE_B:
+    if sched in (Schedule.ONE_F_ONE_B, Schedule.DUALPIPEV):
         return num_ranks * virtual_stages
     return 1
 
@@ -172,7 +210,7 @@ def check_microbatches(sched: Schedule, num_ranks: int, virtual_stages: int, num
         raise ScheduleError(
             f"schedule {sched.value} needs at least as many micro-batches as stages (micro-batches: {m}, stages: {low})"
         )
-    if sched.multi_stage:
+    if sched in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE):
         rounds = _rounds(m, num_ranks)
         if m % rounds != 0:
             ok = [k for k in range(max(1, m - num_ranks), m + num_ranks + 1) if k % _rounds(k, num_ranks) == 0]
@@ -212,6 +250,12 @@ def rank_orders(
         return [[Step(r, i, "F") for i in range(m)] + [Step(r, i, "B") for i in range(m)] for r in range(ranks)]
     if sched is Schedule.ONE_F_ONE_B:
         return [_one_f_one_b(r, ranks, m) for r in range(ranks)]
+    if sched is Schedule.LOOPED_BFS:
+        return [_looped_bfs(r, ranks, v, m) for r in range(ranks)]
+    if sched is Schedule.ZBV:
+        return [_zbv(r, ranks, m) for r in range(ranks)]
+    if sched is Schedule.DUALPIPEV:
+        return [_dualpipev(r, ranks, m) for r in range(ranks)]
     zero_bubble = sched is Schedule.ZERO_BUBBLE
     return [_looped_1f1b(r, ranks, v, m, zero_bubble) for r in range(ranks)]
 
@@ -292,11 +336,126 @@ def _rank_ops_1f1b(
     return order
 
 
+def _looped_bfs(rank: int, ranks: int, v: int, m: int) -> list[Step]:
+    # ScheduleLoopedBFS._calculate_single_rank_operations: every forward of each local stage in turn,
+    # then every backward, local stages and micro-batches both reversed.
+    stages = range(rank, ranks * v, ranks)
+    order = [Step(s, i, "F") for s in stages for i in range(m)]
+    order.extend(Step(s, i, "B") for s in reversed(stages) for i in reversed(range(m)))
+    return order
+
+
+def _zbv(rank: int, ranks: int, m: int) -> list[Step]:
+    # ScheduleZBVZeroBubble._calculate_single_rank_operations: built for max(2R - 1, M) micro-batches,
+    # then the actions of micro-batches >= M are dropped (torch turns them into idle slots).
+    n_micro = max(2 * ranks - 1, m)
+    chunk0, chunk1 = rank, 2 * ranks - 1 - rank
+    count = {("F", 0): 0, ("F", 1): 0, ("I", 0): 0, ("I", 1): 0, ("W", 0): 0, ("W", 1): 0}
+    order: list[Step] = []
+
+    def emit(kind: str, chunk: int) -> None:
+        order.append(Step(chunk1 if chunk else chunk0, count[(kind, chunk)], kind))
+        count[(kind, chunk)] += 1
+
+    for _ in range(2 * (ranks - rank) - 1):
+        emit("F", 0)
+    for _ in range(rank):
+        emit("F", 1)
+        emit("F", 0)
+    for _ in range(ranks - rank):
+        emit("F", 1)
+        emit("I", 1)
+        emit("W", 1)
+    while count[("F", 1)] < count[("F", 0)] or count[("F", 0)] < n_micro:
+        if count[("F", 0)] < n_micro:
+            emit("F", 0)
+        emit("I", 0)
+        emit("W", 0)
+        emit("F", 1)
+        emit("I", 1)
+        emit("W", 1)
+    for _ in range(rank):
+        emit("I", 0)
+        emit("I", 1)
+    for _ in range(ranks - rank):
+        emit("I", 0)
+        emit("W", 0)
+    while count[("W", 1)] < count[("I", 1)]:
+        emit("W", 1)
+    while count[("W", 0)] < count[("I", 0)]:
+        emit("W", 0)
+    return [step for step in order if step.microbatch < m]
+
+
+def _dualpipev(rank: int, ranks: int, m: int) -> list[Step]:
+    # ScheduleDualPipeV._calculate_single_rank_operations (torch's port of deepseek-ai/DualPipe's
+    # DualPipeV). An OVERLAP_F_B pair is listed as its forward then its full backward, the order in
+    # which _PipelineScheduleRuntime executes the two sub-actions. A full backward B advances both the
+    # I and the W counters; an I queues its W, which a later "weight slot" pops (oldest first).
+    stage0, stage1 = rank, 2 * ranks - 1 - rank
+    counters: dict[tuple[int, str], int] = defaultdict(int)
+    weight_queue: list[tuple[int, int]] = []
+    order: list[Step] = []
+
+    def add(stage: int, kind: str) -> None:
+        key = (stage, "I" if kind == "B" else kind)
+        mb = counters[key]
+        order.append(Step(stage, mb, kind))
+        if kind == "B":
+            counters[(stage, "I")] += 1
+            counters[(stage, "W")] += 1
+            return
+        if kind == "I":
+            weight_queue.append((stage, mb))
+        counters[key] = mb + 1
+
+    def weight_slot() -> None:
+        if weight_queue:
+            stage, mb = weight_queue.pop(0)
+            order.append(Step(stage, mb, "W"))
+            counters[(stage, "W")] += 1
+
+    for _ in range((ranks - rank - 1) * 2):  # step 1: F0
+        add(stage0, "F")
+    for _ in range(rank + 1):  # step 2: F0 F1
+        add(stage0, "F")
+        add(stage1, "F")
+    for _ in range(ranks - rank - 1):  # step 3: I1 W F1
+        add(stage1, "I")
+        weight_slot()
+        add(stage1, "F")
+    for _ in range(m - ranks * 2 + rank + 1):  # step 4: (F0 B1) (F1 B0)
+        add(stage0, "F")  # not overlapped at i == 0 on the last rank: the same order either way
+        add(stage1, "B")
+        add(stage1, "F")
+        add(stage0, "B")
+    for _ in range(ranks - rank - 1):  # step 5: B1 (F1 B0)
+        add(stage1, "B")
+        add(stage1, "F")
+        add(stage0, "B")
+    step_6 = rank + 1  # step 6: B1 B0, the second half as zero bubble (I)
+    zero_bubble = False
+    for i in range(step_6):
+        if i == step_6 // 2 and rank % 2 == 1:
+            zero_bubble = True
+        add(stage1, "I" if zero_bubble else "B")
+        if i == step_6 // 2 and rank % 2 == 0:
+            zero_bubble = True
+        add(stage0, "I" if zero_bubble else "B")
+    for _ in range(ranks - rank - 1):  # step 7: W B0
+        weight_slot()
+        add(stage0, "I" if zero_bubble else "B")
+    for _ in range(rank + 1):  # step 8: W
+        weight_slot()
+    return order
+
+
 def orders_from_torch(pipeline_order: Mapping[int, Iterable[object]]) -> list[list[Step]]:
     """Convert a torch schedule's ``pipeline_order`` (rank -> actions, ``None`` for idle) to Step lists.
 
-    Only compute actions (F, B, I, W) are kept; idle slots, communication and REDUCE_GRAD are dropped.
-    Works on the ``str`` of each action, so torch is not imported here.
+    Only compute actions (F, B, I, W) are kept; idle slots, communication and REDUCE_GRAD are dropped; an
+    action with ``sub_actions`` (torch's ``OVERLAP_F_B``) becomes its sub-actions in order. Works on the
+    ``str`` of each action, so torch is not imported here.
     """
     orders: list[list[Step]] = []
     for rank in sorted(pipeline_order):
@@ -304,9 +463,10 @@ def orders_from_torch(pipeline_order: Mapping[int, Iterable[object]]) -> list[li
         for action in pipeline_order[rank]:
             if action is None:
                 continue
-            match = _STEP_RE.match(str(action).strip())
-            if match is not None:
-                steps.append(Step(int(match[1]), int(match[3]), match[2]))
+            for part in getattr(action, "sub_actions", None) or (action,):
+                match = _STEP_RE.match(str(part).strip())
+                if match is not None:
+                    steps.append(Step(int(match[1]), int(match[3]), match[2]))
         orders.append(steps)
     return orders
 

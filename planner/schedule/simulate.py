@@ -9,7 +9,8 @@ The model (docs/simulator.md):
   ``s+1``, i.e. ``B``/``I(s+1, m)`` ended plus ``comm_backward_s[s]``; the last stage needs only its own F;
 - ``W(s, m)`` needs ``I(s, m)``;
 - communication delays a dependency but occupies no rank's compute time (sends are asynchronous),
-  and torch's fused send/receive waits are not modelled;
+  and torch's fused send/receive waits are not modelled; between two stages on the same rank (the turn
+  of a V, ``zbv``/``dualpipev``) torch hands the tensor over in memory, so that cut costs no link time;
 - with :class:`RuntimeTerms` (measured by ``pipeplan calibrate``, docs/cost-model.md "Runtime terms"):
   every action costs ``action_overhead_s`` more on its rank (torch's dispatch, posting and waiting on
   P2P ops, the loss), each rank ends the iteration with its step tail (tied-gradient all-reduce,
@@ -45,13 +46,8 @@ __all__ = [
     "ScheduleDeadlockError",
     "simulate",
     "in_flight_per_stage",
-    "DEFAULT_WEIGHT_FRACTION",
     "RuntimeTerms",
 ]
-
-DEFAULT_WEIGHT_FRACTION = 0.5
-"""Zero-bubble without ``weight_s``: the weight-gradient share of backward. For matmul layers the
-input gradient and the weight gradient each cost about one forward, hence half."""
 
 
 @dataclass(frozen=True)
@@ -128,8 +124,10 @@ class SimulationResult:
     bubble_fraction: float
     """``1 - sum(busy_s) / (num_ranks * iteration_s)``: everything that is not compute."""
     peak_in_flight: tuple[int, ...]
-    """Per stage: most micro-batches whose forward has ended but whose backward (W under zero-bubble)
-    has not, i.e. how many micro-batches of saved activations the stage holds at its peak."""
+    """Per stage: most micro-batches whose forward has ended but whose backward has not (its full
+    backward B, or its W where the backward is split: torch's ``stage_backward_input`` keeps the autograd
+    graph, and with it the saved activations, until ``stage_backward_weight``), i.e. how many
+    micro-batches of saved activations the stage holds at its peak."""
     bottleneck_stage: int
     """The stage with the largest forward + backward time per micro-batch (lowest index on ties)."""
     overhead_s: tuple[float, ...] = ()
@@ -175,10 +173,10 @@ def _as_times(name: str, values: Sequence[float], length: int | None, *, allow_z
 
 
 def _default_ranks(schedule: Schedule, num_stages: int) -> int:
-    if schedule is Schedule.INTERLEAVED_1F1B:
+    if schedule is Schedule.INTERLEAVED_1F1B or schedule.v_shape:
         if num_stages % 2 != 0:
             raise UsageError(
-                f"interleaved-1f1b with {num_stages} stages: give num_ranks (the default, stages / 2, "
+                f"{schedule.value} with {num_stages} stages: give num_ranks (the default, stages / 2, "
                 f"needs an even number of stages)"
             )
         return num_stages // 2
@@ -195,6 +193,7 @@ def simulate(
     comm_forward_s: Sequence[float] = (),
     comm_backward_s: Sequence[float] = (),
     weight_s: Sequence[float] = (),
+    input_s: Sequence[float] = (),
     orders: Sequence[Sequence[Step]] | None = None,
     runtime: RuntimeTerms | None = None,
 ) -> SimulationResult:
@@ -205,13 +204,18 @@ def simulate(
         backward_s: per stage, full backward time of one micro-batch (input + weight gradients).
         num_microbatches: ``M``.
         schedule: a :class:`Schedule`, or its name (parsed here: this is an entry point of the API).
-        num_ranks: ``R``; default ``len(forward_s)``, or half of it for interleaved-1f1b.
+        num_ranks: ``R``; default ``len(forward_s)``, or half of it for interleaved-1f1b, zbv and dualpipev.
         comm_forward_s: per cut ``s`` (between stage ``s`` and ``s+1``), the delay of sending the
             activations; empty means 0. It delays ``F(s+1, m)`` but occupies no compute.
         comm_backward_s: per cut ``s``, the delay of sending the gradient back to stage ``s``.
-        weight_s: zero-bubble only: per stage, the weight-gradient part ``W`` of ``backward_s``; the
-            input-gradient part is ``I = backward_s - weight_s``. Empty: ``W = 0.5 * backward_s``.
-            Ignored by the other schedules, which run the full backward as one action.
+        weight_s: per stage, the weight-gradient part ``W`` of ``backward_s`` (measured by the profiler
+            with torch's ``stage_backward_weight``); the input-gradient part is ``I = backward_s - W``.
+            Used by the schedules that split the backward (zero-bubble, zbv, dualpipev; a full backward
+            ``B`` still costs ``backward_s``). Empty: the backward stays unsplit, ``I = backward_s`` and
+            ``W = 0`` (no guess of the split). Ignored by the other schedules.
+        input_s: per stage, the input-gradient action ``I`` as measured apart (torch's
+            ``stage_backward_input``); empty: ``backward_s - weight_s``. Given with ``weight_s``, the
+            split may cost more than ``backward_s`` (torch walks the autograd graph to split it).
         orders: optional rank orders to run instead of :func:`rank_orders` (e.g. converted from a
             torch schedule's ``pipeline_order`` with :func:`planner.schedule.orders.orders_from_torch`).
         runtime: overhead per action, step tail per rank and co-location factor; None: all zero.
@@ -240,9 +244,12 @@ def simulate(
     comm_f = _as_times("comm_forward_s", comm_forward_s, cuts, allow_zero=True) if comm_forward_s else [0.0] * cuts
     comm_b = _as_times("comm_backward_s", comm_backward_s, cuts, allow_zero=True) if comm_backward_s else [0.0] * cuts
     weight = _as_times("weight_s", weight_s, n, allow_zero=True) if weight_s else []
+    inputs = _as_times("input_s", input_s, n, allow_zero=True) if input_s else []
+    if inputs and not weight:
+        raise UsageError("input_s needs weight_s: give both parts of the split backward")
     for s, (w, b) in enumerate(zip(weight, bwd, strict=False)):
-        if w >= b:
-            raise UsageError(f"weight_s[{s}] = {w} must be below backward_s[{s}] = {b} (W is a part of B)")
+        if w > b and not inputs:
+            raise UsageError(f"weight_s[{s}] = {w} must be at most backward_s[{s}] = {b} (W is a part of B)")
     ranks = _default_ranks(sched, n) if num_ranks is None else num_ranks
     if not isinstance(ranks, int) or ranks < 1:
         raise UsageError(f"num_ranks = {ranks!r} must be an integer >= 1")
@@ -258,20 +265,22 @@ def simulate(
     else:
         peaks = _peak_in_flight(orders, n)
 
-    if sched is Schedule.ZERO_BUBBLE:
-        w_part = weight or [b * DEFAULT_WEIGHT_FRACTION for b in bwd]
-    else:
-        w_part = [0.0] * n
+    split = sched.splits_backward and bool(weight)
+    w_part = weight if split else [0.0] * n
+    i_part = inputs if (split and inputs) else [b - w for b, w in zip(bwd, w_part, strict=True)]
     terms = runtime or RuntimeTerms()
     if terms.step_tail_s and len(terms.step_tail_s) != ranks:
         raise UsageError(f"step_tail_s has {len(terms.step_tail_s)} values for {ranks} ranks")
     base = {
         "F": fwd,
         "B": bwd,
-        "I": [b - w for b, w in zip(bwd, w_part, strict=True)],
+        "I": i_part,
         "W": w_part,
     }
     stage_rank = _stage_ranks(orders, n)
+    # A cut between two stages of one rank (the turn of a V) is a hand-over in memory, not a transfer.
+    comm_f = [0.0 if stage_rank[c] == stage_rank[c + 1] else t for c, t in enumerate(comm_f)]
+    comm_b = [0.0 if stage_rank[c] == stage_rank[c + 1] else t for c, t in enumerate(comm_b)]
     scales = [1.0] * ranks
     if terms.compute_scale != 1.0:
         full_speed, _ = _run(orders, base, comm_f, comm_b, n, terms.action_overhead_s, width)
@@ -446,9 +455,8 @@ def _intersection(own: list[tuple[float, float]], others: list[tuple[float, floa
 
 def _peak_in_flight(orders: Sequence[Sequence[Step]], num_stages: int) -> tuple[int, ...]:
     # A stage's actions all run on one rank, in order, so its in-flight count depends only on the
-    # order: +1 after each F, -1 after the action that ends the micro-batch's backward.
-    has_w = any(step.kind == "W" for order in orders for step in order)
-    release = "W" if has_w else "B"
+    # order: +1 after each F, -1 after the action that ends the micro-batch's backward (B, or W after
+    # an I: dualpipev mixes the two on one stage).
     held = [0] * num_stages
     peak = [0] * num_stages
     for order in orders:
@@ -456,7 +464,7 @@ def _peak_in_flight(orders: Sequence[Sequence[Step]], num_stages: int) -> tuple[
             if step.kind == "F":
                 held[step.stage] += 1
                 peak[step.stage] = max(peak[step.stage], held[step.stage])
-            elif step.kind == release:
+            elif step.kind in ("B", "W"):
                 held[step.stage] -= 1
     return tuple(peak)
 
@@ -483,6 +491,7 @@ def in_flight_per_stage(
 
     What :func:`simulate` reports as ``peak_in_flight``: it depends only on the orders (see
     ``_peak_in_flight``), so no timing is run. For 1f1b it equals ``min(P - s, M)``, for gpipe ``M``.
+    Each schedule keeps its own count: zero-bubble (ZB-H1) 1F1B's, zbv and dualpipev their V's.
     """
     sched = Schedule.parse(sched)
     if not isinstance(num_microbatches, int) or num_microbatches < 1:

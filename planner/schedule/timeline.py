@@ -20,9 +20,10 @@ _KIND_NAMES = {
     "S": "step tail (tied all-reduce + optimizer)",
 }
 _KIND_ORDER = "FBIWS"
-# Forward blue, backward orange, weight-grad green: distinguishable for the common colour blindnesses.
+# Forward blue, full backward red, input-grad orange, weight-grad green (seaborn's "deep" palette, told
+# apart in the common colour blindnesses by lightness too): dualpipev runs B, I and W side by side.
 # The step tail is purple and runtime overhead dark grey: neither is the model's compute.
-_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#DD8452", "W": "#55A868", "S": "#8172B3"}
+_COLOURS = {"F": "#4C72B0", "B": "#C44E52", "I": "#DD8452", "W": "#55A868", "S": "#8172B3"}
 _OVERHEAD_COLOUR = "#555555"
 
 
@@ -131,8 +132,10 @@ def _legend(ax: object, results: Sequence[SimulationResult]) -> None:
 
     kinds = {a.kind for r in results for a in r.actions}
     entries = [("F", "forward")]
-    if kinds & {"B", "I"}:
-        entries.append(("B", "backward" if "I" not in kinds else "backward (B) / input-grad (I)"))
+    if "B" in kinds:
+        entries.append(("B", "backward" if "I" not in kinds else "full backward (B)"))
+    if "I" in kinds:
+        entries.append(("I", "input-grad (I)"))
     if "W" in kinds:
         entries.append(("W", "weight-grad (W)"))
     if "S" in kinds:

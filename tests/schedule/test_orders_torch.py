@@ -3,8 +3,9 @@
 Three independent checks against torch 2.13:
 - single-stage schedules (GPipe, 1F1B): run torch's own ``_step_microbatches`` with a recording stage
   that has no communication, so the executed order is observed, not re-derived;
-- looped schedules (interleaved 1F1B, zero bubble): torch's order-building methods, which are functions
-  of (rank, ranks, stages per rank, micro-batches), validated with torch's ``_validate_schedule``;
+- multi-stage schedules (interleaved 1F1B, zero bubble, looped BFS, ZBV, DualPipeV): torch's
+  order-building methods, which are functions of (rank, ranks, stages per rank, micro-batches),
+  validated with torch's ``_validate_schedule``;
 - a real one-process gloo group with real ``PipelineStage`` objects: the constructed schedule's
   ``pipeline_order`` and one real ``step``.
 """
@@ -27,6 +28,7 @@ from planner.schedule.orders import (
     check_microbatches,
     orders_from_torch,
     rank_orders,
+    stage_to_rank,
 )
 from planner.schedule.simulate import simulate
 
@@ -129,6 +131,48 @@ def test_looped_orders_equal_torch(schedule: Schedule) -> None:
     assert checked == 244  # of 320 tried; the other 76 fail torch's M % rounds check
 
 
+def _torch_multi(schedule: Schedule, ranks: int, v: int, m: int) -> list[list[Step]]:
+    # ScheduleLoopedBFS, ScheduleZBVZeroBubble and ScheduleDualPipeV build each rank's order from these
+    # attributes only; DualPipeV's OVERLAP_F_B actions are expanded by orders_from_torch.
+    cls = getattr(ts, TORCH_SCHEDULE_CLASS[schedule])
+    fake = SimpleNamespace(pp_group_size=ranks, num_stages=ranks * v, _n_microbatches=m, _stages=[None] * v)
+    order = {r: cls._calculate_single_rank_operations(fake, r) for r in range(ranks)}
+    ts._validate_schedule(order, ranks, v * ranks, m)
+    return orders_from_torch(order)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "stages_per_rank"),
+    [(Schedule.LOOPED_BFS, (1, 2, 3)), (Schedule.ZBV, (2,)), (Schedule.DUALPIPEV, (2,))],
+)
+def test_multi_stage_orders_equal_torch(schedule: Schedule, stages_per_rank: tuple[int, ...]) -> None:
+    checked = 0
+    for ranks in range(1, 7):
+        for v in stages_per_rank:
+            for m in range(1, 17):
+                if schedule is Schedule.DUALPIPEV and m < 2 * ranks:
+                    with pytest.raises(ScheduleError, match="at least as many micro-batches as stages"):
+                        check_microbatches(schedule, ranks, v, m)
+                    continue
+                ours = rank_orders(schedule, ranks * v, m, ranks)
+                assert ours == _torch_multi(schedule, ranks, v, m), (schedule, ranks, v, m)
+                n = ranks * v
+                simulate([1.0] * n, [2.0] * n, m, schedule, num_ranks=ranks, weight_s=[1.0] * n)  # completes
+                checked += 1
+    assert checked == {Schedule.LOOPED_BFS: 288, Schedule.ZBV: 96, Schedule.DUALPIPEV: 60}[schedule]
+
+
+def test_v_placement_equals_torch() -> None:
+    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+
+    for ranks in range(1, 9):
+        torch_v = generate_stage_to_rank_mapping(ranks, 2 * ranks, style="v")
+        assert stage_to_rank(Schedule.ZBV, 2 * ranks, ranks) == tuple(torch_v[s] for s in range(2 * ranks))
+    assert stage_to_rank(Schedule.DUALPIPEV, 8, 4) == (0, 1, 2, 3, 3, 2, 1, 0)
+    with pytest.raises(ScheduleError, match="exactly 2 stages per rank"):
+        stage_to_rank(Schedule.ZBV, 12, 4)
+
+
 @pytest.fixture
 def one_process_group():
     if dist.is_initialized():
@@ -138,8 +182,18 @@ def one_process_group():
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("schedule", [Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE])
-@pytest.mark.parametrize(("v", "m"), [(2, 3), (3, 4)])
+@pytest.mark.parametrize(
+    ("schedule", "v", "m"),
+    [
+        (Schedule.INTERLEAVED_1F1B, 2, 3),
+        (Schedule.INTERLEAVED_1F1B, 3, 4),
+        (Schedule.ZERO_BUBBLE, 2, 3),
+        (Schedule.ZERO_BUBBLE, 3, 4),
+        (Schedule.LOOPED_BFS, 3, 4),
+        (Schedule.ZBV, 2, 3),
+        (Schedule.DUALPIPEV, 2, 4),
+    ],
+)
 def test_real_torch_schedule_object_matches(one_process_group: None, schedule: Schedule, v: int, m: int) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -120,17 +120,54 @@ def test_interleaved_default_ranks_is_half_the_stages() -> None:
 
 
 def test_zero_bubble_beats_1f1b_when_weight_grad_fills_the_bubble() -> None:
-    # f = 1, b = 2 (I = W = 1), P = 4, M = 8: 1F1B takes (M + P - 1)(f + b) = 33; ZB1P takes
-    # M (f + b) + (P - 1) f = 27: only the forward fill is idle, the W's fill the drain bubble.
+    # The issue's acceptance case: P = 4, M = 8, every stage F = B = W = 1 (B the input gradient, so the
+    # full backward is B + W = 2), no communication. 1F1B: (M + P - 1)(F + B + W) = 33, bubble 3/11.
     one = simulate([1.0] * 4, [2.0] * 4, 8, "1f1b")
-    zb = simulate([1.0] * 4, [2.0] * 4, 8, "zero-bubble")
     assert one.iteration_s == 33.0
-    assert zb.iteration_s == 27.0
-    assert zb.peak_in_flight == (4, 4, 4, 4)
-    kinds = {a.kind for a in zb.actions}
-    assert kinds == {"F", "I", "W"}
-    explicit = simulate([1.0] * 4, [2.0] * 4, 8, "zero-bubble", weight_s=[1.0] * 4)
-    assert explicit.iteration_s == 27.0
+    assert one.bubble_fraction == pytest.approx(3 / 11, abs=1e-15)
+    zb = simulate([1.0] * 4, [2.0] * 4, 8, "zero-bubble", weight_s=[1.0] * 4)
+    # ZB-H1's published bubble (Qi et al., ICLR 2024, section 3.1) is (P - 1)(F + B - W) = 3; torch's
+    # ZB1P order gives exactly that: M (F + B + W) + 3 = 27, a third of 1F1B's bubble time of 9.
+    published = (4 - 1) * (1 + 1 - 1)
+    assert zb.iteration_s == 8 * 3 + published == 27.0
+    assert (zb.iteration_s - 24) <= (one.iteration_s - 24) / 2
+    assert zb.peak_in_flight == (4, 4, 4, 4)  # ZB-H1 keeps 1F1B's memory bound of P micro-batches
+    assert {a.kind for a in zb.actions} == {"F", "I", "W"}
+
+
+def test_unsplit_backward_without_weight_times() -> None:
+    # No measured W: the backward is not guessed apart, I carries it all and the W actions cost 0.
+    zb = simulate([1.0] * 4, [2.0] * 4, 8, "zero-bubble")
+    assert all(a.duration_s == 0.0 for a in zb.actions if a.kind == "W")
+    assert zb.iteration_s == 33.0
+
+
+@pytest.mark.parametrize(
+    ("schedule", "expected", "in_flight"),
+    [
+        ("zero-bubble", 25.5, (8, 8, 8, 8, 4, 4, 4, 4)),
+        ("zbv", 25.5, (8, 7, 6, 5, 4, 3, 2, 1)),
+        ("dualpipev", 25.5, (8, 7, 6, 5, 4, 3, 2, 1)),
+        ("interleaved-1f1b", 28.5, (8, 8, 7, 5, 4, 4, 3, 1)),
+        ("looped-bfs", 28.5, (8,) * 8),
+    ],
+)
+def test_two_stages_per_rank_p4_m8(schedule: str, expected: float, in_flight: tuple[int, ...]) -> None:
+    # The same work as above cut into 8 half-size stages (F = 0.5, B = W = 0.5 per stage): each
+    # schedule's exact iteration and in-flight micro-batches per stage under its own placement.
+    r = simulate([0.5] * 8, [1.0] * 8, 8, schedule, num_ranks=4, weight_s=[0.5] * 8)
+    assert r.iteration_s == expected
+    assert r.peak_in_flight == in_flight
+    assert r.bubble_fraction == pytest.approx(1 - 24 / expected, abs=1e-12)
+
+
+def test_v_turn_costs_no_link_time() -> None:
+    # zbv puts stages 1 and 2 on rank 1: their cut is a hand-over in memory, the other cuts pay the link.
+    base = simulate([1.0] * 4, [2.0] * 4, 4, "zbv", num_ranks=2, weight_s=[1.0] * 4)
+    comm = [0.0, 5.0, 0.0]
+    turn = simulate([1.0] * 4, [2.0] * 4, 4, "zbv", num_ranks=2, weight_s=[1.0] * 4, comm_forward_s=comm)
+    assert turn.iteration_s == base.iteration_s
+    assert turn.num_ranks == 2 and {a.rank for a in turn.actions if a.stage in (1, 2)} == {1}
 
 
 # ---- uneven stages ----------------------------------------------------------------------------
@@ -316,7 +353,10 @@ def test_deadlocking_order_raises_internal_error() -> None:
         ({"schedule": "1f1b", "num_microbatches": 1}, ScheduleError, "at least as many micro-batches as stages"),
         ({"schedule": "naive", "num_microbatches": 2}, ScheduleError, "naive runs exactly 1 micro-batch"),
         ({"num_ranks": 1}, ScheduleError, "runs one stage per rank"),
-        ({"schedule": "zero-bubble", "weight_s": [1, 5]}, UsageError, r"weight_s\[1\] = 5.0 must be below"),
+        ({"schedule": "zero-bubble", "weight_s": [1, 5]}, UsageError, r"weight_s\[1\] = 5.0 must be at most"),
+        ({"schedule": "zero-bubble", "input_s": [1, 1]}, UsageError, "input_s needs weight_s"),
+        ({"schedule": "zbv", "num_ranks": 2}, ScheduleError, r"exactly 2 stages per rank in a V \(stages: 2"),
+        ({"schedule": "dualpipev", "num_ranks": 1, "num_microbatches": 1}, ScheduleError, "at least as many"),
     ],
 )
 def test_bad_input(kwargs: dict[str, object], error: type[Exception], message: str) -> None:

@@ -34,7 +34,7 @@ def test_ascii_gpipe_rows_and_boxes() -> None:
 
 
 def test_ascii_zero_bubble_shows_weight_grad() -> None:
-    r = simulate([1.0] * 2, [2.0] * 2, 2, "zero-bubble")
+    r = simulate([1.0] * 2, [2.0] * 2, 2, "zero-bubble", weight_s=[1.0] * 2)
     text = ascii_timeline(r, width=40)
     assert "I = input-grad backward, W = weight-grad backward" in text
     assert "W0" in text and "I1" in text
