@@ -23,7 +23,6 @@ import sys
 import types
 
 import pytest
-import tomllib
 
 from cli import main
 from cli_checks import assert_fails
@@ -33,6 +32,8 @@ from planner.plan import MemoryBreakdown, Plan, Prediction, SolverInfo, StagePla
 from planner.schedule.orders import Schedule, stage_to_rank
 from planner.search import PlanRequest, make_plan
 from synthetic import make_profile
+
+tomllib = pytest.importorskip("tomllib")  # the standard library's TOML reader, Python 3.11+
 
 # The units the built-in models are profiled as (README, "The model-spec protocol"; tests/test_models.py).
 GPT2_TINY = [
