@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from planner.cost import CostSettings, DataParallel, bytes_per_param, state_bytes_per_param
 from planner.errors import PipeplanError, PlanInfeasibleError, UsageError
-from planner.limits import MAX_DEVICES, MAX_RANKS, check_at_most
+from planner.limits import MAX_DEVICES, MAX_RANKS, check_at_most, check_plan_work
 from planner.plan import PLACEMENTS, SHARDING, Mesh, Plan
 from planner.search import PlanRequest, make_plan
 from profiles.format import Profile
@@ -260,6 +260,9 @@ def plan_cluster(
             settings=settings,
         )
         try:
+            # As `plan` refuses for one pipeline: a replica's search too large to simulate is no candidate.
+            sizes = [request.micro_batch_size] if request.micro_batch_size else profile.micro_batch_sizes
+            check_plan_work(layout.pp, replica.global_batch_size, sizes)
             plan = make_plan(profile, replica, sha256=sha256, record_timing=record_timing)
         except PipeplanError as exc:
             tried.append((layout, None, str(exc)))
