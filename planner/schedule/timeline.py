@@ -17,7 +17,7 @@ _KIND_NAMES = {
     "B": "backward",
     "I": "input-grad backward",
     "W": "weight-grad backward",
-    "S": "step tail (tied all-reduce + optimizer)",
+    "S": "step tail (gradient all-reduces + optimizer)",
 }
 _KIND_ORDER = "FBIWS"
 # Forward blue, full backward red, input-grad orange, weight-grad green (seaborn's "deep" palette, told
@@ -139,7 +139,7 @@ def _legend(ax: object, results: Sequence[SimulationResult]) -> None:
     if "W" in kinds:
         entries.append(("W", "weight-grad (W)"))
     if "S" in kinds:
-        entries.append(("S", "step tail: tied all-reduce + optimizer"))
+        entries.append(("S", "step tail: gradient all-reduces + optimizer"))
     handles = [Patch(facecolor=_COLOURS[k], edgecolor="black", label=text) for k, text in entries]
     if any(a.overhead_s > 0 for r in results for a in r.actions):
         handles.append(Patch(facecolor=_OVERHEAD_COLOUR, edgecolor="black", label="runtime overhead"))
