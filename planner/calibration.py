@@ -26,6 +26,7 @@ from planner.schedule.orders import Schedule
 from planner.schedule.simulate import RuntimeTerms
 
 __all__ = [
+    "ring_s",
     "CALIBRATION_FORMAT",
     "CALIBRATION_VERSION",
     "OptimizerCost",
@@ -53,6 +54,14 @@ class OptimizerCost:
 
     def seconds(self, num_params: int, num_tensors: int = 0) -> float:
         return self.per_step_s + self.per_param_s * num_params + self.per_tensor_s * num_tensors
+
+
+def ring_s(steps: int, num_bytes: float, num_ranks: int, latency_s: float, bytes_per_s: float) -> float:
+    """``steps`` ring steps of ``num_bytes / num_ranks`` each (Patarasuk & Yuan, JPDC 2009): an all-reduce
+    is ``2 (k - 1)`` of them, a reduce-scatter or an all-gather ``k - 1``. Zero for one rank or no bytes."""
+    if num_ranks <= 1 or num_bytes <= 0:
+        return 0.0
+    return steps * (latency_s + num_bytes / num_ranks / bytes_per_s)
 
 
 @dataclass(frozen=True)
@@ -109,11 +118,8 @@ class Calibration:
         return max(self.action_overhead_s.values(), default=0.0)
 
     def allreduce_s(self, num_bytes: int, num_ranks: int) -> float:
-        """Ring all-reduce of ``num_bytes`` over ``num_ranks``: ``2 (k-1)`` steps of ``bytes / k`` each."""
-        if num_ranks <= 1 or num_bytes <= 0:
-            return 0.0
-        steps = 2 * (num_ranks - 1)
-        return steps * (self.p2p_latency_s + num_bytes / num_ranks / self.p2p_bytes_per_s)
+        """Ring all-reduce of ``num_bytes`` over ``num_ranks`` on the calibrated link."""
+        return ring_s(2 * (num_ranks - 1), num_bytes, num_ranks, self.p2p_latency_s, self.p2p_bytes_per_s)
 
     def optimizer_s(self, optimizer: str, num_params: int, num_tensors: int = 0) -> float:
         cost = self.optimizer.get(optimizer)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from planner.calibration import Calibration
+from planner.calibration import Calibration, ring_s
 from planner.errors import UsageError
 from planner.graph import build_graph, cut_bytes, cut_grad_bytes
 from planner.plan import SHARDING, MemoryBreakdown
@@ -106,9 +106,7 @@ class DataParallel:
             raise UsageError(f"--shard must be one of {', '.join(SHARDING)}, got {self.shard!r}")
 
     def _steps_s(self, steps: int, num_bytes: float) -> float:
-        if self.replicas <= 1 or num_bytes <= 0:
-            return 0.0
-        return steps * (self.latency_s + num_bytes / self.replicas / self.bytes_per_s)
+        return ring_s(steps, num_bytes, self.replicas, self.latency_s, self.bytes_per_s)
 
     def allreduce_s(self, num_bytes: float) -> float:
         return self._steps_s(2 * (self.replicas - 1), num_bytes)
