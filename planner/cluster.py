@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, replace
 
 from planner.cost import CostSettings, DataParallel, bytes_per_param, state_bytes_per_param
-from planner.errors import PipeplanError, PlanInfeasibleError, UsageError
+from planner.errors import PipeplanError, PlanInfeasibleError, SearchPrunedError, UsageError
 from planner.limits import MAX_DEVICES, MAX_RANKS, check_at_most, check_plan_work
 from planner.plan import PLACEMENTS, SHARDING, Mesh, Plan
 from planner.search import PlanRequest, make_plan
@@ -263,7 +263,11 @@ def plan_cluster(
             # As `plan` refuses for one pipeline: a replica's search too large to simulate is no candidate.
             sizes = [request.micro_batch_size] if request.micro_batch_size else profile.micro_batch_sizes
             check_plan_work(layout.pp, replica.global_batch_size, sizes)
-            plan = make_plan(profile, replica, sha256=sha256, record_timing=record_timing)
+            beat_s = best[0][0] if best is not None else math.inf
+            plan = make_plan(profile, replica, sha256=sha256, record_timing=record_timing, beat_s=beat_s)
+        except SearchPrunedError:
+            tried.append((layout, None, f"pruned: no candidate can beat {best[0][0] if best else math.inf:.4g} s"))
+            continue
         except PipeplanError as exc:
             tried.append((layout, None, str(exc)))
             last_error = f"pp={layout.pp} dp={layout.dp}: {exc}"

@@ -15,6 +15,7 @@ __all__ = [
     "ProfilingError",
     "PlanFormatError",
     "PlanInfeasibleError",
+    "SearchPrunedError",
     "SolverError",
     "ScheduleError",
     "ModelMismatchError",
@@ -63,6 +64,10 @@ class PlanFormatError(PipeplanError):
 
 class PlanInfeasibleError(PipeplanError):
     """Raised when no plan satisfies the constraints (memory, stages, batch divisibility)."""
+
+
+class SearchPrunedError(PlanInfeasibleError):
+    """Raised when a search told to beat a step finds that none of its candidates can (planner/bounds.py)."""
 
 
 class SolverError(PipeplanError):

@@ -10,10 +10,12 @@ used, then the one with the least peak memory (then the order candidates are lis
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from planner.bounds import UnitWork, candidate_floor_s, partition_floor_s
 from planner.cost import (
     CostSettings,
     UnitCosts,
@@ -23,7 +25,7 @@ from planner.cost import (
     step_tails,
     unit_costs,
 )
-from planner.errors import PlanInfeasibleError, ScheduleError, UsageError
+from planner.errors import PlanInfeasibleError, ScheduleError, SearchPrunedError, UsageError
 from planner.limits import MAX_GLOBAL_BATCH, MAX_RANKS, check_at_most
 from planner.plan import BaselinePlan, Plan, Prediction, SolverInfo, StagePlan
 from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank
@@ -295,49 +297,132 @@ def _pins(profile: Profile, request: PlanRequest, virtual_stages: int) -> tuple[
     return tuple(pins)
 
 
-def _search(profile: Profile, request: PlanRequest) -> tuple[list[Candidate], list[str], list[str]]:
-    """Candidates, the (b, schedule, v) that no partition fits, and the schedules torch refuses."""
-    candidates: list[Candidate] = []
-    infeasible: list[str] = []
-    refusals: list[str] = []
+@dataclass(frozen=True)
+class _Option:
+    """One (micro-batch size, schedule, stages per rank) to solve, with the floor no partition beats."""
+
+    order: int
+    micro_batch_size: int
+    num_microbatches: int
+    schedule: Schedule
+    virtual_stages: int
+    costs: UnitCosts
+    floor_s: float
+
+
+def _options(profile: Profile, request: PlanRequest, refusals: list[str]) -> list[_Option]:
+    found: list[_Option] = []
+    settings = request.settings
+    # Floors at full speed on the fastest device, with the co-location slowdown where it is one.
+    cal = settings.calibration
+    factor = min(1.0, cal.colocation_factor if cal is not None else 1.0) / max(settings.device_speeds, default=1.0)
     for b in _micro_batch_sizes(profile, request):
         m = request.global_batch_size // b
         costs = unit_costs(profile, b)
         for schedule, v in _schedules(profile, request, m, refusals):
-            num_stages = request.num_ranks * v
-            stage_rank = stage_to_rank(schedule, num_stages, request.num_ranks)
-            problem = build_problem(
-                profile,
-                costs,
-                request.settings,
-                num_stages=num_stages,
-                num_microbatches=m,
-                in_flight=in_flight_per_stage(schedule, num_stages, m, request.num_ranks),
-                stage_rank=stage_rank,
-                recompute_choices=_recompute_choices(request),
-                pinned=_pins(profile, request, v) if request.pinned else (),
-                max_units_per_stage=request.max_units_per_stage,
-                split_backward=schedule.splits_backward,
-            )
-            try:
-                solutions = _solve(problem, request)
-            except PlanInfeasibleError:
-                infeasible.append(f"b={b} {schedule.value} v={v}")
-                continue
-            if v > 1 and not _use_ilp(request):
-                # Several stages per rank: balance what a rank holds, not each stage (solvers/even.py).
-                rebalanced = [balance_ranks(problem, s, stage_rank) for s in solutions]
-                known = {s.boundaries for s in solutions}
-                solutions += [r for r in rebalanced if r is not None and r.boundaries not in known]
-            for solution in solutions:
-                runtime = _runtime_terms(
-                    profile, costs, request.settings, problem, solution, schedule, request.num_ranks
-                )
-                simulation = _simulate_partition(costs, problem, solution, schedule, request.num_ranks, runtime)
-                candidates.append(
-                    Candidate(b, m, schedule, v, problem, solution, simulation, _peak_memory(problem, solution))
-                )
-    return candidates, infeasible, refusals
+            split = schedule.splits_backward and bool(costs.weight_s)
+            parts = (costs.input_s, costs.weight_s) if split else ()
+            work = UnitWork.of(costs.forward_s, costs.backward_s, *parts)
+            floor = candidate_floor_s(work, m, request.num_ranks, request.num_ranks * v) * factor
+            found.append(_Option(len(found), b, m, schedule, v, costs, floor))
+    return found
+
+
+def _partition_floor_s(
+    costs: UnitCosts,
+    problem: PartitionProblem,
+    solution: PartitionSolution,
+    option: _Option,
+    stage_rank: tuple[int, ...],
+    runtime: RuntimeTerms | None,
+) -> float:
+    forward, backward = _stage_times(problem, solution)
+    inputs, weights = _split_times(costs, problem, solution, option.schedule)
+    if inputs:
+        work = [f + min(b, i + w) for f, b, i, w in zip(forward, backward, inputs, weights, strict=True)]
+        chain = forward
+    else:
+        work = chain = [f + b for f, b in zip(forward, backward, strict=True)]
+    terms = runtime or RuntimeTerms()
+    return partition_floor_s(
+        work,
+        chain,
+        stage_rank,
+        option.num_microbatches,
+        compute_scale=terms.compute_scale,
+        action_overhead_s=terms.action_overhead_s,
+        step_tail_s=terms.step_tail_s,
+    )
+
+
+@dataclass
+class _Found:
+    candidates: list[Candidate] = field(default_factory=list)
+    infeasible: list[str] = field(default_factory=list)
+    """The (b, schedule, v) that no partition fits."""
+    refusals: list[str] = field(default_factory=list)
+    """The schedules torch refuses."""
+    pruned: int = 0
+    """Options and partitions skipped: their floor (planner/bounds.py) is above what was to beat."""
+
+
+def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None) -> _Found:
+    """Solve and simulate every option; with ``prune_above_s`` (None: keep all) skip the options and
+    partitions that cannot come within ``NEAR_BEST`` of it or of the fastest found so far, which leaves
+    the plan chosen unchanged (cheapest floors first, then back in the order listed)."""
+    found = _Found()
+    fastest = math.inf if prune_above_s is None else prune_above_s
+    placed: list[tuple[tuple[int, int], Candidate]] = []
+    for option in sorted(_options(profile, request, found.refusals), key=lambda o: (o.floor_s, o.order)):
+        limit = fastest * (1 + NEAR_BEST) if prune_above_s is not None else math.inf
+        if option.floor_s > limit:
+            found.pruned += 1
+            continue
+        b, m, schedule, v, costs = (
+            option.micro_batch_size,
+            option.num_microbatches,
+            option.schedule,
+            option.virtual_stages,
+            option.costs,
+        )
+        num_stages = request.num_ranks * v
+        stage_rank = stage_to_rank(schedule, num_stages, request.num_ranks)
+        problem = build_problem(
+            profile,
+            costs,
+            request.settings,
+            num_stages=num_stages,
+            num_microbatches=m,
+            in_flight=in_flight_per_stage(schedule, num_stages, m, request.num_ranks),
+            stage_rank=stage_rank,
+            recompute_choices=_recompute_choices(request),
+            pinned=_pins(profile, request, v) if request.pinned else (),
+            max_units_per_stage=request.max_units_per_stage,
+            split_backward=schedule.splits_backward,
+        )
+        try:
+            solutions = _solve(problem, request)
+        except PlanInfeasibleError:
+            found.infeasible.append(f"b={b} {schedule.value} v={v}")
+            continue
+        if v > 1 and not _use_ilp(request):
+            # Several stages per rank: balance what a rank holds, not each stage (solvers/even.py).
+            rebalanced = [balance_ranks(problem, s, stage_rank) for s in solutions]
+            known = {s.boundaries for s in solutions}
+            solutions += [r for r in rebalanced if r is not None and r.boundaries not in known]
+        for k, solution in enumerate(solutions):
+            runtime = _runtime_terms(profile, costs, request.settings, problem, solution, schedule, request.num_ranks)
+            if prune_above_s is not None:
+                limit = fastest * (1 + NEAR_BEST)
+                if _partition_floor_s(costs, problem, solution, option, stage_rank, runtime) > limit:
+                    found.pruned += 1
+                    continue
+            simulation = _simulate_partition(costs, problem, solution, schedule, request.num_ranks, runtime)
+            fastest = min(fastest, simulation.iteration_s)
+            candidate = Candidate(b, m, schedule, v, problem, solution, simulation, _peak_memory(problem, solution))
+            placed.append(((option.order, k), candidate))
+    found.candidates = [c for _, c in sorted(placed, key=lambda p: p[0])]
+    return found
 
 
 def _explain_infeasible(profile: Profile, request: PlanRequest) -> str:
@@ -472,9 +557,21 @@ def _constraints(profile: Profile, request: PlanRequest) -> dict[str, object]:
     }
 
 
-def make_plan(profile: Profile, request: PlanRequest, *, sha256: str, record_timing: bool = False) -> Plan:
-    """Search every candidate and return the best simulated plan (raises PlanInfeasibleError)."""
-    return make_plans(profile, request, sha256=sha256, record_timing=record_timing, count=1)[0]
+def make_plan(
+    profile: Profile,
+    request: PlanRequest,
+    *,
+    sha256: str,
+    record_timing: bool = False,
+    beat_s: float = math.inf,
+) -> Plan:
+    """Search every candidate and return the best simulated plan (raises PlanInfeasibleError).
+
+    Candidates that cannot come within ``NEAR_BEST`` of the fastest (or of ``beat_s``, a step found
+    elsewhere, e.g. by another cluster layout) are not simulated (planner/bounds.py); when that leaves
+    none, :class:`~planner.errors.SearchPrunedError`.
+    """
+    return make_plans(profile, request, sha256=sha256, record_timing=record_timing, count=1, beat_s=beat_s)[0]
 
 
 def plan_key(plan: Plan) -> tuple[object, ...]:
@@ -489,7 +586,13 @@ def plan_key(plan: Plan) -> tuple[object, ...]:
 
 
 def make_plans(
-    profile: Profile, request: PlanRequest, *, sha256: str, count: int, record_timing: bool = False
+    profile: Profile,
+    request: PlanRequest,
+    *,
+    sha256: str,
+    count: int,
+    record_timing: bool = False,
+    beat_s: float = math.inf,
 ) -> list[Plan]:
     """The ``count`` best *distinct* plans (see :func:`plan_key`), fastest simulated first.
 
@@ -504,9 +607,13 @@ def make_plans(
             f"{profile.num_units} stages, or profile finer units (--units)"
         )
     started = time.perf_counter()
-    candidates, infeasible, refusals = _search(profile, request)
-    if not candidates and not infeasible and refusals:
-        raise ScheduleError(refusals[0])
+    # Only the best plan survives pruning unchanged: the runners-up of `tune` need every candidate.
+    found = _search(profile, request, beat_s if count == 1 else None)
+    candidates = found.candidates
+    if not candidates and found.pruned:
+        raise SearchPrunedError(f"no candidate can come within {NEAR_BEST:.0%} of {beat_s:.6g} s")
+    if not candidates and not found.infeasible and found.refusals:
+        raise ScheduleError(found.refusals[0])
     if not candidates:
         raise PlanInfeasibleError(_explain_infeasible(profile, request))
     ranked = _ranked(candidates)

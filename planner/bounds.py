@@ -1,0 +1,94 @@
+"""Floors under a simulated iteration: what lets a search skip what cannot win.
+
+Two facts hold for every schedule the simulator runs (planner/schedule/simulate.py):
+
+1. a rank runs its actions one at a time, so the step lasts at least the work of its busiest rank;
+2. a stage's first forward waits for that micro-batch's forwards on every stage before it, and its
+   last backward is followed by the backwards of every stage before it (with a split backward only
+   the forwards count: the stage's W may overlap the chain). So for every stage ``k``::
+
+       step >= sum_{s<k} chain_s + M * work_s=k        chain_s = f_s + b_s  (split: f_s)
+
+Communication, per-action overhead and the co-location slowdown only add (a slowdown factor below 1
+is applied as it is). Over all partitions into ``S`` stages of a chain of total work ``W`` per
+micro-batch, with ``chain_s >= c * work_s``, the second fact is least binding when each stage takes
+as much as the facts allow, a geometric series (the relaxation over real-valued stage sizes)::
+
+       step >= c * W / (1 - (1 - c / M) ** S)
+
+which for ``S = P = M = 4``, ``c = 1`` is 1.46 x the ``M * W / P`` of the first fact: the pipeline
+bubble of GPipe and 1F1B, as a bound no partition can beat. ``tests/test_bounds.py`` holds both
+floors under the simulation of every partition of small problems, under every schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["UnitWork", "candidate_floor_s", "partition_floor_s"]
+
+
+@dataclass(frozen=True)
+class UnitWork:
+    """What every partition must compute for one micro-batch, unit by unit (seconds, full speed)."""
+
+    work_s: tuple[float, ...]
+    """Per unit: forward plus the cheaper of the full backward and its split parts."""
+    chain_fraction: float
+    """The least share of a unit's work that lies on the chain of fact 2 (1 without a split)."""
+
+    @classmethod
+    def of(
+        cls,
+        forward_s: Sequence[float],
+        backward_s: Sequence[float],
+        input_s: Sequence[float] = (),
+        weight_s: Sequence[float] = (),
+    ) -> UnitWork:
+        """``input_s``/``weight_s`` given: a split backward (its chain holds only the forwards)."""
+        if not weight_s:
+            return cls(tuple(f + b for f, b in zip(forward_s, backward_s, strict=True)), 1.0)
+        parts = zip(forward_s, backward_s, input_s, weight_s, strict=True)
+        work = tuple(f + min(b, i + w) for f, b, i, w in parts)
+        shares = [f / w for f, w in zip(forward_s, work, strict=True) if w > 0]
+        return cls(work, min(shares, default=1.0))
+
+
+def candidate_floor_s(work: UnitWork, num_microbatches: int, num_ranks: int, num_stages: int) -> float:
+    """No partition of these units into ``num_stages`` stages on ``num_ranks`` ranks simulates faster."""
+    m, total = num_microbatches, sum(work.work_s)
+    spread = m * total / num_ranks
+    longest = m * max(work.work_s, default=0.0)  # some stage holds the longest unit
+    c = work.chain_fraction
+    chain = c * total / (1.0 - (1.0 - c / m) ** num_stages) if c > 0 else 0.0
+    return max(spread, longest, chain)
+
+
+def partition_floor_s(
+    stage_work_s: Sequence[float],
+    stage_chain_s: Sequence[float],
+    stage_rank: Sequence[int],
+    num_microbatches: int,
+    *,
+    compute_scale: float = 1.0,
+    action_overhead_s: float = 0.0,
+    step_tail_s: Sequence[float] = (),
+) -> float:
+    """No simulation of this partition is shorter: per rank its work, overheads and step tail; per stage
+    the chain before it plus its own work (module docstring)."""
+    m = num_microbatches
+    scale = min(1.0, compute_scale)
+    per_rank = [0.0] * (max(stage_rank) + 1)
+    for s, rank in enumerate(stage_rank):
+        # Every stage runs at least a forward and a backward action per micro-batch.
+        per_rank[rank] += m * (stage_work_s[s] * scale + 2 * action_overhead_s)
+    for rank, tail in enumerate(step_tail_s):
+        per_rank[rank] += tail
+    floor = max(per_rank)
+    before = 0.0
+    for work_s, chain_s in zip(stage_work_s, stage_chain_s, strict=True):
+        floor = max(floor, (before + m * work_s) * scale)
+        before += chain_s
+    return floor if math.isfinite(floor) else math.inf

@@ -1,0 +1,90 @@
+"""The search's floors (planner/bounds.py) lie under every simulation they claim to bound."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from planner.bounds import UnitWork, candidate_floor_s, partition_floor_s
+from planner.errors import ScheduleError
+from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank
+from planner.schedule.simulate import RuntimeTerms, simulate
+
+
+def _partitions(num_units: int, num_stages: int) -> list[tuple[int, ...]]:
+    return [(0, *cuts) for cuts in itertools.combinations(range(1, num_units), num_stages - 1)]
+
+
+def _cases() -> list[tuple[Schedule, int, int, int]]:
+    """(schedule, ranks, stages per rank, micro-batches) that torch accepts, small enough to enumerate."""
+    found = []
+    for schedule in Schedule:
+        for ranks, v, m in itertools.product((2, 3), (1, 2), (1, 2, 3, 4, 6)):
+            if (v > 1) != schedule.multi_stage or (schedule.v_shape and v != 2):
+                continue
+            try:
+                check_microbatches(schedule, ranks, v, m)
+            except ScheduleError:
+                continue
+            found.append((schedule, ranks, v, m))
+    return found
+
+
+@pytest.mark.parametrize("schedule, ranks, v, m", _cases(), ids=lambda x: str(x))
+def test_floors_lie_under_every_partition_simulated(schedule: Schedule, ranks: int, v: int, m: int) -> None:
+    rng = random.Random(f"{schedule.value}-{ranks}-{v}-{m}")
+    num_stages = ranks * v
+    num_units = num_stages + 3
+    forward = [rng.uniform(0.1, 2.0) for _ in range(num_units)]
+    backward = [f * rng.uniform(1.0, 3.0) for f in forward]
+    weight = [b * rng.uniform(0.2, 0.6) for b in backward]
+    inputs = [(b - w) * rng.uniform(0.9, 1.3) for b, w in zip(backward, weight, strict=True)]
+    split = schedule.splits_backward
+    work = UnitWork.of(forward, backward, inputs, weight) if split else UnitWork.of(forward, backward)
+    floor = candidate_floor_s(work, m, ranks, num_stages)
+    stage_rank = stage_to_rank(schedule, num_stages, ranks)
+    terms = RuntimeTerms(0.05, tuple(rng.uniform(0, 1) for _ in range(ranks)), rng.choice((0.8, 1.0, 1.3)))
+    fastest = float("inf")
+    for bounds in _partitions(num_units, num_stages):
+        stages = [range(a, b) for a, b in zip(bounds, (*bounds[1:], num_units), strict=True)]
+        f = [sum(forward[u] for u in units) for units in stages]
+        b = [sum(backward[u] for u in units) for units in stages]
+        # torch's split: the first stage runs its whole backward as W (planner/cost.split_backward_times)
+        i = [0.0] + [sum(inputs[u] for u in units) for units in stages[1:]]
+        w = [b[0]] + [sum(weight[u] for u in units) for units in stages[1:]]
+        kwargs = {"weight_s": w, "input_s": i} if split else {}
+        plain = simulate(f, b, m, schedule, num_ranks=ranks, **kwargs).iteration_s
+        timed = simulate(f, b, m, schedule, num_ranks=ranks, runtime=terms, **kwargs).iteration_s
+        fastest = min(fastest, plain)
+        stage_work = [x + (min(y, p + q) if split else y) for x, y, p, q in zip(f, b, i, w, strict=True)]
+        chain = f if split else [x + y for x, y in zip(f, b, strict=True)]
+        assert partition_floor_s(stage_work, chain, stage_rank, m) <= plain * (1 + 1e-9)
+        with_terms = partition_floor_s(
+            stage_work,
+            chain,
+            stage_rank,
+            m,
+            compute_scale=terms.compute_scale,
+            action_overhead_s=terms.action_overhead_s,
+            step_tail_s=terms.step_tail_s,
+        )
+        assert with_terms <= timed * (1 + 1e-9)
+    assert floor <= fastest * (1 + 1e-9)
+
+
+def test_the_chain_floor_is_the_bubble_of_gpipe_on_equal_stages() -> None:
+    # Four equal units on four ranks, M = 4: any partition simulates at least 1.46 x M * W / P, and the
+    # even one (GPipe, F = B / 2) takes (M + P - 1) * (F + B) = 7 units: the floor is not loose by much.
+    work = UnitWork.of([1.0] * 4, [2.0] * 4)
+    floor = candidate_floor_s(work, 4, 4, 4)
+    assert floor == pytest.approx(12.0 / (1 - 0.75**4))
+    assert floor == pytest.approx(17.55, abs=0.01)
+    assert simulate([1.0] * 4, [2.0] * 4, 4, "gpipe").iteration_s == pytest.approx(21.0)
+
+
+def test_split_backward_chain_counts_only_forwards() -> None:
+    work = UnitWork.of([1.0, 2.0], [3.0, 2.0], [1.0, 1.0], [1.0, 0.5])
+    assert work.work_s == (3.0, 3.5)  # the split parts, cheaper than the full backward
+    assert work.chain_fraction == pytest.approx(1 / 3)
