@@ -223,9 +223,7 @@ def capture_export(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: li
         )
         for i, node in enumerate(calls)
     )
-    sources = tuple(
-        tuple(value_of(a) if isinstance(a, torch.fx.Node) else None for a in node.args) for node in calls
-    )
+    sources = tuple(tuple(value_of(a) if isinstance(a, torch.fx.Node) else None for a in node.args) for node in calls)
     outputs = tuple(
         tuple((tuple(t.shape), _dtype_name(t)) for t in tree_leaves(captured[i][1]) if isinstance(t, torch.Tensor))
         for i in range(len(calls))

@@ -16,6 +16,7 @@ would slow the arithmetic down, so the values are of the usual initialisers' sca
 from __future__ import annotations
 
 import contextlib
+import os
 import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -30,6 +31,7 @@ __all__ = [
     "parameters_on_meta",
     "move_to_meta",
     "is_on_meta",
+    "too_large",
     "eager_on_meta",
     "retarget_devices",
     "materialise",
@@ -69,6 +71,36 @@ def is_on_meta(model: nn.Module) -> bool:
     """True when the model's parameters are on ``meta`` (and there is at least one)."""
     devices = {p.device.type for p in model.parameters()}
     return devices == {"meta"}
+
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _device_memory_bytes(device: str) -> int | None:
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            return None  # the profiler says so, in its own words
+        return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def too_large(model: nn.Module, device: str, dtype: str) -> str:
+    """Why a model (on meta) cannot be profiled whole on ``device``, or "" when it can.
+
+    A loaded profile holds every weight and its gradient at once (activations come on top): when those
+    two alone exceed the device's memory, only a meta profile can run.
+    """
+    from profiles.report import human_bytes
+
+    memory = _device_memory_bytes(device)
+    count = sum({id(p): p.numel() for p in model.parameters()}.values())
+    weights = count * _DTYPE_BYTES.get(dtype, 4)
+    if memory is None or 2 * weights <= memory:
+        return ""
+    return (
+        f"{count:,} parameters: {human_bytes(weights)} of {dtype} weights, {human_bytes(2 * weights)} with their "
+        f"gradients, more than the {human_bytes(memory)} of this {device.split(':')[0]} device"
+    )
 
 
 def move_to_meta(model: nn.Module, spec: str) -> dict[str, torch.Tensor]:
@@ -156,9 +188,9 @@ def _fill(name: str, tensor: torch.Tensor) -> None:
     """
     leaf = name.rsplit(".", 1)[-1]
     if tensor.dim() >= 2:
-        g = torch.Generator(device="cpu").manual_seed(zlib.crc32(name.encode()))
-        values = torch.empty(tensor.shape, dtype=torch.float32).normal_(0.0, INIT_STD, generator=g)
-        tensor.copy_(values)
+        # in place: a float32 copy would double the peak of a vocabulary-sized weight
+        g = torch.Generator(device=tensor.device).manual_seed(zlib.crc32(name.encode()))
+        tensor.normal_(0.0, INIT_STD, generator=g)
     elif "bias" in leaf:
         tensor.zero_()
     else:  # a norm's scale (a 1-D weight): ones, as every norm starts

@@ -456,7 +456,7 @@ def profile_model(
     experts = expert_layout(model, unit_names)
     if experts:
         settings["experts"] = experts
-    return Profile(
+    profile = Profile(
         model=ModelInfo(
             name=workload.name or type(workload.model).__name__,
             fingerprint=model_fingerprint(model),
@@ -473,3 +473,8 @@ def profile_model(
         ),
         settings=settings,
     )
+    if on_meta:
+        from profiles.report import meta_line
+
+        print(f"pipeplan: {meta_line(profile)}", file=sys.stderr)
+    return profile
