@@ -30,7 +30,6 @@ __all__ = [
     "META",
     "parameters_on_meta",
     "move_to_meta",
-    "is_on_meta",
     "too_large",
     "eager_on_meta",
     "retarget_devices",
@@ -67,12 +66,6 @@ def parameters_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = original  # type: ignore[method-assign]
 
 
-def is_on_meta(model: nn.Module) -> bool:
-    """True when the model's parameters are on ``meta`` (and there is at least one)."""
-    devices = {p.device.type for p in model.parameters()}
-    return devices == {"meta"}
-
-
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -106,15 +99,15 @@ def too_large(model: nn.Module, device: str, dtype: str) -> str:
 def move_to_meta(model: nn.Module, spec: str) -> dict[str, torch.Tensor]:
     """Move ``model`` (built under :func:`parameters_on_meta`) wholly to meta; return its buffers' values.
 
-    Raises :class:`ModelSpecError` when a parameter was not built on meta: the spec made its model
-    before pipeplan called it (at import time) or loaded real weights into it.
+    Raises :class:`ModelSpecError` when a parameter was not built on meta: the spec handed over a model
+    built before pipeplan imported or called it.
     """
     stray = [(n, p.device) for n, p in model.named_parameters() if not p.is_meta]
     if stray or not any(True for _ in model.parameters()):
         where = f"parameter {stray[0][0]} is on {stray[0][1]}" if stray else "it has no parameters"
         raise ModelSpecError(
             f"cannot build {shorten(spec, 80)} on the meta device: {where}; a spec profiled with --meta must "
-            "create its model inside its function (not at import) and not load weights into it"
+            "build its model when pipeplan imports or calls it (not take one built before)"
         )
     values = {name: b.detach().clone() for name, b in model.named_buffers() if not b.is_meta}
     missing = [name for name, b in model.named_buffers() if b.is_meta]

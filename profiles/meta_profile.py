@@ -36,7 +36,7 @@ from profiles.measure import PieceMeasurement, count_flops, measure_piece
 from profiles.meta import META, materialise, release, retarget_devices
 from profiles.rounds import Measurements, Timing, measure_rounds, overhead_piece
 
-__all__ = ["measure_on_meta", "identical_runs", "peak_rss_bytes"]
+__all__ = ["measure_on_meta", "identical_runs", "check_sample_blocks", "peak_rss_bytes"]
 
 
 def peak_rss_bytes() -> int:
@@ -65,6 +65,29 @@ def _signature(model: nn.Module, capture: Capture, i: int) -> tuple[Any, ...]:
         if node.op == "call_function"
     )
     return (type(model.get_submodule(piece.name)).__name__, params, inputs, capture.outputs[i], ops)
+
+
+def _no_identical(count: int) -> UsageError:
+    return UsageError(
+        f"--sample-blocks: no two consecutive units of the {count} are identical (same type, parameter shapes, "
+        "input and output shapes); profile every unit: leave it out"
+    )
+
+
+def check_sample_blocks(model: nn.Module, units: Sequence[str]) -> None:
+    """Refuse ``sample_blocks`` at once when no two consecutive units share type and parameter shapes.
+
+    The full comparison (:func:`identical_runs`) needs the split graph; this one, on the modules, runs before
+    any output so that the refusal is the one line a bad input gets.
+    """
+
+    def key(unit: str) -> tuple[Any, ...]:
+        module = model.get_submodule(unit)
+        return (type(module), tuple((n, tuple(p.shape), p.dtype) for n, p in module.named_parameters()))
+
+    keys = [key(u) for u in units[:-1]]  # the last unit is never a copy
+    if not any(a == b for a, b in zip(keys[:-1], keys[1:], strict=True)):
+        raise _no_identical(len(units))
 
 
 def identical_runs(model: nn.Module, capture: Capture) -> dict[int, int]:
@@ -213,10 +236,7 @@ def measure_on_meta(
                 ownership = param_ownership(model, capture)
             copies = identical_runs(model, capture) if sample_blocks else {}
             if sample_blocks and not copies:
-                raise UsageError(
-                    f"--sample-blocks: no two consecutive units of the {len(units)} are identical (same type, "
-                    "parameter shapes, input and output shapes); profile every unit: leave it out"
-                )
+                raise _no_identical(len(units))
             if sampled is None:
                 sampled = copies
             elif copies != sampled:

@@ -352,8 +352,6 @@ def profile_model(
     # A meta model runs its eager checks on fake meta inputs (profiles/meta.py, eager_on_meta).
     with eager_on_meta(example) if on_meta else contextlib.nullcontext(example) as example:
         check_output(model, example, sizes[0])
-        # After the checks: a model that cannot run gets its one error line, not a load warning before it.
-        load_before = _warn_if_busy(dev)
         if units is not None:
             choice, unit_spec = choose_units(model, example, units), units if isinstance(units, int) else "explicit"
         elif workload.units is not None:
@@ -361,6 +359,12 @@ def profile_model(
         else:
             choice, unit_spec = choose_units(model, example), "default"
     unit_names = list(choice.units)
+    if sample_blocks:
+        from profiles.meta_profile import check_sample_blocks
+
+        check_sample_blocks(model, unit_names)
+    # After the checks: a model that cannot run, or bad units, get their one error line, not a warning before it.
+    load_before = _warn_if_busy(dev)
     print(f"pipeplan: {len(unit_names)} units ({choice.how})", file=sys.stderr)
     for warning in choice.warnings:
         print(f"pipeplan: warning: {warning}", file=sys.stderr)

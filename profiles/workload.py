@@ -125,8 +125,11 @@ def load_workload(spec: str, *, meta: bool = False, **builtin_options: Any) -> W
     if meta:
         from profiles.meta import move_to_meta, parameters_on_meta
 
-        with parameters_on_meta():
-            workload = _build_workload(spec, builtin_options)
+        try:
+            with parameters_on_meta():
+                workload = _build_workload(spec, builtin_options)
+        except ModelSpecError as exc:  # e.g. the spec moves its model (.to(device)): meta cannot be copied out
+            raise ModelSpecError(f"cannot build {shorten(spec, 60)} on the meta device: {exc}") from None
         workload = replace(workload, meta_buffers=move_to_meta(workload.model, spec))
     else:
         workload = _build_workload(spec, builtin_options)

@@ -17,6 +17,7 @@ from torch import nn
 
 from cli import main
 from cli_checks import assert_fails
+from planner.errors import ModelSpecError
 from profiles.meta import materialise, move_to_meta, parameters_on_meta
 from profiles.profiler import profile_model
 from profiles.workload import load_workload
@@ -81,7 +82,7 @@ def test_meta_profile_describes_the_same_model_as_a_loaded_one():
 def test_sample_blocks_measures_one_layer_and_copies_it(tiny_llama):
     profile = profile_model(load_workload(tiny_llama, meta=True), micro_batch_sizes=(1, 2), sample_blocks=True, **FAST)
     names = [u.name for u in profile.units]
-    assert names == ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.layers.2", "model.norm", "lm_head"]
+    assert names == ["model.embed_tokens", *(f"model.layers.{i}" for i in range(3)), "model.norm", "lm_head"]
     assert profile.settings["sampled_from"] == {"model.layers.1": "model.layers.0", "model.layers.2": "model.layers.0"}
     first = profile.units[1]
     for copy in profile.units[2:4]:
@@ -178,10 +179,9 @@ def specs(tmp_path):
                 model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 32), nn.Linear(32, 4))
                 return Workload(model, _batch, nn.functional.mse_loss)
 
-            PREBUILT = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
-
-            def prebuilt():  # made at import: its weights exist before pipeplan can build it on meta
-                return Workload(PREBUILT, _batch, nn.functional.mse_loss)
+            def moved():  # moving a meta model to a device would copy weights that do not exist
+                model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4)).to("cpu")
+                return Workload(model, _batch, nn.functional.mse_loss)
             """
         )
     )
@@ -194,8 +194,14 @@ def test_sample_blocks_with_nothing_identical_is_refused(capsys, existing, specs
 
 
 def test_a_spec_that_cannot_be_built_on_meta_is_refused(capsys, existing, specs):
-    argv = ["profile", specs / "meta_specs.py:prebuilt", "--meta", "--no-progress", "--out", existing]
-    assert_fails(capsys, argv, "cannot build", existing)
+    argv = ["profile", specs / "meta_specs.py:moved", "--meta", "--no-progress", "--out", existing]
+    assert_fails(capsys, argv, "on the meta device: calling", existing)
+
+
+def test_a_model_with_real_weights_is_not_taken_for_a_meta_one():
+    model = nn.Linear(4, 4)  # built outside parameters_on_meta(): its weights exist
+    with pytest.raises(ModelSpecError, match="parameter weight is on cpu"):
+        move_to_meta(model, "spec.py:made_before")
 
 
 def test_cli_meta_profile_is_written_and_says_so(capsys, tmp_path, tiny_llama):
@@ -206,7 +212,6 @@ def test_cli_meta_profile_is_written_and_says_so(capsys, tmp_path, tiny_llama):
     )
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert "--sample-blocks profiles on the meta device" in captured.err
     assert "peak resident memory" in captured.err and "2 units copied from 1 measured" in captured.out
     assert "whole model not measured" in captured.out
     data = json.loads(out.read_text())
