@@ -194,6 +194,21 @@ def _rank_threads(ranks: int) -> int:
     return max(1, (os.cpu_count() or 1) // ranks)
 
 
+def _too_large_for_device(args: argparse.Namespace) -> bool:
+    """An hf: config built on meta (no weights: seconds) is too large to profile whole: say so, and go meta."""
+    from profiles.meta import too_large
+    from profiles.workload import load_workload
+
+    try:
+        probe = load_workload(args.model, meta=True, seq_len=args.seq_len, task=args.task)
+    except Exception:  # a best-effort look: the normal build reports what is wrong with the spec, in its words
+        return False
+    reason = too_large(probe.model, args.device, args.dtype)
+    if reason:
+        print(f"pipeplan: {reason}: profiling it on the meta device, one unit at a time (--meta)", file=sys.stderr)
+    return bool(reason)
+
+
 def _cmd_profile(args: argparse.Namespace) -> int:
     from planner.fileio import check_output_path
     from profiles.format import save_profile
@@ -207,7 +222,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(threads)
-    workload = load_workload(args.model, seq_len=args.seq_len, task=args.task)
+    meta = args.meta or args.sample_blocks  # --sample-blocks implies --meta (its help says so)
+    if not meta and args.model.startswith("hf:"):
+        meta = _too_large_for_device(args)
+    workload = load_workload(args.model, meta=meta, seq_len=args.seq_len, task=args.task)
     units: object = None
     if args.units:
         units = int(args.units) if args.units.isdigit() else [u.strip() for u in args.units.split(",") if u.strip()]
@@ -221,6 +239,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         units=units,
         progress=not args.no_progress,
+        sample_blocks=args.sample_blocks,
     )
     save_profile(profile, args.out)
     print(format_profile_table(profile))
@@ -893,6 +912,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="P",
         help="profile with the threads each of P ranks on this machine will get: cores // P, as the runtime sets",
+    )
+    p.add_argument(
+        "--meta",
+        action="store_true",
+        help="build the model on the meta device (no weights held) and materialise one unit at a time to measure "
+        "it, for a model larger than the device; the whole model is not measured (automatic for an hf: config "
+        "whose weights and gradients exceed the device's memory)",
+    )
+    p.add_argument(
+        "--sample-blocks",
+        action="store_true",
+        help="with --meta (implied): measure one unit of each run of identical consecutive units (decoder layers) "
+        "and copy its numbers to the others; the profile lists the copies in settings.sampled_from",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_profile)

@@ -28,6 +28,8 @@ __all__ = [
     "tensor_bytes",
     "needs_grad",
     "run_as_generated_code",
+    "param_ownership",
+    "Source",
 ]
 
 
@@ -56,12 +58,22 @@ class Edge:
     shape: tuple[int, ...]
 
 
+Source = tuple[int, int]
+"""Where a value passed to a piece comes from: (producer piece or -1 for the model input, output index or
+-1 for a piece's single output)."""
+
+
 @dataclass(frozen=True)
 class Capture:
     mode: str
     """``export`` (split by torch.distributed.pipelining) or ``hooks`` (forward hooks, chain flow)."""
     pieces: tuple[Piece, ...]
     edges: tuple[Edge, ...]
+    sources: tuple[tuple[Source | None, ...], ...] = ()
+    """Export only: per piece, where each of its arguments comes from (None: a constant). A meta profile
+    (profiles/meta_profile.py) feeds each materialised piece the real outputs of the pieces before it."""
+    outputs: tuple[tuple[tuple[tuple[int, ...], str], ...], ...] = ()
+    """Export only: per piece, the (shape, dtype) of each tensor it returns."""
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
@@ -211,7 +223,12 @@ def capture_export(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: li
         )
         for i, node in enumerate(calls)
     )
-    return Capture("export", pieces, tuple(edges))
+    sources = tuple(tuple(value_of(a) if isinstance(a, torch.fx.Node) else None for a in node.args) for node in calls)
+    outputs = tuple(
+        tuple((tuple(t.shape), _dtype_name(t)) for t in tree_leaves(captured[i][1]) if isinstance(t, torch.Tensor))
+        for i in range(len(calls))
+    )
+    return Capture("export", pieces, tuple(edges), sources, outputs)
 
 
 def capture_hooks(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: list[str]) -> Capture:
@@ -244,3 +261,39 @@ def capture_hooks(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: lis
         leaves = [t for t in tree_leaves(calls[unit][2]) if isinstance(t, torch.Tensor)]
         edges += [_edge(i, {i + 1}, t, f"{unit}:out{j}") for j, t in enumerate(leaves)]
     return Capture("hooks", tuple(pieces), tuple(edges))
+
+
+def param_ownership(model: nn.Module, capture: Capture) -> list[tuple[int, int, tuple[str, ...], int, int]]:
+    """Per piece: (param_count, param_bytes, tied names, tied count, parameter tensors held).
+
+    A shared parameter counts at its first piece; later pieces that use it count it in ``tied count``,
+    because a pipeline stage holding such a piece keeps its own copy.
+    """
+    by_name = dict(model.named_parameters(remove_duplicate=False))
+    users: dict[int, list[int]] = {}
+    piece_params: list[dict[int, tuple[torch.Tensor, list[str]]]] = []
+    for i, piece in enumerate(capture.pieces):
+        params: dict[int, tuple[torch.Tensor, list[str]]] = {}
+        # export pieces name parameters by their model FQNs; hooks pieces are the unit modules themselves
+        prefix = f"{piece.name}." if capture.mode == "hooks" else ""
+        for local, p in piece.module.named_parameters(remove_duplicate=False):
+            name = prefix + local
+            original = by_name.get(name, p)  # pipeline() may copy a tied weight: identify it by its name
+            params.setdefault(id(original), (original, []))[1].append(name)
+        for key in params:
+            users.setdefault(key, []).append(i)
+        piece_params.append(params)
+    result = []
+    for i, params in enumerate(piece_params):
+        count = nbytes = tied_count = 0
+        tied: list[str] = []
+        for key, (p, names) in params.items():
+            if users[key][0] == i:
+                count += p.numel()
+                nbytes += p.numel() * p.element_size()
+            else:
+                tied_count += p.numel()
+            if len(users[key]) > 1:
+                tied += names
+        result.append((count, nbytes, tuple(sorted(tied)), tied_count, len(params)))
+    return result

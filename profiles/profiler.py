@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import sys
@@ -15,11 +16,12 @@ from torch import nn
 
 from planner.errors import ProfilingError, UsageError, shorten
 from profiles.allocator import keep_freed_memory
-from profiles.dataflow import Capture, Edge, capture_export, capture_hooks
+from profiles.dataflow import Capture, Edge, capture_export, capture_hooks, param_ownership
 from profiles.fingerprint import model_fingerprint
 from profiles.format import DeviceInfo, ModelInfo, PieceOverhead, Profile, TensorFlow, UnitProfile, WholeModel
 from profiles.measure import PieceMeasurement, count_flops, measure_piece
-from profiles.rounds import WHOLE_PATHS, measure_rounds, overhead_piece, whole_piece
+from profiles.meta import eager_on_meta
+from profiles.rounds import WHOLE_PATHS, Measurements, Timing, measure_rounds, overhead_piece, whole_piece
 from profiles.units import choose_units, expert_layout
 from profiles.workload import (
     Workload,
@@ -124,56 +126,6 @@ def _warn_if_busy(dev: torch.device) -> float:
     return load
 
 
-def _param_ownership(model: nn.Module, capture: Capture) -> list[tuple[int, int, tuple[str, ...], int, int]]:
-    """Per piece: (param_count, param_bytes, tied names, tied count, parameter tensors held).
-
-    A shared parameter counts at its first piece; later pieces that use it count it in ``tied count``,
-    because a pipeline stage holding such a piece keeps its own copy.
-    """
-    by_name = dict(model.named_parameters(remove_duplicate=False))
-    users: dict[int, list[int]] = {}
-    piece_params: list[dict[int, tuple[torch.Tensor, list[str]]]] = []
-    for i, piece in enumerate(capture.pieces):
-        params: dict[int, tuple[torch.Tensor, list[str]]] = {}
-        # export pieces name parameters by their model FQNs; hooks pieces are the unit modules themselves
-        prefix = f"{piece.name}." if capture.mode == "hooks" else ""
-        for local, p in piece.module.named_parameters(remove_duplicate=False):
-            name = prefix + local
-            original = by_name.get(name, p)  # pipeline() may copy a tied weight: identify it by its name
-            params.setdefault(id(original), (original, []))[1].append(name)
-        for key in params:
-            users.setdefault(key, []).append(i)
-        piece_params.append(params)
-    result = []
-    for i, params in enumerate(piece_params):
-        count = nbytes = tied_count = 0
-        tied: list[str] = []
-        for key, (p, names) in params.items():
-            if users[key][0] == i:
-                count += p.numel()
-                nbytes += p.numel() * p.element_size()
-            else:
-                tied_count += p.numel()
-            if len(users[key]) > 1:
-                tied += names
-        result.append((count, nbytes, tuple(sorted(tied)), tied_count, len(params)))
-    return result
-
-
-@dataclass(frozen=True)
-class Timing:
-    """How many round-robin rounds to time (see :func:`profiles.rounds.measure_rounds`)."""
-
-    repeats: int
-    """The minimum number of rounds."""
-    max_repeats: int
-    """The maximum: rounds go on past ``repeats`` until the unit sum and the whole model are stable."""
-    warmup: int
-    """Untimed iterations of each piece before its first timed one."""
-    stable_within: float
-    """Relative change of the median unit sum and whole model over the last round that counts as stable."""
-
-
 @dataclass(frozen=True)
 class SizeTiming:
     units: tuple[PieceMeasurement, ...]
@@ -242,6 +194,85 @@ def _edge_key(edge: Edge) -> tuple[int, tuple[int, ...], str]:
     return (edge.producer, edge.consumers, edge.name)
 
 
+def _measure_loaded(
+    model: nn.Module,
+    workload: Workload,
+    unit_names: list[str],
+    sizes: tuple[int, ...],
+    dev: torch.device,
+    torch_dtype: torch.dtype,
+    timing: Timing,
+    capture: str | None,
+    progress: bool,
+) -> Measurements:
+    """The model held whole on the device: units, whole model and overhead piece in round-robin rounds."""
+    from tqdm import tqdm
+
+    n = len(unit_names)
+    # per size and round: the units, the whole model and the overhead piece (_time_size corrects this)
+    total = len(sizes) * (n + 2) * timing.repeats
+    bar = tqdm(total=total, disable=not progress, file=sys.stderr, unit="step", leave=False)
+    per_size: list[tuple[PieceMeasurement, ...]] = []
+    flops: list[tuple[int, ...]] = []
+    whole: list[PieceMeasurement] = []
+    overhead: list[PieceMeasurement] = []
+    rounds_used: list[int] = []
+    edges_by_size: list[tuple[Edge, ...]] = []
+    ownership = None
+    mode: str | None = capture
+    fallback_reason = ""
+    try:
+        for b in sizes:
+            inputs, target = _batch(workload, b, dev, torch_dtype)
+            bar.set_description(f"split b={b}")
+            cap, reason = _capture(model, inputs, unit_names, mode)
+            mode, fallback_reason = cap.mode, fallback_reason or reason
+            if ownership is None:
+                ownership = param_ownership(model, cap)
+            timed = _time_size(cap, model, inputs, target, workload, dev, b, bar, timing)
+            per_size.append(timed.units)
+            whole.append(timed.whole)
+            overhead.append(timed.overhead)
+            rounds_used.append(timed.rounds)
+            try:
+                counted = tuple(count_flops(piece.module, piece.args, piece.kwargs) for piece in cap.pieces)
+            except Exception as exc:
+                raise ProfilingError(
+                    f"counting FLOPs at micro-batch size {b} failed: {type(exc).__name__}: {exc}"
+                ) from None
+            flops.append(counted)
+            edges_by_size.append(cap.edges)
+            del cap
+    finally:
+        bar.close()
+    assert ownership is not None and mode is not None
+    return Measurements(
+        units=tuple(per_size),
+        flops=tuple(flops),
+        whole=tuple(whole),
+        overhead=tuple(overhead),
+        rounds=tuple(rounds_used),
+        edges=tuple(edges_by_size),
+        ownership=tuple(ownership),
+        mode=mode,
+        export_error=fallback_reason,
+    )
+
+
+def _whole_model(measured: Measurements, n_sizes: int) -> WholeModel:
+    """The measured whole model; for a meta profile, the unit sum (settings say it was not measured).
+
+    Kept as the unit sum rather than left out so that the field stays what version 1 requires and an
+    older reader's unit-sum check reads 0 %, not a division by zero (docs/profile-format.md).
+    """
+    if measured.whole is not None:
+        return WholeModel(tuple(w.forward_s for w in measured.whole), tuple(w.backward_s for w in measured.whole))
+    return WholeModel(
+        tuple(sum(m.forward_s for m in measured.units[j]) for j in range(n_sizes)),
+        tuple(sum(m.backward_s for m in measured.units[j]) for j in range(n_sizes)),
+    )
+
+
 def profile_model(
     workload: Workload,
     *,
@@ -255,6 +286,7 @@ def profile_model(
     units: Sequence[str] | int | None = None,
     progress: bool = True,
     capture: str | None = None,
+    sample_blocks: bool = False,
 ) -> Profile:
     """Measure ``workload`` unit by unit at each micro-batch size.
 
@@ -267,6 +299,10 @@ def profile_model(
     piece overhead are timed in round-robin rounds: at least ``repeats``, then until the median unit
     sum and whole model move by at most ``stable_within`` per round, at most ``max_repeats`` (default:
     ``repeats``, no adaptation).
+
+    A workload built on the meta device (``load_workload(spec, meta=True)``) is profiled one unit at a
+    time (:func:`profiles.meta_profile.measure_on_meta`): the whole model is never held, nor measured;
+    ``sample_blocks`` (meta only) measures one unit of each run of identical consecutive units.
 
     Raises :class:`UsageError` for bad sizes/repeats/dtype/units and :class:`ProfilingError` when CUDA
     is missing or the model cannot be run.
@@ -288,6 +324,11 @@ def profile_model(
         raise UsageError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     if capture not in (None, "export", "hooks"):
         raise UsageError(f"unknown capture {capture!r}: use export or hooks")
+    on_meta = workload.meta_buffers is not None
+    if on_meta and capture == "hooks":
+        raise UsageError("a meta profile splits the model by export: capture hooks cannot feed one unit at a time")
+    if sample_blocks and not on_meta:
+        raise UsageError("sample_blocks needs a model built on the meta device: load_workload(spec, meta=True)")
     dev = _resolve_device(device)
     # the runtime's ranks keep freed memory too (planner/runtime/launch.py): see profiles/allocator.py
     kept_memory = keep_freed_memory() if dev.type == "cpu" else False
@@ -295,7 +336,8 @@ def profile_model(
     workload = adapt_workload(workload)  # keyword inputs, a ModelOutput: what the pipeline can split
     for note in workload.notes:
         print(f"pipeplan: {note}", file=sys.stderr)
-    model = workload.model.to(device=dev, dtype=torch_dtype)
+    # A meta model stays on meta: only its dtype changes (its pieces are materialised on the device).
+    model = workload.model.to(dtype=torch_dtype) if on_meta else workload.model.to(device=dev, dtype=torch_dtype)
     model.train()
     check_model_signature(model)
     dropout = active_dropout(model)
@@ -307,68 +349,57 @@ def profile_model(
         )
 
     example, _ = _batch(workload, sizes[0], dev, torch_dtype)
-    check_output(model, example, sizes[0])
-    # After the checks: a model that cannot run gets its one error line, not a load warning before it.
-    load_before = _warn_if_busy(dev)
-    if units is not None:
-        choice, unit_spec = choose_units(model, example, units), units if isinstance(units, int) else "explicit"
-    elif workload.units is not None:
-        choice, unit_spec = choose_units(model, example, list(workload.units)), "workload"
-    else:
-        choice, unit_spec = choose_units(model, example), "default"
+    # A meta model runs its eager checks on fake meta inputs (profiles/meta.py, eager_on_meta).
+    with eager_on_meta(example) if on_meta else contextlib.nullcontext(example) as example:
+        check_output(model, example, sizes[0])
+        if units is not None:
+            choice, unit_spec = choose_units(model, example, units), units if isinstance(units, int) else "explicit"
+        elif workload.units is not None:
+            choice, unit_spec = choose_units(model, example, list(workload.units)), "workload"
+        else:
+            choice, unit_spec = choose_units(model, example), "default"
     unit_names = list(choice.units)
+    if sample_blocks:
+        from profiles.meta_profile import check_sample_blocks
+
+        check_sample_blocks(model, unit_names)
+    # After the checks: a model that cannot run, or bad units, get their one error line, not a warning before it.
+    load_before = _warn_if_busy(dev)
     print(f"pipeplan: {len(unit_names)} units ({choice.how})", file=sys.stderr)
     for warning in choice.warnings:
         print(f"pipeplan: warning: {warning}", file=sys.stderr)
 
-    from tqdm import tqdm
-
-    n = len(unit_names)
     timing = Timing(repeats, max_repeats, warmup, stable_within)
-    # per size and round: the units, the whole model and the overhead piece (_time_size corrects this)
-    bar = tqdm(total=len(sizes) * (n + 2) * repeats, disable=not progress, file=sys.stderr, unit="step", leave=False)
-    per_size: list[list[PieceMeasurement]] = []
-    flops: list[list[int]] = []
-    whole: list[PieceMeasurement] = []
-    overhead: list[PieceMeasurement] = []
-    rounds_used: list[int] = []
-    edges_by_size: list[tuple[Edge, ...]] = []
-    ownership = None
-    mode: str | None = capture
-    fallback_reason = ""
-    try:
-        for b in sizes:
-            inputs, target = _batch(workload, b, dev, torch_dtype)
-            bar.set_description(f"split b={b}")
-            cap, reason = _capture(model, inputs, unit_names, mode)
-            mode, fallback_reason = cap.mode, fallback_reason or reason
-            if ownership is None:
-                ownership = _param_ownership(model, cap)
-            timed = _time_size(cap, model, inputs, target, workload, dev, b, bar, timing)
-            per_size.append(list(timed.units))
-            whole.append(timed.whole)
-            overhead.append(timed.overhead)
-            rounds_used.append(timed.rounds)
-            try:
-                counted = [count_flops(piece.module, piece.args, piece.kwargs) for piece in cap.pieces]
-            except Exception as exc:
-                raise ProfilingError(
-                    f"counting FLOPs at micro-batch size {b} failed: {type(exc).__name__}: {exc}"
-                ) from None
-            flops.append(counted)
-            edges_by_size.append(cap.edges)
-            del cap
-    finally:
-        bar.close()
+    meta_settings: dict[str, Any] = {}
+    if on_meta:
+        from profiles.meta_profile import measure_on_meta
 
-    reference = [_edge_key(e) for e in edges_by_size[0]]
-    for b, edges in zip(sizes, edges_by_size, strict=True):
+        def on_device(b: int) -> tuple[tuple, Any]:
+            return _batch(workload, b, dev, torch_dtype)
+
+        measured, meta_settings = measure_on_meta(
+            model,
+            workload.meta_buffers or {},
+            on_device,
+            unit_names,
+            sizes,
+            dev,
+            timing,
+            loss_fn=workload.loss_fn,
+            sample_blocks=sample_blocks,
+            progress=progress,
+        )
+    else:
+        measured = _measure_loaded(model, workload, unit_names, sizes, dev, torch_dtype, timing, capture, progress)
+
+    reference = [_edge_key(e) for e in measured.edges[0]]
+    for b, edges in zip(sizes, measured.edges, strict=True):
         if [_edge_key(e) for e in edges] != reference:
             raise ProfilingError(
                 f"the data flow between units differs at micro-batch size {b} from size {sizes[0]}: "
                 "the model's structure depends on the batch size"
             )
-    assert ownership is not None and mode is not None
+    ownership, per_size = measured.ownership, measured.units
     unit_profiles = tuple(
         UnitProfile(
             name=name,
@@ -377,7 +408,7 @@ def profile_model(
             param_bytes=ownership[i][1],
             forward_s=tuple(m[i].forward_s for m in per_size),
             backward_s=tuple(m[i].backward_s for m in per_size),
-            flops=tuple(f[i] for f in flops),
+            flops=tuple(f[i] for f in measured.flops),
             output_bytes=tuple(m[i].output_bytes for m in per_size),
             saved_bytes=tuple(m[i].saved_bytes for m in per_size),
             peak_bytes=tuple(int(m[i].peak_bytes or 0) for m in per_size) if dev.type == "cuda" else None,
@@ -394,41 +425,42 @@ def profile_model(
         TensorFlow(
             producer=e.producer,
             consumers=e.consumers,
-            bytes=tuple(edges[j].nbytes for edges in edges_by_size),
+            bytes=tuple(edges[j].nbytes for edges in measured.edges),
             dtype=e.dtype,
             needs_grad=e.needs_grad,
             name=e.name,
         )
-        for j, e in enumerate(edges_by_size[0])
+        for j, e in enumerate(measured.edges[0])
     )
     distinct = {id(p): p for p in model.parameters()}.values()
     settings: dict[str, Any] = {
         "repeats": repeats,
         "max_repeats": max_repeats,
         "stable_within": stable_within,
-        "repeats_used": rounds_used,
-        "whole_model_path": WHOLE_PATHS[mode],
+        "repeats_used": list(measured.rounds),
+        "whole_model_path": WHOLE_PATHS["meta" if on_meta else measured.mode],
         "keep_freed_memory": kept_memory,
         "warmup": warmup,
-        "capture": mode,
+        "capture": measured.mode,
         "unit_spec": unit_spec,
         "unit_choice": choice.how,
         "loss_in_last_unit": True,
         # CPU timings depend on intra-op threads: a rank of a P-process CPU pipeline gets cores / P.
         "threads": torch.get_num_threads(),
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        **meta_settings,
     }
     first = example[0] if example else None
     if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point():
         settings["seq_len"] = int(first.shape[-1])  # token ids (batch, seq_len)
-    if fallback_reason:
-        settings["export_error"] = fallback_reason
+    if measured.export_error:
+        settings["export_error"] = measured.export_error
     if workload.notes:
         settings["adapted"] = list(workload.notes)
     experts = expert_layout(model, unit_names)
     if experts:
         settings["experts"] = experts
-    return Profile(
+    profile = Profile(
         model=ModelInfo(
             name=workload.name or type(workload.model).__name__,
             fingerprint=model_fingerprint(model),
@@ -439,7 +471,14 @@ def profile_model(
         micro_batch_sizes=sizes,
         units=unit_profiles,
         tensors=tensors,
-        whole_model=WholeModel(tuple(w.forward_s for w in whole), tuple(w.backward_s for w in whole)),
-        piece_overhead=PieceOverhead(tuple(o.forward_s for o in overhead), tuple(o.backward_s for o in overhead)),
+        whole_model=_whole_model(measured, len(sizes)),
+        piece_overhead=PieceOverhead(
+            tuple(o.forward_s for o in measured.overhead), tuple(o.backward_s for o in measured.overhead)
+        ),
         settings=settings,
     )
+    if on_meta:
+        from profiles.report import meta_line
+
+        print(f"pipeplan: {meta_line(profile)}", file=sys.stderr)
+    return profile

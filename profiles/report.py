@@ -5,7 +5,7 @@ from __future__ import annotations
 from planner.table import format_table
 from profiles.format import Profile
 
-__all__ = ["format_profile_table", "human_bytes", "unit_sum_line"]
+__all__ = ["format_profile_table", "human_bytes", "meta_line", "unit_sum_line"]
 
 
 def human_bytes(n: int | float) -> str:
@@ -31,6 +31,25 @@ def _seconds(s: float) -> str:
     return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
+def meta_line(profile: Profile) -> str:
+    """For a meta profile: the peak resident memory against the model's weights, and the copied units."""
+    settings = profile.settings
+    if not settings.get("meta"):
+        return ""
+    line = "meta profile (one unit materialised at a time)"
+    peak = settings.get("peak_rss_bytes")
+    if isinstance(peak, int) and profile.model.param_bytes > 0:
+        line += (
+            f": peak resident memory {human_bytes(peak)} for {human_bytes(profile.model.param_bytes)} of parameters "
+            f"({peak / profile.model.param_bytes:.0%})"
+        )
+    copied = settings.get("sampled_from")
+    if isinstance(copied, dict) and copied:
+        measured = len({str(v) for v in copied.values()})
+        line += f"; {len(copied)} units copied from {measured} measured identical unit{'s' if measured > 1 else ''}"
+    return line
+
+
 def unit_sum_line(profile: Profile, size_index: int) -> str:
     """``b=2: unit sum 17.2 ms vs whole model 15.7 ms (exported as one piece): +9.5%; ...`` (fwd + bwd).
 
@@ -39,6 +58,8 @@ def unit_sum_line(profile: Profile, size_index: int) -> str:
     """
     units, whole = profile.unit_sum_s(size_index), profile.whole_s(size_index)
     b = profile.micro_batch_sizes[size_index]
+    if profile.settings.get("meta"):  # whole_model holds the unit sum: nothing to compare (profile-format.md)
+        return f"b={b}: unit sum {_seconds(units)}; whole model not measured (a meta profile holds one unit at a time)"
     path = profile.settings.get("whole_model_path")
     line = f"b={b}: unit sum {_seconds(units)} vs whole model {_seconds(whole)}"
     line += f" ({path}): {_percent(units, whole)}" if path else f": {_percent(units, whole)}"
@@ -110,6 +131,9 @@ def format_profile_table(profile: Profile, micro_batch_size: int | None = None, 
         f"{d.kind} {d.name} ({d.dtype}), capture {profile.settings.get('capture', '?')}, "
         f"threads {profile.settings.get('threads', '?')}",
     ]
+    meta = meta_line(profile)
+    if meta:
+        lines.append(meta)
     for b in sizes:
         j = profile.size_index(b)
         lines += ["", f"micro-batch size {b}:"]

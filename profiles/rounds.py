@@ -26,13 +26,63 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from profiles.dataflow import Capture, Piece, capture_export
+from profiles.dataflow import Capture, Edge, Piece, capture_export
 from profiles.measure import PieceMeasurement
 
-__all__ = ["WHOLE_PATHS", "Rounds", "whole_piece", "overhead_piece", "median_measurement", "measure_rounds"]
+__all__ = [
+    "WHOLE_PATHS",
+    "Timing",
+    "Measurements",
+    "Rounds",
+    "whole_piece",
+    "overhead_piece",
+    "median_measurement",
+    "measure_rounds",
+]
 
-WHOLE_PATHS = {"export": "exported as one piece", "hooks": "eager model"}
-"""How the whole model was run, by capture mode (recorded in ``settings.whole_model_path``)."""
+WHOLE_PATHS = {
+    "export": "exported as one piece",
+    "hooks": "eager model",
+    "meta": "not measured: a meta profile holds one unit at a time; whole_model is the unit sum",
+}
+"""How the whole model was run, by capture mode, or ``meta`` (recorded in ``settings.whole_model_path``)."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How many round-robin rounds to time (see :func:`profiles.rounds.measure_rounds`)."""
+
+    repeats: int
+    """The minimum number of rounds."""
+    max_repeats: int
+    """The maximum: rounds go on past ``repeats`` until the unit sum and the whole model are stable."""
+    warmup: int
+    """Untimed iterations of each piece before its first timed one."""
+    stable_within: float
+    """Relative change of the median unit sum and whole model over the last round that counts as stable."""
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """What one profiling path measured, at every micro-batch size, for the profile to be assembled from."""
+
+    units: tuple[tuple[PieceMeasurement, ...], ...]
+    """Per size, per unit."""
+    flops: tuple[tuple[int, ...], ...]
+    """Per size, per unit: forward multiply-adds."""
+    whole: tuple[PieceMeasurement, ...] | None
+    """Per size, the whole model; None when it was not measured (a meta profile never holds it whole)."""
+    overhead: tuple[PieceMeasurement, ...]
+    rounds: tuple[int, ...]
+    """Rounds run, per size (a meta profile: the most any unit needed)."""
+    edges: tuple[tuple[Edge, ...], ...]
+    """Per size, the tensors passed between units."""
+    ownership: tuple[tuple[int, int, tuple[str, ...], int, int], ...]
+    """Per unit: :func:`profiles.dataflow.param_ownership`."""
+    mode: str
+    """The capture mode: ``export`` or ``hooks``."""
+    export_error: str = ""
+    """Why export failed, when the units were timed by hooks."""
 
 
 def whole_piece(model: nn.Module, inputs: tuple, capture: Capture, units: Sequence[str]) -> Piece:

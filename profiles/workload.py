@@ -7,6 +7,7 @@ zero-argument callable returning a :class:`Workload` (or a ``(model, make_batch,
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -57,6 +58,9 @@ class Workload:
     """Optional: the model's output -> the tensor ``loss_fn`` takes (default :func:`pick_output`)."""
     notes: tuple[str, ...] = ()
     """What :func:`adapt_workload` (and ``hf:`` configs) did to the model, for the profile to say."""
+    meta_buffers: Mapping[str, torch.Tensor] | None = None
+    """Set by ``load_workload(spec, meta=True)``: the model is on the meta device (no weights held) and
+    these are its buffers' real values by FQN, restored when a unit is materialised (profiles/meta.py)."""
 
 
 def as_tuple(inputs: Any) -> tuple[torch.Tensor, ...]:
@@ -106,24 +110,46 @@ def _resolve_callable(spec: str) -> Callable[..., Any]:
         raise ModelSpecError(f"{target} has no attribute {attr!r}") from None
 
 
-def load_workload(spec: str, **builtin_options: Any) -> Workload:
+def load_workload(spec: str, *, meta: bool = False, **builtin_options: Any) -> Workload:
     """Resolve a MODEL spec into a :class:`Workload`.
 
     ``builtin_options`` (``seq_len``; ``task`` for ``hf:``) reach built-in models and ``hf:`` configs
     only; user callables take no arguments. A user's workload goes through :func:`adapt_workload`.
+
+    With ``meta`` the model is built with its parameters on the meta device (no weights held, buffers
+    kept: :mod:`profiles.meta`); the workload's ``meta_buffers`` is then set. Raises
+    :class:`ModelSpecError` when the spec cannot be built that way (its model made at import time).
     """
+    from profiles.models import BUILTIN_MODELS
+
+    if meta:
+        from profiles.meta import move_to_meta, parameters_on_meta
+
+        try:
+            with parameters_on_meta():
+                workload = _build_workload(spec, builtin_options)
+        except ModelSpecError as exc:  # e.g. the spec moves its model (.to(device)): meta cannot be copied out
+            raise ModelSpecError(f"cannot build {shorten(spec, 60)} on the meta device: {exc}") from None
+        workload = replace(workload, meta_buffers=move_to_meta(workload.model, spec))
+    else:
+        workload = _build_workload(spec, builtin_options)
+    # built-ins return tensors from positional inputs already: nothing to adapt
+    return workload if spec in BUILTIN_MODELS else adapt_workload(workload)
+
+
+def _build_workload(spec: str, builtin_options: Mapping[str, Any]) -> Workload:
+    """The spec's workload as built, before :func:`adapt_workload`."""
     from profiles.models import BUILTIN_MODELS
 
     options = {k: v for k, v in builtin_options.items() if v is not None}
     if spec.startswith("hf:"):
         from profiles.models.hf_config import hf_config_workload
 
-        return adapt_workload(hf_config_workload(spec, task=options.get("task"), seq_len=options.get("seq_len")))
+        return hf_config_workload(spec, task=options.get("task"), seq_len=options.get("seq_len"))
     if "task" in options:
         raise ModelSpecError(f"--task applies to hf:CONFIG.json models only, not to {shorten(spec, 80)}")
     if spec in BUILTIN_MODELS:
-        workload = BUILTIN_MODELS[spec](**options)
-        return workload
+        return BUILTIN_MODELS[spec](**options)
     if ":" not in spec:
         raise ModelSpecError(
             f"unknown model {spec!r}: built-ins are {', '.join(sorted(BUILTIN_MODELS))}; "
@@ -152,7 +178,7 @@ def load_workload(spec: str, **builtin_options: Any) -> Workload:
         raise ModelSpecError(f"{spec}(): make_batch and loss_fn must be callable")
     if not result.name:
         result = replace(result, name=spec)
-    return adapt_workload(result)
+    return result
 
 
 def check_model_signature(model: nn.Module) -> None:
@@ -319,10 +345,16 @@ def adapt_workload(workload: Workload, batch_size: int = 1) -> Workload:
     if keys is not None and not all(isinstance(k, str) for k in keys):
         raise ModelSpecError(f"make_batch({batch_size}) returned a dict whose keys are not all names: {keys!r}")
     # In eval mode, so that the look does not move BatchNorm's running statistics (nor fail on a batch of 1).
+    # A model on the meta device (load_workload(meta=True)) runs on fake meta inputs: profiles/meta.py.
+    probe = contextlib.nullcontext(inputs)
+    if workload.meta_buffers is not None:
+        from profiles.meta import eager_on_meta
+
+        probe = eager_on_meta(inputs)
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), probe as inputs:
             out = model(**inputs) if keys is not None else model(*as_tuple(inputs))
     except (Exception, SystemExit) as exc:
         if keys is None:
