@@ -15,7 +15,7 @@ import ctypes
 import ctypes.util
 import sys
 
-__all__ = ["keep_freed_memory", "MMAP_THRESHOLD_BYTES"]
+__all__ = ["keep_freed_memory", "return_freed_memory", "MMAP_THRESHOLD_BYTES"]
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -28,18 +28,37 @@ TOP_PAD_BYTES = 2**30
 _NEVER_TRIM = 2**31 - 1  # an int: mallopt takes an int; 2 GiB of free heap top before trimming
 
 
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def return_freed_memory() -> None:
+    """Give the heap's free memory back to the OS now (glibc ``malloc_trim``; elsewhere nothing).
+
+    A meta profile calls it between units: what one unit freed is kept for its own iterations (above),
+    but must not add to the next unit's resident memory (one 3B Llama unit's activations: 1 GiB).
+    """
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None) if libc is not None else None
+    if trim is not None:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+        trim(0)
+
+
 def keep_freed_memory() -> bool:
     """Raise glibc's mmap and trim thresholds for this process; False where there is no glibc mallopt.
 
     Process-wide like ``torch.set_num_threads``, and for the same reason: the measurement must run
     the way the ranks will.
     """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and others have no mallopt
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None) if libc is not None else None
+    if mallopt is None:  # not Linux, or musl and others without mallopt
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     settings = (

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from planner.errors import ModelSpecError, ProfilingError, shorten
+from profiles.allocator import return_freed_memory
 
 __all__ = [
     "META",
@@ -196,13 +197,25 @@ def materialise(module: nn.Module, buffers: Mapping[str, torch.Tensor], device: 
     Parameters get :func:`_fill`'s values, buffers their set-aside values. Raises :class:`ProfilingError`
     for a buffer with no recorded value or a tensor constant that stays on meta.
     """
-    module.to_empty(device=device)
+    used = _used_parameters(module)
+    real: dict[int, nn.Parameter] = {}  # a parameter held under two names stays one tensor
     with torch.no_grad():
-        for name, p in module.named_parameters(remove_duplicate=False):
-            if p.is_floating_point():
-                _fill(name, p)
-            else:
-                p.zero_()
+        for sub_name, sub in module.named_modules():
+            for leaf, p in list(sub._parameters.items()):
+                name = f"{sub_name}.{leaf}" if sub_name else leaf
+                if p is None or name not in used:
+                    continue
+                if id(p) not in real:
+                    tensor = torch.empty_like(p, device=device)
+                    if tensor.is_floating_point():
+                        _fill(name, tensor)
+                    else:
+                        tensor.zero_()
+                    real[id(p)] = nn.Parameter(tensor, requires_grad=p.requires_grad)
+                sub._parameters[leaf] = real[id(p)]
+            for leaf, b in list(sub._buffers.items()):
+                if b is not None:
+                    sub._buffers[leaf] = torch.empty_like(b, device=device)
         for name, b in module.named_buffers():
             value = buffers.get(name)
             if value is None:
@@ -220,7 +233,35 @@ def materialise(module: nn.Module, buffers: Mapping[str, torch.Tensor], device: 
                 )
 
 
+def _used_parameters(module: nn.Module) -> set[str]:
+    """The names of the parameters the piece's code reads (``get_attr``, or a module it calls as it is).
+
+    torch's ``pipeline()`` leaves a tied weight's other name in the first piece (Llama 3.2's embedding piece
+    also holds ``lm_head.weight``, 1.5 GiB that nothing there reads): only what the code reads is made real.
+    """
+    used: set[str] = set()
+    called: set[str] = set()
+    for sub_name, sub in module.named_modules():
+        graph = getattr(sub, "graph", None)
+        if not isinstance(graph, torch.fx.Graph):
+            continue
+        prefix = f"{sub_name}." if sub_name else ""
+        for node in graph.nodes:
+            if node.op == "get_attr":
+                used.add(prefix + str(node.target))
+            elif node.op == "call_module":
+                called.add(prefix + str(node.target))
+    if not any(isinstance(getattr(sub, "graph", None), torch.fx.Graph) for sub in module.modules()):
+        return {name for name, _ in module.named_parameters(remove_duplicate=False)}
+    for name in called:
+        sub = module.get_submodule(name)
+        if not isinstance(getattr(sub, "graph", None), torch.fx.Graph):
+            used.update(f"{name}.{leaf}" for leaf, _ in sub.named_parameters(remove_duplicate=False))
+    return used
+
+
 def release(module: nn.Module) -> None:
     """Return the piece to ``meta``: its storage (and gradients) are freed once nothing else holds them."""
     module.zero_grad(set_to_none=True)
     module.to_empty(device=META)
+    return_freed_memory()
