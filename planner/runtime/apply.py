@@ -42,7 +42,6 @@ __all__ = [
     "PipelineRun",
     "apply_plan",
     "check_fingerprint",
-    "check_replicable",
     "split_stages",
     "tied_parameter_groups",
     "microbatch_inputs",
@@ -469,26 +468,6 @@ def _has_unused_parameters(module: StageModule, inputs: tuple[torch.Tensor, ...]
     return any(g is None for g in grads)
 
 
-def check_replicable(plan: Plan, model: nn.Module) -> None:
-    """Refuse a cluster plan the executor cannot run: FSDP over stages that share a tied parameter
-    (each stage would shard its own copy, and the copies' gradients are summed on whole tensors)."""
-    if plan.mesh is None or plan.mesh.shard != "full":
-        return
-    stage_of = {unit: s.index for s in plan.stages for unit in s.units}
-
-    def stage(name: str) -> int | None:
-        owners = [u for u in stage_of if name == u or name.startswith(u + ".")]
-        return stage_of[max(owners, key=len)] if owners else None
-
-    for names in tied_parameter_groups(model):
-        stages = {stage(n) for n in names} - {None}
-        if len(stages) > 1:
-            raise ScheduleError(
-                f"--shard full cannot run {' and '.join(names)} tied across stages {sorted(stages)}: "
-                "plan with --shard optimizer or none"
-            )
-
-
 def _replicated(module: StageModule, plan: Plan, replicas: Any, inputs: tuple[torch.Tensor, ...]) -> nn.Module:
     """The stage as its replicas run it: DDP (``shard`` none or optimizer) or FSDP2 (``full``).
 
@@ -542,7 +521,6 @@ def apply_plan(
     from torch.distributed import pipelining
 
     check_fingerprint(plan, model)
-    check_replicable(plan, model)
     sched = _check_placement(plan)
     device = torch.device(device)
     replica, replicas = 0, None
@@ -556,7 +534,6 @@ def apply_plan(
     mb_inputs = microbatch_inputs(plan, example_inputs)
     modules = split_stages(model, mb_inputs, plan.split_points, [s.recompute for s in plan.stages])
     io = _stage_io_examples(modules, mb_inputs)
-    tied = _tied_copies(plan, model, modules, rank, group, replica)
     mine = tuple(s.index for s in plan.stages_of_rank(rank))
     local = tuple(modules[s].to(device) for s in mine)
     runs = local
@@ -565,6 +542,8 @@ def apply_plan(
             _replicated(m, plan, replicas, tuple(t.to(device) for t in io[s][0]))
             for m, s in zip(local, mine, strict=True)
         )
+    # After the replicas' wrapping: FSDP2 replaces a stage's parameters with sharded ones.
+    tied = _tied_copies(plan, model, modules, rank, group, replica)
     stages = tuple(
         pipelining.PipelineStage(
             m,
