@@ -263,10 +263,11 @@ def plan_cluster(
             # As `plan` refuses for one pipeline: a replica's search too large to simulate is no candidate.
             sizes = [request.micro_batch_size] if request.micro_batch_size else profile.micro_batch_sizes
             check_plan_work(layout.pp, replica.global_batch_size, sizes)
+            # Each candidate of the layout is held against the best step so far (planner/bounds.py).
             beat_s = best[0][0] if best is not None else math.inf
             plan = make_plan(profile, replica, sha256=sha256, record_timing=record_timing, beat_s=beat_s)
         except SearchPrunedError:
-            tried.append((layout, None, f"pruned: no candidate can beat {best[0][0] if best else math.inf:.4g} s"))
+            tried.append((layout, None, f"pruned: no candidate can beat {beat_s:.4g} s"))
             continue
         except PipeplanError as exc:
             tried.append((layout, None, str(exc)))

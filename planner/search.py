@@ -373,10 +373,15 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
     found = _Found()
     fastest = math.inf if prune_above_s is None else prune_above_s
     placed: list[tuple[tuple[int, int], Candidate]] = []
+
+    def cannot_win(floor_s: float) -> bool:
+        if prune_above_s is None or floor_s <= fastest * (1 + NEAR_BEST):
+            return False
+        found.pruned += 1
+        return True
+
     for option in sorted(_options(profile, request, found.refusals), key=lambda o: (o.floor_s, o.order)):
-        limit = fastest * (1 + NEAR_BEST) if prune_above_s is not None else math.inf
-        if option.floor_s > limit:
-            found.pruned += 1
+        if cannot_win(option.floor_s):
             continue
         b, m, schedule, v, costs = (
             option.micro_batch_size,
@@ -412,11 +417,10 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
             solutions += [r for r in rebalanced if r is not None and r.boundaries not in known]
         for k, solution in enumerate(solutions):
             runtime = _runtime_terms(profile, costs, request.settings, problem, solution, schedule, request.num_ranks)
-            if prune_above_s is not None:
-                limit = fastest * (1 + NEAR_BEST)
-                if _partition_floor_s(costs, problem, solution, option, stage_rank, runtime) > limit:
-                    found.pruned += 1
-                    continue
+            if prune_above_s is not None and cannot_win(
+                _partition_floor_s(costs, problem, solution, option, stage_rank, runtime)
+            ):
+                continue
             simulation = _simulate_partition(costs, problem, solution, schedule, request.num_ranks, runtime)
             fastest = min(fastest, simulation.iteration_s)
             candidate = Candidate(b, m, schedule, v, problem, solution, simulation, _peak_memory(problem, solution))
@@ -594,7 +598,9 @@ def make_plans(
     record_timing: bool = False,
     beat_s: float = math.inf,
 ) -> list[Plan]:
-    """The ``count`` best *distinct* plans (see :func:`plan_key`), fastest simulated first.
+    """The ``count`` best *distinct* plans (see :func:`plan_key`), fastest simulated first; with ``count`` 1,
+    candidates that cannot come within ``NEAR_BEST`` of the fastest or of ``beat_s`` are skipped
+    (:func:`make_plan`).
 
     Every plan carries the same search record (solver, candidates, constraints); baselines are scored
     against each plan's own micro-batching.

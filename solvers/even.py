@@ -110,6 +110,9 @@ def balance_ranks(
         best_move: tuple[int, int, float, float] | None = None
         for k in range(1, stages):
             end = bounds[k + 1] if k + 1 < stages else n
+            ra, rb = stage_rank[k - 1], stage_rank[k]
+            # The busiest rank that the move leaves alone.
+            others = next((per_rank[r] for r in top if r != ra and r != rb), 0.0)
             for step in (-1, 1):
                 b = bounds[k] + step
                 if b <= bounds[k - 1] or b >= end:
@@ -117,15 +120,14 @@ def balance_ranks(
                 left, right = compute_s(k - 1, bounds[k - 1], b), compute_s(k, b, end)
                 if left is None or right is None:
                     continue
-                ra, rb = stage_rank[k - 1], stage_rank[k]
-                changed = {ra: per_rank[ra], rb: per_rank[rb]}
-                changed[ra] += left - stage_s[k - 1]
-                changed[rb] += right - stage_s[k]
-                others = next((per_rank[r] for r in top if r not in changed), 0.0)
-                value = (
-                    max(others, *changed.values()),
-                    squares + sum(x * x - per_rank[r] ** 2 for r, x in changed.items()),
-                )
+                if ra == rb:  # the turn of a V: both stages on one rank
+                    load = per_rank[ra] + left - stage_s[k - 1] + right - stage_s[k]
+                    value = (max(others, load), squares - per_rank[ra] ** 2 + load * load)
+                else:
+                    load_a = per_rank[ra] + left - stage_s[k - 1]
+                    load_b = per_rank[rb] + right - stage_s[k]
+                    squared = squares - per_rank[ra] ** 2 - per_rank[rb] ** 2 + load_a * load_a + load_b * load_b
+                    value = (max(others, load_a, load_b), squared)
                 if value < best_value:
                     best_move, best_value = (k, b, left, right), value
         if best_move is None:
