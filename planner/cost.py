@@ -212,7 +212,24 @@ class UnitCosts:
         return tuple(a + g for a, g in zip(self.saved_bytes, self.weight_grad_bytes, strict=True))
 
 
+_RECENT_COSTS: dict[tuple[int, int], tuple[Profile, UnitCosts]] = {}
+"""The last few :func:`unit_costs` results, by profile identity (the profile is kept, so its id stays its own):
+a cluster search asks for the same profile's costs once per layout, and the graph behind them costs 20 ms
+at 2,000 units."""
+
+
 def unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
+    key = (id(profile), micro_batch_size)
+    if key in _RECENT_COSTS and _RECENT_COSTS[key][0] is profile:
+        return _RECENT_COSTS[key][1]
+    if len(_RECENT_COSTS) >= 8:
+        del _RECENT_COSTS[next(iter(_RECENT_COSTS))]
+    costs = _unit_costs(profile, micro_batch_size)
+    _RECENT_COSTS[key] = (profile, costs)
+    return costs
+
+
+def _unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
     k = profile.size_index(micro_batch_size)
     graph = build_graph(profile)
     units = profile.units
