@@ -150,3 +150,23 @@ def test_split_schedules_count_the_gradients_kept_for_w():
         assert z.memory_bytes.activations == (1000 + 64) * len(z.units) * z.in_flight
     for o in one.stages:
         assert o.memory_bytes.activations == 1000 * len(o.units) * o.in_flight
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_floors_leave_the_plan_unchanged(seed):
+    # make_plans with two plans skips nothing (planner/bounds.py); its first is what the pruned search picks.
+    import random
+
+    from planner.calibration import shipped_calibration
+    from planner.search import make_plans, plan_key
+
+    rng = random.Random(seed)
+    times = [rng.uniform(0.5, 2.0) for _ in range(rng.randint(8, 14))] + [rng.uniform(2.0, 5.0)]
+    profile = make_profile(times, sizes=(1, 2, 4))
+    settings = CostSettings(calibration=shipped_calibration("cpu")) if seed % 2 else FAST_LINK
+    request = PlanRequest(num_ranks=rng.choice((2, 3, 4)), global_batch_size=rng.choice((8, 16)), settings=settings)
+    pruned = make_plan(profile, request, sha256=SHA)
+    everything = make_plans(profile, request, sha256=SHA, count=2)
+    assert plan_key(pruned) == plan_key(everything[0])
+    assert pruned.predicted.iteration_s == everything[0].predicted.iteration_s
+    assert pruned.solver.candidates < everything[0].solver.candidates  # and the floors did skip some
