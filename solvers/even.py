@@ -85,7 +85,7 @@ def balance_ranks(
     ranks = max(stage_rank) + 1
     # A move changes two stages: their costs are looked up (each stage shape summed once), and the busiest
     # rank and the sum of squares are updated from the two ranks they touch, not rebuilt from every stage
-    # (2,000 units on 256 stages: 130 s -> about 1 s).
+    # (2,000 units on 256 stages, one plan search's 48 calls: 135 s -> 6 s, under cProfile).
     known: dict[tuple[int, int, int], float | None] = {}
 
     def compute_s(s: int, a: int, b: int) -> float | None:
