@@ -96,6 +96,11 @@ def replay_plan(
     numerics check against a single-process run.
     """
     dev = torch.device(device)
+    if dev.type == "cpu":
+        # As the profiler and every rank do (profiles/allocator.py): the measured process must match.
+        from profiles.allocator import keep_freed_memory
+
+        keep_freed_memory()
     n = plan.num_stages
     m = schedule_microbatches(plan)
     inputs, target = workload.make_batch(plan.global_batch_size)

@@ -134,3 +134,16 @@ def test_auto_mode_falls_back_to_replay_with_few_cores(monkeypatch: pytest.Monke
     assert verify._pick_mode("auto", plan, "cpu") == "replay"
     monkeypatch.setattr(verify.os, "cpu_count", lambda: 2)
     assert verify._pick_mode("auto", plan, "cpu") == "processes"
+
+
+def test_replay_runs_with_the_profilers_allocator_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The profiler keeps freed memory (profiles/allocator.py); a replay that did not measured GPT-2's LM head
+    # backward 1.5x its profiled time at micro-batch 4 (README, "What the main job prints").
+    import profiles.allocator
+
+    calls: list[bool] = []
+    monkeypatch.setattr(profiles.allocator, "keep_freed_memory", lambda: calls.append(True) or True)
+    workload = BUILTIN_MODELS["mlp"]()
+    plan = make_plan(workload, ["layers.2"], "gpipe")
+    verify_plan(plan, workload, mode="replay", steps=1, warmup=0, tolerance=1e9)
+    assert calls == [True]
