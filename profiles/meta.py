@@ -36,6 +36,7 @@ __all__ = [
     "retarget_devices",
     "materialise",
     "release",
+    "used_parameters",
     "INIT_STD",
 ]
 
@@ -197,7 +198,7 @@ def materialise(module: nn.Module, buffers: Mapping[str, torch.Tensor], device: 
     Parameters get :func:`_fill`'s values, buffers their set-aside values. Raises :class:`ProfilingError`
     for a buffer with no recorded value or a tensor constant that stays on meta.
     """
-    used = _used_parameters(module)
+    used = used_parameters(module)
     real: dict[int, nn.Parameter] = {}  # a parameter held under two names stays one tensor
     with torch.no_grad():
         for sub_name, sub in module.named_modules():
@@ -233,7 +234,7 @@ def materialise(module: nn.Module, buffers: Mapping[str, torch.Tensor], device: 
                 )
 
 
-def _used_parameters(module: nn.Module) -> set[str]:
+def used_parameters(module: nn.Module) -> set[str]:
     """The names of the parameters the piece's code reads (``get_attr``, or a module it calls as it is).
 
     torch's ``pipeline()`` leaves a tied weight's other name in the first piece (Llama 3.2's embedding piece

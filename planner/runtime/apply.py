@@ -193,7 +193,26 @@ def split_stages(
             "every split point must be a module the forward calls once, in order"
         )
     run_as_generated_code(pipe.split_gm)  # the code path the profiler measured (profiles/dataflow.py)
-    return _relay_stages(pipe.split_gm, recompute)
+    stages = _relay_stages(pipe.split_gm, recompute)
+    for stage in stages:
+        _drop_unread_parameters(stage.inner)
+    return stages
+
+
+def _drop_unread_parameters(piece: nn.Module) -> None:
+    """Remove the parameters the piece's code never reads.
+
+    torch's ``pipeline()`` leaves a tied weight's other name in the first piece (GPT-2's ``lm_head.weight``
+    beside ``transformer.wte.weight``): a third 150 MB copy that the optimizer stepped and the tied sum
+    filled on every step, which the profile, and so the plan, never counted.
+    """
+    from profiles.meta import used_parameters
+
+    used = used_parameters(piece)
+    for name, _ in list(piece.named_parameters(remove_duplicate=False)):
+        if name not in used:
+            owner, _, leaf = name.rpartition(".")
+            del piece.get_submodule(owner)._parameters[leaf]
 
 
 def tied_parameter_groups(model: nn.Module) -> list[tuple[str, ...]]:
@@ -486,8 +505,8 @@ def _replicated(module: StageModule, plan: Plan, replicas: Any, inputs: tuple[to
     from torch.nn.parallel import DistributedDataParallel
 
     # Same seed on every replica: the weights agree, so DDP need not broadcast buffers every forward.
-    # The tracer can leave a stage a tied copy that its own code never uses (GPT-2's lm_head.weight
-    # beside wte in stage 0): sync_tied_grads fills it, and DDP must not wait for its gradient.
+    # A parameter the stage's forward leaves unused on this input (split_stages drops those its code never
+    # reads) gets no gradient: DDP must not wait for one.
     return DistributedDataParallel(
         module,
         process_group=replicas.get_group(),
