@@ -29,6 +29,7 @@ __all__ = [
     "needs_grad",
     "run_as_generated_code",
     "param_ownership",
+    "used_parameters",
     "Source",
 ]
 
@@ -297,3 +298,31 @@ def param_ownership(model: nn.Module, capture: Capture) -> list[tuple[int, int, 
                 tied += names
         result.append((count, nbytes, tuple(sorted(tied)), tied_count, len(params)))
     return result
+
+
+def used_parameters(module: nn.Module) -> set[str]:
+    """The names of the parameters the piece's code reads (``get_attr``, or a module it calls as it is).
+
+    torch's ``pipeline()`` leaves a tied weight's other name in the first piece (GPT-2's and Llama 3.2's
+    embedding pieces also hold ``lm_head.weight``, which nothing there reads): a meta profile makes only what
+    the code reads real (profiles/meta.py), and the runtime drops the rest (planner/runtime/apply.py).
+    """
+    used: set[str] = set()
+    called: set[str] = set()
+    for sub_name, sub in module.named_modules():
+        graph = getattr(sub, "graph", None)
+        if not isinstance(graph, torch.fx.Graph):
+            continue
+        prefix = f"{sub_name}." if sub_name else ""
+        for node in graph.nodes:
+            if node.op == "get_attr":
+                used.add(prefix + str(node.target))
+            elif node.op == "call_module":
+                called.add(prefix + str(node.target))
+    if not any(isinstance(getattr(sub, "graph", None), torch.fx.Graph) for sub in module.modules()):
+        return {name for name, _ in module.named_parameters(remove_duplicate=False)}
+    for name in called:
+        sub = module.get_submodule(name)
+        if not isinstance(getattr(sub, "graph", None), torch.fx.Graph):
+            used.update(f"{name}.{leaf}" for leaf, _ in sub.named_parameters(remove_duplicate=False))
+    return used

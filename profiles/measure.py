@@ -15,7 +15,9 @@ whole backward as W, and so is it timed here.
 from __future__ import annotations
 
 import logging
+import resource
 import statistics
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -28,7 +30,7 @@ from torch.utils._pytree import tree_leaves
 
 from profiles.dataflow import Piece, needs_grad, tensor_bytes
 
-__all__ = ["PieceMeasurement", "measure_piece", "count_flops", "saved_tensor_bytes"]
+__all__ = ["PieceMeasurement", "measure_piece", "count_flops", "saved_tensor_bytes", "peak_rss_bytes"]
 
 
 @dataclass(frozen=True)
@@ -249,3 +251,9 @@ def measure_piece(
         backward_weight_s=statistics.median(weight_times) if roots else 0.0,
         weight_grad_bytes=kept_bytes,
     )
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident memory so far (``ru_maxrss``: Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)

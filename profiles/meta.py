@@ -26,6 +26,7 @@ from torch import nn
 
 from planner.errors import ModelSpecError, ProfilingError, shorten
 from profiles.allocator import return_freed_memory
+from profiles.dataflow import used_parameters
 
 __all__ = [
     "META",
@@ -36,7 +37,6 @@ __all__ = [
     "retarget_devices",
     "materialise",
     "release",
-    "used_parameters",
     "INIT_STD",
 ]
 
@@ -232,33 +232,6 @@ def materialise(module: nn.Module, buffers: Mapping[str, torch.Tensor], device: 
                     f"tensor constant {sub_name or '<piece>'}.{attr} stays on meta when its unit is materialised; "
                     "profile without --meta"
                 )
-
-
-def used_parameters(module: nn.Module) -> set[str]:
-    """The names of the parameters the piece's code reads (``get_attr``, or a module it calls as it is).
-
-    torch's ``pipeline()`` leaves a tied weight's other name in the first piece (Llama 3.2's embedding piece
-    also holds ``lm_head.weight``, 1.5 GiB that nothing there reads): only what the code reads is made real.
-    """
-    used: set[str] = set()
-    called: set[str] = set()
-    for sub_name, sub in module.named_modules():
-        graph = getattr(sub, "graph", None)
-        if not isinstance(graph, torch.fx.Graph):
-            continue
-        prefix = f"{sub_name}." if sub_name else ""
-        for node in graph.nodes:
-            if node.op == "get_attr":
-                used.add(prefix + str(node.target))
-            elif node.op == "call_module":
-                called.add(prefix + str(node.target))
-    if not any(isinstance(getattr(sub, "graph", None), torch.fx.Graph) for sub in module.modules()):
-        return {name for name, _ in module.named_parameters(remove_duplicate=False)}
-    for name in called:
-        sub = module.get_submodule(name)
-        if not isinstance(getattr(sub, "graph", None), torch.fx.Graph):
-            used.update(f"{name}.{leaf}" for leaf, _ in sub.named_parameters(remove_duplicate=False))
-    return used
 
 
 def release(module: nn.Module) -> None:

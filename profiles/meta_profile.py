@@ -21,7 +21,6 @@ The whole model is never held, so it is not measured: ``whole_model`` is the uni
 
 from __future__ import annotations
 
-import resource
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -32,17 +31,11 @@ from torch.utils._pytree import tree_map
 
 from planner.errors import PipeplanError, ProfilingError, UsageError, shorten
 from profiles.dataflow import Capture, Piece, Source, capture_export, param_ownership
-from profiles.measure import PieceMeasurement, count_flops, measure_piece
+from profiles.measure import PieceMeasurement, count_flops, measure_piece, peak_rss_bytes
 from profiles.meta import META, materialise, release, retarget_devices
 from profiles.rounds import Measurements, Timing, measure_rounds, overhead_piece
 
-__all__ = ["measure_on_meta", "identical_runs", "check_sample_blocks", "peak_rss_bytes"]
-
-
-def peak_rss_bytes() -> int:
-    """The process's peak resident memory so far (Linux reports KiB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
+__all__ = ["measure_on_meta", "identical_runs", "check_sample_blocks"]
 
 
 def _signature(model: nn.Module, capture: Capture, i: int) -> tuple[Any, ...]:

@@ -124,7 +124,7 @@ def test_materialise_restores_buffers_and_fills_deterministically():
 _PEAK_SCRIPT = """
 import json, sys, torch
 from torch import nn
-from profiles.meta_profile import peak_rss_bytes
+from profiles.measure import peak_rss_bytes
 from profiles.profiler import profile_model
 from profiles.workload import Workload, load_workload
 

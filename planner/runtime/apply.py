@@ -32,7 +32,7 @@ from planner.errors import ModelMismatchError, PlanFormatError, ScheduleError
 from planner.plan import Plan
 from planner.runtime.failure import mark_stage
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule, stage_to_rank
-from profiles.dataflow import run_as_generated_code
+from profiles.dataflow import run_as_generated_code, used_parameters
 from profiles.fingerprint import model_fingerprint
 from profiles.workload import as_tuple
 
@@ -206,8 +206,6 @@ def _drop_unread_parameters(piece: nn.Module) -> None:
     beside ``transformer.wte.weight``): a third 150 MB copy that the optimizer stepped and the tied sum
     filled on every step, which the profile, and so the plan, never counted.
     """
-    from profiles.meta import used_parameters
-
     used = used_parameters(piece)
     for name, _ in list(piece.named_parameters(remove_duplicate=False)):
         if name not in used:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import os
-import resource
 import signal
 import statistics
 import threading
@@ -36,6 +35,7 @@ from planner.runtime.apply import apply_plan, schedule_microbatches, tied_parame
 from planner.runtime.launch import run_ranks
 from planner.runtime.replay import replay_plan
 from planner.schedule.simulate import simulate
+from profiles.measure import peak_rss_bytes
 from profiles.workload import Workload, as_tuple, load_workload
 
 __all__ = [
@@ -317,7 +317,7 @@ def _rank_main(
     if dev.type == "cuda":
         out["peak"] = int(torch.cuda.max_memory_allocated(dev))
     else:
-        out["peak"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+        out["peak"] = peak_rss_bytes()
     out["iteration"] = iteration
     out["busy"] = busy
     out["wait"] = wait
@@ -422,7 +422,7 @@ def verify_plan(
         )
         measured, busy = sim.iteration_s, sim.busy_s
         rank_times = ()
-        peak = [int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024] * plan.num_stages
+        peak = [peak_rss_bytes()] * plan.num_stages
         memory_kind = "rss-process"
         if check_numerics:
             fresh = load_workload(workload) if isinstance(workload, str) else workload
