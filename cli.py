@@ -408,7 +408,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
         cluster = _cluster(args, profile.device.kind)
         result = plan_cluster(
-            profile, request, cluster, sha256=sha256, pipeline_degree=args.stages, record_timing=args.record_timing
+            profile,
+            request,
+            cluster,
+            sha256=sha256,
+            pipeline_degree=args.stages,
+            record_timing=args.record_timing,
+            jobs=args.jobs or os.cpu_count() or 1,
         )
         save_plan(result.plan, args.out)
         print(format_cluster(result))
@@ -750,6 +756,13 @@ def _add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         choices=("none", "optimizer", "full"),
         default="none",
         help="what the replicas split: nothing (DDP), optimizer state (ZeRO-1), everything (FSDP)",
+    )
+    g.add_argument(
+        "--jobs",
+        type=_int_range(1, 256),
+        default=None,
+        metavar="J",
+        help="layouts searched at once, in worker processes (default: the CPUs; the plan is the same)",
     )
 
 

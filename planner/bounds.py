@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 __all__ = ["UnitWork", "candidate_floor_s", "partition_floor_s"]
 
@@ -38,6 +39,14 @@ class UnitWork:
     """Per unit: forward plus the cheaper of the full backward and its split parts."""
     chain_fraction: float
     """The least share of a unit's work that lies on the chain of fact 2 (1 without a split)."""
+
+    @cached_property
+    def total_s(self) -> float:
+        return sum(self.work_s)
+
+    @cached_property
+    def longest_s(self) -> float:
+        return max(self.work_s, default=0.0)
 
     @classmethod
     def of(
@@ -58,9 +67,9 @@ class UnitWork:
 
 def candidate_floor_s(work: UnitWork, num_microbatches: int, num_ranks: int, num_stages: int) -> float:
     """No partition of these units into ``num_stages`` stages on ``num_ranks`` ranks simulates faster."""
-    m, total = num_microbatches, sum(work.work_s)
+    m, total = num_microbatches, work.total_s
     spread = m * total / num_ranks
-    longest = m * max(work.work_s, default=0.0)  # some stage holds the longest unit
+    longest = m * work.longest_s  # some stage holds the longest unit
     c = work.chain_fraction
     chain = c * total / (1.0 - (1.0 - c / m) ** num_stages) if c > 0 else 0.0
     return max(spread, longest, chain)

@@ -14,14 +14,16 @@ each rank's gradient synchronisation over its ``d`` replicas in the simulated st
 from __future__ import annotations
 
 import math
+import multiprocessing
 from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 
-from planner.cost import CostSettings, DataParallel, bytes_per_param, state_bytes_per_param
+from planner.cost import CostSettings, DataParallel, bytes_per_param, state_bytes_per_param, unit_costs
 from planner.errors import PipeplanError, PlanInfeasibleError, SearchPrunedError, UsageError
 from planner.limits import MAX_DEVICES, MAX_RANKS, check_at_most, check_plan_work
 from planner.plan import PLACEMENTS, SHARDING, Mesh, Plan
-from planner.search import PlanRequest, make_plan
+from planner.search import PlanRequest, estimate_step_s, make_plan
 from profiles.format import Profile
 
 __all__ = ["Cluster", "Layout", "ClusterResult", "layouts", "plan_cluster", "DEFAULT_CLUSTER_LINKS"]
@@ -184,7 +186,7 @@ def _lower_bound_s(profile: Profile, request: PlanRequest, settings: CostSetting
     the micro-batches. Memory: the ranks together hold every parameter's state at least once.
     """
     dp = settings.data_parallel
-    held = sum(u.param_count + u.tied_param_count for u in profile.units)
+    held = sum(unit_costs(profile, profile.micro_batch_sizes[0]).param_count)
     usable = settings.capacity(profile, 0, layout.pp)
     if held * state_bytes_per_param(profile, settings) > usable * layout.pp:
         return math.inf
@@ -203,15 +205,57 @@ def _lower_bound_s(profile: Profile, request: PlanRequest, settings: CostSetting
     cal = settings.calibration
     scale = min(1.0, cal.colocation_factor) if cal is not None else 1.0
     bounds = []
-    for k, b in enumerate(profile.micro_batch_sizes):
+    for b in profile.micro_batch_sizes:
         if batch % b:
             continue
-        work = [u.forward_s[k] + u.backward_s[k] for u in profile.units]
-        spread = (batch / b * (sum(work) + gathers) * scale / speed + sync) / layout.pp
+        work = unit_costs(profile, b).work
+        spread = (batch / b * (work.total_s + gathers) * scale / speed + sync) / layout.pp
         # Whichever rank holds the longest unit runs it for every micro-batch.
-        longest = batch / b * max(work) * scale / speed
+        longest = batch / b * work.longest_s * scale / speed
         bounds.append(max(spread, longest))
     return min(bounds, default=0.0)
+
+
+def _guess_s(profile: Profile, replica: PlanRequest) -> float:
+    try:
+        return estimate_step_s(profile, replica)
+    except PipeplanError:  # the layout's own search says why
+        return math.inf
+
+
+def _search_layout(profile: Profile, replica: PlanRequest, sha256: str, record_timing: bool, beat_s: float) -> Plan:
+    """One layout's single-pipeline search (run inline, or in a worker process)."""
+    # As `plan` refuses for one pipeline: a replica's search too large to simulate is no candidate.
+    sizes = [replica.micro_batch_size] if replica.micro_batch_size else profile.micro_batch_sizes
+    check_plan_work(replica.num_ranks, replica.global_batch_size, sizes)
+    # Each candidate of the layout is held against the best step so far (planner/bounds.py).
+    return make_plan(profile, replica, sha256=sha256, record_timing=record_timing, beat_s=beat_s)
+
+
+class _Inline(Executor):
+    """An executor that runs each task when it is submitted: ``jobs=1`` takes the same path as workers."""
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def, override]
+        future: Future[Plan] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future, as a pool does
+            future.set_exception(exc)
+        return future
+
+
+def _first(item: tuple[int, object]) -> int:
+    return item[0]
+
+
+def _executor(jobs: int) -> Executor:
+    if jobs <= 1:
+        return _Inline()
+    # fork: workers start in milliseconds with the profile already in memory (spawn re-imports numpy and
+    # networkx, about a second a worker on this 2-core machine); spawn where fork does not exist.
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=context)
 
 
 def plan_cluster(
@@ -222,11 +266,14 @@ def plan_cluster(
     sha256: str,
     pipeline_degree: int | None = None,
     record_timing: bool = False,
+    jobs: int = 1,
 ) -> ClusterResult:
     """The fastest simulated ``pp x dp`` plan of ``request.global_batch_size`` samples on ``cluster``.
 
     ``request.num_ranks`` is ignored (the search sets it per layout); ``pipeline_degree`` fixes ``pp``
-    (``--stages`` with ``--devices``), which must then divide the devices.
+    (``--stages`` with ``--devices``), which must then divide the devices. ``jobs`` > 1 searches that
+    many layouts at once in worker processes; the plan is the same (only which layouts were pruned,
+    rather than simulated, may differ).
 
     Raises:
         UsageError: ``pipeline_degree`` does not divide the devices, or exceeds the units.
@@ -240,52 +287,69 @@ def plan_cluster(
             )
         if pipeline_degree > profile.num_units:
             raise UsageError(f"cannot cut {profile.num_units} units into {pipeline_degree} stages")
-    tried: list[tuple[Layout, float | None, str]] = []
+    if jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {jobs}")
+    tried: list[tuple[int, tuple[Layout, float | None, str]]] = []
     best: tuple[tuple[float, int, int, int], Plan] | None = None
     last_error = "no layout"
     candidates = []
     for order, layout in enumerate(layouts(cluster, profile.num_units, request.global_batch_size, pipeline_degree)):
         if pipeline_degree is None or layout.dp * layout.pp == cluster.num_devices:
             settings = _settings_for(request, cluster, layout)
-            candidates.append((_lower_bound_s(profile, request, settings, layout), order, layout, settings))
+            bound = _lower_bound_s(profile, request, settings, layout)
+            replica = replace(
+                request,
+                num_ranks=layout.pp,
+                global_batch_size=request.global_batch_size // layout.dp,
+                settings=settings,
+            )
+            # The likeliest winners first, so that the rest meet a good step to beat: the bound alone puts
+            # the deepest pipelines first (least work per rank), whose bubble then loses.
+            guess = _guess_s(profile, replica) if bound < math.inf else math.inf
+            candidates.append((guess, bound, order, layout, replica))
     # Branch and bound: a layout whose bound exceeds the best step found cannot win, or tie, so the
-    # answer is the exhaustive search's (tests/test_cluster.py holds them equal).
-    for bound, order, layout, settings in sorted(candidates, key=lambda c: (c[0], c[1])):
-        if bound == math.inf:
-            tried.append((layout, None, "does not fit: the parameters' state alone exceeds the devices' memory"))
-            last_error = f"pp={layout.pp} dp={layout.dp}: the parameters' state alone exceeds the memory"
-            continue
-        if best is not None and bound > best[0][0]:
-            tried.append((layout, None, f"pruned: at least {bound:.4g} s"))
-            continue
-        replica = replace(
-            request,
-            num_ranks=layout.pp,
-            global_batch_size=request.global_batch_size // layout.dp,
-            settings=settings,
-        )
-        try:
-            # As `plan` refuses for one pipeline: a replica's search too large to simulate is no candidate.
-            sizes = [request.micro_batch_size] if request.micro_batch_size else profile.micro_batch_sizes
-            check_plan_work(layout.pp, replica.global_batch_size, sizes)
-            # Each candidate of the layout is held against the best step so far (planner/bounds.py).
-            beat_s = best[0][0] if best is not None else math.inf
-            plan = make_plan(profile, replica, sha256=sha256, record_timing=record_timing, beat_s=beat_s)
-        except SearchPrunedError:
-            tried.append((layout, None, f"pruned: no candidate can beat {beat_s:.4g} s"))
-            continue
-        except PipeplanError as exc:
-            tried.append((layout, None, str(exc)))
-            last_error = f"pp={layout.pp} dp={layout.dp}: {exc}"
-            continue
-        step_s = plan.predicted.iteration_s
-        tried.append((layout, step_s, ""))
-        peak = max(s.memory_bytes.peak for s in plan.stages)
-        key = (round(step_s, 12), layout.pp * layout.dp, peak, order)
-        if best is None or key < best[0]:
-            # Throughput counts every replica's samples.
-            predicted = replace(plan.predicted, samples_per_s=request.global_batch_size / step_s)
-            best = (key, replace(plan, predicted=predicted, mesh=_mesh(cluster, layout, request, settings)))
+    # answer is the exhaustive search's (tests/test_cluster.py holds them equal), whatever the order.
+    queue = iter(sorted(candidates, key=lambda c: (c[0], c[1], c[2])))
+    running: dict[Future[Plan], tuple[int, Layout, PlanRequest, float]] = {}
+    with _executor(jobs) as pool:
+        while True:
+            for _guess, bound, order, layout, replica in queue:
+                if bound == math.inf:
+                    reason = "does not fit: the parameters' state alone exceeds the devices' memory"
+                    tried.append((order, (layout, None, reason)))
+                    last_error = f"pp={layout.pp} dp={layout.dp}: the parameters' state alone exceeds the memory"
+                    continue
+                if best is not None and bound > best[0][0]:
+                    tried.append((order, (layout, None, f"pruned: at least {bound:.4g} s")))
+                    continue
+                beat_s = best[0][0] if best is not None else math.inf
+                future = pool.submit(_search_layout, profile, replica, sha256, record_timing, beat_s)
+                running[future] = (order, layout, replica, beat_s)
+                if len(running) >= jobs:
+                    break
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=lambda f: running[f][0]):
+                order, layout, replica, beat_s = running.pop(future)
+                try:
+                    plan = future.result()
+                except SearchPrunedError:
+                    tried.append((order, (layout, None, f"pruned: no candidate can beat {beat_s:.4g} s")))
+                    continue
+                except PipeplanError as exc:
+                    tried.append((order, (layout, None, str(exc))))
+                    last_error = f"pp={layout.pp} dp={layout.dp}: {exc}"
+                    continue
+                step_s = plan.predicted.iteration_s
+                tried.append((order, (layout, step_s, "")))
+                peak = max(s.memory_bytes.peak for s in plan.stages)
+                key = (round(step_s, 12), layout.pp * layout.dp, peak, order)
+                if best is None or key < best[0]:
+                    # Throughput counts every replica's samples.
+                    predicted = replace(plan.predicted, samples_per_s=request.global_batch_size / step_s)
+                    mesh = _mesh(cluster, layout, request, replica.settings)
+                    best = (key, replace(plan, predicted=predicted, mesh=mesh))
     if best is None:
         raise PlanInfeasibleError(f"no pp x dp layout of {cluster.num_devices} devices gives a plan ({last_error})")
     plan = best[1]
@@ -299,4 +363,4 @@ def plan_cluster(
         "global_batch_size": request.global_batch_size,
         "layouts_tried": len(tried),
     }
-    return ClusterResult(replace(plan, constraints=constraints), tuple(tried))
+    return ClusterResult(replace(plan, constraints=constraints), tuple(t for _, t in sorted(tried, key=_first)))

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
+from planner.bounds import UnitWork
 from planner.calibration import Calibration, ring_s
 from planner.errors import UsageError
 from planner.graph import build_graph, cut_bytes, cut_grad_bytes
@@ -203,6 +205,17 @@ class UnitCosts:
     """Per unit, the weight-gradient part W (``stage_backward_weight``); empty as above."""
     weight_grad_bytes: tuple[int, ...] = ()
     """Per unit, the gradients I keeps alive until W (profile ``weight_grad_bytes``); empty if unmeasured."""
+
+    @cached_property
+    def work(self) -> UnitWork:
+        """What every partition computes per micro-batch with a full backward (planner/bounds.py); kept, as
+        a cluster search asks for it once per layout and schedule."""
+        return UnitWork.of(self.forward_s, self.backward_s)
+
+    @cached_property
+    def split_work(self) -> UnitWork:
+        """As :attr:`work` with the backward split into I and W where measured."""
+        return UnitWork.of(self.forward_s, self.backward_s, self.input_s, self.weight_s) if self.weight_s else self.work
 
     def held_bytes(self, split_backward: bool) -> tuple[int, ...]:
         """Per unit, what one in-flight micro-batch holds: its saved activations, plus under a split

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from planner.bounds import UnitWork, candidate_floor_s, partition_floor_s
+from planner.bounds import candidate_floor_s, partition_floor_s
 from planner.cost import (
     CostSettings,
     UnitCosts,
@@ -42,6 +42,7 @@ __all__ = [
     "Candidate",
     "make_plan",
     "make_plans",
+    "estimate_step_s",
     "plan_key",
     "predict_plan",
     "repredicted_plan",
@@ -320,12 +321,20 @@ def _options(profile: Profile, request: PlanRequest, refusals: list[str]) -> lis
         m = request.global_batch_size // b
         costs = unit_costs(profile, b)
         for schedule, v in _schedules(profile, request, m, refusals):
-            split = schedule.splits_backward and bool(costs.weight_s)
-            parts = (costs.input_s, costs.weight_s) if split else ()
-            work = UnitWork.of(costs.forward_s, costs.backward_s, *parts)
+            work = costs.split_work if schedule.splits_backward else costs.work
             floor = candidate_floor_s(work, m, request.num_ranks, request.num_ranks * v) * factor
             found.append(_Option(len(found), b, m, schedule, v, costs, floor))
     return found
+
+
+def estimate_step_s(profile: Profile, request: PlanRequest) -> float:
+    """A guess at the best step, for ordering searches (never for pruning): each option's floor times the
+    textbook bubble ``1 + (P - 1) / (v M)`` (Narayanan et al., SC 2021, Sec. 2.2), the least over options;
+    inf when no schedule accepts the micro-batch counts."""
+    refusals: list[str] = []
+    p = request.num_ranks
+    options = _options(profile, request, refusals)
+    return min((o.floor_s * (1 + (p - 1) / (o.virtual_stages * o.num_microbatches)) for o in options), default=math.inf)
 
 
 def _partition_floor_s(
@@ -355,6 +364,41 @@ def _partition_floor_s(
     )
 
 
+def _partitions(
+    problem: PartitionProblem, request: PlanRequest, stage_rank: tuple[int, ...], v: int
+) -> list[PartitionSolution]:
+    """The partitions the simulator judges for one option ([] when none fits)."""
+    try:
+        solutions = _solve(problem, request)
+    except PlanInfeasibleError:
+        return []
+    if v > 1 and not _use_ilp(request):
+        # Several stages per rank: balance what a rank holds, not each stage (solvers/even.py).
+        rebalanced = [balance_ranks(problem, s, stage_rank) for s in solutions]
+        known = {s.boundaries for s in solutions}
+        solutions += [r for r in rebalanced if r is not None and r.boundaries not in known]
+    return solutions
+
+
+def _in_flight(problem: PartitionProblem) -> tuple[int, ...]:
+    return problem.in_flight or (problem.num_microbatches,) * problem.num_stages
+
+
+def _reused(
+    solved: list[tuple[tuple[int, ...], list[PartitionSolution]]], problem: PartitionProblem
+) -> list[PartitionSolution] | None:
+    """Partitions found for the same problem holding no more micro-batches on any stage, when every one of
+    them also fits ``problem``'s memory (None: solve it). Its feasible set is a subset of theirs, so their
+    optimum, lying in it, is its optimum; and where theirs had none, it has none."""
+    held = _in_flight(problem)
+    for in_flight, solutions in solved:
+        if any(a > b for a, b in zip(in_flight, held, strict=True)):
+            continue
+        if all(evaluate(problem, s.boundaries, s.recompute)[0] < math.inf for s in solutions):
+            return list(solutions)
+    return None
+
+
 @dataclass
 class _Found:
     candidates: list[Candidate] = field(default_factory=list)
@@ -372,6 +416,9 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
     the plan chosen unchanged (cheapest floors first, then back in the order listed)."""
     found = _Found()
     fastest = math.inf if prune_above_s is None else prune_above_s
+    # Problems that differ only in the micro-batches held (interleaved 1F1B and looped BFS at the same v
+    # place stages alike): their partitions, by in-flight counts held, each solved once where it can be.
+    solved: dict[PartitionProblem, list[tuple[tuple[int, ...], list[PartitionSolution]]]] = {}
     placed: list[tuple[tuple[int, int], Candidate]] = []
 
     def cannot_win(floor_s: float) -> bool:
@@ -405,16 +452,14 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
             max_units_per_stage=request.max_units_per_stage,
             split_backward=schedule.splits_backward,
         )
-        try:
-            solutions = _solve(problem, request)
-        except PlanInfeasibleError:
+        shape = replace(problem, in_flight=())
+        solutions = _reused(solved.get(shape, []), problem)
+        if solutions is None:
+            solutions = _partitions(problem, request, stage_rank, v)
+            solved.setdefault(shape, []).append((_in_flight(problem), solutions))
+        if not solutions:
             found.infeasible.append(f"b={b} {schedule.value} v={v}")
             continue
-        if v > 1 and not _use_ilp(request):
-            # Several stages per rank: balance what a rank holds, not each stage (solvers/even.py).
-            rebalanced = [balance_ranks(problem, s, stage_rank) for s in solutions]
-            known = {s.boundaries for s in solutions}
-            solutions += [r for r in rebalanced if r is not None and r.boundaries not in known]
         for k, solution in enumerate(solutions):
             runtime = _runtime_terms(profile, costs, request.settings, problem, solution, schedule, request.num_ranks)
             if prune_above_s is not None and cannot_win(

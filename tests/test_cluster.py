@@ -15,7 +15,7 @@ from planner.cluster import Cluster, Layout, layouts, plan_cluster
 from planner.cost import CostSettings, DataParallel, step_tails, unit_costs
 from planner.errors import PlanFormatError, UsageError
 from planner.plan import load_plan, plan_from_dict, save_plan
-from planner.search import PlanRequest, make_plan
+from planner.search import PlanRequest, make_plan, plan_key
 from profiles.format import save_profile
 from synthetic import make_profile
 
@@ -136,6 +136,23 @@ def test_the_choice_is_the_exhaustive_searchs(seed: int) -> None:
     assert result.plan.predicted.iteration_s == pytest.approx(step, rel=1e-12)
     assert mesh.pp * mesh.dp == devices
     assert mesh.global_batch_size == request.global_batch_size == mesh.dp * result.plan.global_batch_size
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_worker_processes_choose_the_same_plan(seed: int) -> None:
+    # Layouts searched two at a time meet a different best step to beat; bounds and floors only skip what
+    # cannot win, so the plan is the same.
+    rng = random.Random(seed)
+    n = rng.randint(4, 8)
+    profile = make_profile([rng.uniform(0.5, 2.0) for _ in range(n)], sizes=(1, 2))
+    cluster = Cluster(8, 4, intra_node_bytes_per_s=1e10, inter_node_bytes_per_s=1e8, latency_s=1e-4)
+    request = _request(8, link_bytes_per_s=1e9)
+    one = plan_cluster(profile, request, cluster, sha256=SHA)
+    two = plan_cluster(profile, request, cluster, sha256=SHA, jobs=2)
+    assert plan_key(two.plan) == plan_key(one.plan)
+    assert two.plan.mesh == one.plan.mesh
+    assert two.plan.predicted.iteration_s == one.plan.predicted.iteration_s
+    assert [t[0] for t in two.tried] == [t[0] for t in one.tried]  # every layout accounted for, in order
 
 
 def test_data_parallel_wins_when_everything_fits_and_pipelines_when_it_must() -> None:

@@ -170,3 +170,54 @@ def test_floors_leave_the_plan_unchanged(seed):
     assert plan_key(pruned) == plan_key(everything[0])
     assert pruned.predicted.iteration_s == everything[0].predicted.iteration_s
     assert pruned.solver.candidates < everything[0].solver.candidates  # and the floors did skip some
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_partitions_shared_between_schedules_leave_the_plan_unchanged(seed, monkeypatch):
+    # Interleaved 1F1B and looped BFS at the same v pose one problem apart from the micro-batches held; the
+    # looser one's partitions serve the other when they fit its memory. Memory binds in half the seeds.
+    import random
+
+    import planner.search as search
+    from planner.search import plan_key
+
+    rng = random.Random(seed)
+    times = [rng.uniform(0.5, 2.0) for _ in range(rng.randint(8, 12))]
+    saved = [rng.choice((1, 4, 16)) * 2**20 for _ in times]
+    memory = 2**36 if seed % 2 else 40 * 2**20
+    profile = make_profile(times, sizes=(1, 2), saved_bytes=saved, memory_bytes=memory)
+    for schedule in ("looped-bfs", None):
+        request = PlanRequest(num_ranks=2, global_batch_size=8, schedule=schedule, recompute="off", settings=FAST_LINK)
+        try:
+            shared = make_plan(profile, request, sha256=SHA)
+        except PlanInfeasibleError:
+            continue
+        with monkeypatch.context() as m:
+            m.setattr(search, "_reused", lambda solved, problem: None)
+            alone = make_plan(profile, request, sha256=SHA)
+        assert plan_key(shared) == plan_key(alone)
+        assert shared.predicted.iteration_s == alone.predicted.iteration_s
+
+
+def test_a_looser_problems_partitions_serve_only_where_they_fit():
+    from dataclasses import replace
+
+    from planner.search import _reused
+    from solvers.problem import PartitionProblem, PartitionSolution
+
+    problem = PartitionProblem(
+        forward_s=(1.0, 1.0, 1.0, 1.0),
+        backward_s=(2.0, 2.0, 2.0, 2.0),
+        num_stages=2,
+        num_microbatches=4,
+        saved_bytes=(10, 10, 10, 10),
+        in_flight=(1, 3),
+        capacity_bytes=(60.0, 60.0),
+    )
+    even = PartitionSolution((0, 2), (False, False), 18.0, 6.0, solver="dp")  # stage 1 holds 20 B x 3 = 60 B
+    first = PartitionSolution((0, 1), (False, False), 30.0, 9.0, solver="dp")  # stage 1 holds 30 B x 3 = 90 B
+    assert _reused([((1, 1), [even])], problem) == [even]
+    assert _reused([((1, 1), [even, first])], problem) is None  # one does not fit: solve it afresh
+    assert _reused([((1, 4), [even])], problem) is None  # held more on stage 1: its optimum may be too tight
+    assert _reused([((1, 1), [])], problem) == []  # the looser problem had no partition: neither has this
+    assert _reused([((1, 1), [even])], replace(problem, in_flight=(1, 4))) is None  # 80 B > 60 B
