@@ -1,15 +1,18 @@
 """Cluster plans (``pipeplan plan --devices N``): what the pp x dp search chooses, and how long it takes.
 
     python benchmarks/bench_cluster.py                       # the table of docs/BENCHMARKS.md section 9
+    python benchmarks/bench_cluster.py --jobs 4              # wall times with 1 and with 4 worker processes
 
 Profiles are the planner-scale benchmark's synthetic transformer-shaped ones (bench_planner_scale.py),
 with the cluster's default CUDA links (NVLink 450 GB/s in a node, 50 GB/s between nodes) and 80 or
-16 GiB devices. Each case runs once (a cluster search is deterministic; the wall time is what varies).
+16 GiB devices. Each case runs once in one process and once with ``--jobs`` workers (default: the CPUs),
+and the two plans are checked equal (a cluster search is deterministic; the wall time is what varies).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import replace
@@ -21,7 +24,7 @@ from bench_planner_scale import synthetic_profile  # noqa: E402
 
 from planner.cluster import Cluster, plan_cluster  # noqa: E402
 from planner.cost import CostSettings  # noqa: E402
-from planner.search import PlanRequest  # noqa: E402
+from planner.search import PlanRequest, plan_key  # noqa: E402
 from planner.table import format_table  # noqa: E402
 
 CASES = (  # (units, devices, devices per node, global batch, device memory GiB)
@@ -34,18 +37,22 @@ CASES = (  # (units, devices, devices per node, global batch, device memory GiB)
 )
 
 
-def run(units: int, devices: int, per_node: int, batch: int, memory_gib: int) -> list[object]:
+def run(units: int, devices: int, per_node: int, batch: int, memory_gib: int, jobs: int) -> list[object]:
     profile = synthetic_profile(units)
     profile = replace(profile, device=replace(profile.device, kind="cuda", memory_bytes=memory_gib * 2**30))
     request = PlanRequest(
         num_ranks=1, global_batch_size=batch, settings=CostSettings(link_bytes_per_s=50e9, link_latency_s=1e-5)
     )
     cluster = Cluster(devices, per_node, 450e9, 50e9, 1e-5)
-    started = time.perf_counter()
-    result = plan_cluster(profile, request, cluster, sha256="0" * 64)
-    wall = time.perf_counter() - started
+    walls, results = [], []
+    for workers in (1, jobs):
+        started = time.perf_counter()
+        results.append(plan_cluster(profile, request, cluster, sha256="0" * 64, jobs=workers))
+        walls.append(time.perf_counter() - started)
+    result = results[0]
     plan, mesh = result.plan, result.plan.mesh
     assert mesh is not None
+    assert plan_key(results[1].plan) == plan_key(plan) and results[1].plan.mesh == mesh, "--jobs changed the plan"
     simulated = sum(1 for t in result.tried if t[1] is not None)
     return [
         units,
@@ -58,18 +65,20 @@ def run(units: int, devices: int, per_node: int, batch: int, memory_gib: int) ->
         mesh.placement,
         f"{plan.schedule.value} b={plan.micro_batch_size} M={plan.num_microbatches}",
         f"{plan.predicted.iteration_s:.3g} s",
-        f"{wall:.1f} s",
+        f"{walls[0]:.1f} s",
+        f"{walls[1]:.1f} s",
     ]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-units", type=int, default=2000, help="skip larger cases")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="workers of the second run")
     args = parser.parse_args(argv)
-    rows = [run(*case) for case in CASES if case[0] <= args.max_units]
+    rows = [run(*case, args.jobs) for case in CASES if case[0] <= args.max_units]
     headers = ["units", "params (B)", "devices", "batch", "GiB", "layouts / simulated", "pp x dp", "placement"]
-    headers += ["schedule", "step", "wall"]
-    print(format_table(headers, rows, align=">>>>>>><<>>"))
+    headers += ["schedule", "step", "wall, 1 process", f"wall, {args.jobs} workers"]
+    print(format_table(headers, rows, align=">>>>>>><<>>>"))
 
 
 if __name__ == "__main__":

@@ -236,25 +236,25 @@ class _Model:
             fit0 = (c0[r] <= t_max) & (band.q0[cap][r, cols] >= in_flight)
             fit1 = (c1[r] <= t_max) & (band.q1[cap][r, cols] >= in_flight)
             costs[kind] = (lo, np.where(fit0, c0k[r], np.where(fit1, c1k[r], np.inf)))
-        gprev = np.full(n, np.inf)
-        gprev[0] = 0.0
+        # padded[width - 1 + i] is the least sum of the stages so far that end just before unit i: before the
+        # first stage only i = 0 (nothing placed) is finite, after it i = 0 never is. One view for every
+        # stage: each stage rewrites padded in place (no arrays allocated per stage), and the view reads it.
         padded = np.full(n + width - 1, np.inf)
-        # One view for every stage: each stage rewrites padded in place, and the view reads it.
+        padded[width - 1] = 0.0
         windows = sliding_window_view(padded, width)
         args = np.zeros((p, n), dtype=np.int64)
-        f = gprev
+        f = np.full(n, np.inf)
+        index = np.arange(n)
         for s, (lo, hi) in enumerate(spans):
             first, cost = costs[self.stage_kind[s]]
             rows = slice(lo, hi + 1)
-            padded[width - 1 :] = gprev
             total = cost[lo - first : hi - first + 1] + windows[rows]
             best = np.argmin(total, axis=1)
-            f = np.full(n, np.inf)
-            f[rows] = total[np.arange(total.shape[0]), best]
+            f.fill(np.inf)
+            f[rows] = total[index[: hi - lo + 1], best]
             args[s, rows] = best
-            gprev = np.empty(n)
-            gprev[0] = np.inf
-            gprev[1:] = f[:-1]
+            padded[width - 1] = np.inf
+            padded[width:] = f[:-1]
         result: _Found | None = None
         if math.isfinite(f[n - 1]):
             starts, flags, bottleneck = [], [], 0.0

@@ -92,6 +92,26 @@ def test_in_flight_per_stage() -> None:
     assert in_flight_per_stage(Schedule.INTERLEAVED_1F1B, 4, 8, num_ranks=4) == (7, 5, 3, 1)
 
 
+@pytest.mark.parametrize("schedule", [Schedule.NAIVE, Schedule.GPIPE, Schedule.LOOPED_BFS])
+def test_closed_form_in_flight_counts_equal_the_orders(schedule: Schedule) -> None:
+    from planner.schedule.simulate import _peak_in_flight
+
+    checked = 0
+    for ranks in (1, 2, 3, 4):
+        for v in (1, 2, 3) if schedule is Schedule.LOOPED_BFS else (1,):
+            for m in range(1, 10):
+                try:
+                    orders = rank_orders(schedule, ranks * v, m, ranks)
+                except ScheduleError:
+                    with pytest.raises(ScheduleError):
+                        in_flight_per_stage(schedule, ranks * v, m, ranks)
+                    continue
+                counted = _peak_in_flight(orders, ranks * v)
+                assert in_flight_per_stage(schedule, ranks * v, m, ranks) == counted == (m,) * (ranks * v)
+                checked += 1
+    assert checked >= (4 if schedule is Schedule.NAIVE else 30)  # naive runs one micro-batch only
+
+
 @pytest.mark.parametrize(
     ("p", "v", "m"), [(4, 2, 8), (4, 2, 4), (4, 2, 6), (4, 2, 12), (4, 4, 8), (2, 2, 4), (8, 2, 16), (4, 3, 8)]
 )
