@@ -2,6 +2,7 @@
 
     python benchmarks/bench_cluster.py                       # the table of docs/BENCHMARKS.md section 9
     python benchmarks/bench_cluster.py --jobs 4              # wall times with 1 and with 4 worker processes
+    python benchmarks/bench_cluster.py --curve docs/bench_cluster_scale.png   # 2,000 units, 8 .. 4,096 devices
 
 Profiles are the planner-scale benchmark's synthetic transformer-shaped ones (bench_planner_scale.py),
 with the cluster's default CUDA links (NVLink 450 GB/s in a node, 50 GB/s between nodes) and 80 or
@@ -70,12 +71,45 @@ def run(units: int, devices: int, per_node: int, batch: int, memory_gib: int, jo
     ]
 
 
+CURVE_DEVICES = (8, 32, 128, 512, 2048, 4096)
+
+
+def curve(jobs: int, path: Path) -> list[list[object]]:
+    """Wall seconds of one 2,000-unit cluster search per device count (global batch max(512, N), 80 GiB),
+    in one process and with ``jobs`` workers, drawn log-log to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [run(2000, n, 8, max(512, n), 80, jobs) for n in CURVE_DEVICES]
+    walls = [[float(str(row[-2]).rstrip(" s")) for row in rows], [float(str(row[-1]).rstrip(" s")) for row in rows]]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for ys, label in zip(walls, ("1 process", f"{jobs} workers"), strict=True):
+        ax.loglog(CURVE_DEVICES, ys, marker="o", markersize=3, label=label)
+    ax.axhline(10.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.text(CURVE_DEVICES[0], 10.5, "10 s", fontsize=7, color="grey")
+    ax.set_xlabel("devices (8 a node)")
+    ax.set_ylabel("plan_cluster, seconds (wall)")
+    ax.set_title("Cluster plan search time, 2,000-unit synthetic profile (shared 2-core CPU)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-units", type=int, default=2000, help="skip larger cases")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="workers of the second run")
+    parser.add_argument("--curve", type=Path, default=None, metavar="PNG", help="2,000 units on 8 .. 4,096 devices")
     args = parser.parse_args(argv)
-    rows = [run(*case, args.jobs) for case in CASES if case[0] <= args.max_units]
+    if args.curve is not None:
+        rows = curve(args.jobs, args.curve)
+    else:
+        rows = [run(*case, args.jobs) for case in CASES if case[0] <= args.max_units]
     headers = ["units", "params (B)", "devices", "batch", "GiB", "layouts / simulated", "pp x dp", "placement"]
     headers += ["schedule", "step", "wall, 1 process", f"wall, {args.jobs} workers"]
     print(format_table(headers, rows, align=">>>>>>><<>>>"))

@@ -1,6 +1,6 @@
 """Floors under a simulated iteration: what lets a search skip what cannot win.
 
-Two facts hold for every schedule the simulator runs (planner/schedule/simulate.py):
+These facts hold for every schedule the simulator runs (planner/schedule/simulate.py):
 
 1. a rank runs its actions one at a time, so the step lasts at least the work of its busiest rank;
 2. a stage's first forward waits for that micro-batch's forwards on every stage before it, and its
@@ -17,8 +17,21 @@ as much as the facts allow, a geometric series (the relaxation over real-valued 
        step >= c * W / (1 - (1 - c / M) ** S)
 
 which for ``S = P = M = 4``, ``c = 1`` is 1.46 x the ``M * W / P`` of the first fact: the pipeline
-bubble of GPipe and 1F1B, as a bound no partition can beat. ``tests/test_bounds.py`` holds both
-floors under the simulation of every partition of small problems, under every schedule.
+bubble of GPipe and 1F1B, as a bound no partition can beat.
+
+3. A rank's first action is a forward of its lowest stage ``s_r`` (any action of a stage needs that
+   micro-batch's forward on every stage below, and the rank's own stages below come first), and without a
+   split backward its last action is a backward of ``s_r``, followed by the backwards of every stage
+   below. So, for a partition::
+
+       step >= sum_{s<s_r} f_s + (rank r's work) + max(sum_{s<s_r} b_s, rank r's step tail)
+
+   the rank-level bubble: for ``v`` equal chunks per rank it is Megatron's interleaved bubble
+   ``(P - 1)/(v M)``, where fact 2's relaxation leaves the looped schedules almost none. It needs the
+   partition (which stage is a rank's first), so it is a partition floor only.
+
+``tests/test_bounds.py`` holds the floors under the simulation of every partition of small problems, under
+every schedule.
 """
 
 from __future__ import annotations
@@ -81,23 +94,34 @@ def partition_floor_s(
     stage_rank: Sequence[int],
     num_microbatches: int,
     *,
+    stage_forward_s: Sequence[float] = (),
     compute_scale: float = 1.0,
     action_overhead_s: float = 0.0,
     step_tail_s: Sequence[float] = (),
 ) -> float:
     """No simulation of this partition is shorter: per rank its work, overheads and step tail; per stage
-    the chain before it plus its own work (module docstring)."""
+    the chain before it plus its own work; with ``stage_forward_s``, per rank the chain before its first
+    stage, its work, and the backwards after it (module docstring, fact 3)."""
     m = num_microbatches
     scale = min(1.0, compute_scale)
-    per_rank = [0.0] * (max(stage_rank) + 1)
+    ranks = max(stage_rank) + 1
+    busy = [0.0] * ranks
     for s, rank in enumerate(stage_rank):
         # Every stage runs at least a forward and a backward action per micro-batch.
-        per_rank[rank] += m * (stage_work_s[s] * scale + 2 * action_overhead_s)
-    for rank, tail in enumerate(step_tail_s):
-        per_rank[rank] += tail
-    floor = max(per_rank)
+        busy[rank] += m * (stage_work_s[s] * scale + 2 * action_overhead_s)
+    tails = list(step_tail_s) + [0.0] * (ranks - len(step_tail_s))
+    floor = max(b + t for b, t in zip(busy, tails, strict=True))
     before = 0.0
     for work_s, chain_s in zip(stage_work_s, stage_chain_s, strict=True):
         floor = max(floor, (before + m * work_s) * scale)
         before += chain_s
+    if stage_forward_s:
+        forwards = backwards = 0.0  # the chain below stage s
+        seen: set[int] = set()
+        for s, rank in enumerate(stage_rank):
+            if rank not in seen:  # s is the rank's first stage
+                seen.add(rank)
+                floor = max(floor, forwards * scale + busy[rank] + max(backwards * scale, tails[rank]))
+            forwards += stage_forward_s[s]
+            backwards += stage_chain_s[s] - stage_forward_s[s]
     return floor if math.isfinite(floor) else math.inf

@@ -358,6 +358,7 @@ def _partition_floor_s(
         chain,
         stage_rank,
         option.num_microbatches,
+        stage_forward_s=forward,
         compute_scale=terms.compute_scale,
         action_overhead_s=terms.action_overhead_s,
         step_tail_s=terms.step_tail_s,

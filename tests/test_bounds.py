@@ -61,11 +61,13 @@ def test_floors_lie_under_every_partition_simulated(schedule: Schedule, ranks: i
         stage_work = [x + (min(y, p + q) if split else y) for x, y, p, q in zip(f, b, i, w, strict=True)]
         chain = f if split else [x + y for x, y in zip(f, b, strict=True)]
         assert partition_floor_s(stage_work, chain, stage_rank, m) <= plain * (1 + 1e-9)
+        assert partition_floor_s(stage_work, chain, stage_rank, m, stage_forward_s=f) <= plain * (1 + 1e-9)
         with_terms = partition_floor_s(
             stage_work,
             chain,
             stage_rank,
             m,
+            stage_forward_s=f,
             compute_scale=terms.compute_scale,
             action_overhead_s=terms.action_overhead_s,
             step_tail_s=terms.step_tail_s,
@@ -88,3 +90,17 @@ def test_split_backward_chain_counts_only_forwards() -> None:
     work = UnitWork.of([1.0, 2.0], [3.0, 2.0], [1.0, 1.0], [1.0, 0.5])
     assert work.work_s == (3.0, 3.5)  # the split parts, cheaper than the full backward
     assert work.chain_fraction == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize(("p", "v", "m"), [(4, 2, 8), (4, 4, 8), (2, 2, 4), (8, 2, 16)])
+def test_the_rank_floor_is_megatrons_interleaved_bubble_on_equal_chunks(p: int, v: int, m: int) -> None:
+    # f = b = 1 a chunk: torch's interleaved 1F1B takes 2 (v M + P - 1), the no-bubble work 2 v M; the last
+    # rank's first stage waits for P - 1 forwards and its last is followed by P - 1 backwards, so fact 3
+    # is exact here, where the stage-level facts stay near the no-bubble bound.
+    stages = p * v
+    stage_rank = stage_to_rank(Schedule.INTERLEAVED_1F1B, stages, p)
+    work, chain, forward = [2.0] * stages, [2.0] * stages, [1.0] * stages
+    simulated = simulate([1.0] * stages, [1.0] * stages, m, "interleaved-1f1b", num_ranks=p).iteration_s
+    assert simulated == 2 * (v * m + p - 1)
+    assert partition_floor_s(work, chain, stage_rank, m, stage_forward_s=forward) == pytest.approx(simulated)
+    assert partition_floor_s(work, chain, stage_rank, m) < simulated * (1 - 0.5 * (p - 1) / (v * m + p - 1))
