@@ -205,6 +205,20 @@ class _StageTimer:
         ):
             setattr(stage, method, self._wrap(getattr(stage, method), kind, device))
 
+    def time_loss(self, schedule: Any, device: torch.device) -> None:
+        """Count the schedule's loss as part of this (last) stage's forward, as the profile's last unit does:
+        torch computes it right after the forward, outside ``forward_one_chunk``."""
+        timed = self._wrap(schedule._compute_loss, "L", device)
+
+        def into_forward(*args: Any, **kwargs: Any) -> Any:
+            out = timed(*args, **kwargs)
+            if len(self.records) > 1 and self.records[-2][0] == "F":
+                loss_s = self.records.pop()[1]
+                self.records[-1] = ("F", self.records[-1][1] + loss_s)
+            return out  # else the loss stays its own record: in the rank's compute, in no stage's times
+
+        schedule._compute_loss = into_forward
+
     def _wrap(self, fn: Callable[..., Any], kind: str, device: torch.device) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if device.type == "cuda":
@@ -284,6 +298,9 @@ def _rank_main(
         out["loss"] = None if loss is None else loss.item()
         out["grads"] = {n: _full(p.grad) for n, p in run.named_parameters() if p.grad is not None}
     timers = [_StageTimer(stage, dev) for stage in run.stages]
+    for stage, timer in zip(run.stages, timers, strict=True):
+        if stage.is_last:
+            timer.time_loss(run.schedule, dev)
     waits = _WaitTimer()
     zero = plan.mesh is not None and plan.mesh.shard == "optimizer"
     optimizer = make_optimizer(
@@ -327,7 +344,7 @@ def _rank_main(
 
 
 def _stage_times(records: list[tuple[str, float]]) -> tuple[float, float]:
-    by_kind: dict[str, list[float]] = {"F": [], "B": [], "W": []}
+    by_kind: dict[str, list[float]] = {"F": [], "B": [], "W": [], "L": []}
     for kind, d in records:
         by_kind[kind].append(d)
     # Zero-bubble splits a backward into B (input grads) and W (weight grads): their sum is the backward.

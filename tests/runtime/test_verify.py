@@ -147,3 +147,23 @@ def test_replay_runs_with_the_profilers_allocator_settings(monkeypatch: pytest.M
     plan = make_plan(workload, ["layers.2"], "gpipe")
     verify_plan(plan, workload, mode="replay", steps=1, warmup=0, tolerance=1e9)
     assert calls == [True]
+
+
+@pytest.mark.parametrize("mode", ["replay", "processes"])
+def test_the_loss_counts_in_the_last_stages_forward(mode: str) -> None:
+    # The profile times the loss with the last unit; torch computes it right after the last stage's
+    # forward, outside forward_one_chunk. verify must count it there too, not as overhead.
+    from pathlib import Path
+
+    import sleepy_loss
+
+    spec = f"{Path(sleepy_loss.__file__)}:workload"
+    plan = make_plan(sleepy_loss.workload(), ["2"], "1f1b")
+    report = verify_plan(plan, spec, mode=mode, steps=1, warmup=1, tolerance=1e9, timeout_s=180)
+    first, last = report.stages
+    assert last.measured_forward_s >= sleepy_loss.LOSS_SLEEP_S
+    assert first.measured_forward_s < sleepy_loss.LOSS_SLEEP_S / 3
+    if mode == "processes":
+        rank = report.ranks[1]  # the last stage's rank runs M losses a step, all inside its compute
+        assert rank.measured_compute_s >= plan.num_microbatches * sleepy_loss.LOSS_SLEEP_S
+        assert rank.measured_overhead_s < sleepy_loss.LOSS_SLEEP_S
