@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import signal
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
@@ -255,7 +256,13 @@ def _executor(jobs: int) -> Executor:
     # networkx, about a second a worker on this 2-core machine); spawn where fork does not exist.
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=context)
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_leave_interrupts_to_the_parent)
+
+
+def _leave_interrupts_to_the_parent() -> None:
+    # Ctrl-C reaches the whole process group: the parent stops the search with its one-line message and
+    # the workers finish the layout at hand, rather than each printing a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def plan_cluster(
