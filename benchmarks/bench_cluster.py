@@ -38,7 +38,10 @@ CASES = (  # (units, devices, devices per node, global batch, device memory GiB)
 )
 
 
-def run(units: int, devices: int, per_node: int, batch: int, memory_gib: int, jobs: int) -> list[object]:
+def run(
+    units: int, devices: int, per_node: int, batch: int, memory_gib: int, jobs: int
+) -> tuple[list[object], list[float]]:
+    """The table's row for one case, and its wall seconds in one process and with ``jobs`` workers."""
     profile = synthetic_profile(units)
     profile = replace(profile, device=replace(profile.device, kind="cuda", memory_bytes=memory_gib * 2**30))
     request = PlanRequest(
@@ -55,7 +58,7 @@ def run(units: int, devices: int, per_node: int, batch: int, memory_gib: int, jo
     assert mesh is not None
     assert plan_key(results[1].plan) == plan_key(plan) and results[1].plan.mesh == mesh, "--jobs changed the plan"
     simulated = sum(1 for t in result.tried if t[1] is not None)
-    return [
+    row = [
         units,
         f"{sum(u.param_count for u in profile.units) / 1e9:.2f}",
         devices,
@@ -69,6 +72,7 @@ def run(units: int, devices: int, per_node: int, batch: int, memory_gib: int, jo
         f"{walls[0]:.1f} s",
         f"{walls[1]:.1f} s",
     ]
+    return row, walls
 
 
 CURVE_DEVICES = (8, 32, 128, 512, 2048, 4096)
@@ -82,10 +86,10 @@ def curve(jobs: int, path: Path) -> list[list[object]]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [run(2000, n, 8, max(512, n), 80, jobs) for n in CURVE_DEVICES]
-    walls = [[float(str(row[-2]).rstrip(" s")) for row in rows], [float(str(row[-1]).rstrip(" s")) for row in rows]]
+    cases = [run(2000, n, 8, max(512, n), 80, jobs) for n in CURVE_DEVICES]
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for ys, label in zip(walls, ("1 process", f"{jobs} workers"), strict=True):
+    for k, label in enumerate(("1 process", f"{jobs} workers")):
+        ys = [walls[k] for _, walls in cases]
         ax.loglog(CURVE_DEVICES, ys, marker="o", markersize=3, label=label)
     ax.axhline(10.0, color="grey", linewidth=0.8, linestyle="--")
     ax.text(CURVE_DEVICES[0], 10.5, "10 s", fontsize=7, color="grey")
@@ -97,7 +101,7 @@ def curve(jobs: int, path: Path) -> list[list[object]]:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return rows
+    return [row for row, _ in cases]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.curve is not None:
         rows = curve(args.jobs, args.curve)
     else:
-        rows = [run(*case, args.jobs) for case in CASES if case[0] <= args.max_units]
+        rows = [run(*case, args.jobs)[0] for case in CASES if case[0] <= args.max_units]
     headers = ["units", "params (B)", "devices", "batch", "GiB", "layouts / simulated", "pp x dp", "placement"]
     headers += ["schedule", "step", "wall, 1 process", f"wall, {args.jobs} workers"]
     print(format_table(headers, rows, align=">>>>>>><<>>>"))
