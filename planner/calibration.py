@@ -129,11 +129,14 @@ class Calibration:
             )
         return cost.seconds(num_params, num_tensors)
 
-    def runtime_terms(self, schedule: Schedule, step_tail_s: tuple[float, ...]) -> RuntimeTerms:
+    def runtime_terms(
+        self, schedule: Schedule, step_tail_s: tuple[float, ...], tail_groups: tuple[tuple[int, ...], ...] = ()
+    ) -> RuntimeTerms:
         return RuntimeTerms(
             action_overhead_s=self.overhead_for(schedule),
             step_tail_s=step_tail_s,
             compute_scale=self.colocation_factor,
+            tail_groups=tail_groups,
         )
 
     def to_dict(self) -> dict[str, Any]:

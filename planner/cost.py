@@ -416,6 +416,20 @@ def _tie_owner(profile: Profile, unit: int) -> int:
     return next(i for i, u in enumerate(profile.units) if names & set(u.tied_params))
 
 
+def tail_groups(
+    profile: Profile, stage_units: list[range] | list[list[int]], stage_rank: tuple[int, ...]
+) -> tuple[tuple[int, ...], ...]:
+    """Pairs of ranks whose step tails open with the all-reduce of a weight tied across them (a copy and
+    its owner on different ranks): neither finishes it before both have finished their last action."""
+    unit_rank = {u: stage_rank[s] for s, units in enumerate(stage_units) for u in units}
+    pairs = {
+        tuple(sorted((unit_rank[u], unit_rank[_tie_owner(profile, u)])))
+        for u, unit in enumerate(profile.units)
+        if unit.tied_param_count and unit.tied_params
+    }
+    return tuple(sorted(p for p in pairs if p[0] != p[1]))
+
+
 def step_tails(
     profile: Profile,
     costs: UnitCosts,

@@ -113,10 +113,12 @@ class Prediction:
     """Per rank: total runtime overhead of its actions in one iteration."""
     comm_wait_s: tuple[float, ...] = ()
     """Per rank: time waiting on the link in one iteration."""
+    tail_groups: tuple[tuple[int, ...], ...] = ()
+    """Pairs of ranks whose step tails start together: a weight tied across them is all-reduced first."""
 
     def runtime_terms(self) -> RuntimeTerms:
         """The runtime terms this prediction was simulated with (so ``simulate PLAN`` reproduces it)."""
-        return RuntimeTerms(self.action_overhead_s, self.step_tail_s, self.compute_scale)
+        return RuntimeTerms(self.action_overhead_s, self.step_tail_s, self.compute_scale, self.tail_groups)
 
 
 @dataclass(frozen=True)
@@ -352,6 +354,9 @@ def _check_numbers(data: dict[str, Any]) -> None:
         if value > MAX_SECONDS:
             raise _fail(f"{shorten(key)} is {value:.3g} s, over pipeplan's limit of {MAX_SECONDS:.0e} s")
     sizes = [(k, data["num_ranks"]) for k in per_rank] + [("comm_forward_s", n - 1), ("comm_backward_s", n - 1)]
+    for group in p.get("tail_groups", ()):
+        if any(r >= data["num_ranks"] for r in group):
+            raise _fail(f"predicted.tail_groups names rank {max(group)}, but ranks are 0..{data['num_ranks'] - 1}")
     measured = data.get("measured")
     if measured is not None:
         times += [("measured.iteration_s", measured["iteration_s"])]
@@ -471,6 +476,7 @@ def plan_from_dict(data: Any) -> Plan:
             step_tail_s=tuple(map(float, p.get("step_tail_s", ()))),
             overhead_s=tuple(map(float, p.get("overhead_s", ()))),
             comm_wait_s=tuple(map(float, p.get("comm_wait_s", ()))),
+            tail_groups=tuple(tuple(g) for g in p.get("tail_groups", ())),
         ),
         solver=SolverInfo(**_known(SolverInfo, data["solver"])),
         constraints=dict(data.get("constraints", {})),

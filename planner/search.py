@@ -23,6 +23,7 @@ from planner.cost import (
     split_backward_times,
     stage_memory,
     step_tails,
+    tail_groups,
     unit_costs,
 )
 from planner.errors import PlanInfeasibleError, ScheduleError, SearchPrunedError, UsageError
@@ -239,7 +240,8 @@ def _runtime_terms(
     tails = step_tails(profile, costs, settings, solution.stage_units(problem.num_units), stage_rank)
     if settings.calibration is None:
         return RuntimeTerms(step_tail_s=tails)
-    return settings.calibration.runtime_terms(schedule, tails)
+    groups = tail_groups(profile, solution.stage_units(problem.num_units), stage_rank)
+    return settings.calibration.runtime_terms(schedule, tails, groups)
 
 
 def _simulate_partition(
@@ -792,6 +794,7 @@ def _runtime_fields(settings: CostSettings, simulation: SimulationResult) -> dic
         "step_tail_s": tuple(simulation.step_tail_s),
         "overhead_s": tuple(simulation.overhead_s),
         "comm_wait_s": tuple(simulation.comm_wait_s),
+        "tail_groups": tuple(simulation.tail_groups),
     }
 
 

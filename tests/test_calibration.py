@@ -15,8 +15,8 @@ from planner.calibration import (
     save_calibration,
     shipped_calibration,
 )
-from planner.cost import CostSettings, _transfer_s, default_settings, step_tails, unit_costs
-from planner.errors import CalibrationError
+from planner.cost import CostSettings, _transfer_s, default_settings, step_tails, tail_groups, unit_costs
+from planner.errors import CalibrationError, UsageError
 from planner.schedule.orders import Schedule
 from planner.schedule.simulate import RuntimeTerms, simulate
 from planner.search import PlanRequest, make_plan, make_plans, plan_key, predict_plan
@@ -108,6 +108,24 @@ def test_step_tails_add_the_tied_allreduce_across_ranks() -> None:
     assert step_tails(profile, costs, settings, [[0, 1], [2]], (0, 1)) == pytest.approx((allreduce, allreduce))
     # Both users on one rank: the copies are summed locally, nothing crosses a link.
     assert step_tails(profile, costs, settings, [[0, 1, 2]], (0,)) == (0.0,)
+    # The all-reduce is a collective: the two ranks start their tails together; on one rank, no group.
+    assert tail_groups(profile, [[0, 1], [2]], (0, 1)) == ((0, 1),)
+    assert tail_groups(profile, [[0], [1], [2]], (0, 1, 2)) == ((0, 2),)
+    assert tail_groups(profile, [[0, 1, 2]], (0,)) == ()
+
+
+def test_a_tied_pair_starts_its_tails_together() -> None:
+    # GPipe, two stages of f = 1, b = 2, one micro-batch: rank 1 ends its backward at 4, rank 0 at 6.
+    alone = RuntimeTerms(step_tail_s=(1.0, 3.0))
+    assert simulate([1.0, 1.0], [2.0, 2.0], 1, "gpipe", runtime=alone).iteration_s == 7.0  # max(6 + 1, 4 + 3)
+    tied = RuntimeTerms(step_tail_s=(1.0, 3.0), tail_groups=((0, 1),))
+    result = simulate([1.0, 1.0], [2.0, 2.0], 1, "gpipe", runtime=tied)
+    assert result.iteration_s == 9.0  # rank 1 waits in the all-reduce until rank 0 arrives at 6
+    tail = next(a for a in result.actions if a.kind == "S" and a.rank == 1)
+    assert (tail.start_s, tail.end_s) == (4.0, 9.0)
+    stray = RuntimeTerms(step_tail_s=(1.0, 1.0), tail_groups=((0, 2),))
+    with pytest.raises(UsageError, match="outside"):
+        simulate([1.0, 1.0], [2.0, 2.0], 1, "gpipe", runtime=stray)
 
 
 def test_calibrated_plan_records_its_runtime_terms() -> None:

@@ -38,7 +38,7 @@ def sample_plan() -> Plan:
         global_batch_size=8,
         stages=stages,
         split_points=("layers.2",),
-        predicted=Prediction(7.0, 7.5, 0.2, 8 / 7.0, 0, (6.0, 4.0), (0.01,), (0.01,)),
+        predicted=Prediction(7.0, 7.5, 0.2, 8 / 7.0, 0, (6.0, 4.0), (0.01,), (0.01,), tail_groups=((0, 1),)),
         solver=SolverInfo("dp", "objective", True, None, 0.0, 12),
         constraints={"num_ranks": 2},
         baselines=(BaselinePlan("uniform-by-count", ("layers.1",), 8.0, True, 3000),),
@@ -70,6 +70,8 @@ def _dict():
         (lambda d: d.update(num_microbatches=3), "global_batch_size"),
         (lambda d: d["stages"][1].update(rank=5), "stage 1 is on rank 5, but schedule 1f1b places it on rank 1"),
         (lambda d: d.update(num_stages=3), "num_stages is 3 but 2 stages"),
+        (lambda d: d["predicted"].update(tail_groups=[[0, 2]]), "tail_groups names rank 2, but ranks are 0..1"),
+        (lambda d: d["predicted"].update(tail_groups=[[0]]), "tail_groups"),
     ],
 )
 def test_invalid_plans_are_rejected(mutate, message):

@@ -73,7 +73,9 @@ def _simulate_with(plan: Plan, compute_scale: float, overhead_s: float, tail_fac
         num_ranks=plan.num_ranks,
         comm_forward_s=pred.comm_forward_s,
         comm_backward_s=pred.comm_backward_s,
-        runtime=RuntimeTerms(overhead_s, tuple(t * tail_factor for t in pred.step_tail_s), compute_scale),
+        runtime=RuntimeTerms(
+            overhead_s, tuple(t * tail_factor for t in pred.step_tail_s), compute_scale, pred.tail_groups
+        ),
         **plan.split_backward_s(),
     )
 

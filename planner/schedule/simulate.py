@@ -14,7 +14,8 @@ The model (docs/simulator.md):
 - with :class:`RuntimeTerms` (measured by ``pipeplan calibrate``, docs/cost-model.md "Runtime terms"):
   every action costs ``action_overhead_s`` more on its rank (torch's dispatch, posting and waiting on
   P2P ops, the loss), each rank ends the iteration with its step tail (tied-gradient all-reduce,
-  ``optimizer.step()`` and ``zero_grad``), and compute slows by the co-location factor ``k`` only where
+  ``optimizer.step()`` and ``zero_grad``; ranks that share a tied weight start theirs together, when the
+  later of them has finished its last action), and compute slows by the co-location factor ``k`` only where
   ranks compute at the same time: a rank whose compute overlaps others' for a share ``o`` of its busy
   time computes ``1 + (k - 1) o`` times slower (``o`` from a first pass at full speed; one refinement).
 
@@ -61,6 +62,9 @@ class RuntimeTerms:
     compute_scale: float = 1.0
     """Co-location factor: compute with every rank busy on the machine / compute profiled alone. Applied to
     each rank in proportion to how much of its compute overlaps other ranks' (module docstring)."""
+    tail_groups: tuple[tuple[int, ...], ...] = ()
+    """Ranks whose step tails open with a collective (the all-reduce of a weight tied across them): a rank
+    of a group starts its tail when the group's last rank has finished its last action."""
 
     def __post_init__(self) -> None:
         values = (self.action_overhead_s, *self.step_tail_s)
@@ -136,6 +140,8 @@ class SimulationResult:
     """Per rank: tied all-reduce and optimizer after its last action."""
     comm_wait_s: tuple[float, ...] = ()
     """Per rank: time idle because a needed tensor was still on the link (not the schedule's bubble)."""
+    tail_groups: tuple[tuple[int, ...], ...] = ()
+    """The runtime terms' groups of ranks whose tails start together (:class:`RuntimeTerms`)."""
 
     @property
     def virtual_stages(self) -> int:
@@ -156,6 +162,7 @@ class SimulationResult:
             "overhead_s": list(self.overhead_s),
             "step_tail_s": list(self.step_tail_s),
             "comm_wait_s": list(self.comm_wait_s),
+            "tail_groups": [list(g) for g in self.tail_groups],
             "actions": [a.to_dict() for a in self.actions],
         }
 
@@ -271,6 +278,8 @@ def simulate(
     terms = runtime or RuntimeTerms()
     if terms.step_tail_s and len(terms.step_tail_s) != ranks:
         raise UsageError(f"step_tail_s has {len(terms.step_tail_s)} values for {ranks} ranks")
+    if any(not 0 <= r < ranks for group in terms.tail_groups for r in group):
+        raise UsageError(f"tail_groups {terms.tail_groups} name a rank outside 0..{ranks - 1}")
     base = {
         "F": fwd,
         "B": bwd,
@@ -292,14 +301,20 @@ def simulate(
     last_end = [0.0] * ranks
     for a in actions:
         last_end[a.rank] = max(last_end[a.rank], a.end_s)
+    # A tail starts when its rank's last action ends, or, in a group, when the group's last one does (the
+    # rank waits inside the collective, as torch's all_reduce does): it sorts last among the rank's actions.
+    tail_start = list(last_end)
+    for group in terms.tail_groups:
+        arrived = max(last_end[r] for r in group)
+        for r in group:
+            tail_start[r] = max(tail_start[r], arrived)
     if any(t > 0 for t in tails):
-        # A tail starts when its rank's last action ends: it sorts last among the rank's actions.
         by_rank: list[list[TimedAction]] = [[] for _ in range(ranks)]
         for a in actions:
             by_rank[a.rank].append(a)
         for r in range(ranks):
             if tails[r] > 0:
-                by_rank[r].append(TimedAction(r, -1, -1, "S", last_end[r], last_end[r] + tails[r]))
+                by_rank[r].append(TimedAction(r, -1, -1, "S", last_end[r], tail_start[r] + tails[r]))
         actions = [a for group in by_rank for a in group]
     iteration = max(a.end_s for a in actions)
     busy = [0.0] * ranks
@@ -324,6 +339,7 @@ def simulate(
         overhead_s=tuple(overhead),
         step_tail_s=tuple(tails),
         comm_wait_s=tuple(comm_wait),
+        tail_groups=terms.tail_groups,
     )
 
 
