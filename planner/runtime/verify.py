@@ -414,7 +414,8 @@ def verify_plan(
                 peak[s] = res["peak"]
         measured = max(_median(r["iteration"]) for r in everyone)
         busy = tuple(_median(r["busy"]) for r in results)
-        rank_times = tuple(_rank_time(plan, r, res) for r, res in enumerate(results))
+        tails = predicted_tails(plan)
+        rank_times = tuple(_rank_time(plan, r, res, tails) for r, res in enumerate(results))
         memory_kind = "cuda" if device.startswith("cuda") else "rss"
         if check_numerics:
             loss = statistics.fmean(r["loss"] for r in everyone if r["loss"] is not None)
@@ -468,11 +469,36 @@ def verify_plan(
     )
 
 
-def _rank_time(plan: Plan, rank: int, result: dict[str, Any]) -> RankTime:
+def predicted_tails(plan: Plan) -> tuple[float, ...]:
+    """Per rank, the predicted step tail as verify measures it: from the rank's last action to the end of
+    its optimizer step, so that a rank of a tied pair that finishes first includes its wait in the
+    all-reduce (the simulator starts the pair's tails together)."""
+    pred = plan.predicted
+    if not pred.tail_groups:
+        return pred.step_tail_s
+    simulation = simulate(
+        [s.forward_s for s in plan.stages],
+        [s.backward_s for s in plan.stages],
+        plan.num_microbatches,
+        plan.schedule,
+        num_ranks=plan.num_ranks,
+        comm_forward_s=pred.comm_forward_s,
+        comm_backward_s=pred.comm_backward_s,
+        runtime=pred.runtime_terms(),
+        **plan.split_backward_s(),
+    )
+    tails = [0.0] * plan.num_ranks
+    for action in simulation.actions:
+        if action.kind == "S":
+            tails[action.rank] = action.end_s - action.start_s
+    return tuple(tails)
+
+
+def _rank_time(plan: Plan, rank: int, result: dict[str, Any], tails: tuple[float, ...]) -> RankTime:
     pred = plan.predicted
     compute = pred.busy_s[rank] if rank < len(pred.busy_s) else 0.0
     overhead = pred.overhead_s[rank] if rank < len(pred.overhead_s) else 0.0
-    tail = pred.step_tail_s[rank] if rank < len(pred.step_tail_s) else 0.0
+    tail = tails[rank] if rank < len(tails) else 0.0
     # Per step, the rest of this rank's own time (to the end of its optimizer step; the barrier after it
     # only waits for the slowest rank) once compute, waits and the step tail are taken out.
     rest = [

@@ -167,3 +167,18 @@ def test_the_loss_counts_in_the_last_stages_forward(mode: str) -> None:
         rank = report.ranks[1]  # the last stage's rank runs M losses a step, all inside its compute
         assert rank.measured_compute_s >= plan.num_microbatches * sleepy_loss.LOSS_SLEEP_S
         assert rank.measured_overhead_s < sleepy_loss.LOSS_SLEEP_S
+
+
+def test_predicted_tails_include_the_wait_for_a_tied_partner() -> None:
+    # GPipe over two stages: rank 1's last backward ends before rank 0's, so with a tied pair its predicted
+    # tail (as verify measures one: last action to end of optimizer step) holds the wait in the all-reduce.
+    from dataclasses import replace
+
+    plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"], "gpipe", num_microbatches=1, micro_batch_size=8)
+    alone = replace(plan.predicted, step_tail_s=(0.004, 0.004))
+    assert verify.predicted_tails(replace(plan, predicted=alone)) == (0.004, 0.004)
+    tied = replace(alone, tail_groups=((0, 1),))
+    tails = verify.predicted_tails(replace(plan, predicted=tied))
+    # Rank 0 finishes last (its backward follows rank 1's): rank 1 waits for rank 0's backward, 2 ms here.
+    assert tails[0] == pytest.approx(0.004)
+    assert tails[1] == pytest.approx(0.004 + 0.002)
