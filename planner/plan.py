@@ -19,7 +19,7 @@ from planner.errors import PipeplanError, PlanFormatError, shorten
 from planner.fileio import check_document, load_document, write_json_atomic
 from planner.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_RANKS, MAX_SECONDS, MAX_UNITS
 from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank, virtual_stages
-from planner.schedule.simulate import RuntimeTerms
+from planner.schedule.simulate import RuntimeTerms, SimulationResult, simulate
 
 __all__ = [
     "PLAN_FORMAT",
@@ -238,6 +238,20 @@ class Plan:
             "input_s": [s.input_s or 0.0 for s in self.stages],
             "weight_s": [s.weight_s or 0.0 for s in self.stages],
         }
+
+    def simulation(self, runtime: RuntimeTerms | None = None) -> SimulationResult:
+        """The plan's stages and links simulated under ``runtime`` (default: the terms it was predicted with)."""
+        return simulate(
+            [s.forward_s for s in self.stages],
+            [s.backward_s for s in self.stages],
+            self.num_microbatches,
+            self.schedule,
+            num_ranks=self.num_ranks,
+            comm_forward_s=self.predicted.comm_forward_s,
+            comm_backward_s=self.predicted.comm_backward_s,
+            runtime=self.predicted.runtime_terms() if runtime is None else runtime,
+            **self.split_backward_s(),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -27,7 +27,7 @@ from planner.errors import UsageError
 from planner.plan import Measurement, Plan
 from planner.runtime.calibrate import fit_overhead, solve_increasing
 from planner.runtime.verify import VerifyReport, verify_plan
-from planner.schedule.simulate import RuntimeTerms, SimulationResult, simulate
+from planner.schedule.simulate import RuntimeTerms, SimulationResult
 from planner.search import PlanRequest, make_plans, plan_key, predict_plan, repredicted_plan
 from profiles.format import Profile
 
@@ -65,19 +65,8 @@ def _label(plan: Plan) -> str:
 def _simulate_with(plan: Plan, compute_scale: float, overhead_s: float, tail_factor: float) -> SimulationResult:
     """The plan under other runtime terms (stage times in a plan are the profiled, unscaled ones)."""
     pred = plan.predicted
-    return simulate(
-        [s.forward_s for s in plan.stages],
-        [s.backward_s for s in plan.stages],
-        plan.num_microbatches,
-        plan.schedule,
-        num_ranks=plan.num_ranks,
-        comm_forward_s=pred.comm_forward_s,
-        comm_backward_s=pred.comm_backward_s,
-        runtime=RuntimeTerms(
-            overhead_s, tuple(t * tail_factor for t in pred.step_tail_s), compute_scale, pred.tail_groups
-        ),
-        **plan.split_backward_s(),
-    )
+    tails = tuple(t * tail_factor for t in pred.step_tail_s)
+    return plan.simulation(RuntimeTerms(overhead_s, tails, compute_scale, pred.tail_groups))
 
 
 def _fit_colocation(measured: list[tuple[Plan, VerifyReport]], overheads: list[float], start: float) -> float:

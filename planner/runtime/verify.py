@@ -476,19 +476,8 @@ def predicted_tails(plan: Plan) -> tuple[float, ...]:
     pred = plan.predicted
     if not pred.tail_groups:
         return pred.step_tail_s
-    simulation = simulate(
-        [s.forward_s for s in plan.stages],
-        [s.backward_s for s in plan.stages],
-        plan.num_microbatches,
-        plan.schedule,
-        num_ranks=plan.num_ranks,
-        comm_forward_s=pred.comm_forward_s,
-        comm_backward_s=pred.comm_backward_s,
-        runtime=pred.runtime_terms(),
-        **plan.split_backward_s(),
-    )
     tails = [0.0] * plan.num_ranks
-    for action in simulation.actions:
+    for action in plan.simulation().actions:
         if action.kind == "S":
             tails[action.rank] = action.end_s - action.start_s
     return tuple(tails)
