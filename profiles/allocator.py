@@ -7,6 +7,12 @@ than the whole model they add up to. Measured on gpt2-small, b = 1, 1 thread, pa
 -11.6 % against the whole model (exported as one piece) with glibc's defaults, -2.5 % with freed
 memory kept (the whole model 2.10 s -> 1.69 s). The profiler and every runtime rank set the same,
 so the profile describes the process that runs the plan.
+
+No block is mmap'd at all, not only those under glibc's largest threshold (32 MiB): GPT-2's embedding
+gradient (154 MB) and its logits (51 MB at b = 2) are larger, and on 2 gloo ranks their page faults
+doubled rank 0's optimizer step and slowed its backward by a third (gpt2-small zbv P = 2, three runs
+each, alternating: +44 to +54 % over the prediction with the threshold alone, +14 to +19 % with no
+mmap; docs/BENCHMARKS.md section 6).
 """
 
 from __future__ import annotations
@@ -15,14 +21,12 @@ import ctypes
 import ctypes.util
 import sys
 
-__all__ = ["keep_freed_memory", "return_freed_memory", "MMAP_THRESHOLD_BYTES"]
+__all__ = ["keep_freed_memory", "return_freed_memory"]
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_TOP_PAD = -2
-_M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_BYTES = 32 * 2**20
-"""glibc's largest mmap threshold on 64-bit: blocks up to this size come from the reusable heap."""
+_M_MMAP_MAX = -4
 TOP_PAD_BYTES = 2**30
 """Extra heap the heap grows by at once: untouched virtual memory until used."""
 _NEVER_TRIM = 2**31 - 1  # an int: mallopt takes an int; 2 GiB of free heap top before trimming
@@ -51,7 +55,7 @@ def return_freed_memory() -> None:
 
 
 def keep_freed_memory() -> bool:
-    """Raise glibc's mmap and trim thresholds for this process; False where there is no glibc mallopt.
+    """Serve every block from this process's heap and never trim it; False where there is no glibc mallopt.
 
     Process-wide like ``torch.set_num_threads``, and for the same reason: the measurement must run
     the way the ranks will.
@@ -62,7 +66,7 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     settings = (
-        (_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
+        (_M_MMAP_MAX, 0),  # blocks of any size from the heap, reused after free
         (_M_TRIM_THRESHOLD, _NEVER_TRIM),
         (_M_TOP_PAD, TOP_PAD_BYTES),
     )
