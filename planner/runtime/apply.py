@@ -32,6 +32,7 @@ from planner.errors import ModelMismatchError, PlanFormatError, ScheduleError
 from planner.plan import Plan
 from planner.runtime.failure import mark_stage
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule, stage_to_rank
+from profiles.allocator import keep_freed_memory
 from profiles.dataflow import run_as_generated_code, used_parameters
 from profiles.fingerprint import model_fingerprint
 from profiles.workload import as_tuple
@@ -536,6 +537,9 @@ def apply_plan(
         rank, world_size: default to the process group's.
         group: the process group (default: the world).
 
+    On CPU it also sets this process's allocator as the profiler's (glibc: every block from the heap,
+    freed memory kept), without which large blocks page-fault on every step.
+
     Raises:
         ModelMismatchError: the model is not the plan's. ScheduleError: the placement is not looped.
     """
@@ -544,6 +548,10 @@ def apply_plan(
     check_fingerprint(plan, model)
     sched = _check_placement(plan)
     device = torch.device(device)
+    if device.type == "cpu":
+        # The profile was measured with freed memory kept in the process; a training rank that runs the
+        # plan must allocate the same way for the plan's times to hold (profiles/allocator.py).
+        keep_freed_memory()
     replica, replicas = 0, None
     if plan.mesh is not None and group is None:
         replica, rank, group, replicas = _mesh_groups(plan, device)

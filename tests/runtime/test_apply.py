@@ -141,3 +141,19 @@ def test_split_stages_run_as_generated_code() -> None:
     stages = split_stages(workload.model, (inputs,), ["transformer.h.2"], [False, False])
     flags = [m._run_with_interpreter for s in stages for m in s.modules() if hasattr(m, "_run_with_interpreter")]
     assert flags and not any(flags)
+
+
+def test_a_cpu_rank_allocates_as_the_profiler_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The profile was taken with freed memory kept (profiles/allocator.py); a user's training rank that
+    # calls apply_plan must run the same way, or GPT-2's large blocks page-fault on every step.
+    import planner.runtime.apply as apply
+
+    calls: list[bool] = []
+    monkeypatch.setattr(apply, "keep_freed_memory", lambda: calls.append(True) or True)
+    workload = BUILTIN_MODELS["mlp"]()
+    plan = make_plan(workload, ["layers.2"])
+    with pytest.raises(ScheduleError, match="the plan needs 2 ranks"):  # stops before any process group is needed
+        apply_plan(
+            plan, workload.model, workload.make_batch(8)[0], workload.loss_fn, device="cpu", rank=0, world_size=3
+        )
+    assert calls == [True]
