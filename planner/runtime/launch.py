@@ -7,7 +7,6 @@ hangs past the time-out or dies, the others are terminated (then killed) and one
 :class:`ExecutionError` names the rank that failed first; no process is left behind. Each rank leads a
 process group of its own, and the whole group is stopped, so a subprocess started by user code inside a
 rank goes with it (also when the parent is interrupted: the CLI turns SIGTERM and SIGHUP into that).
-Where the machine has a core for every rank's threads, each rank runs on cores of its own.
 
 Test hook: ``PIPEPLAN_TEST_FAULT="<rank>:<raise|hang|kill>"`` in the environment makes that rank
 raise ``RuntimeError("boom")``, sleep forever, or SIGKILL itself right after the process group is
@@ -31,7 +30,7 @@ from typing import Any
 
 from planner.errors import ExecutionError
 
-__all__ = ["run_ranks", "rank_cores", "free_port", "FAULT_ENV"]
+__all__ = ["run_ranks", "free_port", "FAULT_ENV"]
 
 FAULT_ENV = "PIPEPLAN_TEST_FAULT"
 # After the first failure, how long to keep listening so the root cause (the earliest error, not a
@@ -77,13 +76,10 @@ def _worker(
     port: int,
     backend: str | None,
     threads: int,
-    cores: list[int] | None,
     conn: Connection,
 ) -> None:
     # A process group of its own: stopping the rank stops what user code started inside it too.
     os.setpgid(0, 0)
-    if cores is not None:  # before torch starts its threads, which inherit it
-        os.sched_setaffinity(0, cores)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     # torch's deprecation warnings would land on the parent's stderr after its one error line.
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -119,22 +115,6 @@ def _worker(
         _send(conn, ("error", f"{type(exc).__name__}: {exc}", time.time(), traceback.format_exc(), place))
     finally:
         conn.close()
-
-
-def rank_cores(world_size: int, threads: int) -> list[list[int] | None]:
-    """Each rank's own cores, ``threads`` of them, when this process may use enough for every rank; else
-    ``None`` for all (the ranks share the cores, as the OS schedules them).
-
-    Unpinned, the OS moved a rank's threads onto the core where its peer was busy: mlp's 1F1B plan on 2
-    gloo ranks ran 5.7-9.8 ms a step (median 8.0) unpinned and 4.8-6.3 ms (median 5.8) pinned, four
-    alternating runs each (docs/BENCHMARKS.md, section 6); GPipe and gpt2-tiny did not move.
-    """
-    if not hasattr(os, "sched_getaffinity"):  # not Linux
-        return [None] * world_size
-    cores = sorted(os.sched_getaffinity(0))
-    if world_size * threads > len(cores):
-        return [None] * world_size
-    return [cores[r * threads : (r + 1) * threads] for r in range(world_size)]
 
 
 def _signal_group(p: mp.process.BaseProcess, sig: int) -> None:
@@ -173,8 +153,7 @@ def run_ranks(
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; results in rank order.
 
     ``fn`` and ``args`` must be picklable (a module-level function). ``backend=None`` opens no
-    process group. Each process uses ``max(1, cores // world_size)`` torch threads, pinned to cores of
-    its own where there are enough (:func:`rank_cores`).
+    process group. Each process uses ``max(1, cores // world_size)`` torch threads.
 
     Raises:
         ExecutionError: ``"rank 1 failed: RuntimeError: boom"``, ``"rank 0 did not finish within 30 s"``
@@ -183,13 +162,12 @@ def run_ranks(
     ctx = mp.get_context("spawn")
     port = free_port()
     threads = max(1, (os.cpu_count() or 1) // world_size)
-    cores = rank_cores(world_size, threads)
     procs, conns = [], []
     for rank in range(world_size):
         parent, child = ctx.Pipe(duplex=False)
         p = ctx.Process(
             target=_worker,
-            args=(fn, args, rank, world_size, port, backend, threads, cores[rank], child),
+            args=(fn, args, rank, world_size, port, backend, threads, child),
             daemon=True,
             name=f"pipeplan-rank-{rank}",
         )

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from planner.errors import ExecutionError
-from planner.runtime.launch import FAULT_ENV, rank_cores, run_ranks
+from planner.runtime.launch import FAULT_ENV, run_ranks
 
 torch.set_num_threads(1)
 
@@ -61,24 +61,6 @@ def _nothing_left_behind():
 
 def test_results_come_back_in_rank_order() -> None:
     assert run_ranks(_all_reduce, (), 2, timeout_s=60) == [3.0, 3.0]
-
-
-def _my_cores(rank: int, world_size: int) -> list[int]:
-    return sorted(os.sched_getaffinity(0))
-
-
-def test_each_rank_runs_on_cores_of_its_own_when_there_are_enough() -> None:
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        pytest.skip("needs 2 cores")
-    assert run_ranks(_my_cores, (), 2, timeout_s=60, backend=None) == [
-        cores[: len(cores) // 2],
-        cores[len(cores) // 2 :],
-    ]
-    assert rank_cores(2, 1) == [[cores[0]], [cores[1]]]
-    # More threads than cores: nobody is pinned, the OS shares the cores.
-    assert rank_cores(len(cores) + 1, 1) == [None] * (len(cores) + 1)
-    assert run_ranks(_my_cores, (), len(cores) + 1, timeout_s=60, backend=None) == [cores] * (len(cores) + 1)
 
 
 def test_a_raising_rank_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
