@@ -1024,7 +1024,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--candidates", type=_int_range(1, 32), default=4, help="distinct plans to run (default 4)")
     p.add_argument("--steps", type=_int_range(1, MAX_STEPS), default=3, help="timed steps per candidate (default 3)")
-    p.add_argument("--warmup", type=_int_range(0, MAX_STEPS), default=1, help="untimed steps per candidate (default 1)")
+    p.add_argument(
+        "--warmup",
+        type=_int_range(0, MAX_STEPS),
+        default=1,
+        help="untimed steps per candidate (default 1; processes mode also warms up for at least 1 s)",
+    )
     p.add_argument("--mode", choices=("auto", "processes", "replay"), default="auto")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds per candidate before it is stopped")
@@ -1140,7 +1145,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("plan", metavar="PLAN.json")
     p.add_argument("--model", required=True, metavar="MODEL", help="the model the plan was made for")
     p.add_argument("--steps", type=_int_range(1, MAX_STEPS), default=5)
-    p.add_argument("--warmup", type=_int_range(0, MAX_STEPS), default=2)
+    p.add_argument(
+        "--warmup",
+        type=_int_range(0, MAX_STEPS),
+        default=2,
+        help="untimed steps first (default 2); processes mode also warms up for at least 1 s, as a fresh rank's "
+        "first steps run slow",
+    )
     p.add_argument("--tolerance", type=_positive_float, default=0.15, help="allowed iteration-time error (0.15 = 15%%)")
     p.add_argument("--mode", choices=("auto", "processes", "replay"), default="auto")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")

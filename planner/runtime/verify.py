@@ -280,8 +280,42 @@ def _step_batch(plan: Plan) -> int:
     return plan.mesh.global_batch_size if plan.mesh is not None else plan.global_batch_size
 
 
+MIN_WARMUP_S = 1.0
+"""Processes mode warms up for at least this long (and ``warmup`` steps). A fresh rank's first steps run
+slow while its heap grows (profiles/allocator.py: freed blocks are reused only after a few iterations) and
+gloo opens its pairs: gpt2-tiny's 1F1B plan (P = 2, 35 ms a step) measured +78 % and +85 % over its
+prediction after 1 warm-up step, +31 % and +28 % after 5 (docs/BENCHMARKS.md, section 6)."""
+MAX_WARMUP_STEPS = 100
+"""The time floor's limit in steps, for plans of a few milliseconds a step."""
+
+
+def _warm_up(step: Callable[[], object], warmup: int, min_warmup_s: float, dev: torch.device) -> int:
+    """Run untimed steps: at least ``warmup``, and on until ``min_warmup_s`` have passed (at most
+    :data:`MAX_WARMUP_STEPS`); returns how many. Rank 0's clock decides, so every rank runs as many."""
+    import torch.distributed as dist
+
+    started, done = time.perf_counter(), 0
+    while True:
+        if done >= warmup:
+            more = done < MAX_WARMUP_STEPS and time.perf_counter() - started < min_warmup_s
+            flag = torch.tensor([int(more)], device=dev)  # NCCL broadcasts device tensors only
+            dist.broadcast(flag, src=0)
+            if not flag.item():
+                return done
+        step()
+        done += 1
+
+
 def _rank_main(
-    rank: int, world_size: int, spec: str, plan: Plan, steps: int, warmup: int, numerics: bool, device: str
+    rank: int,
+    world_size: int,
+    spec: str,
+    plan: Plan,
+    steps: int,
+    warmup: int,
+    min_warmup_s: float,
+    numerics: bool,
+    device: str,
 ) -> dict[str, Any]:
     """One rank of the processes mode; returns its measurements (and first-step grads if asked)."""
     import torch.distributed as dist
@@ -306,8 +340,9 @@ def _rank_main(
     optimizer = make_optimizer(
         str(plan.constraints.get("optimizer", "adam")), run.parameters(), run.replica_group if zero else None
     )
-    iteration, busy, wait, tail, own = [], [], [], [], []
-    for i in range(warmup + steps):
+
+    def step() -> tuple[float, float, float]:
+        """One training step between barriers: (start, schedule returned, optimizer done)."""
         for t in timers:
             t.records.clear()
         waits.total_s = 0.0
@@ -322,15 +357,20 @@ def _rank_main(
             torch.cuda.synchronize(dev)
         t2 = time.perf_counter()
         dist.barrier()
-        if i >= warmup:
-            iteration.append(time.perf_counter() - t0)
-            busy.append(sum(d for t in timers for _, d in t.records))
-            wait.append(waits.total_s)
-            tail.append(t2 - t1)
-            own.append(t2 - t0)
-            out.setdefault("records", [[] for _ in timers])
-            for k, t in enumerate(timers):
-                out["records"][k].extend(t.records)
+        return t0, t1, t2
+
+    out["warmup"] = _warm_up(step, warmup, min_warmup_s, dev)
+    iteration, busy, wait, tail, own = [], [], [], [], []
+    out["records"] = [[] for _ in timers]
+    for _ in range(steps):
+        t0, t1, t2 = step()
+        iteration.append(time.perf_counter() - t0)
+        busy.append(sum(d for t in timers for _, d in t.records))
+        wait.append(waits.total_s)
+        tail.append(t2 - t1)
+        own.append(t2 - t0)
+        for k, t in enumerate(timers):
+            out["records"][k].extend(t.records)
     if dev.type == "cuda":
         out["peak"] = int(torch.cuda.max_memory_allocated(dev))
     else:
@@ -377,6 +417,7 @@ def verify_plan(
     timeout_s: float = 300.0,
     device: str = "cpu",
     tolerance: float = 0.25,
+    min_warmup_s: float = MIN_WARMUP_S,
 ) -> VerifyReport:
     """Run ``plan`` and compare with its predictions.
 
@@ -385,7 +426,8 @@ def verify_plan(
         workload: a MODEL spec (what ``load_workload`` takes; each rank builds the model from it, so
             every rank has the same seeded weights) or a :class:`Workload` (its ``name`` is used as
             the spec in processes mode; replay uses the object itself).
-        steps, warmup: timed and untimed iterations.
+        steps, warmup: timed and untimed iterations; in processes mode the warm-up also lasts at least
+            ``min_warmup_s`` (:data:`MIN_WARMUP_S`), and the report says how many steps it took.
         mode: ``auto``, ``processes`` or ``replay``.
         check_numerics: also compare one step's loss and gradients with a single process.
         timeout_s: limit for the run: every rank (processes) or the replay (one process) is stopped after it.
@@ -403,7 +445,7 @@ def verify_plan(
     numerics = None
     if chosen == "processes":
         backend = "nccl" if device.startswith("cuda") else "gloo"
-        args = (spec, plan, steps, warmup, check_numerics, device)
+        args = (spec, plan, steps, warmup, min_warmup_s, check_numerics, device)
         everyone = run_ranks(_rank_main, args, _processes(plan), timeout_s=timeout_s, backend=backend)
         # Replicas run the same stages: the first replica's ranks, in pipeline order, stand for them.
         results = [everyone[d] for d in plan.mesh.devices[0]] if plan.mesh is not None else everyone
@@ -417,6 +459,7 @@ def verify_plan(
         tails = predicted_tails(plan)
         rank_times = tuple(_rank_time(plan, r, res, tails) for r, res in enumerate(results))
         memory_kind = "cuda" if device.startswith("cuda") else "rss"
+        warmed = int(everyone[0]["warmup"])
         if check_numerics:
             loss = statistics.fmean(r["loss"] for r in everyone if r["loss"] is not None)
             fresh = load_workload(spec)
@@ -424,6 +467,7 @@ def verify_plan(
             numerics = compare_numerics(*reference_step(fresh, plan), loss, grads)
     else:
         local = load_workload(workload) if isinstance(workload, str) else workload
+        warmed = warmup
         with _deadline(timeout_s):
             result = replay_plan(plan, local, steps=steps, warmup=warmup, device=device, keep_grads=check_numerics)
         fwd, bwd = list(result.forward_s), list(result.backward_s)
@@ -456,7 +500,7 @@ def verify_plan(
         num_ranks=plan.num_ranks,
         num_microbatches=schedule_microbatches(plan),
         steps=steps,
-        warmup=warmup,
+        warmup=warmed,
         tolerance=tolerance,
         predicted_iteration_s=plan.predicted.iteration_s,
         measured_iteration_s=measured,

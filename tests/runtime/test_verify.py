@@ -70,6 +70,16 @@ def test_processes_mode_gpt2_1f1b_with_numerics() -> None:
     assert "step tail = tied all-reduce + adam step" in format_report(report)
 
 
+def test_processes_mode_warms_up_for_the_time_floor_then_as_asked() -> None:
+    # mlp's step takes milliseconds: a 0.5 s floor needs many steps beyond the one asked for; with no floor,
+    # exactly the steps asked for. Every rank runs as many (rank 0 decides), or the barriers would hang.
+    plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"], "1f1b")
+    floored = verify_plan(plan, "mlp", mode="processes", steps=1, warmup=1, min_warmup_s=0.5, timeout_s=180)
+    assert floored.warmup > 2 and f"after {floored.warmup} warm-up" in format_report(floored)
+    exact = verify_plan(plan, "mlp", mode="processes", steps=1, warmup=3, min_warmup_s=0.0, timeout_s=180)
+    assert exact.warmup == 3
+
+
 @pytest.mark.parametrize(
     ("model", "splits", "schedule"),
     [
