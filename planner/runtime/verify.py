@@ -150,6 +150,7 @@ class VerifyReport:
         for stage, d in zip(self.stages, data["stages"], strict=True):
             d["error_pct"] = stage.error_pct
         data.update(iteration_error_pct=self.iteration_error_pct, worst_stage=self.worst_stage, ok=self.ok)
+        data["mismatch_reason"] = mismatch_reason(self)
         data["busy_s"] = list(self.busy_s)
         data["ranks"] = [asdict(r) for r in self.ranks]
         return data
@@ -618,6 +619,34 @@ def _merge_rank_grads(per_rank: list[dict[str, torch.Tensor]], tied: list[tuple[
     return merged
 
 
+def mismatch_reason(report: VerifyReport) -> str | None:
+    """Where an iteration outside the tolerance comes from, in one line; None when it is within.
+
+    Compute is the one part measured against its own profile, so the stages' errors say which side of the
+    model is off: all of them one way (the machine, or co-location, not the boundaries), none (what the
+    runtime adds around compute), or some (those stages' profile).
+    """
+    tolerance_pct = report.tolerance * 100.0
+    if abs(report.iteration_error_pct) <= tolerance_pct:
+        return None
+    errors = [s.error_pct for s in report.stages]
+    if all(e > tolerance_pct for e in errors) or all(e < -tolerance_pct for e in errors):
+        low, high = min(abs(e) for e in errors), max(abs(e) for e in errors)
+        span = f"{low:.0f} %" if round(low) == round(high) else f"{low:.0f}-{high:.0f} %"
+        return (
+            f"every stage computed {span} {'slower' if errors[0] > 0 else 'faster'} than profiled: this machine "
+            "runs at another speed than when the profile was made, or its ranks slow each other more than the "
+            "calibration's co-location factor says; profile again on a quiet machine, or let `pipeplan tune` refit"
+        )
+    if all(abs(e) <= tolerance_pct for e in errors):
+        where = " (see where the time went)" if report.ranks else ""
+        return (
+            f"the stages computed as profiled: the rest is outside compute, in waits, overhead or the step tail{where}"
+        )
+    worst = report.stages[report.worst_stage]
+    return f"stage {worst.index} is off most ({worst.error_pct:+.1f} %): its profile does not describe how it runs here"
+
+
 def format_report(report: VerifyReport) -> str:
     """A human-readable table: predicted vs measured per stage and for the iteration."""
     mem = {"cuda": "peak mem (cuda)", "rss": "peak mem (rss)", "rss-process": "rss (process)"}[report.memory_kind]
@@ -662,5 +691,8 @@ def format_report(report: VerifyReport) -> str:
             f"numerics: {'ok' if n.ok else 'MISMATCH'} (loss diff {n.loss_abs_diff:.2e}, max grad diff "
             f"{n.max_grad_abs_diff:.2e} at {n.worst_parameter or '-'}; atol {n.atol:g}, rtol {n.rtol:g})"
         )
+    reason = mismatch_reason(report)
+    if reason is not None:
+        lines.append(f"why: {reason}")
     lines.append("result: " + ("ok" if report.ok else "MISMATCH"))
     return "\n".join(lines)

@@ -17,6 +17,7 @@ from planner.runtime.verify import (
     VerifyReport,
     compare_numerics,
     format_report,
+    mismatch_reason,
     reference_step,
     verify_plan,
 )
@@ -136,6 +137,18 @@ def test_report_error_and_worst_stage() -> None:
     failed = VerifyReport(**{**report.__dict__, "numerics": NumericsReport(False, 0.0, 1.0, "w")})
     assert not failed.ok
     assert report.to_dict()["worst_stage"] == 1
+
+
+def test_a_mismatch_says_which_side_of_the_model_is_off() -> None:
+    # Predicted stages: 1.0 + 2.0 s each; iteration predicted 10 s, tolerance 25 %.
+    assert mismatch_reason(_report(12.0, [(1.5, 3.0), (1.5, 3.0)])) is None  # within tolerance: nothing to say
+    slow = _report(13.0, [(1.5, 3.0), (1.6, 3.2)])
+    assert mismatch_reason(slow).startswith("every stage computed 50-60 % slower than profiled")
+    assert "why: every stage computed" in format_report(slow)
+    assert slow.to_dict()["mismatch_reason"] == mismatch_reason(slow)
+    assert "outside compute" in mismatch_reason(_report(13.0, [(1.0, 2.0), (1.1, 2.0)]))
+    assert mismatch_reason(_report(7.0, [(1.0, 2.0), (2.0, 4.0)])).startswith("stage 1 is off most (+100.0 %)")
+    assert mismatch_reason(_report(7.0, [(0.5, 1.0), (0.5, 1.0)])).startswith("every stage computed 50 % faster")
 
 
 def test_auto_mode_falls_back_to_replay_with_few_cores(monkeypatch: pytest.MonkeyPatch) -> None:
