@@ -81,16 +81,7 @@ def test_refit_recovers_the_runtime_that_produced_the_measurements() -> None:
     true_tail = 2 * plans[0].predicted.step_tail_s[0]
     runs = []
     for plan in plans:
-        truth = simulate(
-            [s.forward_s for s in plan.stages],
-            [s.backward_s for s in plan.stages],
-            plan.num_microbatches,
-            plan.schedule,
-            num_ranks=plan.num_ranks,
-            comm_forward_s=plan.predicted.comm_forward_s,
-            comm_backward_s=plan.predicted.comm_backward_s,
-            runtime=RuntimeTerms(true_overhead, (true_tail,) * plan.num_ranks, true_scale),
-        )
+        truth = plan.simulation(RuntimeTerms(true_overhead, (true_tail,) * plan.num_ranks, true_scale))
         runs.append((plan, _report(plan, truth.iteration_s, truth.busy_s, true_tail)))
     refit = refit_calibration(start, runs)
     assert refit.colocation_factor == pytest.approx(true_scale, rel=1e-6)
