@@ -1,6 +1,6 @@
 """Event simulator: predicts one training iteration of a pipeline schedule from per-stage times.
 
-The model (docs/simulator.md):
+The model (docs/cost-model.md, "The model"):
 
 - each rank runs its compute actions strictly in the order of :func:`planner.schedule.orders.rank_orders`,
   one at a time, starting at time 0;
@@ -8,9 +8,15 @@ The model (docs/simulator.md):
 - ``B(s, m)`` (or ``I(s, m)`` under zero-bubble) needs ``F(s, m)`` and the input gradient of stage
   ``s+1``, i.e. ``B``/``I(s+1, m)`` ended plus ``comm_backward_s[s]``; the last stage needs only its own F;
 - ``W(s, m)`` needs ``I(s, m)``;
-- communication delays a dependency but occupies no rank's compute time (sends are asynchronous),
-  and torch's fused send/receive waits are not modelled; between two stages on the same rank (the turn
-  of a V, ``zbv``/``dualpipev``) torch hands the tensor over in memory, so that cut costs no link time;
+- communication delays a dependency but occupies no rank's compute time (sends are asynchronous);
+  between two stages on the same rank (the turn of a V, ``zbv``/``dualpipev``) torch hands the tensor
+  over in memory, so that cut costs no link time;
+- a transfer starts only once its receive is posted (gloo and NCCL both rendezvous: a receive posted
+  5 ms after its send still took 230 us, one link latency, on the development VM). torch's single-stage
+  schedules (``gpipe``, ``1f1b``) post a receive just before the action that needs it, so that action
+  starts at ``max(producer's end, rank free) + link``, not ``max(producer's end + link, rank free)``;
+  the multi-stage runtime posts receives ahead, in the order its lowering puts them
+  (``_add_send_recv``), which the second form stands for;
 - with :class:`RuntimeTerms` (measured by ``pipeplan calibrate``, docs/cost-model.md "Runtime terms"):
   every action costs ``action_overhead_s`` more on its rank (torch's dispatch, posting and waiting on
   P2P ops, the loss), each rank ends the iteration with its step tail (tied-gradient all-reduce,
@@ -290,12 +296,13 @@ def simulate(
     # A cut between two stages of one rank (the turn of a V) is a hand-over in memory, not a transfer.
     comm_f = [0.0 if stage_rank[c] == stage_rank[c + 1] else t for c, t in enumerate(comm_f)]
     comm_b = [0.0 if stage_rank[c] == stage_rank[c + 1] else t for c, t in enumerate(comm_b)]
+    late = not sched.multi_stage  # receives posted when needed: torch's PipelineScheduleSingle
     scales = [1.0] * ranks
     if terms.compute_scale != 1.0:
-        full_speed, _ = _run(orders, base, comm_f, comm_b, n, terms.action_overhead_s, width)
+        full_speed, _ = _run(orders, base, comm_f, comm_b, n, terms.action_overhead_s, width, late)
         scales = [1.0 + (terms.compute_scale - 1.0) * o for o in _overlap_fractions(full_speed, ranks)]
     durations = {kind: [t * scales[stage_rank[s]] for s, t in enumerate(times)] for kind, times in base.items()}
-    actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, terms.action_overhead_s, width)
+    actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, terms.action_overhead_s, width, late)
     tails = terms.step_tail_s or (0.0,) * ranks
     # One pass, not one per rank: a plan search simulates up to 65,536 actions on 64 ranks.
     last_end = [0.0] * ranks
@@ -351,6 +358,7 @@ def _run(
     num_stages: int,
     overhead_s: float = 0.0,
     width: int | None = None,
+    late_receives: bool = False,
 ) -> tuple[list[TimedAction], list[float]]:
     # Longest path over the DAG: repeatedly advance every rank whose next action has all its
     # dependencies timed. Each pass advances at least one rank unless the orders deadlock.
@@ -387,6 +395,8 @@ def _run(
                         if prev is None:
                             break
                         comm = comm_f[s - 1]
+                        if late_receives and busy_until > prev:
+                            prev = busy_until  # the transfer starts when this rank posts the receive
                         ready = prev + comm
                 elif kind == "W":
                     own_i = end_i[key]
@@ -405,6 +415,8 @@ def _run(
                             grad = end_i[key + width]
                             if grad is None:
                                 break
+                        if late_receives and busy_until > grad:
+                            grad = busy_until
                         arrival = grad + comm_b[s]
                         ready, comm = (arrival, comm_b[s]) if arrival > own else (own, 0.0)
                 # max() and min() spelled as comparisons (the same values, ties included: builtin calls cost).

@@ -247,18 +247,35 @@ def test_1f1b_strictly_below_textbook_hand_case() -> None:
 
 
 def test_communication_delays_hand_case() -> None:
-    # GPipe P=3 M=2, f=(1,2,1), b=(2,2,1), comm forward (0.5, 0.25), backward (0.125, 0.5):
-    # rank0 F0 [0,1] F1 [1,2]; rank1 F0 [1.5,3.5] F1 [3.5,5.5]; rank2 F0 [3.75,4.75] F1 [5.75,6.75]
-    # B0 [6.75,7.75] B1 [7.75,8.75]; rank1 B0 [8.25,10.25] B1 [10.25,12.25];
-    # rank0 B0 [10.375,12.375] B1 [12.375,14.375].
+    # GPipe P=3 M=2, f=(1,2,1), b=(2,2,1), comm forward (0.5, 0.25), backward (0.125, 0.5). A receive is
+    # posted when its rank is free (torch's single-stage schedules), so a transfer that could have
+    # left earlier still takes its link time from then:
+    # rank0 F0 [0,1] F1 [1,2]; rank1 F0 [1.5,3.5] F1 [4,6] (free at 3.5, + 0.5);
+    # rank2 F0 [3.75,4.75] F1 [6.25,7.25] B0 [7.25,8.25] B1 [8.25,9.25];
+    # rank1 B0 [8.75,10.75] B1 [11.25,13.25]; rank0 B0 [10.875,12.875] B1 [13.375,15.375].
     r = simulate([1, 2, 1], [2, 2, 1], 2, "gpipe", comm_forward_s=[0.5, 0.25], comm_backward_s=[0.125, 0.5])
-    assert r.iteration_s == 14.375
+    assert r.iteration_s == 15.375
     spans = {(a.stage, a.kind, a.microbatch): (a.start_s, a.end_s) for a in r.actions}
     assert spans[(2, "F", 0)] == (3.75, 4.75)
-    assert spans[(1, "B", 0)] == (8.25, 10.25)
-    assert spans[(0, "B", 0)] == (10.375, 12.375)
+    assert spans[(1, "F", 1)] == (4.0, 6.0)
+    assert spans[(1, "B", 0)] == (8.75, 10.75)
+    assert spans[(0, "B", 0)] == (10.875, 12.875)
     # communication occupies no compute: busy time is compute only
     assert r.busy_s == (6.0, 8.0, 4.0)
+
+
+def test_receives_posted_ahead_by_multi_stage_schedules() -> None:
+    # The same rule, read the other way: torch's multi-stage runtime posts receives ahead of the action
+    # that needs them (its lowering, _add_send_recv), so a transfer that left early has arrived. P = 2,
+    # M = 2, f = b = 1, a link of 1 each way; rank 1 runs F0 [2, 3], then B0 (or I0, unsplit) [3, 4], then
+    # F1, whose input rank 0 finished at 2. Zero-bubble (multi-stage): it arrived at 3, F1 starts at 4.
+    # 1F1B (single-stage): the receive is posted at 4, F1 starts at 4 + 1.
+    ahead = simulate([1, 1], [1, 1], 2, "zero-bubble", comm_forward_s=[1.0], comm_backward_s=[1.0])
+    late = simulate([1, 1], [1, 1], 2, "1f1b", comm_forward_s=[1.0], comm_backward_s=[1.0])
+    spans_ahead = {(a.stage, a.kind, a.microbatch): a.start_s for a in ahead.actions}
+    spans_late = {(a.stage, a.kind, a.microbatch): a.start_s for a in late.actions}
+    assert spans_ahead[(1, "F", 1)] == 4.0
+    assert spans_late[(1, "F", 1)] == 5.0
 
 
 def test_zero_comm_lists_equal_no_comm() -> None:
@@ -320,11 +337,12 @@ def test_colocation_leaves_a_pipeline_without_overlap_alone() -> None:
 
 
 def test_colocation_with_a_link() -> None:
-    # A 1 s link shifts rank 1 to [2, 6] while rank 0 computes at [0, 2] and [5, 7]: a quarter of each
-    # rank's compute overlaps ([5, 6]), so each computes 1.25x slower. Rank 1's forwards then run at
-    # [2.25, 4.75], its backwards to 7.25; rank 0's backwards at [6, 8.5].
+    # A 1 s link shifts rank 1 to F0 [2, 3], F1 [4, 5] (its receive posted at 3), B [5, 7], while rank 0
+    # computes at [0, 2] and [6, 8]: a quarter of each rank's compute overlaps ([6, 7]), so each computes
+    # 1.25x slower. Rank 1's forwards then run at [2.25, 3.5] and [4.5, 5.75], its backwards to 8.25;
+    # rank 0's backwards at [7, 9.5].
     r = simulate([1, 1], [1, 1], 2, "gpipe", comm_forward_s=[1.0], runtime=RuntimeTerms(compute_scale=2.0))
-    assert r.iteration_s == 8.5
+    assert r.iteration_s == 9.5
     assert r.busy_s == (5.0, 5.0)
 
 
