@@ -199,10 +199,13 @@ class _StageTimer:
 
     def __init__(self, stage: Any, device: torch.device) -> None:
         self.records: list[tuple[str, float]] = []
+        # R: the schedule's gradient scaling at the end of step, which the cost model counts in the step
+        # tail (calibrate measures it with the optimizer), so verify moves it there too.
         for method, kind in (
             ("forward_one_chunk", "F"),
             ("backward_one_chunk", "B"),
             ("backward_weight_one_chunk", "W"),
+            ("perform_reduce_grad", "R"),
         ):
             setattr(stage, method, self._wrap(getattr(stage, method), kind, device))
 
@@ -366,9 +369,10 @@ def _rank_main(
     for _ in range(steps):
         t0, t1, t2 = step()
         iteration.append(time.perf_counter() - t0)
-        busy.append(sum(d for t in timers for _, d in t.records))
+        scaling = sum(d for t in timers for kind, d in t.records if kind == "R")
+        busy.append(sum(d for t in timers for kind, d in t.records if kind != "R"))
         wait.append(waits.total_s)
-        tail.append(t2 - t1)
+        tail.append(t2 - t1 + scaling)
         own.append(t2 - t0)
         for k, t in enumerate(timers):
             out["records"][k].extend(t.records)
@@ -385,7 +389,7 @@ def _rank_main(
 
 
 def _stage_times(records: list[tuple[str, float]]) -> tuple[float, float]:
-    by_kind: dict[str, list[float]] = {"F": [], "B": [], "W": [], "L": []}
+    by_kind: dict[str, list[float]] = {"F": [], "B": [], "W": [], "L": [], "R": []}
     for kind, d in records:
         by_kind[kind].append(d)
     # Zero-bubble splits a backward into B (input grads) and W (weight grads): their sum is the backward.
@@ -673,8 +677,8 @@ def format_report(report: VerifyReport) -> str:
     lines.append("busy per rank: " + ", ".join(f"{b * 1e3:.3f} ms" for b in report.busy_s))
     if report.ranks:
         lines.append(
-            f"where the time went (ms, predicted / measured; step tail = tied all-reduce + {report.optimizer} "
-            "step + zero_grad, inside the timed iteration):"
+            f"where the time went (ms, predicted / measured; step tail = gradient scaling + tied all-reduce + "
+            f"{report.optimizer} step + zero_grad, inside the timed iteration):"
         )
         lines.append(f"{'rank':>4} {'compute':>17} {'waiting':>17} {'overhead':>17} {'step tail':>17}")
         for r in report.ranks:

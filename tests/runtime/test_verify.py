@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -68,7 +69,35 @@ def test_processes_mode_gpt2_1f1b_with_numerics() -> None:
         assert r.measured_tail_s > 0 and r.measured_wait_s >= 0 and r.measured_overhead_s >= 0
         assert r.measured_compute_s == report.busy_s[r.rank]
         assert r.measured_compute_s + r.measured_wait_s + r.measured_tail_s <= report.measured_iteration_s * 1.001
-    assert "step tail = tied all-reduce + adam step" in format_report(report)
+    assert "step tail = gradient scaling + tied all-reduce + adam step" in format_report(report)
+
+
+def test_stage_timer_puts_the_gradient_scaling_apart_from_the_stage_times() -> None:
+    # torch's schedules scale the gradients at the end of step (perform_reduce_grad); the cost model counts
+    # that in the step tail, so verify records it as its own kind and the stage's times leave it out.
+    class FakeStage:
+        def forward_one_chunk(self) -> None:
+            time.sleep(0.01)
+
+        def backward_one_chunk(self) -> None:
+            time.sleep(0.02)
+
+        def backward_weight_one_chunk(self) -> None:
+            pass
+
+        def perform_reduce_grad(self, factor: int) -> None:
+            time.sleep(0.05)
+
+    stage = FakeStage()
+    timer = verify._StageTimer(stage, torch.device("cpu"))
+    stage.forward_one_chunk()
+    stage.backward_one_chunk()
+    stage.perform_reduce_grad(2)
+    kinds = [kind for kind, _ in timer.records]
+    assert kinds == ["F", "B", "R"]
+    assert timer.records[2][1] >= 0.05
+    forward_s, backward_s = verify._stage_times(timer.records)
+    assert 0.01 <= forward_s < 0.05 and 0.02 <= backward_s < 0.05
 
 
 def test_processes_mode_warms_up_for_the_time_floor_then_as_asked() -> None:
