@@ -50,7 +50,9 @@ def run(device: str, quick: bool, out: Path) -> dict[str, object]:
     model, dtype = ("gpt2-tiny", "float32") if quick else ("gpt2-small", "bfloat16" if device == "cuda" else "float32")
     started = time.perf_counter()
     ranks = 2 if device == "cpu" or torch.cuda.device_count() >= 2 else 1
-    calibration = calibrate(ranks, device=device, repeats=5 if quick else 15, steps=3 if quick else 7)
+    calibration = calibrate(
+        ranks, device=device, repeats=5 if quick else 15, steps=3 if quick else 7, min_measure_s=0.0 if quick else 1.0
+    )
     save_calibration(calibration, out / "calibration.json")
     workload = load_workload(model)
     profile = profile_model(

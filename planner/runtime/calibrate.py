@@ -3,8 +3,9 @@
 One short run on ``P`` ranks (gloo on CPU, NCCL on GPUs), each rank with the threads it gets in a real
 run (``cores // P`` on a CPU machine):
 
-1. **Point-to-point**: ping-pong between ranks 0 and 1 at 4 KiB .. 4 MiB; one-way time = round trip / 2,
-   then the alpha-beta line ``t = latency + bytes / bandwidth`` fitted by least squares.
+1. **Point-to-point**: ping-pong between ranks 0 and 1 at 4 KiB .. 4 MiB, a quarter second of it per size;
+   one-way time = round trip / 2 (median), then the alpha-beta line ``t = latency + bytes / bandwidth``
+   through the smallest and the largest size (``_link``).
 2. **Co-location**: a transformer encoder layer's forward+backward timed alone by the profiler's harness,
    then inside torch's 1F1B running that layer on every rank, three times; the factor is pipelined / alone
    on the same rank and round, the median over ranks and rounds, at least 1. This is the slowdown a
@@ -13,12 +14,13 @@ run (``cores // P`` on a CPU machine):
 3. **Optimizer**: the schedule's gradient scaling (torch's ``PipelineStage.scale_grads`` divides every
    gradient by the micro-batch count at the end of ``step``), then ``optimizer.step()`` + ``zero_grad()``
    of Adam and SGD, every rank at once (as in training), on 2^18 parameters in 8 tensors, 2^21 in 8 and
-   2^18 in 256, solved for ``per_step + per_param * parameters + per_tensor * tensors`` (torch's CPU
-   optimizers loop over tensors, so a model of many small tensors pays per tensor).
+   2^18 in 256 (a quarter second each), solved for ``per_step + per_param * parameters + per_tensor *
+   tensors`` (torch's CPU optimizers loop over tensors, so a model of many small tensors pays per tensor).
 4. **Per-action overhead** of each schedule: torch's own schedule runs stages of one tiny ``Linear`` at
-   several micro-batch counts. Their compute is measured by the profiler's harness (what a profile
-   would say); the overhead is the value per action for which the simulator, given that compute and the
-   fitted links, reproduces the measured iteration (bisection), median over the micro-batch counts.
+   several micro-batch counts, each timed for at least a second (rank 0's clock sets the step count).
+   Their compute is measured by the profiler's harness (what a profile would say); the overhead is the
+   value per action for which the simulator, given that compute and the fitted links, reproduces the
+   measured iteration (bisection), median over the micro-batch counts.
 
 Everything it measured is kept in the calibration's ``notes.samples``. With one rank (one GPU) there is no
 link to measure and nobody to share the machine with: the point-to-point constants are then the shipped
@@ -56,6 +58,9 @@ CALIBRATED_SCHEDULES: tuple[tuple[Schedule, int], ...] = (
 """(schedule, virtual stages) measured for their per-action overhead."""
 
 _P2P_SIZES = (4 << 10, 64 << 10, 512 << 10, 4 << 20)
+MIN_MEASURE_S = 1.0
+"""Each schedule run is timed for at least this long (and warmed up for a quarter of it)."""
+_MAX_STEPS = 1000
 _WIDTH = 64  # features of the tiny stages: compute far below the overhead being measured
 
 
@@ -85,9 +90,11 @@ def fit_overhead(measured_s: float, simulate_with: Callable[[float], float]) -> 
     return solve_increasing(simulate_with, measured_s, 0.0, measured_s)
 
 
-def _median_time(fn: Callable[[], Any], repeats: int, sync: Callable[[], None]) -> float:
-    times = []
-    for _ in range(repeats):
+def _median_time(fn: Callable[[], Any], repeats: int, sync: Callable[[], None], min_s: float = 0.0) -> float:
+    """Median time of ``fn``: ``repeats`` calls, and on until ``min_s`` have passed."""
+    times: list[float] = []
+    started = time.perf_counter()
+    while len(times) < repeats or time.perf_counter() - started < min_s:
         sync()
         t0 = time.perf_counter()
         fn()
@@ -96,7 +103,11 @@ def _median_time(fn: Callable[[], Any], repeats: int, sync: Callable[[], None]) 
     return statistics.median(times)
 
 
-def _p2p(rank: int, dev: torch.device, sync: Callable[[], None], repeats: int) -> list[tuple[int, float]]:
+def _p2p(
+    rank: int, dev: torch.device, sync: Callable[[], None], repeats: int, min_measure_s: float
+) -> list[tuple[int, float]]:
+    """Per message size, the median one-way time: ``repeats`` ping-pongs at least, and at least a quarter
+    of ``min_measure_s`` of them (15 round trips of 4 KiB gave 136-273 us from one run to the next)."""
     import torch.distributed as dist
 
     samples: list[tuple[int, float]] = []
@@ -104,8 +115,8 @@ def _p2p(rank: int, dev: torch.device, sync: Callable[[], None], repeats: int) -
         return samples
     for size in _P2P_SIZES:
         buf = torch.zeros(size // 4, dtype=torch.float32, device=dev)
-        times = []
-        for i in range(repeats + 2):
+
+        def one_way(buf: torch.Tensor = buf) -> float:
             dist.barrier()
             t0 = time.perf_counter()
             if rank == 0:
@@ -115,8 +126,10 @@ def _p2p(rank: int, dev: torch.device, sync: Callable[[], None], repeats: int) -
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
             sync()
-            if i >= 2:
-                times.append((time.perf_counter() - t0) / 2)
+            return (time.perf_counter() - t0) / 2
+
+        warm = [one_way() for _ in range(2)]
+        times = [one_way() for _ in range(_agreed_steps(2 * warm[-1], min_measure_s / 4, repeats))]
         samples.append((size, statistics.median(times)))
     return samples
 
@@ -208,7 +221,9 @@ _OPTIMIZER_SETS = ((1 << 18, 8), (1 << 21, 8), (1 << 18, 256))
 """(parameters, tensors) timed for the optimizer fit: two sizes at one count, two counts at one size."""
 
 
-def _optimizer(dev: torch.device, sync: Callable[[], None], repeats: int) -> dict[str, list[tuple[int, int, float]]]:
+def _optimizer(
+    dev: torch.device, sync: Callable[[], None], repeats: int, min_measure_s: float
+) -> dict[str, list[tuple[int, int, float]]]:
     import torch.distributed as dist
 
     out: dict[str, list[tuple[int, int, float]]] = {}
@@ -233,7 +248,7 @@ def _optimizer(dev: torch.device, sync: Callable[[], None], repeats: int) -> dic
                     p.grad.zero_()  # type: ignore[union-attr]
 
             dist.barrier()
-            points.append((numel, count, _median_time(step, repeats, sync)))
+            points.append((numel, count, _median_time(step, repeats, sync, min_measure_s / 4)))
         out[name] = points
     return out
 
@@ -259,8 +274,11 @@ def _tiny_compute(dev: torch.device) -> tuple[float, float]:
 
 
 def _schedule_runs(
-    rank: int, world: int, dev: torch.device, steps: int, microbatch_counts: tuple[int, ...]
+    rank: int, world: int, dev: torch.device, steps: int, microbatch_counts: tuple[int, ...], min_measure_s: float
 ) -> dict[str, list[tuple[int, float]]]:
+    """Per schedule, ``(M, median iteration)`` of the tiny stages: a quarter of ``min_measure_s`` of warm-up,
+    then at least ``steps`` timed, and at least ``min_measure_s`` of them. Seven steps of a 2-10 ms
+    iteration fitted overheads that ranged 2x from one calibration to the next on the development VM."""
     import torch.distributed as dist
     from torch.distributed import pipelining
 
@@ -291,8 +309,9 @@ def _schedule_runs(
             batch = torch.randn(m, _WIDTH, device=dev)
             target = torch.randn(m, _WIDTH, device=dev)
             first, last = 0 in mine, num_stages - 1 in mine
-            times = []
-            for i in range(steps + 2):
+
+            def step(sched: Any = sched, first: bool = first, last: bool = last, io: Any = (batch, target)) -> float:
+                batch, target = io
                 dist.barrier()
                 t0 = time.perf_counter()
                 if last:
@@ -300,14 +319,40 @@ def _schedule_runs(
                 else:
                     sched.step(*((batch,) if first else ()))
                 dist.barrier()
-                if i >= 2:
-                    times.append(time.perf_counter() - t0)
+                return time.perf_counter() - t0
+
+            warm = [step() for _ in range(2)]
+            for _ in range(_agreed_steps(warm[-1], min_measure_s / 4, 0)):
+                step()
+            times = [step() for _ in range(_agreed_steps(warm[-1], min_measure_s, steps))]
             points.append((m, statistics.median(times)))
         out[schedule.value] = points
     return out
 
 
-def _rank_main(rank: int, world: int, device: str, repeats: int, steps: int) -> dict[str, Any]:
+def _agreed_steps(step_s: float, min_s: float, at_least: int) -> int:
+    """Steps that fill ``min_s`` at rank 0's ``step_s`` (at least ``at_least``, at most
+    :data:`_MAX_STEPS`), broadcast from rank 0: every rank must run as many, or the barriers hang."""
+    import torch.distributed as dist
+
+    wanted = max(at_least, min(_MAX_STEPS, math.ceil(min_s / max(step_s, 1e-6))))
+    count = torch.tensor([wanted], device=_device_of_group())
+    dist.broadcast(count, src=0)
+    return int(count.item())
+
+
+def _device_of_group() -> torch.device:
+    """Where the default group's collectives take tensors (NCCL: this rank's GPU)."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _rank_main(
+    rank: int, world: int, device: str, repeats: int, steps: int, min_measure_s: float = 0.0
+) -> dict[str, Any]:
     dev = torch.device(f"cuda:{rank}") if device == "cuda" else torch.device("cpu")
 
     def sync() -> None:
@@ -315,11 +360,11 @@ def _rank_main(rank: int, world: int, device: str, repeats: int, steps: int) -> 
             torch.cuda.synchronize(dev)
 
     counts = (max(world, 2), 2 * world, 4 * world)
-    result: dict[str, Any] = {"p2p": _p2p(rank, dev, sync, repeats)}
+    result: dict[str, Any] = {"p2p": _p2p(rank, dev, sync, repeats, min_measure_s)}
     result["colocation"] = _colocation(rank, world, dev, steps)
-    result["optimizer"] = _optimizer(dev, sync, repeats)
+    result["optimizer"] = _optimizer(dev, sync, repeats, min_measure_s)
     result["compute"] = _tiny_compute(dev)
-    result["schedules"] = _schedule_runs(rank, world, dev, steps, counts)
+    result["schedules"] = _schedule_runs(rank, world, dev, steps, counts, min_measure_s)
     result["threads"] = torch.get_num_threads()
     return result
 
@@ -327,14 +372,16 @@ def _rank_main(rank: int, world: int, device: str, repeats: int, steps: int) -> 
 def _link(samples: list[tuple[int, float]], device: str) -> tuple[float, float, str]:
     """``(latency, bandwidth, how)``: the alpha-beta fit, or the shipped values when one rank measured no link.
 
-    The slope comes from the two largest messages and the intercept from the smallest, so that the noise
-    of small messages (tens of microseconds on a loaded machine) cannot tilt the bandwidth.
+    The line runs through the smallest and the largest message: over the widest span the small message's
+    noise (tens of microseconds on a loaded machine) moves the slope by under 1 %, and a middle size's
+    outlier cannot tilt it (512 KiB once took 1.83 ms instead of about 0.3, and the slope from the two
+    largest sizes then said 41 GB/s).
     """
     if len(samples) < 2:
         shipped = shipped_calibration(device)
         return shipped.p2p_latency_s, shipped.p2p_bytes_per_s, f"not measured (one rank): shipped {shipped.source}"
-    (small, t_small), *_, (mid, t_mid), (large, t_large) = samples
-    per_byte = max((t_large - t_mid) / (large - mid), 1e-15)
+    (small, t_small), *_, (large, t_large) = samples
+    per_byte = max((t_large - t_small) / (large - small), 1e-15)
     latency = max(t_small - small * per_byte, 0.0)
     return latency, 1.0 / per_byte, "measured: ping-pong between ranks 0 and 1"
 
@@ -370,7 +417,13 @@ def _overheads(
 
 
 def calibrate(
-    num_ranks: int = 2, *, device: str = "cpu", repeats: int = 15, steps: int = 7, timeout_s: float = 300.0
+    num_ranks: int = 2,
+    *,
+    device: str = "cpu",
+    repeats: int = 15,
+    steps: int = 7,
+    min_measure_s: float = MIN_MEASURE_S,
+    timeout_s: float = 300.0,
 ) -> Calibration:
     """Measure the runtime constants on ``num_ranks`` local ranks; see the module docstring.
 
@@ -386,7 +439,9 @@ def calibrate(
         raise UsageError(f"--ranks {num_ranks} needs {num_ranks} GPUs, this machine has {torch.cuda.device_count()}")
     backend = BACKEND_OF_DEVICE[device]
     load_before = os.getloadavg()[0]
-    results = run_ranks(_rank_main, (device, repeats, steps), num_ranks, timeout_s=timeout_s, backend=backend)
+    results = run_ranks(
+        _rank_main, (device, repeats, steps, min_measure_s), num_ranks, timeout_s=timeout_s, backend=backend
+    )
     head = results[0]
     latency, bandwidth, link_source = _link(head["p2p"], device)
     ratios = [t / a for r in results for a, t in r["colocation"] if a > 0]
