@@ -143,8 +143,11 @@ def _probe_block() -> tuple[nn.Module, tuple[int, ...]]:
     return layer, (4, 128, 256)
 
 
-_COLOCATION_ROUNDS = 3
-"""Alone, then pipelined, this many times: one pair on the development VM ranged 1.00-1.11."""
+_COLOCATION_ROUNDS = 6
+"""Alone, then pipelined, this many times, each short: on the development VM one round's ratio ranged
+0.87-1.30 within a run, and with three rounds of 9 alone / 7 pipelined steps the factor (the median of
+six ratios) came out anywhere in 1.00-1.19 from one calibration to the next."""
+_COLOCATION_ALONE_REPEATS = 5
 
 
 def _colocation(rank: int, world: int, dev: torch.device, steps: int) -> list[tuple[float, float]]:
@@ -196,14 +199,16 @@ def _colocation(rank: int, world: int, dev: torch.device, steps: int) -> list[tu
         for turn in range(world):
             key = f"pipeplan-calibrate-alone-{round_}-{turn}"
             if rank == turn:
-                m = measure_piece(Piece("block", block, (x,), (True,)), device=dev, repeats=9, warmup=2)
+                m = measure_piece(
+                    Piece("block", block, (x,), (True,)), device=dev, repeats=_COLOCATION_ALONE_REPEATS, warmup=2
+                )
                 alone = m.forward_s + m.backward_s
                 store.set(key, "done")
             else:
                 store.wait([key])
         per_step = []
         warmup = 2 if round_ == 0 else 1
-        for i in range(steps + warmup):
+        for i in range(max(2, steps // 2) + warmup):
             timed.clear()
             dist.barrier()
             if rank == world - 1:

@@ -1,0 +1,109 @@
+"""Two facts about the runtime that the cost model rests on, measured on 2 local gloo ranks:
+
+1. **Rendezvous**: a receive posted after its send still takes a whole link latency to complete (the
+   transfer starts only when both ends are posted), while a receive posted first and waited after the data
+   came returns at once. The simulator's rule for torch's single-stage schedules (docs/cost-model.md,
+   "Communication") rests on the first number.
+2. **Cold resume**: the same small forward+backward (two 256-wide ``Linear``, 4 rows, 1 thread) timed back
+   to back, after the thread slept 0.2, 1 or 5 ms, and after a busy wait of as long. A pipeline rank that
+   waited for a transfer resumes cold; the cost model has no term for it.
+
+    python benchmarks/bench_runtime_probes.py
+
+Prints one table per probe; medians over the repeats, microseconds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from planner.runtime.launch import run_ranks  # noqa: E402
+
+SIZES = (1 << 10, 48 << 10, 1 << 20)
+GAPS_S = (0.0, 0.0002, 0.001, 0.005)
+
+
+def _rendezvous(rank: int, world: int, repeats: int) -> dict[int, tuple[float, float]]:
+    """Per size, rank 1's (receive posted 5 ms after the send, receive posted first): time to complete."""
+    import torch.distributed as dist
+
+    out = {}
+    for size in SIZES:
+        buf = torch.zeros(size // 4)
+        late, early = [], []
+        for _ in range(repeats):
+            dist.barrier()
+            if rank == 0:
+                dist.isend(buf, 1).wait()
+            else:
+                time.sleep(0.005)
+                t0 = time.perf_counter()
+                dist.recv(buf, 0)
+                late.append(time.perf_counter() - t0)
+            dist.barrier()
+            if rank == 1:
+                work = dist.irecv(buf, 0)
+                time.sleep(0.005)
+                t0 = time.perf_counter()
+                work.wait()
+                early.append(time.perf_counter() - t0)
+            else:
+                time.sleep(0.002)
+                dist.send(buf, 1)
+        if rank == 1:
+            out[size] = (statistics.median(late[2:]), statistics.median(early[2:]))
+    return out
+
+
+def _cold_resume(repeats: int) -> list[tuple[float, float, float]]:
+    """Per gap: (gap, step after sleeping it, step after spinning it)."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256))
+    x = torch.randn(4, 256, requires_grad=True)
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        model(x).sum().backward()
+        return time.perf_counter() - t0
+
+    for _ in range(50):
+        step()
+    rows = []
+    for gap in GAPS_S:
+        slept, spun = [], []
+        for _ in range(repeats):
+            if gap:
+                time.sleep(gap)
+            slept.append(step())
+            end = time.perf_counter() + gap
+            while time.perf_counter() < end:
+                pass
+            spun.append(step())
+        rows.append((gap, statistics.median(slept), statistics.median(spun)))
+    return rows
+
+
+def main() -> None:
+    ranks = run_ranks(_rendezvous, (30,), 2, timeout_s=300)
+    print("| message | receive posted 5 ms after the send | receive posted first, waited after the data came |")
+    print("|---|---|---|")
+    for size, (late, early) in ranks[1].items():
+        print(f"| {size // 1024} KiB | {late * 1e6:.0f} us | {early * 1e6:.0f} us |")
+    print()
+    print("| idle before the step | step after sleeping | step after a busy wait |")
+    print("|---|---|---|")
+    for gap, slept, spun in _cold_resume(300):
+        print(f"| {gap * 1e3:g} ms | {slept * 1e6:.0f} us | {spun * 1e6:.0f} us |")
+
+
+if __name__ == "__main__":
+    main()
