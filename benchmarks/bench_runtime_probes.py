@@ -5,8 +5,9 @@
    came returns at once. The simulator's rule for torch's single-stage schedules (docs/cost-model.md,
    "Communication") rests on the first number.
 2. **Cold resume**: the same small forward+backward (two 256-wide ``Linear``, 4 rows, 1 thread) timed back
-   to back, after the thread slept 0.2, 1 or 5 ms, and after a busy wait of as long. A pipeline rank that
-   waited for a transfer resumes cold; the cost model has no term for it.
+   to back, after the thread slept 0.2, 1 or 5 ms, and after a busy wait of as long. The profiler times a
+   unit back to back; a pipeline rank runs each action after a wait or other work, and the cost model has
+   no term for what that costs.
 
     python benchmarks/bench_runtime_probes.py
 

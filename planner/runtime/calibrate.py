@@ -7,7 +7,7 @@ run (``cores // P`` on a CPU machine):
    one-way time = round trip / 2 (median), then the alpha-beta line ``t = latency + bytes / bandwidth``
    through the smallest and the largest size (``_link``).
 2. **Co-location**: a transformer encoder layer's forward+backward timed alone by the profiler's harness,
-   then inside torch's 1F1B running that layer on every rank, three times; the factor is pipelined / alone
+   then inside torch's 1F1B running that layer on every rank, six short rounds; the factor is pipelined / alone
    on the same rank and round, the median over ranks and rounds, at least 1. This is the slowdown a
    profiled unit meets in a real run: other ranks compute and gloo's threads poll for the pending transfers
    (a pending ``irecv`` alone slowed gpt2-tiny's compute by 16 % here).
