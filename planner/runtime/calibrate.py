@@ -59,7 +59,8 @@ CALIBRATED_SCHEDULES: tuple[tuple[Schedule, int], ...] = (
 
 _P2P_SIZES = (4 << 10, 64 << 10, 512 << 10, 4 << 20)
 MIN_MEASURE_S = 1.0
-"""Each schedule run is timed for at least this long (and warmed up for a quarter of it)."""
+"""Each schedule run is timed for at least this long (and warmed up for a quarter of it); each ping-pong
+size and optimizer set for a quarter of it."""
 _MAX_STEPS = 1000
 _WIDTH = 64  # features of the tiny stages: compute far below the overhead being measured
 
@@ -431,6 +432,9 @@ def calibrate(
     timeout_s: float = 300.0,
 ) -> Calibration:
     """Measure the runtime constants on ``num_ranks`` local ranks; see the module docstring.
+
+    ``repeats`` and ``steps`` are the least samples per measurement; ``min_measure_s`` the least time per
+    schedule run (a quarter of it per ping-pong size and optimizer set): 0 for a quick check (tests).
 
     Raises:
         UsageError: fewer than 2 ranks, or CUDA asked for without enough GPUs.

@@ -11,12 +11,12 @@ The model (docs/cost-model.md, "The model"):
 - communication delays a dependency but occupies no rank's compute time (sends are asynchronous);
   between two stages on the same rank (the turn of a V, ``zbv``/``dualpipev``) torch hands the tensor
   over in memory, so that cut costs no link time;
-- a transfer starts only once its receive is posted (gloo and NCCL both rendezvous: a receive posted
-  5 ms after its send still took 230 us, one link latency, on the development VM). torch's single-stage
-  schedules (``gpipe``, ``1f1b``) post a receive just before the action that needs it, so that action
-  starts at ``max(producer's end, rank free) + link``, not ``max(producer's end + link, rank free)``;
-  the multi-stage runtime posts receives ahead, in the order its lowering puts them
-  (``_add_send_recv``), which the second form stands for;
+- a transfer starts only once its receive is posted (gloo's do: a receive posted 5 ms after its send
+  still took 230 us, one link latency, on the development VM; NCCL pairs a send with its receive too,
+  not measured here). torch's single-stage schedules (``gpipe``, ``1f1b``) post a receive just before
+  the action that needs it, so that action starts at ``max(producer's end, rank free) + link``, not
+  ``max(producer's end + link, rank free)``; the multi-stage runtime posts receives ahead, in the order
+  its lowering puts them (``_add_send_recv``), which the second form stands for;
 - with :class:`RuntimeTerms` (measured by ``pipeplan calibrate``, docs/cost-model.md "Runtime terms"):
   every action costs ``action_overhead_s`` more on its rank (torch's dispatch, posting and waiting on
   P2P ops, the loss), each rank ends the iteration with its step tail (tied-gradient all-reduce,
