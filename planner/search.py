@@ -14,6 +14,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from planner.bounds import candidate_floor_s, partition_floor_s
 from planner.cost import (
@@ -757,8 +758,18 @@ def _plan_of(
         ),
         constraints=_constraints(profile, request),
         baselines=tuple(_baselines(profile, costs, best, request)),
-        device={"kind": profile.device.kind, "name": profile.device.name, "dtype": profile.device.dtype},
+        device=_device_block(profile),
     )
+
+
+def _device_block(profile: Profile) -> dict[str, Any]:
+    """The plan's ``device``: what was profiled, and on a CPU the intra-op threads the times were measured
+    with, so that a replay measures the stages as the profile did."""
+    block: dict[str, Any] = {"kind": profile.device.kind, "name": profile.device.name, "dtype": profile.device.dtype}
+    threads = profile.settings.get("threads")
+    if profile.device.kind == "cpu" and isinstance(threads, int) and threads > 0:
+        block["threads"] = threads
+    return block
 
 
 def _prediction(

@@ -221,3 +221,13 @@ def test_a_looser_problems_partitions_serve_only_where_they_fit():
     assert _reused([((1, 4), [even])], problem) is None  # held more on stage 1: its optimum may be too tight
     assert _reused([((1, 1), [])], problem) == []  # the looser problem had no partition: neither has this
     assert _reused([((1, 1), [even])], replace(problem, in_flight=(1, 4))) is None  # 80 B > 60 B
+
+
+def test_a_cpu_plan_records_the_threads_its_profile_was_measured_with():
+    # A replay then measures the stages with as many (planner.runtime.replay.profiled_threads).
+    from dataclasses import replace
+
+    profile = make_profile([1.0] * 4)
+    assert "threads" not in _plan(profile, num_ranks=2, global_batch_size=4).device
+    plan = _plan(replace(profile, settings={"threads": 3}), num_ranks=2, global_batch_size=4)
+    assert plan.device == {"kind": "cpu", "name": "test-cpu", "dtype": "float32", "threads": 3}
