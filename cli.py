@@ -668,13 +668,16 @@ def _simulate_as(
 def _cmd_verify(args: argparse.Namespace) -> int:
     from planner.fileio import write_json_atomic
     from planner.plan import load_plan
-    from planner.runtime.verify import format_report, verify_plan
+    from planner.runtime.verify import format_report, threads_warning, verify_plan
 
     if args.out:
         from planner.fileio import check_output_path
 
         check_output_path(args.out, inputs=[args.plan, _model_file(args.model)])
     plan = load_plan(args.plan)
+    warning = threads_warning(plan, args.mode, args.device)
+    if warning:
+        print(f"pipeplan: warning: {warning}", file=sys.stderr)
     with _signals_interrupt(), warnings.catch_warnings():
         # torch's deprecation and resource warnings are not the user's concern, and would follow the error line.
         warnings.filterwarnings("ignore", category=FutureWarning)

@@ -48,6 +48,7 @@ __all__ = [
     "format_report",
     "compare_numerics",
     "reference_step",
+    "threads_warning",
 ]
 
 NUMERICS_ATOL = 1e-5
@@ -409,6 +410,23 @@ def _pick_mode(mode: str, plan: Plan, device: str) -> str:
     if device.startswith("cuda"):
         return "processes" if torch.cuda.device_count() >= _processes(plan) else "replay"
     return "processes" if (os.cpu_count() or 1) >= _processes(plan) else "replay"
+
+
+def threads_warning(plan: Plan, mode: str, device: str) -> str | None:
+    """A one-line warning when a CPU run on real processes gives each rank other intra-op threads than the
+    plan's profile was timed with (``plan.device["threads"]``; the launcher gives ``cores // ranks``): the
+    stages will not compute as profiled. None when they match, or nothing says."""
+    threads = plan.device.get("threads")
+    if device != "cpu" or not isinstance(threads, int) or _pick_mode(mode, plan, device) != "processes":
+        return None
+    ranks = _processes(plan)
+    per_rank = max(1, (os.cpu_count() or 1) // ranks)
+    if per_rank == threads:
+        return None
+    return (
+        f"the profile timed each unit on {threads} thread(s) but each of the {ranks} ranks gets {per_rank}: "
+        f"the stages will not compute as profiled (profile with --ranks {ranks} for this run)"
+    )
 
 
 def verify_plan(

@@ -223,6 +223,19 @@ def test_replay_runs_with_the_threads_of_the_plans_profile() -> None:
     assert torch.get_num_threads() == before
 
 
+def test_processes_mode_warns_when_ranks_get_other_threads_than_the_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 2 ranks on 4 cores get 2 threads each: a profile timed on 1 does not describe them; on 2 it does.
+    monkeypatch.setattr(verify.os, "cpu_count", lambda: 4)
+    plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"])
+    one = replace(plan, device={"kind": "cpu", "name": "test", "dtype": "float32", "threads": 1})
+    two = replace(one, device={**one.device, "threads": 2})
+    warning = verify.threads_warning(one, "auto", "cpu")
+    assert warning is not None and "on 1 thread(s)" in warning and "each of the 2 ranks gets 2" in warning
+    assert verify.threads_warning(two, "auto", "cpu") is None
+    assert verify.threads_warning(one, "replay", "cpu") is None  # replay takes the profile's threads
+    assert verify.threads_warning(plan, "auto", "cpu") is None  # an older plan does not say
+
+
 @pytest.mark.parametrize("mode", ["replay", "processes"])
 def test_the_loss_counts_in_the_last_stages_forward(mode: str) -> None:
     # The profile times the loss with the last unit; torch computes it right after the last stage's
