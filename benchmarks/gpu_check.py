@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from planner.calibration import save_calibration  # noqa: E402
 from planner.cost import default_settings  # noqa: E402
 from planner.plan import save_plan  # noqa: E402
-from planner.runtime.calibrate import calibrate  # noqa: E402
+from planner.runtime.calibrate import MIN_MEASURE_S, calibrate  # noqa: E402
 from planner.runtime.verify import verify_plan  # noqa: E402
 from planner.search import PlanRequest, make_plan  # noqa: E402
 from profiles.format import save_profile  # noqa: E402
@@ -51,7 +51,11 @@ def run(device: str, quick: bool, out: Path) -> dict[str, object]:
     started = time.perf_counter()
     ranks = 2 if device == "cpu" or torch.cuda.device_count() >= 2 else 1
     calibration = calibrate(
-        ranks, device=device, repeats=5 if quick else 15, steps=3 if quick else 7, min_measure_s=0.0 if quick else 1.0
+        ranks,
+        device=device,
+        repeats=5 if quick else 15,
+        steps=3 if quick else 7,
+        min_measure_s=0.0 if quick else MIN_MEASURE_S,
     )
     save_calibration(calibration, out / "calibration.json")
     workload = load_workload(model)

@@ -230,6 +230,12 @@ class Plan:
     def stages_of_rank(self, rank: int) -> tuple[StagePlan, ...]:
         return tuple(s for s in self.stages if s.rank == rank)
 
+    @property
+    def profile_threads(self) -> int | None:
+        """CPU intra-op threads the plan's profile was timed with (``device.threads``); None if not recorded."""
+        threads = self.device.get("threads")
+        return threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None
+
     def split_backward_s(self) -> dict[str, list[float]]:
         """``simulate`` keywords for the stages' I and W (``input_s``, ``weight_s``); empty when unsplit."""
         if any(s.input_s is None or s.weight_s is None for s in self.stages):

@@ -231,3 +231,5 @@ def test_a_cpu_plan_records_the_threads_its_profile_was_measured_with():
     assert "threads" not in _plan(profile, num_ranks=2, global_batch_size=4).device
     plan = _plan(replace(profile, settings={"threads": 3}), num_ranks=2, global_batch_size=4)
     assert plan.device == {"kind": "cpu", "name": "test-cpu", "dtype": "float32", "threads": 3}
+    assert plan.profile_threads == 3
+    assert replace(plan, device={**plan.device, "threads": True}).profile_threads is None  # JSON's true is no count

@@ -111,8 +111,8 @@ def profiled_threads(plan: Plan, dev: torch.device) -> Iterator[None]:
     """On a CPU, torch's intra-op threads as the plan's profile had them (``plan.device["threads"]``),
     restored after. A profile made with ``--ranks 2`` on 2 cores times each unit on 1 thread; replayed on 2,
     gpt2-small's stages ran 43-45 % under their prediction."""
-    threads = plan.device.get("threads")
-    if dev.type != "cpu" or not isinstance(threads, int) or threads < 1:
+    threads = plan.profile_threads
+    if dev.type != "cpu" or threads is None:
         yield
         return
     before = torch.get_num_threads()

@@ -416,8 +416,8 @@ def threads_warning(plan: Plan, mode: str, device: str) -> str | None:
     """A one-line warning when a CPU run on real processes gives each rank other intra-op threads than the
     plan's profile was timed with (``plan.device["threads"]``; the launcher gives ``cores // ranks``): the
     stages will not compute as profiled. None when they match, or nothing says."""
-    threads = plan.device.get("threads")
-    if device != "cpu" or not isinstance(threads, int) or _pick_mode(mode, plan, device) != "processes":
+    threads = plan.profile_threads
+    if device != "cpu" or threads is None or _pick_mode(mode, plan, device) != "processes":
         return None
     ranks = _processes(plan)
     per_rank = max(1, (os.cpu_count() or 1) // ranks)
