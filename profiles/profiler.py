@@ -6,6 +6,7 @@ import contextlib
 import os
 import platform
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -109,20 +110,47 @@ def _capture(model: nn.Module, inputs: tuple, units: list[str], mode: str | None
     return capture_hooks(model, inputs, units), ""
 
 
+def busy_cores(sample_s: float = 0.5) -> float | None:
+    """Cores busy right now, from two reads of ``/proc/stat`` ``sample_s`` apart (this process sleeps
+    between them, so it is everything else); None where there is no ``/proc/stat``."""
+
+    def read() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields), idle
+
+    try:
+        total0, idle0 = read()
+        time.sleep(sample_s)
+        total1, idle1 = read()
+    except (OSError, ValueError, IndexError):
+        return None
+    elapsed = total1 - total0
+    if elapsed <= 0:
+        return None
+    return (os.cpu_count() or 1) * (1.0 - (idle1 - idle0) / elapsed)
+
+
 def _warn_if_busy(dev: torch.device) -> float:
     """The 1-minute load average; on CPU, a warning when other work competes for the cores.
 
     Other processes on the same cores inflate unit times unevenly (measured: identical GPT-2 blocks
-    differing by several times under load), and the plan follows what the profile says.
+    differing by several times under load), and the plan follows what the profile says. The load average
+    lags a minute, so it is confirmed by the cores busy right now: profiling one model after another,
+    the previous run's own load set it off every time (the fidelity benchmark: 1.5-1.8 on 2 idle cores).
     """
     load = os.getloadavg()[0]
     cores = os.cpu_count() or 1
     if dev.type == "cpu" and load > 0.5 * cores:
-        print(
-            f"pipeplan: warning: load average {load:.1f} on {cores} cores: other work competes for the CPU, "
-            "so unit times will be noisy; profile on a quiet machine",
-            file=sys.stderr,
-        )
+        now = busy_cores()
+        if now is None or now > 0.5 * cores:
+            busy = "" if now is None else f" ({now:.1f} busy now)"
+            print(
+                f"pipeplan: warning: load average {load:.1f} on {cores} cores{busy}: other work competes for "
+                "the CPU, so unit times will be noisy; profile on a quiet machine",
+                file=sys.stderr,
+            )
     return load
 
 

@@ -260,3 +260,31 @@ def test_hooks_capture_checks_against_the_eager_model() -> None:
     profile = profile_model(workload, micro_batch_sizes=(1,), units=["0", "1"], capture="hooks", **FAST)
     assert profile.settings["whole_model_path"] == "eager model"
     assert profile.piece_overhead is not None and profile.overhead_s(0) > 0
+
+
+def test_the_load_warning_needs_cores_busy_now_as_well(monkeypatch, capsys) -> None:
+    # The 1-minute load average lags: right after a previous profile it is high on idle cores. The warning
+    # fires only when cores are busy now too (or when /proc/stat cannot say).
+    from profiles import profiler
+
+    cores = profiler.os.cpu_count() or 1
+    monkeypatch.setattr(profiler.os, "getloadavg", lambda: (float(cores), 0.0, 0.0))
+    cpu = torch.device("cpu")
+    for busy_now, warned in ((0.0, False), (float(cores), True), (None, True)):
+        monkeypatch.setattr(profiler, "busy_cores", lambda busy_now=busy_now: busy_now)
+        assert profiler._warn_if_busy(cpu) == float(cores)
+        assert ("other work competes for the CPU" in capsys.readouterr().err) is warned
+    monkeypatch.setattr(profiler.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(profiler, "busy_cores", lambda: float(cores))
+    profiler._warn_if_busy(cpu)
+    assert capsys.readouterr().err == ""
+
+
+def test_busy_cores_reads_a_share_of_the_machine() -> None:
+    import os
+
+    from profiles.profiler import busy_cores
+
+    busy = busy_cores(0.05)
+    assert busy is not None  # this machine has /proc/stat
+    assert 0.0 <= busy <= (os.cpu_count() or 1)
