@@ -190,8 +190,10 @@ def _model_file(spec: str) -> str | None:
 
 
 def _rank_threads(ranks: int) -> int:
-    """Threads each of ``ranks`` processes on this machine gets: the rule of planner/runtime/launch.py."""
-    return max(1, (os.cpu_count() or 1) // ranks)
+    """Threads each of ``ranks`` processes on this machine gets (planner/runtime/launch.py's rule)."""
+    from planner.runtime.launch import rank_threads
+
+    return rank_threads(ranks)
 
 
 def _too_large_for_device(args: argparse.Namespace) -> bool:

@@ -36,6 +36,7 @@ from planner.calibration import Calibration, load_calibration, save_calibration 
 from planner.cost import default_settings  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.runtime.calibrate import calibrate  # noqa: E402
+from planner.runtime.launch import rank_threads  # noqa: E402
 from planner.runtime.tune import refit_calibration  # noqa: E402
 from planner.runtime.verify import VerifyReport, verify_plan  # noqa: E402
 from planner.search import PlanRequest, make_plan, plan_key, predict_plan  # noqa: E402
@@ -55,7 +56,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
 
 def _profile(spec: str, sizes: tuple[int, ...], repeats: int) -> Profile:
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))  # what each of 2 ranks gets (`--ranks 2`)
+    torch.set_num_threads(rank_threads(2))  # what each of 2 ranks gets (`--ranks 2`)
     workload = load_workload(spec)
     return profile_model(workload, micro_batch_sizes=sizes, repeats=repeats, max_repeats=3 * repeats, progress=False)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from planner.errors import ExecutionError
 
-__all__ = ["run_ranks", "free_port", "FAULT_ENV"]
+__all__ = ["run_ranks", "rank_threads", "free_port", "FAULT_ENV"]
 
 FAULT_ENV = "PIPEPLAN_TEST_FAULT"
 # After the first failure, how long to keep listening so the root cause (the earliest error, not a
@@ -147,13 +147,18 @@ def _ranks_text(ranks: Sequence[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
+def rank_threads(world_size: int) -> int:
+    """torch intra-op threads each of ``world_size`` local processes gets: the cores shared out, at least 1."""
+    return max(1, (os.cpu_count() or 1) // world_size)
+
+
 def run_ranks(
     fn: Callable[..., Any], args: Sequence[Any], world_size: int, *, timeout_s: float, backend: str | None = "gloo"
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; results in rank order.
 
     ``fn`` and ``args`` must be picklable (a module-level function). ``backend=None`` opens no
-    process group. Each process uses ``max(1, cores // world_size)`` torch threads.
+    process group. Each process uses :func:`rank_threads` torch threads.
 
     Raises:
         ExecutionError: ``"rank 1 failed: RuntimeError: boom"``, ``"rank 0 did not finish within 30 s"``
@@ -161,7 +166,7 @@ def run_ranks(
     """
     ctx = mp.get_context("spawn")
     port = free_port()
-    threads = max(1, (os.cpu_count() or 1) // world_size)
+    threads = rank_threads(world_size)
     procs, conns = [], []
     for rank in range(world_size):
         parent, child = ctx.Pipe(duplex=False)

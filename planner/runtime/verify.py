@@ -32,7 +32,7 @@ import torch
 from planner.errors import ExecutionError, UsageError
 from planner.plan import Plan
 from planner.runtime.apply import apply_plan, schedule_microbatches, tied_parameter_groups
-from planner.runtime.launch import run_ranks
+from planner.runtime.launch import rank_threads, run_ranks
 from planner.runtime.replay import replay_plan
 from planner.schedule.simulate import simulate
 from profiles.measure import peak_rss_bytes
@@ -420,7 +420,7 @@ def threads_warning(plan: Plan, mode: str, device: str) -> str | None:
     if device != "cpu" or threads is None or _pick_mode(mode, plan, device) != "processes":
         return None
     ranks = _processes(plan)
-    per_rank = max(1, (os.cpu_count() or 1) // ranks)
+    per_rank = rank_threads(ranks)
     if per_rank == threads:
         return None
     return (
