@@ -130,7 +130,7 @@ def _p2p(
             return (time.perf_counter() - t0) / 2
 
         warm = [one_way() for _ in range(2)]
-        times = [one_way() for _ in range(_agreed_steps(2 * warm[-1], min_measure_s / 4, repeats))]
+        times = [one_way() for _ in range(_agreed_steps(2 * warm[-1], min_measure_s / 4, repeats, dev))]
         samples.append((size, statistics.median(times)))
     return samples
 
@@ -328,32 +328,24 @@ def _schedule_runs(
                 return time.perf_counter() - t0
 
             warm = [step() for _ in range(2)]
-            for _ in range(_agreed_steps(warm[-1], min_measure_s / 4, 0)):
+            for _ in range(_agreed_steps(warm[-1], min_measure_s / 4, 0, dev)):
                 step()
-            times = [step() for _ in range(_agreed_steps(warm[-1], min_measure_s, steps))]
+            times = [step() for _ in range(_agreed_steps(warm[-1], min_measure_s, steps, dev))]
             points.append((m, statistics.median(times)))
         out[schedule.value] = points
     return out
 
 
-def _agreed_steps(step_s: float, min_s: float, at_least: int) -> int:
+def _agreed_steps(step_s: float, min_s: float, at_least: int, dev: torch.device) -> int:
     """Steps that fill ``min_s`` at rank 0's ``step_s`` (at least ``at_least``, at most
-    :data:`_MAX_STEPS`), broadcast from rank 0: every rank must run as many, or the barriers hang."""
+    :data:`_MAX_STEPS`), broadcast from rank 0: every rank must run as many, or the barriers hang.
+    ``dev``: this rank's device (NCCL broadcasts device tensors only)."""
     import torch.distributed as dist
 
     wanted = max(at_least, min(_MAX_STEPS, math.ceil(min_s / max(step_s, 1e-6))))
-    count = torch.tensor([wanted], device=_device_of_group())
+    count = torch.tensor([wanted], device=dev)
     dist.broadcast(count, src=0)
     return int(count.item())
-
-
-def _device_of_group() -> torch.device:
-    """Where the default group's collectives take tensors (NCCL: this rank's GPU)."""
-    import torch.distributed as dist
-
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _rank_main(
