@@ -243,6 +243,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         repeats=args.repeats,
         max_repeats=max(args.max_repeats, args.repeats),
+        **({} if args.min_time is None else {"min_time_s": args.min_time}),
         warmup=args.warmup,
         units=units,
         progress=not args.no_progress,
@@ -918,6 +919,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--warmup", type=_int_range(0, MAX_REPEATS), default=1, help="untimed warm-up runs (default 1)")
     p.add_argument(
+        "--min-time",
+        type=_nonneg_float,
+        default=None,
+        metavar="SECONDS",
+        help="at each micro-batch size, rounds also go on until they span this long (default 2): a shared "
+        "machine changes speed from one second to the next, and a median over a moment sees one speed",
+    )
+    p.add_argument(
         "--units",
         default=None,
         metavar="FQN,FQN|DEPTH",
@@ -1163,7 +1172,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("plan", metavar="PLAN.json")
     p.add_argument("--model", required=True, metavar="MODEL", help="the model the plan was made for")
-    p.add_argument("--steps", type=_int_range(1, MAX_STEPS), default=5)
+    p.add_argument(
+        "--steps",
+        type=_int_range(1, MAX_STEPS),
+        default=5,
+        help="timed steps at least (default 5); processes mode also times for at least 2 s, as a shared machine's "
+        "speed changes from one second to the next; the median step is measured",
+    )
     p.add_argument(
         "--warmup",
         type=_int_range(0, MAX_STEPS),

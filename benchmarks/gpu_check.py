@@ -35,6 +35,7 @@ from planner.runtime.verify import verify_plan  # noqa: E402
 from planner.search import PlanRequest, make_plan  # noqa: E402
 from profiles.format import save_profile  # noqa: E402
 from profiles.profiler import DTYPES, profile_model  # noqa: E402
+from profiles.rounds import MIN_TIME_S  # noqa: E402
 from profiles.workload import load_workload  # noqa: E402
 
 
@@ -60,7 +61,13 @@ def run(device: str, quick: bool, out: Path) -> dict[str, object]:
     save_calibration(calibration, out / "calibration.json")
     workload = load_workload(model)
     profile = profile_model(
-        workload, micro_batch_sizes=(1, 2, 4), device=device, dtype=dtype, repeats=1 if quick else 5, progress=False
+        workload,
+        micro_batch_sizes=(1, 2, 4),
+        device=device,
+        dtype=dtype,
+        repeats=1 if quick else 5,
+        progress=False,
+        min_time_s=0.0 if quick else MIN_TIME_S,
     )
     save_profile(profile, out / "profile.json")
     settings = default_settings(profile, calibration=calibration, calibration_label="gpu_check")

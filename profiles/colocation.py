@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from planner.errors import ProfilingError, UsageError
+from profiles.workload import Workload
 
 __all__ = ["Colocation", "Neighbours", "measure_colocation"]
 
@@ -60,16 +61,21 @@ class Colocation:
             raise UsageError(f"threads must be >= 1, got {self.threads}")
 
 
-def _step_fn(colocation: Colocation, size: int, dtype: torch.dtype) -> Callable[[], None]:
-    """One forward+backward of the whole model on CPU at ``size``, as the profile's whole model runs."""
-    from profiles.profiler import device_batch
+def _build(colocation: Colocation, dtype: torch.dtype) -> Workload:
     from profiles.workload import adapt_workload, load_workload
 
     torch.manual_seed(0)
     options = {k: v for k, v in (("seq_len", colocation.seq_len), ("task", colocation.task)) if v is not None}
     workload = adapt_workload(load_workload(colocation.spec, **options))
-    model = workload.model.to(dtype=dtype)
-    model.train()
+    workload.model.to(dtype=dtype).train()
+    return workload
+
+
+def _step_fn(workload: Workload, size: int, dtype: torch.dtype) -> Callable[[], None]:
+    """One forward+backward of the whole model on CPU at ``size``, as the profile's whole model runs."""
+    from profiles.profiler import device_batch
+
+    model = workload.model
     inputs, target = device_batch(workload, size, torch.device("cpu"), dtype)
 
     def step() -> None:
@@ -81,14 +87,17 @@ def _step_fn(colocation: Colocation, size: int, dtype: torch.dtype) -> Callable[
 
 
 def _neighbour(colocation: Colocation, dtype: torch.dtype, conn: Connection) -> None:
-    """Run the model at the size the parent sends until it says stop; ``None`` ends the process."""
+    """Build the model, say ``ready``, then run it at the size the parent sends until it says stop;
+    ``None`` ends the process."""
     warnings.filterwarnings("ignore")
     torch.set_num_threads(colocation.threads)
     steps: dict[int, Callable[[], None]] = {}
     try:
+        workload = _build(colocation, dtype)
+        conn.send("ready")
         while (size := conn.recv()) is not None:
             if size not in steps:
-                steps[size] = _step_fn(colocation, size, dtype)
+                steps[size] = _step_fn(workload, size, dtype)
                 steps[size]()  # the first step allocates: not part of the load
             conn.send("running")
             while not conn.poll():
@@ -112,6 +121,10 @@ def _median_step_s(step: Callable[[], None], min_s: float) -> float:
 def _ask(conns: Sequence[Connection], procs: Sequence[BaseProcess], message: Any, reply: str, timeout_s: float) -> None:
     for c in conns:
         c.send(message)
+    _wait(conns, procs, reply, timeout_s)
+
+
+def _wait(conns: Sequence[Connection], procs: Sequence[BaseProcess], reply: str, timeout_s: float) -> None:
     for c, p in zip(conns, procs, strict=True):
         deadline = time.monotonic() + timeout_s
         while not c.poll(0.1):
@@ -139,6 +152,11 @@ class Neighbours:
         self._timeout_s = timeout_s
         for p in self._procs:
             p.start()
+        try:
+            _wait(self._conns, self._procs, "ready", timeout_s)
+        except BaseException:
+            self.close()
+            raise
 
     @contextlib.contextmanager
     def running(self, size: int) -> Iterator[None]:
@@ -179,9 +197,10 @@ def measure_colocation(
     if rounds < 1:
         raise UsageError(f"rounds must be >= 1, got {rounds}")
     factors = []
+    workload = _build(colocation, dtype)
     with Neighbours(colocation, dtype) as neighbours:
         for size in sizes:
-            step = _step_fn(colocation, size, dtype)
+            step = _step_fn(workload, size, dtype)
             step()
             ratios = []
             for _ in range(rounds):

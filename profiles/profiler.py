@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
 import sys
@@ -23,7 +24,15 @@ from profiles.fingerprint import model_fingerprint
 from profiles.format import DeviceInfo, ModelInfo, PieceOverhead, Profile, TensorFlow, UnitProfile, WholeModel
 from profiles.measure import PieceMeasurement, count_flops, measure_piece
 from profiles.meta import eager_on_meta
-from profiles.rounds import WHOLE_PATHS, Measurements, Timing, measure_rounds, overhead_piece, whole_piece
+from profiles.rounds import (
+    MIN_TIME_S,
+    WHOLE_PATHS,
+    Measurements,
+    Timing,
+    measure_rounds,
+    overhead_piece,
+    whole_piece,
+)
 from profiles.units import choose_units, expert_layout
 from profiles.workload import (
     Workload,
@@ -215,6 +224,7 @@ def _time_size(
         min_rounds=timing.repeats,
         max_rounds=timing.max_repeats,
         stable_within=timing.stable_within,
+        min_time_s=timing.min_time_s,
         on_extra_round=extra_round,
     )
     return SizeTiming(done.medians[:n], done.medians[whole_index], done.medians[-1], done.rounds)
@@ -321,6 +331,7 @@ def profile_model(
     capture: str | None = None,
     sample_blocks: bool = False,
     colocation: Colocation | None = None,
+    min_time_s: float = MIN_TIME_S,
 ) -> Profile:
     """Measure ``workload`` unit by unit at each micro-batch size.
 
@@ -332,7 +343,8 @@ def profile_model(
     Units, the whole model (along the units' code path, :func:`profiles.rounds.whole_piece`) and the
     piece overhead are timed in round-robin rounds: at least ``repeats``, then until the median unit
     sum and whole model move by at most ``stable_within`` per round, at most ``max_repeats`` (default:
-    ``repeats``, no adaptation).
+    ``repeats``, no adaptation); and at each size until they span ``min_time_s`` of wall time
+    (:data:`profiles.rounds.MIN_TIME_S`: a shared machine changes speed from one second to the next).
 
     A workload built on the meta device (``load_workload(spec, meta=True)``) is profiled one unit at a
     time (:func:`profiles.meta_profile.measure_on_meta`): the whole model is never held, nor measured;
@@ -356,6 +368,8 @@ def profile_model(
     max_repeats = repeats if max_repeats is None else max_repeats
     if max_repeats < repeats:
         raise UsageError(f"max repeats must be >= repeats, got max_repeats={max_repeats}, repeats={repeats}")
+    if not (math.isfinite(min_time_s) and min_time_s >= 0):
+        raise UsageError(f"min_time_s must be a finite number of seconds >= 0, got {min_time_s}")
     if not 0 < stable_within < 1:
         raise UsageError(f"stable_within must be between 0 and 1 (a fraction), got {stable_within}")
     if dtype not in DTYPES:
@@ -412,7 +426,7 @@ def profile_model(
     for warning in choice.warnings:
         print(f"pipeplan: warning: {warning}", file=sys.stderr)
 
-    timing = Timing(repeats, max_repeats, warmup, stable_within)
+    timing = Timing(repeats, max_repeats, warmup, stable_within, min_time_s)
     meta_settings: dict[str, Any] = {}
     if on_meta:
         from profiles.meta_profile import measure_on_meta
@@ -483,6 +497,7 @@ def profile_model(
         "repeats": repeats,
         "max_repeats": max_repeats,
         "stable_within": stable_within,
+        "min_time_s": 0.0 if on_meta else min_time_s,
         "repeats_used": list(measured.rounds),
         "whole_model_path": WHOLE_PATHS["meta" if on_meta else measured.mode],
         "keep_freed_memory": kept_memory,

@@ -20,6 +20,7 @@ Also here, the two reference pieces the unit sum is checked against:
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -38,6 +39,8 @@ __all__ = [
     "overhead_piece",
     "median_measurement",
     "measure_rounds",
+    "MIN_TIME_S",
+    "MAX_ROUNDS",
 ]
 
 WHOLE_PATHS = {
@@ -60,6 +63,19 @@ class Timing:
     """Untimed iterations of each piece before its first timed one."""
     stable_within: float
     """Relative change of the median unit sum and whole model over the last round that counts as stable."""
+    min_time_s: float = 0.0
+    """Rounds also go on, past ``max_repeats`` if need be, until this much wall time has passed (at most
+    :data:`MAX_ROUNDS`): see :data:`MIN_TIME_S`."""
+
+
+MIN_TIME_S = 2.0
+"""The time the rounds of one micro-batch size span by default. On the 2-core development VM a fixed
+forward+backward's median over one second moved between 395 and 661 us from one second to the next (its
+10th percentile held at 377-397 us): a machine shared with other tenants changes speed on that time
+scale. gpt2-tiny's rounds took 0.3 s per size, so each size saw one moment of the machine (a profile came
+out 15.0 ms at b = 2 and 11.9 ms at b = 4); over two seconds the median sees several."""
+MAX_ROUNDS = 1000
+"""Rounds at most, whatever the time floor: the medians of a model of tiny units need no more."""
 
 
 @dataclass(frozen=True)
@@ -167,14 +183,17 @@ def measure_rounds(
     min_rounds: int,
     max_rounds: int,
     stable_within: float,
+    min_time_s: float = 0.0,
     on_extra_round: Callable[[], None] = lambda: None,
 ) -> Rounds:
     """Call ``measure(piece_index, round)`` for every piece, round after round.
 
     At least ``min_rounds`` rounds and at most ``max_rounds``; in between, stop once the summed median
-    of every index group in ``watch`` is stable. ``on_extra_round`` runs before each round past the
-    minimum (the caller grows its progress bar: the bar's total stays honest).
+    of every index group in ``watch`` is stable. Either way, go on until the rounds span ``min_time_s``
+    (at most :data:`MAX_ROUNDS`). ``on_extra_round`` runs before each round past the minimum (the
+    caller grows its progress bar: the bar's total stays honest).
     """
+    started = time.perf_counter()
     rows: list[list[PieceMeasurement]] = []
     history: list[list[float]] = [[] for _ in watch]
     while True:
@@ -186,5 +205,6 @@ def measure_rounds(
         for h, group in zip(history, watch, strict=True):
             h.append(_total(medians, group))
         done = len(rows) >= max_rounds or (len(rows) >= min_rounds and all(_stable(h, stable_within) for h in history))
-        if done:
+        spanned = time.perf_counter() - started >= min_time_s
+        if (done and spanned) or len(rows) >= MAX_ROUNDS:
             return Rounds(tuple(medians), len(rows))

@@ -23,7 +23,7 @@ from profiles.profiler import profile_model
 from profiles.workload import load_workload
 
 REPO = Path(__file__).resolve().parent.parent
-FAST = {"repeats": 1, "max_repeats": 1, "warmup": 0, "progress": False}
+FAST = {"repeats": 1, "max_repeats": 1, "warmup": 0, "progress": False, "min_time_s": 0.0}
 TINY_LLAMA = {
     "model_type": "llama",
     "architectures": ["LlamaForCausalLM"],
@@ -140,7 +140,7 @@ def workload():
 sys.modules["wide_spec"] = sys.modules[__name__]
 w = load_workload("wide_spec:workload", meta=True)
 before = peak_rss_bytes()
-profile = profile_model(w, micro_batch_sizes=(1,), repeats=1, max_repeats=1, warmup=0, progress=False)
+profile = profile_model(w, micro_batch_sizes=(1,), repeats=1, max_repeats=1, warmup=0, progress=False, min_time_s=0.0)
 print(json.dumps({"before": before, "peak": profile.settings["peak_rss_bytes"], "weights": profile.model.param_bytes}))
 """
 

@@ -65,7 +65,9 @@ def spec(name: str) -> str:
 @pytest.fixture(scope="module")
 def profiles():
     return {
-        name: profile_model(load_workload(spec(name)), micro_batch_sizes=(2,), repeats=1, warmup=0, progress=False)
+        name: profile_model(
+            load_workload(spec(name)), micro_batch_sizes=(2,), repeats=1, warmup=0, progress=False, min_time_s=0.0
+        )
         for name in MODELS
     }
 

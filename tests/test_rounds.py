@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
 
+import profiles.rounds as rounds_module
 from profiles.dataflow import capture_export
 from profiles.measure import PieceMeasurement
 from profiles.rounds import measure_rounds, overhead_piece, whole_piece
@@ -84,3 +87,15 @@ def test_overhead_piece_is_one_multiply_that_needs_grad(mode: str) -> None:
         # the multiply sits at the piece's top level: no nested module call inside it
         assert isinstance(piece.module, torch.fx.GraphModule)
         assert not [n for n in piece.module.graph.nodes if n.op == "call_module"]
+
+
+def test_rounds_go_on_until_they_span_the_time_floor(monkeypatch) -> None:
+    def slow(i: int, r: int) -> PieceMeasurement:
+        time.sleep(0.01)  # every round takes at least 10 ms: a 0.1 s floor needs 2 to 10 of them
+        return PieceMeasurement(1.0, 0.0, 0, 0, None)
+
+    rounds = measure_rounds(1, slow, watch=[[0]], min_rounds=1, max_rounds=1, stable_within=0.01, min_time_s=0.1).rounds
+    assert 2 <= rounds <= 10
+    monkeypatch.setattr(rounds_module, "MAX_ROUNDS", 5)
+    capped = measure_rounds(1, slow, watch=[[0]], min_rounds=1, max_rounds=1, stable_within=0.01, min_time_s=1e9)
+    assert capped.rounds == 5

@@ -33,7 +33,7 @@ from planner.errors import ExecutionError, UsageError
 from planner.plan import Plan
 from planner.runtime.apply import apply_plan, schedule_microbatches, tied_parameter_groups
 from planner.runtime.launch import rank_threads, run_ranks
-from planner.runtime.replay import replay_plan
+from planner.runtime.replay import profiled_neighbours, replay_plan
 from planner.schedule.simulate import simulate
 from profiles.measure import peak_rss_bytes
 from profiles.workload import Workload, as_tuple, load_workload
@@ -291,18 +291,25 @@ slow while its heap grows (profiles/allocator.py: freed blocks are reused only a
 gloo opens its pairs: gpt2-tiny's 1F1B plan (P = 2, 35 ms a step) measured +78 % and +85 % over its
 prediction after 1 warm-up step, +31 % and +28 % after 5 (docs/BENCHMARKS.md, section 6)."""
 MAX_WARMUP_STEPS = 100
-"""The time floor's limit in steps, for plans of a few milliseconds a step."""
+"""The warm-up floor's limit in steps, for plans of a few milliseconds a step."""
+MIN_TIME_S = 2.0
+"""Processes mode also times steps until they span this long: on the shared development VM a fixed
+forward+backward's median over one second moved between 395 and 661 us from one second to the next, and
+five steps of gpt2-tiny (35 ms each) see one such moment (profiles/rounds.py, ``MIN_TIME_S``, for the
+profile's side of it)."""
+MAX_TIMED_STEPS = 1000
+"""The timed floor's limit in steps."""
 
 
-def _warm_up(step: Callable[[], object], warmup: int, min_warmup_s: float, dev: torch.device) -> int:
-    """Run untimed steps: at least ``warmup``, and on until ``min_warmup_s`` have passed (at most
-    :data:`MAX_WARMUP_STEPS`); returns how many. Rank 0's clock decides, so every rank runs as many."""
+def _repeat(step: Callable[[], object], at_least: int, min_s: float, at_most: int, dev: torch.device) -> int:
+    """Run ``step`` at least ``at_least`` times, and on until ``min_s`` have passed (at most ``at_most``
+    times); returns how many. Rank 0's clock decides, so every rank runs as many."""
     import torch.distributed as dist
 
     started, done = time.perf_counter(), 0
     while True:
-        if done >= warmup:
-            more = done < MAX_WARMUP_STEPS and time.perf_counter() - started < min_warmup_s
+        if done >= at_least:
+            more = done < at_most and time.perf_counter() - started < min_s
             flag = torch.tensor([int(more)], device=dev)  # NCCL broadcasts device tensors only
             dist.broadcast(flag, src=0)
             if not flag.item():
@@ -319,6 +326,7 @@ def _rank_main(
     steps: int,
     warmup: int,
     min_warmup_s: float,
+    min_time_s: float,
     numerics: bool,
     device: str,
 ) -> dict[str, Any]:
@@ -364,10 +372,11 @@ def _rank_main(
         dist.barrier()
         return t0, t1, t2
 
-    out["warmup"] = _warm_up(step, warmup, min_warmup_s, dev)
+    out["warmup"] = _repeat(step, warmup, min_warmup_s, MAX_WARMUP_STEPS, dev)
     iteration, busy, wait, tail, own = [], [], [], [], []
     out["records"] = [[] for _ in timers]
-    for _ in range(steps):
+
+    def timed_step() -> None:
         t0, t1, t2 = step()
         iteration.append(time.perf_counter() - t0)
         scaling = sum(d for t in timers for kind, d in t.records if kind == "R")
@@ -377,6 +386,8 @@ def _rank_main(
         own.append(t2 - t0)
         for k, t in enumerate(timers):
             out["records"][k].extend(t.records)
+
+    out["steps"] = _repeat(timed_step, steps, min_time_s, max(steps, MAX_TIMED_STEPS), dev)
     if dev.type == "cuda":
         out["peak"] = int(torch.cuda.max_memory_allocated(dev))
     else:
@@ -441,6 +452,7 @@ def verify_plan(
     device: str = "cpu",
     tolerance: float = 0.25,
     min_warmup_s: float = MIN_WARMUP_S,
+    min_time_s: float = MIN_TIME_S,
 ) -> VerifyReport:
     """Run ``plan`` and compare with its predictions.
 
@@ -450,7 +462,8 @@ def verify_plan(
             every rank has the same seeded weights) or a :class:`Workload` (its ``name`` is used as
             the spec in processes mode; replay uses the object itself).
         steps, warmup: timed and untimed iterations; in processes mode the warm-up also lasts at least
-            ``min_warmup_s`` (:data:`MIN_WARMUP_S`), and the report says how many steps it took.
+            ``min_warmup_s`` (:data:`MIN_WARMUP_S`) and the timed steps ``min_time_s``
+            (:data:`MIN_TIME_S`), and the report says how many steps each took.
         mode: ``auto``, ``processes`` or ``replay``.
         check_numerics: also compare one step's loss and gradients with a single process.
         timeout_s: limit for the run: every rank (processes) or the replay (one process) is stopped after it.
@@ -468,7 +481,7 @@ def verify_plan(
     numerics = None
     if chosen == "processes":
         backend = "nccl" if device.startswith("cuda") else "gloo"
-        args = (spec, plan, steps, warmup, min_warmup_s, check_numerics, device)
+        args = (spec, plan, steps, warmup, min_warmup_s, min_time_s, check_numerics, device)
         everyone = run_ranks(_rank_main, args, _processes(plan), timeout_s=timeout_s, backend=backend)
         # Replicas run the same stages: the first replica's ranks, in pipeline order, stand for them.
         results = [everyone[d] for d in plan.mesh.devices[0]] if plan.mesh is not None else everyone
@@ -482,7 +495,7 @@ def verify_plan(
         tails = predicted_tails(plan)
         rank_times = tuple(_rank_time(plan, r, res, tails) for r, res in enumerate(results))
         memory_kind = "cuda" if device.startswith("cuda") else "rss"
-        warmed = int(everyone[0]["warmup"])
+        warmed, timed = int(everyone[0]["warmup"]), int(everyone[0]["steps"])
         if check_numerics:
             loss = statistics.fmean(r["loss"] for r in everyone if r["loss"] is not None)
             fresh = load_workload(spec)
@@ -490,8 +503,10 @@ def verify_plan(
             numerics = compare_numerics(*reference_step(fresh, plan), loss, grads)
     else:
         local = load_workload(workload) if isinstance(workload, str) else workload
-        warmed = warmup
-        with _deadline(timeout_s):
+        warmed, timed = warmup, steps
+        # A Workload object's name need not be a spec another process can build: its replay runs alone.
+        beside = profiled_neighbours(plan, workload if isinstance(workload, str) else None, torch.device(device))
+        with _deadline(timeout_s), beside:
             result = replay_plan(plan, local, steps=steps, warmup=warmup, device=device, keep_grads=check_numerics)
         fwd, bwd = list(result.forward_s), list(result.backward_s)
         sim_kwargs.update(_replayed_split(plan, bwd))
@@ -522,7 +537,7 @@ def verify_plan(
         schedule=plan.schedule,
         num_ranks=plan.num_ranks,
         num_microbatches=schedule_microbatches(plan),
-        steps=steps,
+        steps=timed,
         warmup=warmed,
         tolerance=tolerance,
         predicted_iteration_s=plan.predicted.iteration_s,

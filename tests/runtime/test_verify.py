@@ -101,14 +101,17 @@ def test_stage_timer_puts_the_gradient_scaling_apart_from_the_stage_times() -> N
     assert 0.01 <= forward_s < 0.05 and 0.02 <= backward_s < 0.05
 
 
-def test_processes_mode_warms_up_for_the_time_floor_then_as_asked() -> None:
+def test_processes_mode_warms_up_and_times_for_the_time_floors_then_as_asked() -> None:
     # mlp's step takes milliseconds: a 0.5 s floor needs many steps beyond the one asked for; with no floor,
     # exactly the steps asked for. Every rank runs as many (rank 0 decides), or the barriers would hang.
     plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"], "1f1b")
-    floored = verify_plan(plan, "mlp", mode="processes", steps=1, warmup=1, min_warmup_s=0.5, timeout_s=180)
+    floored = verify_plan(
+        plan, "mlp", mode="processes", steps=1, warmup=1, min_warmup_s=0.5, min_time_s=0.5, timeout_s=180
+    )
     assert floored.warmup > 2 and f"after {floored.warmup} warm-up" in format_report(floored)
-    exact = verify_plan(plan, "mlp", mode="processes", steps=1, warmup=3, min_warmup_s=0.0, timeout_s=180)
-    assert exact.warmup == 3
+    assert floored.steps > 2 and f"{floored.steps} timed steps" in format_report(floored)
+    exact = verify_plan(plan, "mlp", mode="processes", steps=2, warmup=3, min_warmup_s=0.0, min_time_s=0.0)
+    assert (exact.warmup, exact.steps) == (3, 2)
 
 
 @pytest.mark.parametrize(
