@@ -228,11 +228,6 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     if not meta and args.model.startswith("hf:"):
         meta = _too_large_for_device(args)
     workload = load_workload(args.model, meta=meta, seq_len=args.seq_len, task=args.task)
-    colocation = None
-    if args.ranks and args.ranks > 1 and args.device == "cpu" and not meta and not args.alone:
-        from profiles.colocation import Colocation
-
-        colocation = Colocation(args.model, args.ranks, threads or 1, seq_len=args.seq_len, task=args.task)
     units: object = None
     if args.units:
         units = int(args.units) if args.units.isdigit() else [u.strip() for u in args.units.split(",") if u.strip()]
@@ -248,7 +243,6 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         units=units,
         progress=not args.no_progress,
         sample_blocks=args.sample_blocks,
-        colocation=colocation,
     )
     save_profile(profile, args.out)
     print(format_profile_table(profile))
@@ -944,15 +938,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_int_range(1, MAX_RANKS),
         default=None,
         metavar="P",
-        help="profile as each of P ranks on this machine will run: with cores // P threads (the runtime's rule) "
-        "and, on CPU, while P - 1 processes run the same model beside it, as the other stages will (the profile "
-        "then carries the co-location slowdown itself)",
-    )
-    p.add_argument(
-        "--alone",
-        action="store_true",
-        help="with --ranks on CPU: time the units with the other cores idle (the calibration's co-location "
-        "factor then stands in for the neighbours)",
+        help="profile with the threads each of P ranks on this machine will get: cores // P, as the runtime sets",
     )
     p.add_argument(
         "--meta",

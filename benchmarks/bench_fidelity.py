@@ -4,16 +4,13 @@
 
 For each model (P = 2, global batch 8, gloo processes on this machine, 1 torch thread per rank):
 
-1. profile it as ``pipeplan profile --ranks 2`` does: with the threads each rank will have (1 on 2 cores)
-   and the other rank's stand-in running the same model beside it (profiles/colocation.py); and once more
-   alone (``--alone``), to hold the two against the same measurements;
+1. profile it with the threads each rank will have (``--threads 1`` on 2 cores);
 2. plan it under each schedule (gpipe, 1f1b, interleaved-1f1b) with the calibration, and with the
    schedule left to the planner (``auto``) with and without the calibration;
 3. run every distinct plan for real (``verify`` in processes mode, optimizer step included), the plans of
    one model interleaved round by round, and keep the median iteration;
-4. hold each measured plan against four predictions of the *same* plan: the textbook model
-   (``--calibration none``), the calibration measured at the start of this run with the profile made
-   alone and with the one made beside the neighbour, and the calibration
+4. hold each measured plan against three predictions of the *same* plan: the textbook model
+   (``--calibration none``), the calibration measured at the start of this run, and the calibration
    ``tune`` refits from this model's measurements (in-sample, as ``tune`` uses it).
 
 Writes ``fidelity.json`` and ``fidelity.md`` into ``--out``. Machines are shared and noisy: the load
@@ -43,7 +40,6 @@ from planner.runtime.launch import rank_threads  # noqa: E402
 from planner.runtime.tune import refit_calibration  # noqa: E402
 from planner.runtime.verify import VerifyReport, verify_plan  # noqa: E402
 from planner.search import PlanRequest, make_plan, plan_key, predict_plan  # noqa: E402
-from profiles.colocation import Colocation  # noqa: E402
 from profiles.format import Profile, save_profile  # noqa: E402
 from profiles.profiler import profile_model  # noqa: E402
 from profiles.workload import load_workload  # noqa: E402
@@ -59,19 +55,10 @@ MODELS = (
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
 
-def _profile(spec: str, sizes: tuple[int, ...], repeats: int, *, alone: bool = False) -> Profile:
-    """As `pipeplan profile SPEC --ranks 2` (or with `--alone`) profiles it."""
-    threads = rank_threads(2)
-    torch.set_num_threads(threads)
+def _profile(spec: str, sizes: tuple[int, ...], repeats: int) -> Profile:
+    torch.set_num_threads(rank_threads(2))  # what each of 2 ranks gets (`--ranks 2`)
     workload = load_workload(spec)
-    return profile_model(
-        workload,
-        micro_batch_sizes=sizes,
-        repeats=repeats,
-        max_repeats=3 * repeats,
-        progress=False,
-        colocation=None if alone else Colocation(spec, 2, threads),
-    )
+    return profile_model(workload, micro_batch_sizes=sizes, repeats=repeats, max_repeats=3 * repeats, progress=False)
 
 
 def _plans(profile: Profile, calibration: Calibration, ranks: int, batch: int) -> dict[str, Plan]:
@@ -111,8 +98,6 @@ def bench_model(
     started = time.perf_counter()
     profile = _profile(spec, (1, 2, 4), repeats=3)
     save_profile(profile, out / f"{profile.model.name}.profile.json")
-    alone = _profile(spec, (1, 2, 4), repeats=3, alone=True)
-    save_profile(alone, out / f"{profile.model.name}.alone.profile.json")
     named = _plans(profile, calibration, ranks, batch)
     distinct: dict[tuple[object, ...], Plan] = {}
     for plan in named.values():
@@ -132,9 +117,6 @@ def bench_model(
     for label, plan in named.items():
         median, report = by_key[plan_key(plan)]
         predicted = {k: predict_plan(profile, plan, s).iteration_s for k, s in settings.items()}
-        predicted["calibrated, profiled alone"] = predict_plan(
-            alone, plan, default_settings(alone, calibration=calibration, calibration_label="calibrate")
-        ).iteration_s
         rows.append(
             {
                 "plan": label,
@@ -172,8 +154,8 @@ def markdown(results: list[dict[str, object]], calibration: Calibration, load: t
         f"{c.p2p_bytes_per_s / 1e9:.2f} GB/s; Adam {c.optimizer['adam'].per_param_s * 1e9:.2f} ns/param; "
         f"co-location {c.colocation_factor:.2f}. Load average {load[0]:.2f} before, {load[1]:.2f} after.",
         "",
-        "| model | plan | schedule | measured | textbook | calibrated, profiled alone | calibrated | refit (tune) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | plan | schedule | measured | textbook | calibrated | refit (tune) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for res in results:
         for row in res["rows"]:  # type: ignore[attr-defined]
@@ -182,8 +164,7 @@ def markdown(results: list[dict[str, object]], calibration: Calibration, load: t
             err = row["error_pct"]
             lines.append(
                 f"| {res['model']} | {row['plan']} | {sched} | {row['measured_s'] * 1e3:.1f} ms | "
-                f"{err['textbook']:+.1f}% | {err['calibrated, profiled alone']:+.1f}% | {err['calibrated']:+.1f}% | "
-                f"{err['refit']:+.1f}% |"
+                f"{err['textbook']:+.1f}% | {err['calibrated']:+.1f}% | {err['refit']:+.1f}% |"
             )
     lines += [
         "",
@@ -194,8 +175,7 @@ def markdown(results: list[dict[str, object]], calibration: Calibration, load: t
         picks = (res["calibrated_pick_vs_fastest_pct"], res["textbook_pick_vs_fastest_pct"])
         lines.append(f"| {res['model']} | {picks[0]:+.1f}% | {picks[1]:+.1f}% |")
     errors = {
-        k: [abs(r["error_pct"][k]) for res in results for r in res["rows"]]
-        for k in ("textbook", "calibrated, profiled alone", "calibrated", "refit")
+        k: [abs(r["error_pct"][k]) for res in results for r in res["rows"]] for k in ("textbook", "calibrated", "refit")
     }  # type: ignore[index]
     lines += ["", "| model of cost | median abs error | worst |", "|---|---|---|"]
     for k, v in errors.items():

@@ -8,7 +8,7 @@ Every formula is written out, with its source, in docs/cost-model.md. This modul
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 
 from planner.bounds import UnitWork
@@ -174,17 +174,12 @@ class CostSettings:
 
 def default_settings(profile: Profile, **overrides: object) -> CostSettings:
     """Settings with the link defaults of the profile's device kind (or the calibration's measured link),
-    then ``overrides``; a calibration of another device kind or backend is refused. A profile timed with
-    the other ranks computing beside it (``settings.neighbours``, profiles/colocation.py) already holds the
-    co-location slowdown: a measured calibration's factor is then 1 (``tune``'s refit is fitted against the
-    profile itself, and kept)."""
+    then ``overrides``; a calibration of another device kind or backend is refused."""
     bandwidth, latency = DEFAULT_LINKS.get(profile.device.kind, DEFAULT_LINKS["cpu"])
     calibration = overrides.get("calibration")
     if isinstance(calibration, Calibration):
         calibration.check_device(profile.device.kind)
         bandwidth, latency = calibration.p2p_bytes_per_s, calibration.p2p_latency_s
-        if profile.settings.get("neighbours", 0) and calibration.source != "refit":
-            overrides = {**overrides, "calibration": replace(calibration, colocation_factor=1.0)}
     values: dict[str, object] = {"link_bytes_per_s": bandwidth, "link_latency_s": latency}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return CostSettings(**values)  # type: ignore[arg-type]

@@ -236,12 +236,6 @@ class Plan:
         threads = self.device.get("threads")
         return threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None
 
-    @property
-    def profile_neighbours(self) -> int:
-        """Processes that ran the model beside the profiler (``device.neighbours``, profiles/colocation.py)."""
-        n = self.device.get("neighbours")
-        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
-
     def split_backward_s(self) -> dict[str, list[float]]:
         """``simulate`` keywords for the stages' I and W (``input_s``, ``weight_s``); empty when unsplit."""
         if any(s.input_s is None or s.weight_s is None for s in self.stages):

@@ -764,14 +764,11 @@ def _plan_of(
 
 def _device_block(profile: Profile) -> dict[str, Any]:
     """The plan's ``device``: what was profiled, and on a CPU the intra-op threads the times were measured
-    with and the neighbour processes that ran beside it, so that a replay measures the stages as the
-    profile did."""
+    with, so that a replay measures the stages as the profile did."""
     block: dict[str, Any] = {"kind": profile.device.kind, "name": profile.device.name, "dtype": profile.device.dtype}
-    if profile.device.kind == "cpu":
-        for key in ("threads", "neighbours"):
-            value = profile.settings.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                block[key] = value
+    threads = profile.settings.get("threads")
+    if profile.device.kind == "cpu" and isinstance(threads, int) and threads > 0:
+        block["threads"] = threads
     return block
 
 

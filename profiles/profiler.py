@@ -18,7 +18,6 @@ from torch import nn
 
 from planner.errors import ProfilingError, UsageError, shorten
 from profiles.allocator import keep_freed_memory
-from profiles.colocation import Colocation, Neighbours
 from profiles.dataflow import Capture, Edge, capture_export, capture_hooks, param_ownership
 from profiles.fingerprint import model_fingerprint
 from profiles.format import DeviceInfo, ModelInfo, PieceOverhead, Profile, TensorFlow, UnitProfile, WholeModel
@@ -91,8 +90,7 @@ def _to_device(value: Any, device: torch.device, dtype: torch.dtype) -> Any:
     return value
 
 
-def device_batch(workload: Workload, size: int, device: torch.device, dtype: torch.dtype) -> tuple[tuple, Any]:
-    """``workload.make_batch(size)`` checked and moved to ``device``, floats to ``dtype``: (inputs, target)."""
+def _batch(workload: Workload, size: int, device: torch.device, dtype: torch.dtype) -> tuple[tuple, Any]:
     try:
         inputs, target = workload.make_batch(size)
     except SystemExit as exc:
@@ -244,10 +242,8 @@ def _measure_loaded(
     timing: Timing,
     capture: str | None,
     progress: bool,
-    neighbours: Neighbours | None = None,
 ) -> Measurements:
-    """The model held whole on the device: units, whole model and overhead piece in round-robin rounds,
-    with the ``neighbours`` computing at the same micro-batch size throughout where given."""
+    """The model held whole on the device: units, whole model and overhead piece in round-robin rounds."""
     from tqdm import tqdm
 
     n = len(unit_names)
@@ -265,14 +261,13 @@ def _measure_loaded(
     fallback_reason = ""
     try:
         for b in sizes:
-            inputs, target = device_batch(workload, b, dev, torch_dtype)
+            inputs, target = _batch(workload, b, dev, torch_dtype)
             bar.set_description(f"split b={b}")
             cap, reason = _capture(model, inputs, unit_names, mode)
             mode, fallback_reason = cap.mode, fallback_reason or reason
             if ownership is None:
                 ownership = param_ownership(model, cap)
-            with neighbours.running(b) if neighbours is not None else contextlib.nullcontext():
-                timed = _time_size(cap, model, inputs, target, workload, dev, b, bar, timing)
+            timed = _time_size(cap, model, inputs, target, workload, dev, b, bar, timing)
             per_size.append(timed.units)
             whole.append(timed.whole)
             overhead.append(timed.overhead)
@@ -330,7 +325,6 @@ def profile_model(
     progress: bool = True,
     capture: str | None = None,
     sample_blocks: bool = False,
-    colocation: Colocation | None = None,
     min_time_s: float = MIN_TIME_S,
 ) -> Profile:
     """Measure ``workload`` unit by unit at each micro-batch size.
@@ -349,10 +343,6 @@ def profile_model(
     A workload built on the meta device (``load_workload(spec, meta=True)``) is profiled one unit at a
     time (:func:`profiles.meta_profile.measure_on_meta`): the whole model is never held, nor measured;
     ``sample_blocks`` (meta only) measures one unit of each run of identical consecutive units.
-
-    With ``colocation`` (CPU only, the model held whole) every piece is timed while the other ranks of
-    the machine run the same model beside it (:mod:`profiles.colocation`); ``settings.neighbours``
-    says how many ran.
 
     Raises :class:`UsageError` for bad sizes/repeats/dtype/units and :class:`ProfilingError` when CUDA
     is missing or the model cannot be run.
@@ -382,11 +372,6 @@ def profile_model(
     if sample_blocks and not on_meta:
         raise UsageError("sample_blocks needs a model built on the meta device: load_workload(spec, meta=True)")
     dev = _resolve_device(device)
-    if colocation is not None and (dev.type != "cpu" or on_meta):
-        raise UsageError(
-            "co-located profiling runs the other ranks' model beside this one: CPU only, with the model held "
-            "whole (not --meta)"
-        )
     # the runtime's ranks keep freed memory too (planner/runtime/launch.py): see profiles/allocator.py
     kept_memory = keep_freed_memory() if dev.type == "cpu" else False
     torch_dtype = DTYPES[dtype]
@@ -405,7 +390,7 @@ def profile_model(
             file=sys.stderr,
         )
 
-    example, _ = device_batch(workload, sizes[0], dev, torch_dtype)
+    example, _ = _batch(workload, sizes[0], dev, torch_dtype)
     # A meta model runs its eager checks on fake meta inputs (profiles/meta.py, eager_on_meta).
     with eager_on_meta(example) if on_meta else contextlib.nullcontext(example) as example:
         check_output(model, example, sizes[0])
@@ -432,7 +417,7 @@ def profile_model(
         from profiles.meta_profile import measure_on_meta
 
         def on_device(b: int) -> tuple[tuple, Any]:
-            return device_batch(workload, b, dev, torch_dtype)
+            return _batch(workload, b, dev, torch_dtype)
 
         measured, meta_settings = measure_on_meta(
             model,
@@ -447,10 +432,7 @@ def profile_model(
             progress=progress,
         )
     else:
-        with Neighbours(colocation, torch_dtype) if colocation else contextlib.nullcontext() as neighbours:
-            measured = _measure_loaded(
-                model, workload, unit_names, sizes, dev, torch_dtype, timing, capture, progress, neighbours
-            )
+        measured = _measure_loaded(model, workload, unit_names, sizes, dev, torch_dtype, timing, capture, progress)
 
     reference = [_edge_key(e) for e in measured.edges[0]]
     for b, edges in zip(sizes, measured.edges, strict=True):
@@ -508,8 +490,6 @@ def profile_model(
         "loss_in_last_unit": True,
         # CPU timings depend on intra-op threads: a rank of a P-process CPU pipeline gets cores / P.
         "threads": torch.get_num_threads(),
-        # processes computing beside this one while it was timed (profiles/colocation.py)
-        "neighbours": colocation.ranks - 1 if colocation else 0,
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         **meta_settings,
     }

@@ -78,7 +78,6 @@ def test_profile_then_show_then_plan(capsys, tmp_path):
     assert profile["micro_batch_sizes"] == [1, 2]
     # --ranks 2: the threads each of 2 ranks gets, by the runtime's rule (cores // ranks)
     assert profile["settings"]["threads"] == max(1, (os.cpu_count() or 1) // 2)
-    assert profile["settings"]["neighbours"] == 1  # and the other rank's stand-in ran beside it
     assert all(1 <= r <= 2 for r in profile["settings"]["repeats_used"])
     assert main(["show", str(out)]) == 0
     assert "layers.0" in capsys.readouterr().out
@@ -87,12 +86,11 @@ def test_profile_then_show_then_plan(capsys, tmp_path):
     assert json.loads(plan.read_text())["model"]["fingerprint"] == profile["model"]["fingerprint"]
 
 
-def test_alone_profiles_with_the_ranks_threads_no_neighbour_and_the_time_floor(tmp_path):
+def test_profile_rounds_span_the_default_time_floor(tmp_path):
     out = tmp_path / "mlp.profile.json"
     argv = ["profile", "mlp", "--micro-batch-sizes", "1", "--repeats", "1", "--warmup", "0", "--no-progress"]
-    assert main([*argv, "--max-repeats", "1", "--ranks", "2", "--alone", "--out", str(out)]) == 0
+    assert main([*argv, "--max-repeats", "1", "--out", str(out)]) == 0
     settings = json.loads(out.read_text())["settings"]
-    assert (settings["threads"], settings["neighbours"]) == (max(1, (os.cpu_count() or 1) // 2), 0)
     # the default time floor (its --help says 2 s): one round of this MLP takes ~1 ms, so many more than one
     assert settings["min_time_s"] == MIN_TIME_S == 2.0 and settings["repeats_used"][0] > 10
 

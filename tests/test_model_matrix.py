@@ -117,7 +117,7 @@ def test_plans_cover_every_unit_once(plans, profiles, name: str, num_ranks: int)
 
 def _run_all(rank: int, world_size: int, jobs: list) -> list:
     """One rank: verify's rank code for every (spec, plan), one numerics step each."""
-    return [_rank_main(rank, world_size, s, plan, 1, 0, 0.0, True, "cpu") for s, plan in jobs]  # no warm-up floor
+    return [_rank_main(rank, world_size, s, plan, 1, 0, 0.0, 0.0, True, "cpu") for s, plan in jobs]  # no time floors
 
 
 def _bert_hand_plan():

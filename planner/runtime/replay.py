@@ -26,7 +26,7 @@ from planner.runtime.apply import microbatch_inputs, schedule_microbatches, spli
 from planner.schedule.orders import Step, rank_orders
 from profiles.workload import Workload, as_tuple
 
-__all__ = ["ReplayResult", "replay_plan", "merged_order", "profiled_neighbours", "profiled_threads"]
+__all__ = ["ReplayResult", "replay_plan", "merged_order", "profiled_threads"]
 
 
 @dataclass(frozen=True)
@@ -121,22 +121,6 @@ def profiled_threads(plan: Plan, dev: torch.device) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-@contextmanager
-def profiled_neighbours(plan: Plan, spec: str | None, dev: torch.device) -> Iterator[None]:
-    """On a CPU, the neighbour processes the plan's profile was timed beside (``plan.device["neighbours"]``),
-    running the model ``spec`` at the plan's micro-batch size: a replay in one process then measures the
-    stages under the load the profile, and so the prediction, assumed. Nothing without a spec to run."""
-    n = plan.profile_neighbours
-    if dev.type != "cpu" or not n or not spec:
-        yield
-        return
-    from profiles.colocation import Colocation, Neighbours
-
-    with Neighbours(Colocation(spec, n + 1, plan.profile_threads or 1)) as neighbours:
-        with neighbours.running(plan.micro_batch_size):
-            yield
 
 
 def _replay(

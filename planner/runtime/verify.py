@@ -33,7 +33,7 @@ from planner.errors import ExecutionError, UsageError
 from planner.plan import Plan
 from planner.runtime.apply import apply_plan, schedule_microbatches, tied_parameter_groups
 from planner.runtime.launch import rank_threads, run_ranks
-from planner.runtime.replay import profiled_neighbours, replay_plan
+from planner.runtime.replay import replay_plan
 from planner.schedule.simulate import simulate
 from profiles.measure import peak_rss_bytes
 from profiles.workload import Workload, as_tuple, load_workload
@@ -504,9 +504,7 @@ def verify_plan(
     else:
         local = load_workload(workload) if isinstance(workload, str) else workload
         warmed, timed = warmup, steps
-        # A Workload object's name need not be a spec another process can build: its replay runs alone.
-        beside = profiled_neighbours(plan, workload if isinstance(workload, str) else None, torch.device(device))
-        with _deadline(timeout_s), beside:
+        with _deadline(timeout_s):
             result = replay_plan(plan, local, steps=steps, warmup=warmup, device=device, keep_grads=check_numerics)
         fwd, bwd = list(result.forward_s), list(result.backward_s)
         sim_kwargs.update(_replayed_split(plan, bwd))
