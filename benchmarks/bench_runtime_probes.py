@@ -1,6 +1,6 @@
-"""Two facts about the runtime that the cost model rests on, measured on 2 local gloo ranks:
+"""Three facts about the machine and the runtime that the cost model rests on:
 
-1. **Rendezvous**: a receive posted after its send still takes a whole link latency to complete (the
+1. **Rendezvous** (2 local gloo ranks): a receive posted after its send still takes a whole link latency to complete (the
    transfer starts only when both ends are posted), while a receive posted first and waited after the data
    came returns at once. The simulator's rule for torch's single-stage schedules (docs/cost-model.md,
    "Communication") rests on the first number.
@@ -8,6 +8,10 @@
    to back, after the thread slept 0.2, 1 or 5 ms, and after a busy wait of as long. The profiler times a
    unit back to back; a pipeline rank runs each action after a wait or other work, and the cost model has
    no term for what that costs.
+3. **Speed over time**: a fixed forward+backward (two 256-wide ``Linear``, 16 rows, 1 thread) run for
+   ``--seconds`` seconds, its median and 10th percentile per second. How much the median moves from one
+   second to the next sets how long the profiler's rounds and verify's timed steps must span
+   (profiles/rounds.py and planner/runtime/verify.py, ``MIN_TIME_S``).
 
     python benchmarks/bench_runtime_probes.py
 
@@ -16,6 +20,7 @@ Prints one table per probe; medians over the repeats, microseconds.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -93,7 +98,29 @@ def _cold_resume(repeats: int) -> list[tuple[float, float, float]]:
     return rows
 
 
+def _speed_over_time(seconds: int) -> list[tuple[float, float]]:
+    """Per second: (median, 10th percentile) of the step."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256))
+    x = torch.randn(16, 256)
+    out = []
+    for _ in range(seconds):
+        times: list[float] = []
+        end = time.perf_counter() + 1.0
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            model(x).sum().backward()
+            times.append(time.perf_counter() - t0)
+        times.sort()
+        out.append((statistics.median(times), times[len(times) // 10]))
+    return out
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=40, help="length of the speed-over-time probe")
+    args = parser.parse_args()
     ranks = run_ranks(_rendezvous, (30,), 2, timeout_s=300)
     print("| message | receive posted 5 ms after the send | receive posted first, waited after the data came |")
     print("|---|---|---|")
@@ -104,6 +131,16 @@ def main() -> None:
     print("|---|---|---|")
     for gap, slept, spun in _cold_resume(300):
         print(f"| {gap * 1e3:g} ms | {slept * 1e6:.0f} us | {spun * 1e6:.0f} us |")
+    per_second = _speed_over_time(args.seconds)
+    medians, lows = [m for m, _ in per_second], [p for _, p in per_second]
+    print()
+    print(f"| over {args.seconds} s, per second | lowest | median | highest |")
+    print("|---|---|---|---|")
+    for name, values in (("median step", medians), ("10th-percentile step", lows)):
+        print(
+            f"| {name} | {min(values) * 1e6:.0f} us | {statistics.median(values) * 1e6:.0f} us | "
+            f"{max(values) * 1e6:.0f} us |"
+        )
 
 
 if __name__ == "__main__":
