@@ -1,9 +1,9 @@
 """Three facts about the machine and the runtime that the cost model rests on:
 
-1. **Rendezvous** (2 local gloo ranks): a receive posted after its send still takes a whole link latency to complete (the
-   transfer starts only when both ends are posted), while a receive posted first and waited after the data
-   came returns at once. The simulator's rule for torch's single-stage schedules (docs/cost-model.md,
-   "Communication") rests on the first number.
+1. **Rendezvous** (2 local gloo ranks): a receive posted after its send still takes a whole link latency
+   to complete (the transfer starts only when both ends are posted), while a receive posted first and
+   waited after the data came returns at once. The simulator's rule for torch's single-stage schedules
+   (docs/cost-model.md, "Communication") rests on the first number.
 2. **Cold resume**: the same small forward+backward (two 256-wide ``Linear``, 4 rows, 1 thread) timed back
    to back, after the thread slept 0.2, 1 or 5 ms, and after a busy wait of as long. The profiler times a
    unit back to back; a pipeline rank runs each action after a wait or other work, and the cost model has
