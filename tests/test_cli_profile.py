@@ -101,3 +101,12 @@ def test_threads_and_ranks_are_exclusive(capsys, existing):
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "not allowed with argument" in err
     assert existing.read_text() == PRECIOUS
+
+
+@pytest.mark.parametrize("seconds", ["-1", "nan", "inf", "two"])
+def test_bad_min_time_is_one_line_and_exit_2(capsys, existing, seconds):
+    with pytest.raises(SystemExit) as exc:
+        main(["profile", "mlp", "--min-time", seconds, "--out", str(existing)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "--min-time" in err
+    assert existing.read_text() == PRECIOUS
