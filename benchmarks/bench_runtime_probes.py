@@ -1,4 +1,4 @@
-"""Three facts about the machine and the runtime that the cost model rests on:
+"""Four facts about the machine and the runtime that the cost model rests on:
 
 1. **Rendezvous** (2 local gloo ranks): a receive posted after its send still takes a whole link latency
    to complete (the transfer starts only when both ends are posted), while a receive posted first and
@@ -12,6 +12,11 @@
    ``--seconds`` seconds, its median and 10th percentile per second. How much the median moves from one
    second to the next sets how long the profiler's rounds and verify's timed steps must span
    (profiles/rounds.py and planner/runtime/verify.py, ``MIN_TIME_S``).
+4. **What comes before an action**, by its size: forward+backward steps of two ``Linear`` layers from 256
+   wide (4 rows, 0.4 ms) to 2048 wide (64 rows, ~55 ms), each timed back to back, after a 1 ms or 5 ms
+   sleep, and after a step of another small model, the four kinds interleaved; the ratio to back to back.
+   A pipeline rank runs each action after a wait or after other work; the profiler's round-robin times
+   each unit after the other units.
 
     python benchmarks/bench_runtime_probes.py
 
@@ -24,6 +29,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -117,6 +123,49 @@ def _speed_over_time(seconds: int) -> list[tuple[float, float]]:
     return out
 
 
+BEFORE_SIZES = ((256, 4), (512, 16), (1024, 32), (2048, 64))
+
+
+def _what_comes_before(cycles: int) -> list[tuple[int, int, float, dict[str, float]]]:
+    """Per (width, rows): back-to-back step and the ratio of each other kind to it."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+
+    def model(width: int, rows: int, depth: int = 2) -> tuple[nn.Module, torch.Tensor]:
+        layers: list[nn.Module] = []
+        for _ in range(depth):
+            layers += [nn.Linear(width, width), nn.ReLU()]
+        return nn.Sequential(*layers), torch.randn(rows, width, requires_grad=True)
+
+    def step(m: nn.Module, x: torch.Tensor) -> float:
+        t0 = time.perf_counter()
+        m(x).sum().backward()
+        return time.perf_counter() - t0
+
+    other = model(512, 16, 4)
+    befores: dict[str, Callable[[], object]] = {
+        "back to back": lambda: None,
+        "after 1 ms asleep": lambda: time.sleep(0.001),
+        "after 5 ms asleep": lambda: time.sleep(0.005),
+        "after another model's step": lambda: step(*other),
+    }
+    rows_out = []
+    for width, rows in BEFORE_SIZES:
+        m, x = model(width, rows)
+        for _ in range(10):
+            step(m, x)
+        times: dict[str, list[float]] = {k: [] for k in befores}
+        for _ in range(cycles if width < 2048 else max(cycles // 4, 3)):
+            for kind, before in befores.items():
+                for _ in range(4):
+                    before()
+                    times[kind].append(step(m, x))
+        base = statistics.median(times["back to back"])
+        ratios = {k: statistics.median(v) / base for k, v in times.items() if k != "back to back"}
+        rows_out.append((width, rows, base, ratios))
+    return rows_out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=40, help="length of the speed-over-time probe")
@@ -131,6 +180,14 @@ def main() -> None:
     print("|---|---|---|")
     for gap, slept, spun in _cold_resume(300):
         print(f"| {gap * 1e3:g} ms | {slept * 1e6:.0f} us | {spun * 1e6:.0f} us |")
+    before = _what_comes_before(60)
+    kinds = list(before[0][3])
+    print()
+    print("| step (width x rows) | back to back | " + " | ".join(kinds) + " |")
+    print("|---|---|" + "---|" * len(kinds))
+    for width, rows, base, ratios in before:
+        cells = " | ".join(f"{ratios[k]:.2f}x" for k in kinds)
+        print(f"| {width} x {rows} | {base * 1e6:.0f} us | {cells} |")
     per_second = _speed_over_time(args.seconds)
     medians, lows = [m for m, _ in per_second], [p for _, p in per_second]
     print()
