@@ -135,6 +135,9 @@ class Measurement:
     steps: int
     error_pct: float
     """(measured - predicted) / predicted of the iteration, in percent, against this plan's prediction."""
+    speed_factor: float | None = None
+    """How many times slower the machine ran than while profiling (``verify``'s speed reference); the times
+    above are divided by it, i.e. at the profile's speed. None: not measured, times as they were."""
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,13 @@ class Plan:
         threads = self.device.get("threads")
         return threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None
 
+    @property
+    def profile_reference_s(self) -> float | None:
+        """The speed reference's time while the profile was made (``device.reference_s``); None if absent."""
+        value = self.device.get("reference_s")
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+        return float(value) if ok else None
+
     def split_backward_s(self) -> dict[str, list[float]]:
         """``simulate`` keywords for the stages' I and W (``input_s``, ``weight_s``); empty when unsplit."""
         if any(s.input_s is None or s.weight_s is None for s in self.stages):
@@ -245,18 +255,24 @@ class Plan:
             "weight_s": [s.weight_s or 0.0 for s in self.stages],
         }
 
-    def simulation(self, runtime: RuntimeTerms | None = None) -> SimulationResult:
-        """The plan's stages and links simulated under ``runtime`` (default: the terms it was predicted with)."""
+    def simulation(self, runtime: RuntimeTerms | None = None, *, speed: float = 1.0) -> SimulationResult:
+        """The plan's stages and links simulated under ``runtime`` (default: the terms it was predicted with).
+
+        ``speed`` multiplies the stage times: the stages on a machine running ``speed`` times slower than
+        when profiled (with ``runtime.at_speed(speed)`` for the runtime's own compute as well).
+        """
+        terms = self.predicted.runtime_terms() if runtime is None else runtime
+        split = {k: [t * speed for t in v] for k, v in self.split_backward_s().items()}
         return simulate(
-            [s.forward_s for s in self.stages],
-            [s.backward_s for s in self.stages],
+            [s.forward_s * speed for s in self.stages],
+            [s.backward_s * speed for s in self.stages],
             self.num_microbatches,
             self.schedule,
             num_ranks=self.num_ranks,
             comm_forward_s=self.predicted.comm_forward_s,
             comm_backward_s=self.predicted.comm_backward_s,
-            runtime=self.predicted.runtime_terms() if runtime is None else runtime,
-            **self.split_backward_s(),
+            runtime=terms,
+            **split,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -280,7 +296,7 @@ class Plan:
             "constraints": self.constraints,
             "baselines": [asdict(b) for b in self.baselines],
             **({"mesh": _mesh_dict(self.mesh)} if self.mesh is not None else {}),
-            **({"measured": asdict(self.measured)} if self.measured is not None else {}),
+            **({"measured": _measurement_dict(self.measured)} if self.measured is not None else {}),
         }
 
 
@@ -519,9 +535,17 @@ def _mesh(data: dict[str, Any] | None) -> Mesh | None:
     return Mesh(**values)
 
 
+def _measurement_dict(measured: Measurement) -> dict[str, Any]:
+    data = asdict(measured)
+    if data["speed_factor"] is None:  # optional: absent, as in plans written before it
+        del data["speed_factor"]
+    return data
+
+
 def _measurement(data: dict[str, Any] | None) -> Measurement | None:
     if data is None:
         return None
+    factor = data.get("speed_factor")
     return Measurement(
         mode=data["mode"],
         iteration_s=float(data["iteration_s"]),
@@ -529,6 +553,7 @@ def _measurement(data: dict[str, Any] | None) -> Measurement | None:
         backward_s=tuple(map(float, data["backward_s"])),
         steps=int(data["steps"]),
         error_pct=float(data["error_pct"]),
+        speed_factor=None if factor is None else float(factor),
     )
 
 

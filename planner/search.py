@@ -764,11 +764,15 @@ def _plan_of(
 
 def _device_block(profile: Profile) -> dict[str, Any]:
     """The plan's ``device``: what was profiled, and on a CPU the intra-op threads the times were measured
-    with, so that a replay measures the stages as the profile did."""
+    with, so that a replay measures the stages as the profile did; and the speed reference's time while the
+    profile was made, so that ``verify`` can tell how fast the machine runs now against then."""
     block: dict[str, Any] = {"kind": profile.device.kind, "name": profile.device.name, "dtype": profile.device.dtype}
     threads = profile.settings.get("threads")
     if profile.device.kind == "cpu" and isinstance(threads, int) and threads > 0:
         block["threads"] = threads
+    reference = profile.settings.get("reference_s")
+    if isinstance(reference, (int, float)) and not isinstance(reference, bool) and reference > 0:
+        block["reference_s"] = float(reference)
     return block
 
 

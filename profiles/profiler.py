@@ -23,6 +23,7 @@ from profiles.fingerprint import model_fingerprint
 from profiles.format import DeviceInfo, ModelInfo, PieceOverhead, Profile, TensorFlow, UnitProfile, WholeModel
 from profiles.measure import PieceMeasurement, count_flops, measure_piece
 from profiles.meta import eager_on_meta
+from profiles.reference import SpeedReference
 from profiles.rounds import (
     MIN_TIME_S,
     WHOLE_PATHS,
@@ -181,8 +182,10 @@ def _time_size(
     b: int,
     bar: Any,
     timing: Timing,
+    reference: SpeedReference,
 ) -> SizeTiming:
-    """Time the units, the whole model and the overhead piece at one micro-batch size, round-robin."""
+    """Time the units, the whole model and the overhead piece at one micro-batch size, round-robin; and the
+    speed reference once per round (profiles/reference.py)."""
     n = len(cap.pieces)
     whole = whole_piece(model, inputs, cap, [p.name for p in cap.pieces])
     shared = whole is cap.pieces[0] and n == 1  # a one-unit export: the unit is the whole model
@@ -194,6 +197,8 @@ def _time_size(
         piece = pieces[i]
         with_loss = n - 1 <= i < (n if shared else n + 1)  # the last unit and the whole model
         bar.set_description(f"b={b} {'whole model' if piece is whole and not shared else piece.name}")
+        if i == 0:
+            reference.time_once()
         try:
             result = measure_piece(
                 piece,
@@ -259,6 +264,8 @@ def _measure_loaded(
     ownership = None
     mode: str | None = capture
     fallback_reason = ""
+    reference = SpeedReference(dev)
+    reference.warm_up()
     try:
         for b in sizes:
             inputs, target = _batch(workload, b, dev, torch_dtype)
@@ -267,7 +274,7 @@ def _measure_loaded(
             mode, fallback_reason = cap.mode, fallback_reason or reason
             if ownership is None:
                 ownership = param_ownership(model, cap)
-            timed = _time_size(cap, model, inputs, target, workload, dev, b, bar, timing)
+            timed = _time_size(cap, model, inputs, target, workload, dev, b, bar, timing, reference)
             per_size.append(timed.units)
             whole.append(timed.whole)
             overhead.append(timed.overhead)
@@ -294,6 +301,7 @@ def _measure_loaded(
         ownership=tuple(ownership),
         mode=mode,
         export_error=fallback_reason,
+        reference_s=reference.median_s,
     )
 
 
@@ -434,9 +442,9 @@ def profile_model(
     else:
         measured = _measure_loaded(model, workload, unit_names, sizes, dev, torch_dtype, timing, capture, progress)
 
-    reference = [_edge_key(e) for e in measured.edges[0]]
+    expected = [_edge_key(e) for e in measured.edges[0]]
     for b, edges in zip(sizes, measured.edges, strict=True):
-        if [_edge_key(e) for e in edges] != reference:
+        if [_edge_key(e) for e in edges] != expected:
             raise ProfilingError(
                 f"the data flow between units differs at micro-batch size {b} from size {sizes[0]}: "
                 "the model's structure depends on the batch size"
@@ -493,6 +501,8 @@ def profile_model(
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         **meta_settings,
     }
+    if measured.reference_s is not None:
+        settings["reference_s"] = measured.reference_s
     first = example[0] if example else None
     if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point():
         settings["seq_len"] = int(first.shape[-1])  # token ids (batch, seq_len)

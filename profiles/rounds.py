@@ -99,6 +99,9 @@ class Measurements:
     """The capture mode: ``export`` or ``hooks``."""
     export_error: str = ""
     """Why export failed, when the units were timed by hooks."""
+    reference_s: float | None = None
+    """Median forward+backward of the speed reference, timed once per round (profiles/reference.py); None
+    for a meta profile."""
 
 
 def whole_piece(model: nn.Module, inputs: tuple, capture: Capture, units: Sequence[str]) -> Piece:

@@ -55,6 +55,24 @@ def test_round_trip_is_exact_and_byte_identical(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+@pytest.mark.parametrize("speed_factor", [None, 1.25])
+def test_a_measured_block_round_trips_with_and_without_its_speed_factor(tmp_path, speed_factor):
+    from dataclasses import replace
+
+    from planner.plan import Measurement
+
+    measured = Measurement("processes", 6.5, (0.5, 0.25), (1.0, 0.75), 40, -7.1, speed_factor)
+    plan = replace(sample_plan(), measured=measured, device={"kind": "cpu", "reference_s": 0.006})
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    assert load_plan(path) == plan and load_plan(path).profile_reference_s == 0.006
+    written = json.loads(path.read_text())["measured"]
+    assert ("speed_factor" in written) == (speed_factor is not None)  # absent when not measured, as before
+    written["speed_factor"] = 0.0
+    with pytest.raises(PlanFormatError, match="speed_factor"):
+        plan_from_dict({**json.loads(path.read_text()), "measured": written})
+
+
 def _dict():
     return json.loads(json.dumps(sample_plan().to_dict()))
 

@@ -251,6 +251,8 @@ def test_profile_records_piece_overhead_rounds_and_whole_model_path(gpt2_profile
     assert p.settings["whole_model_path"] == "exported as one piece"
     assert p.settings["repeats_used"] == [1, 1] and p.settings["max_repeats"] == 1
     assert "keep_freed_memory" in p.settings
+    # the speed reference, once per round (profiles/reference.py): two sizes, one round each
+    assert 0 < p.settings["reference_s"] < 1.0
     assert "(exported as one piece)" in format_profile_table(p) and "less 7 x piece overhead" in format_profile_table(p)
 
 
@@ -288,3 +290,17 @@ def test_busy_cores_reads_a_share_of_the_machine() -> None:
     busy = busy_cores(0.05)
     assert busy is not None  # this machine has /proc/stat
     assert 0.0 <= busy <= (os.cpu_count() or 1)
+
+
+def test_the_speed_reference_is_the_same_layer_and_input_everywhere() -> None:
+    from profiles.reference import SpeedReference
+
+    a, b = SpeedReference(torch.device("cpu")), SpeedReference(torch.device("cpu"))
+    for (name, p), q in zip(a.layer.named_parameters(), b.layer.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    assert torch.equal(a.x, b.x) and torch.equal(a.grad, b.grad) and tuple(a.x.shape) == (4, 64, 128)
+    a.warm_up(2)
+    assert a.samples == [] and a.median_s is None
+    times = [a.time_once() for _ in range(3)]
+    assert a.samples == times and all(t > 0 for t in times) and a.median_s == sorted(times)[1]
+    assert all(p.grad is None for p in a.layer.parameters())  # no gradient piles up from one timing to the next

@@ -233,3 +233,16 @@ def test_a_cpu_plan_records_the_threads_its_profile_was_measured_with():
     assert plan.device == {"kind": "cpu", "name": "test-cpu", "dtype": "float32", "threads": 3}
     assert plan.profile_threads == 3
     assert replace(plan, device={**plan.device, "threads": True}).profile_threads is None  # JSON's true is no count
+
+
+def test_a_plan_records_its_profiles_speed_reference():
+    # verify compares the machine's speed now against it (profiles/reference.py).
+    from dataclasses import replace
+
+    profile = make_profile([1.0] * 4)
+    plan = _plan(profile, num_ranks=2, global_batch_size=4)
+    assert "reference_s" not in plan.device and plan.profile_reference_s is None
+    plan = _plan(replace(profile, settings={"reference_s": 0.004}), num_ranks=2, global_batch_size=4)
+    assert plan.device["reference_s"] == 0.004 and plan.profile_reference_s == 0.004
+    for bad in (True, -1.0, "fast", float("nan")):
+        assert replace(plan, device={**plan.device, "reference_s": bad}).profile_reference_s is None

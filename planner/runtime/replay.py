@@ -24,6 +24,7 @@ from planner.errors import ExecutionError
 from planner.plan import Plan
 from planner.runtime.apply import microbatch_inputs, schedule_microbatches, split_stages, tied_parameter_groups
 from planner.schedule.orders import Step, rank_orders
+from profiles.reference import SpeedReference
 from profiles.workload import Workload, as_tuple
 
 __all__ = ["ReplayResult", "replay_plan", "merged_order", "profiled_threads"]
@@ -41,6 +42,8 @@ class ReplayResult:
     """Loss of the first step (mean over micro-batches), when ``keep_grads`` was asked."""
     grads: dict[str, torch.Tensor] | None = None
     """Gradients of the first step by original FQN, tied copies summed."""
+    reference_s: float | None = None
+    """Median forward+backward of the speed reference (profiles/reference.py), timed after each step."""
 
 
 def merged_order(orders: list[list[Step]], num_stages: int) -> list[Step]:
@@ -185,15 +188,19 @@ def _replay(
         one_step(None)
     times: dict[str, list[list[float]]] = {"F": [[] for _ in range(n)], "B": [[] for _ in range(n)]}
     step_s = []
+    reference = SpeedReference(dev)
+    reference.warm_up()
     for _ in range(steps):
         _, dt = _timed(lambda: one_step(times), dev)
         step_s.append(dt)
+        reference.time_once()
     return ReplayResult(
         forward_s=tuple(statistics.median(t) for t in times["F"]),
         backward_s=tuple(statistics.median(t) for t in times["B"]),
         step_s=tuple(step_s),
         loss=loss,
         grads=grads,
+        reference_s=reference.median_s,
     )
 
 

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ from planner.runtime.launch import rank_threads, run_ranks
 from planner.runtime.replay import replay_plan
 from planner.schedule.simulate import simulate
 from profiles.measure import peak_rss_bytes
+from profiles.reference import SpeedReference
 from profiles.workload import Workload, as_tuple, load_workload
 
 __all__ = [
@@ -131,10 +132,65 @@ class VerifyReport:
     optimizer: str = "adam"
     """The optimizer stepped inside each timed iteration."""
     ranks: tuple[RankTime, ...] = ()
+    reference_s: float | None = None
+    """The speed reference's median forward+backward (profiles/reference.py) during this run, timed after
+    each timed step (processes: on every rank in turn, the median of the ranks' medians)."""
+    profile_reference_s: float | None = None
+    """The same while the profile was made (the plan's ``device.reference_s``; None in older plans)."""
+    speed_adjusted_iteration_s: float | None = None
+    """The prediction at the machine's speed during this run: the plan simulated with every compute time
+    (stages, per-action overhead, step tails; not the links) times :attr:`speed_factor`. None without it."""
+
+    @property
+    def speed_factor(self) -> float | None:
+        """How many times slower the machine ran now than while profiling (the reference's ratio); None when
+        either time is missing."""
+        if self.reference_s and self.profile_reference_s:
+            return self.reference_s / self.profile_reference_s
+        return None
 
     @property
     def iteration_error_pct(self) -> float:
         return _error_pct(self.measured_iteration_s, self.predicted_iteration_s)
+
+    def at_profile_speed(self) -> VerifyReport:
+        """This measurement brought to the machine's speed while profiling: every measured time divided by
+        :attr:`speed_factor` (link time too, which does not scale: an approximation where links take a large
+        share of the iteration). ``self`` when the speed was not measured both times. ``tune`` compares and
+        refits candidates measured minutes apart this way."""
+        f = self.speed_factor
+        if f is None:
+            return self
+        stages = tuple(
+            replace(s, measured_forward_s=s.measured_forward_s / f, measured_backward_s=s.measured_backward_s / f)
+            for s in self.stages
+        )
+        ranks = tuple(
+            replace(
+                r,
+                measured_compute_s=r.measured_compute_s / f,
+                measured_wait_s=r.measured_wait_s / f,
+                measured_tail_s=r.measured_tail_s / f,
+                measured_overhead_s=r.measured_overhead_s / f,
+            )
+            for r in self.ranks
+        )
+        return replace(
+            self,
+            measured_iteration_s=self.measured_iteration_s / f,
+            busy_s=tuple(b / f for b in self.busy_s),
+            stages=stages,
+            ranks=ranks,
+            reference_s=self.profile_reference_s,
+            speed_adjusted_iteration_s=self.predicted_iteration_s,
+        )
+
+    @property
+    def judged_error_pct(self) -> float:
+        """The error the verdict judges: against the prediction at the machine's speed now (every compute
+        time times :attr:`speed_factor`) when the speed was measured both times; else against the plan's."""
+        adjusted = self.speed_adjusted_iteration_s
+        return self.iteration_error_pct if adjusted is None else _error_pct(self.measured_iteration_s, adjusted)
 
     @property
     def worst_stage(self) -> int:
@@ -143,7 +199,7 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        timing = abs(self.iteration_error_pct) <= self.tolerance * 100.0
+        timing = abs(self.judged_error_pct) <= self.tolerance * 100.0
         return timing and (self.numerics is None or self.numerics.ok)
 
     def to_dict(self) -> dict[str, Any]:
@@ -151,6 +207,7 @@ class VerifyReport:
         for stage, d in zip(self.stages, data["stages"], strict=True):
             d["error_pct"] = stage.error_pct
         data.update(iteration_error_pct=self.iteration_error_pct, worst_stage=self.worst_stage, ok=self.ok)
+        data.update(speed_factor=self.speed_factor, judged_error_pct=self.judged_error_pct)
         data["mismatch_reason"] = mismatch_reason(self)
         data["busy_s"] = list(self.busy_s)
         data["ranks"] = [asdict(r) for r in self.ranks]
@@ -332,6 +389,7 @@ def _rank_main(
 ) -> dict[str, Any]:
     """One rank of the processes mode; returns its measurements (and first-step grads if asked)."""
     import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _get_default_store
 
     dev = torch.device(f"cuda:{rank}") if device.startswith("cuda") else torch.device("cpu")
     workload = load_workload(spec)
@@ -375,6 +433,20 @@ def _rank_main(
     out["warmup"] = _repeat(step, warmup, min_warmup_s, MAX_WARMUP_STEPS, dev)
     iteration, busy, wait, tail, own = [], [], [], [], []
     out["records"] = [[] for _ in timers]
+    reference = SpeedReference(dev)
+    reference.warm_up()
+    store = _get_default_store()
+
+    def time_reference(index: int) -> None:
+        """The speed reference on each rank in turn, the others blocked on the store (a socket read that takes
+        no core): the machine's speed now, not the ranks' contention, which the cost model holds."""
+        for turn in range(world_size):
+            key = f"pipeplan-verify-reference-{index}-{turn}"
+            if rank == turn:
+                reference.time_once()
+                store.set(key, "done")
+            else:
+                store.wait([key])
 
     def timed_step() -> None:
         t0, t1, t2 = step()
@@ -386,6 +458,7 @@ def _rank_main(
         own.append(t2 - t0)
         for k, t in enumerate(timers):
             out["records"][k].extend(t.records)
+        time_reference(len(iteration))  # after the step's closing barrier: outside every timed interval
 
     out["steps"] = _repeat(timed_step, steps, min_time_s, max(steps, MAX_TIMED_STEPS), dev)
     if dev.type == "cuda":
@@ -397,6 +470,7 @@ def _rank_main(
     out["wait"] = wait
     out["tail"] = tail
     out["own"] = own
+    out["reference"] = reference.median_s
     return out
 
 
@@ -496,6 +570,8 @@ def verify_plan(
         rank_times = tuple(_rank_time(plan, r, res, tails) for r, res in enumerate(results))
         memory_kind = "cuda" if device.startswith("cuda") else "rss"
         warmed, timed = int(everyone[0]["warmup"]), int(everyone[0]["steps"])
+        references = [r["reference"] for r in everyone if r["reference"]]
+        reference = statistics.median(references) if references else None
         if check_numerics:
             loss = statistics.fmean(r["loss"] for r in everyone if r["loss"] is not None)
             fresh = load_workload(spec)
@@ -519,6 +595,7 @@ def verify_plan(
             **sim_kwargs,
         )
         measured, busy = sim.iteration_s, sim.busy_s
+        reference = result.reference_s
         rank_times = ()
         peak = [peak_rss_bytes()] * plan.num_stages
         memory_kind = "rss-process"
@@ -530,6 +607,12 @@ def verify_plan(
         StageReport(s.index, s.rank, s.forward_s, s.backward_s, fwd[s.index], bwd[s.index], peak[s.index])
         for s in plan.stages
     )
+    profiled, adjusted = plan.profile_reference_s, None
+    if reference and profiled:
+        speed = reference / profiled
+        # Replay measures the stages alone and keeps the plan's runtime terms: only the stages scale there.
+        terms = plan.predicted.runtime_terms()
+        adjusted = plan.simulation(terms.at_speed(speed) if chosen == "processes" else terms, speed=speed).iteration_s
     return VerifyReport(
         mode=chosen,
         schedule=plan.schedule,
@@ -546,6 +629,9 @@ def verify_plan(
         numerics=numerics,
         optimizer=str(plan.constraints.get("optimizer", "adam")),
         ranks=rank_times,
+        reference_s=reference,
+        profile_reference_s=profiled,
+        speed_adjusted_iteration_s=adjusted,
     )
 
 
@@ -662,16 +748,29 @@ def mismatch_reason(report: VerifyReport) -> str | None:
     runtime adds around compute), or some (those stages' profile).
     """
     tolerance_pct = report.tolerance * 100.0
-    if abs(report.iteration_error_pct) <= tolerance_pct:
+    if abs(report.judged_error_pct) <= tolerance_pct:
         return None
-    errors = [s.error_pct for s in report.stages]
+    speed = report.speed_factor or 1.0
+    errors = [
+        _error_pct(
+            s.measured_forward_s + s.measured_backward_s, (s.predicted_forward_s + s.predicted_backward_s) * speed
+        )
+        for s in report.stages
+    ]
     if all(e > tolerance_pct for e in errors) or all(e < -tolerance_pct for e in errors):
         low, high = min(abs(e) for e in errors), max(abs(e) for e in errors)
         span = f"{low:.0f} %" if round(low) == round(high) else f"{low:.0f}-{high:.0f} %"
+        direction = "slower" if errors[0] > 0 else "faster"
+        if report.speed_factor is None:
+            return (
+                f"every stage computed {span} {direction} than profiled: this machine runs at another speed than "
+                "when the profile was made, or its ranks slow each other more than the calibration's co-location "
+                "factor says; profile again on a quiet machine, or let `pipeplan tune` refit"
+            )
         return (
-            f"every stage computed {span} {'slower' if errors[0] > 0 else 'faster'} than profiled: this machine "
-            "runs at another speed than when the profile was made, or its ranks slow each other more than the "
-            "calibration's co-location factor says; profile again on a quiet machine, or let `pipeplan tune` refit"
+            f"every stage computed {span} {direction} than profiled, at the machine's speed now: its ranks slow "
+            "each other more than the calibration's co-location factor says, or the stages run otherwise than "
+            "their units did; let `pipeplan tune` refit"
         )
     if all(abs(e) <= tolerance_pct for e in errors):
         where = " (see where the time went)" if report.ranks else ""
@@ -700,11 +799,20 @@ def format_report(report: VerifyReport) -> str:
         )
     how = "simulated from measured stage times" if report.mode == "replay" else "measured between barriers"
     predicted_ms, measured_ms = report.predicted_iteration_s * 1e3, report.measured_iteration_s * 1e3
+    tolerance = f"tolerance {report.tolerance * 100:.0f}%"
     lines.append(
         f"iteration: predicted {predicted_ms:.3f} ms, {how} {measured_ms:.3f} ms "
-        f"({report.iteration_error_pct:+.1f}%, tolerance {report.tolerance * 100:.0f}%); "
+        f"({report.iteration_error_pct:+.1f}%{'' if report.speed_factor else ', ' + tolerance}); "
         f"worst stage {report.worst_stage}"
     )
+    if report.speed_factor and report.speed_adjusted_iteration_s and report.reference_s and report.profile_reference_s:
+        factor = report.speed_factor
+        pace = f"{factor:.2f}x slower" if factor >= 1 else f"{1 / factor:.2f}x faster"
+        lines.append(
+            f"machine speed: the speed reference ran {pace} than while profiling ({report.reference_s * 1e3:.2f} vs "
+            f"{report.profile_reference_s * 1e3:.2f} ms); at this speed the plan predicts "
+            f"{report.speed_adjusted_iteration_s * 1e3:.3f} ms: error {report.judged_error_pct:+.1f}% ({tolerance})"
+        )
     lines.append("busy per rank: " + ", ".join(f"{b * 1e3:.3f} ms" for b in report.busy_s))
     if report.ranks:
         lines.append(

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -78,6 +78,15 @@ class RuntimeTerms:
             raise UsageError(f"runtime terms must be finite and >= 0, got {values}")
         if not (math.isfinite(self.compute_scale) and self.compute_scale > 0):
             raise UsageError(f"compute_scale must be finite and > 0, got {self.compute_scale}")
+
+    def at_speed(self, speed: float) -> RuntimeTerms:
+        """These terms on a machine ``speed`` times slower: the per-action overhead and the step tails are
+        the machine's own work (Python, the optimizer), so they scale; the co-location factor is a ratio."""
+        return replace(
+            self,
+            action_overhead_s=self.action_overhead_s * speed,
+            step_tail_s=tuple(t * speed for t in self.step_tail_s),
+        )
 
 
 class ScheduleDeadlockError(RuntimeError):

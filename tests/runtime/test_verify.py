@@ -71,6 +71,8 @@ def test_processes_mode_gpt2_1f1b_with_numerics() -> None:
         assert r.measured_compute_s == report.busy_s[r.rank]
         assert r.measured_compute_s + r.measured_wait_s + r.measured_tail_s <= report.measured_iteration_s * 1.001
     assert "step tail = gradient scaling + tied all-reduce + adam step" in format_report(report)
+    # The plan holds no speed reference (made without a profile): the run times one, nothing to compare to.
+    assert report.reference_s is not None and report.reference_s > 0 and report.speed_factor is None
 
 
 def test_stage_timer_puts_the_gradient_scaling_apart_from_the_stage_times() -> None:
@@ -130,6 +132,18 @@ def test_replay_mode_measures_every_stage(model: str, splits: list[str], schedul
     assert "simulated from measured stage times" in format_report(report)
 
 
+def test_replay_times_the_speed_reference_and_scales_the_stages_by_it() -> None:
+    plan = make_plan(BUILTIN_MODELS["unet-small"](), ["mid"], "gpipe")
+    plan = replace(plan, device={**plan.device, "reference_s": 1e-3})
+    report = verify_plan(plan, "unet-small", mode="replay", steps=2, warmup=1)
+    assert report.profile_reference_s == 1e-3 and report.reference_s is not None and report.reference_s > 0
+    factor = report.reference_s / 1e-3
+    assert report.speed_factor == pytest.approx(factor)
+    # Replay keeps the plan's runtime terms: only the stage times scale.
+    assert report.speed_adjusted_iteration_s == pytest.approx(plan.simulation(speed=factor).iteration_s)
+    assert "machine speed: the speed reference ran" in format_report(report)
+
+
 def test_numerics_check_catches_a_model_that_differs() -> None:
     workload = dropout_mlp()
     plan = make_plan(workload, ["2"], "gpipe")
@@ -182,6 +196,44 @@ def test_a_mismatch_says_which_side_of_the_model_is_off() -> None:
     assert "outside compute" in mismatch_reason(_report(13.0, [(1.0, 2.0), (1.1, 2.0)]))
     assert mismatch_reason(_report(7.0, [(1.0, 2.0), (2.0, 4.0)])).startswith("stage 1 is off most (+100.0 %)")
     assert mismatch_reason(_report(7.0, [(0.5, 1.0), (0.5, 1.0)])).startswith("every stage computed 50 % faster")
+
+
+def test_the_verdict_judges_the_prediction_at_the_machines_speed_now() -> None:
+    # The plan predicts 10 s; the run measured 13 s (+30 %, over 25 %) while the speed reference ran 1.2x
+    # slower than while profiling, where the plan predicts 12 s: +8.3 %, judged ok.
+    slow = _report(13.0, [(1.2, 2.4), (1.2, 2.4)])
+    adjusted = replace(slow, reference_s=0.006, profile_reference_s=0.005, speed_adjusted_iteration_s=12.0)
+    assert not slow.ok and slow.speed_factor is None and slow.judged_error_pct == pytest.approx(30.0)
+    assert adjusted.speed_factor == pytest.approx(1.2)
+    assert adjusted.iteration_error_pct == pytest.approx(30.0)
+    assert adjusted.judged_error_pct == pytest.approx(100 / 12)
+    assert adjusted.ok and mismatch_reason(adjusted) is None
+    text = format_report(adjusted)
+    assert "the speed reference ran 1.20x slower than while profiling (6.00 vs 5.00 ms)" in text
+    assert "at this speed the plan predicts 12000.000 ms: error +8.3% (tolerance 25%)" in text
+    assert adjusted.to_dict()["speed_factor"] == pytest.approx(1.2)
+    # Stages 50 % slower than profiled at a machine 1.2x slower: still 25 % slower at its speed, and the
+    # reason no longer blames the machine's speed, which was measured.
+    off = replace(adjusted, measured_iteration_s=16.0, stages=_report(16.0, [(1.5, 3.0), (1.5, 3.0)]).stages)
+    assert not off.ok
+    assert mismatch_reason(off).startswith("every stage computed 25 % slower than profiled, at the machine's speed now")
+
+
+def test_a_report_at_the_profiles_speed_divides_every_measured_time_by_the_speed_factor() -> None:
+    plain = _report(13.0, [(1.2, 2.4), (1.5, 3.0)])
+    assert plain.at_profile_speed() is plain  # no speed measured: nothing to divide by
+    rank = verify.RankTime(0, 1.0, 2.0, 3.0, 4.0, 2.0, 4.0, 6.0, 8.0)
+    slow = replace(plain, reference_s=0.006, profile_reference_s=0.004, speed_adjusted_iteration_s=15.0, ranks=(rank,))
+    at = slow.at_profile_speed()
+    assert at.measured_iteration_s == pytest.approx(13.0 / 1.5) and at.busy_s == pytest.approx((1 / 1.5, 1 / 1.5))
+    stage_times = [t for s in at.stages for t in (s.measured_forward_s, s.measured_backward_s)]
+    assert stage_times == pytest.approx([0.8, 1.6, 1.0, 2.0])
+    r = at.ranks[0]
+    assert (r.measured_compute_s, r.measured_wait_s, r.measured_tail_s, r.measured_overhead_s) == pytest.approx(
+        (2 / 1.5, 4 / 1.5, 6 / 1.5, 8 / 1.5)
+    )
+    assert (r.predicted_compute_s, at.predicted_iteration_s) == (1.0, 10.0)  # predictions stay
+    assert at.speed_factor == 1.0 and at.judged_error_pct == pytest.approx(at.iteration_error_pct)
 
 
 def test_auto_mode_falls_back_to_replay_with_few_cores(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -346,6 +346,21 @@ def test_colocation_with_a_link() -> None:
     assert r.busy_s == (5.0, 5.0)
 
 
+def test_a_machine_twice_as_slow_doubles_every_compute_term_and_keeps_the_colocation_ratio() -> None:
+    terms = RuntimeTerms(action_overhead_s=0.5, step_tail_s=(0.5, 2.0), compute_scale=2.0)
+    slow = terms.at_speed(2.0)
+    assert (slow.action_overhead_s, slow.step_tail_s, slow.compute_scale) == (1.0, (1.0, 4.0), 2.0)
+    base = simulate([1, 1], [1, 1], 2, "1f1b", runtime=terms)
+    doubled = simulate([2, 2], [2, 2], 2, "1f1b", runtime=slow)
+    assert doubled.iteration_s == 2 * base.iteration_s and doubled.busy_s == tuple(2 * b for b in base.busy_s)
+    # a link does not compute: it keeps its time (without co-location, whose overlaps a link moves, the
+    # iteration then grows by less than twice)
+    plain = RuntimeTerms(action_overhead_s=0.5, step_tail_s=(0.5, 2.0))
+    linked = simulate([1, 1], [1, 1], 2, "1f1b", comm_forward_s=[1.0], runtime=plain)
+    slower = simulate([2, 2], [2, 2], 2, "1f1b", comm_forward_s=[1.0], runtime=plain.at_speed(2.0))
+    assert linked.iteration_s < slower.iteration_s < 2 * linked.iteration_s
+
+
 def test_comm_wait_counts_link_time_only() -> None:
     # GPipe, P = 2, M = 1, link 0.25 each way: rank 1 waits 1 for F(0,0), of which 0.25 is the link;
     # rank 0 waits for the gradient: B(1,0) ends at 1.25 + 2 = 3.25, + 0.25 link.
