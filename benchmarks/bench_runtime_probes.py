@@ -1,4 +1,4 @@
-"""Four facts about the machine and the runtime that the cost model rests on:
+"""Five facts about the machine and the runtime that the cost model rests on:
 
 1. **Rendezvous** (2 local gloo ranks): a receive posted after its send still takes a whole link latency
    to complete (the transfer starts only when both ends are posted), while a receive posted first and
@@ -17,8 +17,13 @@
    sleep, and after a step of another small model, the four kinds interleaved; the ratio to back to back.
    A pipeline rank runs each action after a wait or after other work; the profiler's round-robin times
    each unit after the other units.
+5. **The speed reference tracks a model**: gpt2-tiny's forward+backward (b = 4, 1 thread) and the speed
+   reference (profiles/reference.py) called one after the other for ``--track-seconds``; per window of 2,
+   10 and 30 s, the model's median over its typical value (the spread a profile and a run made at
+   different moments inherit), and the model / reference ratio over its typical value (what is left once
+   ``verify`` divides by the reference).
 
-    python benchmarks/bench_runtime_probes.py
+    python benchmarks/bench_runtime_probes.py [--only track]
 
 Prints one table per probe; medians over the repeats, microseconds.
 """
@@ -166,31 +171,86 @@ def _what_comes_before(cycles: int) -> list[tuple[int, int, float, dict[str, flo
     return rows_out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=int, default=40, help="length of the speed-over-time probe")
-    args = parser.parse_args()
+TRACK_WINDOWS_S = (2, 10, 30)
+
+
+def _reference_tracks_a_model(seconds: int) -> list[tuple[int, int, float, float, float, float]]:
+    """Per window length: (windows, window, model low, model high, ratio low, ratio high), each over the
+    median window."""
+    from profiles.reference import SpeedReference
+    from profiles.workload import as_tuple, load_workload
+
+    torch.set_num_threads(1)
+    workload = load_workload("gpt2-tiny")
+    inputs, target = workload.make_batch(4)
+
+    def model_step() -> float:
+        t0 = time.perf_counter()
+        workload.loss_fn(workload.model(*as_tuple(inputs)), target).backward()
+        return time.perf_counter() - t0
+
+    reference = SpeedReference(torch.device("cpu"))
+    reference.warm_up()
+    for _ in range(5):
+        model_step()
+    samples: list[tuple[float, float, float]] = []
+    started = time.perf_counter()
+    while (now := time.perf_counter()) - started < seconds:
+        samples.append((now - started, model_step(), reference.time_once()))
+    rows = []
+    for window in TRACK_WINDOWS_S:
+        spans = [
+            [(m, r) for t, m, r in samples if k * window <= t < (k + 1) * window] for k in range(seconds // window)
+        ]
+        model = [statistics.median(m for m, _ in span) for span in spans if span]
+        ratio = [
+            statistics.median(m for m, _ in span) / statistics.median(r for _, r in span) for span in spans if span
+        ]
+        typical_m, typical_r = statistics.median(model), statistics.median(ratio)
+        rows.append(
+            (
+                len(model),
+                window,
+                min(model) / typical_m,
+                max(model) / typical_m,
+                min(ratio) / typical_r,
+                max(ratio) / typical_r,
+            )
+        )
+    return rows
+
+
+PROBES = ("rendezvous", "resume", "before", "speed", "track")
+
+
+def _print_rendezvous(args: argparse.Namespace) -> None:
     ranks = run_ranks(_rendezvous, (30,), 2, timeout_s=300)
     print("| message | receive posted 5 ms after the send | receive posted first, waited after the data came |")
     print("|---|---|---|")
     for size, (late, early) in ranks[1].items():
         print(f"| {size // 1024} KiB | {late * 1e6:.0f} us | {early * 1e6:.0f} us |")
-    print()
+
+
+def _print_resume(args: argparse.Namespace) -> None:
     print("| idle before the step | step after sleeping | step after a busy wait |")
     print("|---|---|---|")
     for gap, slept, spun in _cold_resume(300):
         print(f"| {gap * 1e3:g} ms | {slept * 1e6:.0f} us | {spun * 1e6:.0f} us |")
+
+
+def _print_before(args: argparse.Namespace) -> None:
     before = _what_comes_before(60)
     kinds = list(before[0][3])
-    print()
     print("| step (width x rows) | back to back | " + " | ".join(kinds) + " |")
     print("|---|---|" + "---|" * len(kinds))
     for width, rows, base, ratios in before:
         cells = " | ".join(f"{ratios[k]:.2f}x" for k in kinds)
         print(f"| {width} x {rows} | {base * 1e6:.0f} us | {cells} |")
+
+
+def _print_speed(args: argparse.Namespace) -> None:
     per_second = _speed_over_time(args.seconds)
     medians, lows = [m for m, _ in per_second], [p for _, p in per_second]
-    print()
     print(f"| over {args.seconds} s, per second | lowest | median | highest |")
     print("|---|---|---|---|")
     for name, values in (("median step", medians), ("10th-percentile step", lows)):
@@ -198,6 +258,34 @@ def main() -> None:
             f"| {name} | {min(values) * 1e6:.0f} us | {statistics.median(values) * 1e6:.0f} us | "
             f"{max(values) * 1e6:.0f} us |"
         )
+
+
+def _print_track(args: argparse.Namespace) -> None:
+    print("| window | windows | gpt2-tiny alone, over its typical window | gpt2-tiny / speed reference, same |")
+    print("|---|---|---|---|")
+    for count, window, m_low, m_high, r_low, r_high in _reference_tracks_a_model(args.track_seconds):
+        print(f"| {window} s | {count} | {m_low:.2f}-{m_high:.2f} | {r_low:.2f}-{r_high:.2f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=40, help="length of the speed-over-time probe")
+    parser.add_argument("--track-seconds", type=int, default=90, help="length of the speed-reference probe")
+    parser.add_argument(
+        "--only", choices=PROBES, action="append", help="run only this probe (repeatable; default: all, in order)"
+    )
+    args = parser.parse_args()
+    printers = {
+        "rendezvous": _print_rendezvous,
+        "resume": _print_resume,
+        "before": _print_before,
+        "speed": _print_speed,
+        "track": _print_track,
+    }
+    for i, name in enumerate(args.only or PROBES):
+        if i:
+            print()
+        printers[name](args)
 
 
 if __name__ == "__main__":

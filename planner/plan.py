@@ -136,8 +136,8 @@ class Measurement:
     error_pct: float
     """(measured - predicted) / predicted of the iteration, in percent, against this plan's prediction."""
     speed_factor: float | None = None
-    """How many times slower the machine ran than while profiling (``verify``'s speed reference); the times
-    above are divided by it, i.e. at the profile's speed. None: not measured, times as they were."""
+    """How many times slower the speed reference ran during the run than while profiling (information; the
+    times above are as measured). None: not measured."""
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ stage, this reference moved with it: the ratio stage / reference stayed within 0
 windows and 0.98-1.01 between 30 s windows (docs/BENCHMARKS.md, section 6, "Session 15").
 
 The profiler times the reference once per round and records its median (``settings.reference_s``);
-``verify`` times it between its steps, so that it can tell a machine that runs slower now than when it was
-profiled from a prediction that is wrong.
+``verify`` times it between its steps and reports how much slower or faster the machine ran than while
+profiling. A diagnostic, not a correction: over six models' pipelines it did not track every one
+(docs/cost-model.md, "The machine's speed").
 """
 
 from __future__ import annotations

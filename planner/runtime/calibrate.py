@@ -43,7 +43,7 @@ from torch import nn
 
 from planner.calibration import BACKEND_OF_DEVICE, Calibration, OptimizerCost, shipped_calibration
 from planner.errors import UsageError
-from planner.runtime.launch import run_ranks
+from planner.runtime.launch import each_rank_in_turn, run_ranks
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule, stage_to_rank
 from planner.schedule.simulate import RuntimeTerms, simulate
 
@@ -160,7 +160,6 @@ def _colocation(rank: int, world: int, dev: torch.device, steps: int) -> list[tu
     cancels that."""
     import torch.distributed as dist
     from torch.distributed import pipelining
-    from torch.distributed.distributed_c10d import _get_default_store
 
     from profiles.dataflow import Piece
     from profiles.measure import measure_piece
@@ -169,7 +168,6 @@ def _colocation(rank: int, world: int, dev: torch.device, steps: int) -> list[tu
     block, shape = _probe_block()
     block = block.to(dev)
     x = torch.randn(*shape, device=dev)
-    store = _get_default_store()
     n = 4 * world
     stage = pipelining.PipelineStage(
         block,
@@ -197,16 +195,15 @@ def _colocation(rank: int, world: int, dev: torch.device, steps: int) -> list[tu
     for round_ in range(_COLOCATION_ROUNDS):
         dist.barrier()
         alone = 0.0
-        for turn in range(world):
-            key = f"pipeplan-calibrate-alone-{round_}-{turn}"
-            if rank == turn:
-                m = measure_piece(
-                    Piece("block", block, (x,), (True,)), device=dev, repeats=_COLOCATION_ALONE_REPEATS, warmup=2
-                )
-                alone = m.forward_s + m.backward_s
-                store.set(key, "done")
-            else:
-                store.wait([key])
+
+        def time_alone() -> None:
+            nonlocal alone
+            m = measure_piece(
+                Piece("block", block, (x,), (True,)), device=dev, repeats=_COLOCATION_ALONE_REPEATS, warmup=2
+            )
+            alone = m.forward_s + m.backward_s
+
+        each_rank_in_turn(rank, world, f"calibrate-alone-{round_}", time_alone)
         per_step = []
         warmup = 2 if round_ == 0 else 1
         for i in range(max(2, steps // 2) + warmup):

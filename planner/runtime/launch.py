@@ -30,7 +30,7 @@ from typing import Any
 
 from planner.errors import ExecutionError
 
-__all__ = ["run_ranks", "rank_threads", "free_port", "FAULT_ENV"]
+__all__ = ["run_ranks", "rank_threads", "free_port", "each_rank_in_turn", "FAULT_ENV"]
 
 FAULT_ENV = "PIPEPLAN_TEST_FAULT"
 # After the first failure, how long to keep listening so the root cause (the earliest error, not a
@@ -150,6 +150,22 @@ def _ranks_text(ranks: Sequence[int]) -> str:
 def rank_threads(world_size: int) -> int:
     """torch intra-op threads each of ``world_size`` local processes gets: the cores shared out, at least 1."""
     return max(1, (os.cpu_count() or 1) // world_size)
+
+
+def each_rank_in_turn(rank: int, world_size: int, tag: str, fn: Callable[[], object]) -> None:
+    """Run ``fn`` on one rank at a time, in rank order, inside a process group: a measurement of each rank
+    alone. The others wait on the default TCP store, a socket read that takes no core (a gloo barrier's
+    wait would). ``tag`` must be new for every call: the store keeps its keys."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store = _get_default_store()
+    for turn in range(world_size):
+        key = f"pipeplan-in-turn-{tag}-{turn}"
+        if rank == turn:
+            fn()
+            store.set(key, "done")
+        else:
+            store.wait([key])
 
 
 def run_ranks(

@@ -3,10 +3,7 @@
 1. The planner's ``K`` best *distinct* plans (schedule, virtual stages, micro-batching, boundaries,
    recomputation) under the current calibration.
 2. Each runs for real (:func:`planner.runtime.verify.verify_plan`: processes when there are cores or GPUs
-   for every rank, otherwise the one-process replay), its times brought to the machine's speed while the
-   profile was made (the speed reference, :meth:`VerifyReport.at_profile_speed`): a shared machine changes
-   speed from one minute to the next, and candidates measured minutes apart must compare as if measured
-   at one moment.
+   for every rank, otherwise the one-process replay).
 3. The calibration is refit from what was measured (processes mode; replay measures compute only):
    - co-location factor: the one for which the simulated compute of every rank of every candidate adds up
      to the measured compute (bisection; compute slows only where ranks overlap, docs/cost-model.md);
@@ -44,9 +41,6 @@ class TunedCandidate:
     report: VerifyReport
     refit_predicted_s: float
     """The same plan's prediction under the refit calibration."""
-    speed_factor: float | None = None
-    """How many times slower the machine ran during this candidate's run than while profiling; ``report``'s
-    times are divided by it. None: not measured (times as they were)."""
 
     @property
     def measured_s(self) -> float:
@@ -170,16 +164,12 @@ def tune(
         raise UsageError("tune needs a calibration to start from (--calibration auto or a file)")
     progress = on_progress or (lambda _text: None)
     plans = make_plans(profile, request, sha256=sha256, count=candidates)
-    # Each run at the profile's machine speed (VerifyReport.at_profile_speed): candidates measured minutes
-    # apart on a shared machine are compared, and the calibration refit, as if measured at one moment.
     runs: list[tuple[Plan, VerifyReport]] = []
-    factors: list[float | None] = []
 
     def measure(plan: Plan) -> None:
         progress(f"running {_label(plan)}" + ("" if len(runs) < len(plans) else " (the refit model's choice)"))
         report = verify_plan(plan, model, steps=steps, warmup=warmup, mode=mode, device=device, timeout_s=timeout_s)
-        runs.append((plan, report.at_profile_speed()))
-        factors.append(report.speed_factor)
+        runs.append((plan, report))
 
     for plan in plans:
         measure(plan)
@@ -188,8 +178,7 @@ def tune(
     replanned = make_plans(profile, replace(request, settings=refit_settings), sha256=sha256, count=1)[0]
     if plan_key(replanned) not in {plan_key(p) for p, _ in runs}:
         measure(replanned)
-    index = min(range(len(runs)), key=lambda i: runs[i][1].measured_iteration_s)
-    fastest_plan, fastest = runs[index]
+    fastest_plan, fastest = min(runs, key=lambda pr: pr[1].measured_iteration_s)
     best = repredicted_plan(profile, fastest_plan, refit_settings)
     error = (fastest.measured_iteration_s - best.predicted.iteration_s) / best.predicted.iteration_s * 100.0
     best = replace(
@@ -201,12 +190,11 @@ def tune(
             backward_s=tuple(s.measured_backward_s for s in fastest.stages),
             steps=fastest.steps,
             error_pct=error,
-            speed_factor=factors[index],
+            speed_factor=fastest.speed_factor,
         ),
     )
     tuned = tuple(
-        TunedCandidate(plan, report, predict_plan(profile, plan, refit_settings).iteration_s, factor)
-        for (plan, report), factor in zip(runs, factors, strict=True)
+        TunedCandidate(plan, report, predict_plan(profile, plan, refit_settings).iteration_s) for plan, report in runs
     )
     return TuneResult(best=best, calibration=refit, candidates=tuned)
 
@@ -224,16 +212,17 @@ def format_tune_table(result: TuneResult) -> str:
         err = (c.measured_s - before) / before * 100
         err_after = f"{(c.measured_s - after) / after * 100:+8.1f}%"
         mark = "  <- fastest measured" if plan_key(c.plan) == best_key else ""
-        speed = "-" if c.speed_factor is None else f"x{c.speed_factor:.2f}"
+        factor = c.report.speed_factor
+        speed = "-" if factor is None else f"x{factor:.2f}"
         rows.append(
             f"{i:>2}  {_label(c.plan):<52} {before * 1e3:>8.2f}ms "
             f"{after * 1e3:>8.2f}ms {c.measured_s * 1e3:>8.2f}ms {err:>+6.1f}% "
             f"{err_after} {speed:>6}{mark}"
         )
-    if any(c.speed_factor is not None for c in result.candidates):
+    if any(c.report.speed_factor is not None for c in result.candidates):
         rows.append(
-            "measured: at the machine's speed while profiling (speed: how much slower the speed reference ran "
-            "during the run; as timed = measured x speed)"
+            "speed: how much slower the speed reference ran during the candidate's run than while profiling "
+            "(information: a shared machine's speed moves for minutes; the times are as measured)"
         )
     cal = result.calibration
     rows.append(

@@ -104,11 +104,12 @@ def test_stage_timer_puts_the_gradient_scaling_apart_from_the_stage_times() -> N
 
 
 def test_processes_mode_warms_up_and_times_for_the_time_floors_then_as_asked() -> None:
-    # mlp's step takes milliseconds: a 0.5 s floor needs many steps beyond the one asked for; with no floor,
+    # mlp's step takes milliseconds: a floor needs many steps beyond the one asked for; with no floor,
     # exactly the steps asked for. Every rank runs as many (rank 0 decides), or the barriers would hang.
+    # The warm-up's floor is the longer: a fresh rank's first step alone took over 0.5 s on a busy machine.
     plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"], "1f1b")
     floored = verify_plan(
-        plan, "mlp", mode="processes", steps=1, warmup=1, min_warmup_s=0.5, min_time_s=0.5, timeout_s=180
+        plan, "mlp", mode="processes", steps=1, warmup=1, min_warmup_s=1.5, min_time_s=0.5, timeout_s=180
     )
     assert floored.warmup > 2 and f"after {floored.warmup} warm-up" in format_report(floored)
     assert floored.steps > 2 and f"{floored.steps} timed steps" in format_report(floored)
@@ -198,25 +199,24 @@ def test_a_mismatch_says_which_side_of_the_model_is_off() -> None:
     assert mismatch_reason(_report(7.0, [(0.5, 1.0), (0.5, 1.0)])).startswith("every stage computed 50 % faster")
 
 
-def test_the_verdict_judges_the_prediction_at_the_machines_speed_now() -> None:
+def test_the_machine_speed_is_reported_beside_the_verdict_and_named_in_the_reason() -> None:
     # The plan predicts 10 s; the run measured 13 s (+30 %, over 25 %) while the speed reference ran 1.2x
-    # slower than while profiling, where the plan predicts 12 s: +8.3 %, judged ok.
-    slow = _report(13.0, [(1.2, 2.4), (1.2, 2.4)])
+    # slower than while profiling, where the plan with its compute at that speed predicts 12 s (+8.3 %).
+    slow = _report(13.0, [(1.5, 3.0), (1.6, 3.2)])
     adjusted = replace(slow, reference_s=0.006, profile_reference_s=0.005, speed_adjusted_iteration_s=12.0)
-    assert not slow.ok and slow.speed_factor is None and slow.judged_error_pct == pytest.approx(30.0)
+    assert slow.speed_factor is None and slow.speed_adjusted_error_pct is None
     assert adjusted.speed_factor == pytest.approx(1.2)
-    assert adjusted.iteration_error_pct == pytest.approx(30.0)
-    assert adjusted.judged_error_pct == pytest.approx(100 / 12)
-    assert adjusted.ok and mismatch_reason(adjusted) is None
+    assert adjusted.speed_adjusted_error_pct == pytest.approx(100 / 12)
+    assert not adjusted.ok and adjusted.iteration_error_pct == pytest.approx(30.0)  # the verdict stays on the plan
     text = format_report(adjusted)
     assert "the speed reference ran 1.20x slower than while profiling (6.00 vs 5.00 ms)" in text
-    assert "at this speed the plan predicts 12000.000 ms: error +8.3% (tolerance 25%)" in text
+    assert "the plan with its compute at that speed: 12000.000 ms (+8.3%; a diagnostic, not the verdict)" in text
     assert adjusted.to_dict()["speed_factor"] == pytest.approx(1.2)
-    # Stages 50 % slower than profiled at a machine 1.2x slower: still 25 % slower at its speed, and the
-    # reason no longer blames the machine's speed, which was measured.
-    off = replace(adjusted, measured_iteration_s=16.0, stages=_report(16.0, [(1.5, 3.0), (1.5, 3.0)]).stages)
-    assert not off.ok
-    assert mismatch_reason(off).startswith("every stage computed 25 % slower than profiled, at the machine's speed now")
+    assert "this machine runs at another speed" in mismatch_reason(slow)
+    reason = mismatch_reason(adjusted)
+    assert reason.startswith("every stage computed 50-60 % slower than profiled: the machine runs 1.20x slower")
+    faster = replace(adjusted, reference_s=0.004)
+    assert "the machine runs 1.25x faster than when the profile was made" in mismatch_reason(faster)
 
 
 def test_a_report_at_the_profiles_speed_divides_every_measured_time_by_the_speed_factor() -> None:
@@ -233,7 +233,7 @@ def test_a_report_at_the_profiles_speed_divides_every_measured_time_by_the_speed
         (2 / 1.5, 4 / 1.5, 6 / 1.5, 8 / 1.5)
     )
     assert (r.predicted_compute_s, at.predicted_iteration_s) == (1.0, 10.0)  # predictions stay
-    assert at.speed_factor == 1.0 and at.judged_error_pct == pytest.approx(at.iteration_error_pct)
+    assert at.speed_factor == 1.0 and at.speed_adjusted_error_pct == pytest.approx(at.iteration_error_pct)
 
 
 def test_auto_mode_falls_back_to_replay_with_few_cores(monkeypatch: pytest.MonkeyPatch) -> None:
