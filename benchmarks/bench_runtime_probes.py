@@ -1,4 +1,4 @@
-"""Five facts about the machine and the runtime that the cost model rests on:
+"""Seven facts about the machine and the runtime that the cost model rests on:
 
 1. **Rendezvous** (2 local gloo ranks): a receive posted after its send still takes a whole link latency
    to complete (the transfer starts only when both ends are posted), while a receive posted first and
@@ -22,6 +22,15 @@
    10 and 30 s, the model's median over its typical value (the spread a profile and a run made at
    different moments inherit), and the model / reference ratio over its typical value (what is left once
    ``verify`` divides by the reference).
+
+6. **Delivery beside compute** (2 local gloo ranks): a 32 KiB message (a gpt2-tiny activation) from a
+   sender that waits on its send, and from one that computes 3 ms right after posting it, the receiver
+   blocked in its wait; the time from posting to the receiver's return on the shared monotonic clock,
+   the median of each block of 60 messages, with the ranks bound to a core each and unbound
+   (``PIPEPLAN_PIN_CPUS=0``; planner/runtime/launch.py, ``pin_rank_cpus``).
+7. **Bound ranks, the whole pipeline**: gpt2-tiny and the MLP profiled, planned as 1F1B (P = 2, global
+   batch 8, the shipped calibration) and run by ``verify`` in processes mode, bound and unbound in
+   alternation for ``--rounds`` rounds; each run's iteration and the unbound / bound ratio per round.
 
     python benchmarks/bench_runtime_probes.py [--only track]
 
@@ -220,7 +229,91 @@ def _reference_tracks_a_model(seconds: int) -> list[tuple[int, int, float, float
     return rows
 
 
-PROBES = ("rendezvous", "resume", "before", "speed", "track")
+DELIVERY_BYTES = 32 << 10
+DELIVERY_BLOCK = 60
+
+
+def _delivery(rank: int, world: int, blocks: int) -> dict[str, list[float]]:
+    """Rank 0's per-block medians of the delivery time, sender waiting vs sender computing."""
+    import torch.distributed as dist
+
+    payload = torch.randn(DELIVERY_BYTES // 4)
+    work = torch.randn(128, 128)
+
+    def compute(seconds: float) -> None:
+        a, end = work, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            a = (a @ a).tanh_()
+
+    out: dict[str, list[float]] = {"sender waits": [], "sender computes 3 ms": []}
+    for _ in range(blocks):
+        for kind, per_block in out.items():
+            times = []
+            for _ in range(DELIVERY_BLOCK):
+                dist.barrier()
+                if rank == 1:
+                    time.sleep(0.002)  # the receiver is blocked in its wait by now
+                    posted = torch.tensor([time.perf_counter()], dtype=torch.float64)
+                    sent = dist.isend(payload, 0)
+                    if kind != "sender waits":
+                        compute(0.003)
+                    sent.wait()
+                    dist.send(posted, 0)
+                else:
+                    buffer = torch.empty_like(payload)
+                    dist.irecv(buffer, 1).wait()
+                    arrived = time.perf_counter()
+                    posted = torch.empty(1, dtype=torch.float64)
+                    dist.recv(posted, 1)
+                    times.append(arrived - posted.item())  # one machine: one monotonic clock
+            if rank == 0:
+                per_block.append(statistics.median(times))
+    return out
+
+
+def _with_binding(bound: bool, fn: Callable[[], object]) -> object:
+    import os
+
+    from planner.runtime.launch import PIN_ENV
+
+    saved = os.environ.get(PIN_ENV)
+    os.environ[PIN_ENV] = "1" if bound else "0"
+    try:
+        return fn()
+    finally:
+        if saved is None:
+            del os.environ[PIN_ENV]
+        else:
+            os.environ[PIN_ENV] = saved
+
+
+def _bound_vs_unbound(rounds: int) -> list[tuple[str, float, list[tuple[float, float]]]]:
+    """Per model: (name, predicted, [(bound, unbound) iteration per round])."""
+    from planner.calibration import shipped_calibration
+    from planner.cost import default_settings
+    from planner.plan import Plan
+    from planner.runtime.launch import rank_threads
+    from planner.runtime.verify import verify_plan
+    from planner.search import PlanRequest, make_plan
+    from profiles.profiler import profile_model
+    from profiles.workload import load_workload
+
+    def measured(plan: Plan, spec: str, bound: bool) -> float:
+        report = _with_binding(bound, lambda: verify_plan(plan, spec, mode="processes"))
+        return float(report.measured_iteration_s)  # type: ignore[attr-defined]
+
+    rows = []
+    for spec in ("gpt2-tiny", "mlp"):
+        torch.set_num_threads(rank_threads(2))
+        profile = profile_model(load_workload(spec), micro_batch_sizes=(1, 2, 4), progress=False)
+        settings = default_settings(profile, calibration=shipped_calibration("cpu"), calibration_label="shipped")
+        plan = make_plan(profile, PlanRequest(2, 8, schedule="1f1b", settings=settings), sha256="0" * 64)
+        pairs = [(measured(plan, spec, True), measured(plan, spec, False)) for _ in range(rounds)]
+        rows.append((spec, plan.predicted.iteration_s, pairs))
+    return rows
+
+
+PROBES = ("rendezvous", "resume", "before", "speed", "track", "delivery", "binding")
 
 
 def _print_rendezvous(args: argparse.Namespace) -> None:
@@ -267,10 +360,35 @@ def _print_track(args: argparse.Namespace) -> None:
         print(f"| {window} s | {count} | {m_low:.2f}-{m_high:.2f} | {r_low:.2f}-{r_high:.2f} |")
 
 
+def _print_delivery(args: argparse.Namespace) -> None:
+    print(f"| ranks | sender | delivery of {DELIVERY_BYTES // 1024} KiB, median of each block of {DELIVERY_BLOCK} |")
+    print("|---|---|---|")
+    for bound in (True, False):
+        blocks = _with_binding(bound, lambda: run_ranks(_delivery, (args.blocks,), 2, timeout_s=600)[0])
+        for kind, medians in blocks.items():  # type: ignore[attr-defined]
+            cells = ", ".join(f"{m * 1e6:.0f}" for m in medians)
+            print(f"| {'bound' if bound else 'unbound'} | {kind} | {cells} us |")
+
+
+def _print_binding(args: argparse.Namespace) -> None:
+    print(
+        "| model (1F1B, P = 2, global batch 8) | predicted | bound, per round | unbound, per round "
+        "| unbound / bound, median |"
+    )
+    print("|---|---|---|---|---|")
+    for spec, predicted, pairs in _bound_vs_unbound(args.rounds):
+        bound = ", ".join(f"{b * 1e3:.2f}" for b, _ in pairs)
+        unbound = ", ".join(f"{u * 1e3:.2f}" for _, u in pairs)
+        ratio = statistics.median(u / b for b, u in pairs)
+        print(f"| {spec} | {predicted * 1e3:.2f} ms | {bound} ms | {unbound} ms | {ratio:.2f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=40, help="length of the speed-over-time probe")
     parser.add_argument("--track-seconds", type=int, default=90, help="length of the speed-reference probe")
+    parser.add_argument("--blocks", type=int, default=4, help="blocks of messages in the delivery probe")
+    parser.add_argument("--rounds", type=int, default=4, help="bound/unbound rounds in the binding probe")
     parser.add_argument(
         "--only", choices=PROBES, action="append", help="run only this probe (repeatable; default: all, in order)"
     )
@@ -281,6 +399,8 @@ def main() -> None:
         "before": _print_before,
         "speed": _print_speed,
         "track": _print_track,
+        "delivery": _print_delivery,
+        "binding": _print_binding,
     }
     for i, name in enumerate(args.only or PROBES):
         if i:

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from planner.plan import load_plan  # noqa: E402
 from planner.runtime.apply import apply_plan  # noqa: E402
+from planner.runtime.launch import PIN_ENV, pin_rank_cpus, rank_threads  # noqa: E402
 from profiles.workload import as_tuple, load_workload  # noqa: E402
 
 
@@ -38,11 +39,15 @@ def main() -> None:
     args = parser.parse_args()
 
     use_cuda = torch.cuda.is_available()
+    if not use_cuda:
+        local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        threads = rank_threads(local_world)
+        torch.set_num_threads(threads)
+        if os.environ.get(PIN_ENV) == "1":  # before gloo starts its threads (launch.pin_rank_cpus says when)
+            pin_rank_cpus(local_rank, local_world, threads)
     dist.init_process_group("nccl" if use_cuda else "gloo")
     rank = dist.get_rank()
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}" if use_cuda else "cpu")
-    if not use_cuda:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // dist.get_world_size()))
 
     plan = load_plan(args.plan)
     workload = load_workload(args.model or plan.model_name)

@@ -30,9 +30,11 @@ from typing import Any
 
 from planner.errors import ExecutionError
 
-__all__ = ["run_ranks", "rank_threads", "free_port", "each_rank_in_turn", "FAULT_ENV"]
+__all__ = ["run_ranks", "rank_threads", "pin_rank_cpus", "free_port", "each_rank_in_turn", "FAULT_ENV", "PIN_ENV"]
 
 FAULT_ENV = "PIPEPLAN_TEST_FAULT"
+PIN_ENV = "PIPEPLAN_PIN_CPUS"
+"""``PIPEPLAN_PIN_CPUS=1`` binds each rank of :func:`run_ranks` to cores of its own (:func:`pin_rank_cpus`)."""
 # After the first failure, how long to keep listening so the root cause (the earliest error, not a
 # peer's "connection closed") is the one reported.
 _GRACE_S = 1.0
@@ -80,6 +82,8 @@ def _worker(
 ) -> None:
     # A process group of its own: stopping the rank stops what user code started inside it too.
     os.setpgid(0, 0)
+    if os.environ.get(PIN_ENV) == "1":
+        pin_rank_cpus(rank, world_size, threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     # torch's deprecation warnings would land on the parent's stderr after its one error line.
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -152,6 +156,34 @@ def rank_threads(world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // world_size)
 
 
+def pin_rank_cpus(local_rank: int, local_world_size: int, threads: int) -> tuple[int, ...] | None:
+    """Bind every thread of this process to the ``threads`` cores of ``local_rank``: rank r gets the r-th
+    block of the cores this process may use. Returns the cores, or None where nothing was bound (fewer
+    cores than ranks x threads, or no ``os.sched_setaffinity``: not Linux).
+
+    Opt-in (``PIPEPLAN_PIN_CPUS=1`` for :func:`run_ranks`), because it helps some models and not others.
+    Unbound, a rank's gloo threads (the socket loop that completes a receive, the worker of a collective)
+    may run on the other rank's core: a 32 KiB message then took 74-144 us instead of 53-59 us bound on the
+    development VM, and an MLP's 1F1B step (0.1-0.2 ms actions) ran 1.21x faster bound; but gpt2-tiny's
+    (3 ms actions) ran 1.05x slower bound, its gloo threads no longer free to use the core the other rank
+    leaves idle (docs/BENCHMARKS.md, section 6, session 16). Call it first thing in a rank, before the
+    process group opens, with torchrun's ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``.
+    """
+    if not hasattr(os, "sched_setaffinity") or threads < 1:
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if local_world_size * threads > len(cores) or not 0 <= local_rank < local_world_size:
+        return None
+    mine = cores[local_rank * threads : (local_rank + 1) * threads]
+    # Every thread, not only this one: torch or a library may already have started some.
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]:
+        try:
+            os.sched_setaffinity(int(tid), mine)
+        except OSError:  # a thread that has just exited
+            pass
+    return tuple(mine)
+
+
 def each_rank_in_turn(rank: int, world_size: int, tag: str, fn: Callable[[], object]) -> None:
     """Run ``fn`` on one rank at a time, in rank order, inside a process group: a measurement of each rank
     alone. The others wait on the default TCP store, a socket read that takes no core (a gloo barrier's
@@ -174,7 +206,8 @@ def run_ranks(
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; results in rank order.
 
     ``fn`` and ``args`` must be picklable (a module-level function). ``backend=None`` opens no
-    process group. Each process uses :func:`rank_threads` torch threads.
+    process group. Each process uses :func:`rank_threads` torch threads; with ``PIPEPLAN_PIN_CPUS=1`` in
+    the environment, bound to cores of its own where there are enough (:func:`pin_rank_cpus`).
 
     Raises:
         ExecutionError: ``"rank 1 failed: RuntimeError: boom"``, ``"rank 0 did not finish within 30 s"``

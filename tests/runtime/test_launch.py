@@ -1,0 +1,86 @@
+"""pin_rank_cpus: each local rank's threads on cores of its own, where there are enough."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from planner.runtime.launch import PIN_ENV, pin_rank_cpus, run_ranks
+
+linux_only = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux-only")
+
+
+def _cores_of_every_thread(rank: int, world_size: int) -> list[list[int]]:
+    import torch.distributed as dist
+
+    dist.barrier()  # gloo's threads exist by now: they must be bound too
+    tids = os.listdir("/proc/self/task")
+    return [sorted(os.sched_getaffinity(int(tid))) for tid in tids]
+
+
+@pytest.fixture
+def restore_affinity():
+    before = os.sched_getaffinity(0)
+    yield before
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), before)
+        except OSError:
+            pass
+
+
+@linux_only
+def test_run_ranks_binds_each_rank_and_its_threads_to_its_own_core(monkeypatch):
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs 2 cores")
+    monkeypatch.setenv(PIN_ENV, "1")
+    per_rank = run_ranks(_cores_of_every_thread, (), 2, timeout_s=120)
+    threads_0, threads_1 = per_rank
+    assert len(threads_0) > 1  # the main thread and gloo's
+    half = len(cores) // 2
+    assert all(c == cores[:half] for c in threads_0)
+    assert all(c == cores[half : 2 * half] for c in threads_1)
+
+
+@linux_only
+def test_pin_binds_threads_started_before_it(restore_affinity):
+    cores = sorted(restore_affinity)
+    started = threading.Event()
+    stop = threading.Event()
+
+    def idle() -> None:
+        started.set()
+        stop.wait()
+
+    t = threading.Thread(target=idle)
+    t.start()
+    started.wait()
+    try:
+        assert pin_rank_cpus(0, 1, 1) == (cores[0],)
+        assert os.sched_getaffinity(t.native_id) == {cores[0]}
+        assert os.sched_getaffinity(0) == {cores[0]}
+    finally:
+        stop.set()
+        t.join()
+
+
+@linux_only
+def test_pin_leaves_affinity_alone_when_the_cores_do_not_suffice(restore_affinity):
+    n = len(restore_affinity)
+    assert pin_rank_cpus(0, n + 1, 1) is None  # more ranks than cores
+    assert pin_rank_cpus(0, 1, n + 1) is None  # more threads than cores
+    assert pin_rank_cpus(3, 2, 1) is None  # not a local rank
+    assert os.sched_getaffinity(0) == restore_affinity
+
+
+@linux_only
+def test_ranks_stay_unbound_unless_asked(monkeypatch):
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs 2 cores")
+    monkeypatch.delenv(PIN_ENV, raising=False)
+    for threads in run_ranks(_cores_of_every_thread, (), 2, timeout_s=120):
+        assert all(c == cores for c in threads)
