@@ -115,10 +115,13 @@ class Prediction:
     """Per rank: time waiting on the link in one iteration."""
     tail_groups: tuple[tuple[int, ...], ...] = ()
     """Pairs of ranks whose step tails start together: a weight tied across them is all-reduced first."""
+    resume: tuple[tuple[float, float, float], ...] = ()
+    """``(idle gap, forward extra, backward extra)``: what an action costs more after its rank waited
+    (the profile's ``resume`` at the plan's micro-batch size; empty: nothing added)."""
 
     def runtime_terms(self) -> RuntimeTerms:
         """The runtime terms this prediction was simulated with (so ``simulate PLAN`` reproduces it)."""
-        return RuntimeTerms(self.action_overhead_s, self.step_tail_s, self.compute_scale, self.tail_groups)
+        return RuntimeTerms(self.action_overhead_s, self.step_tail_s, self.compute_scale, self.tail_groups, self.resume)
 
 
 @dataclass(frozen=True)
@@ -291,13 +294,22 @@ class Plan:
             "global_batch_size": self.global_batch_size,
             "stages": [s.to_dict() for s in self.stages],
             "split_points": list(self.split_points),
-            "predicted": asdict(self.predicted),
+            "predicted": _prediction_dict(self.predicted),
             "solver": asdict(self.solver),
             "constraints": self.constraints,
             "baselines": [asdict(b) for b in self.baselines],
             **({"mesh": _mesh_dict(self.mesh)} if self.mesh is not None else {}),
             **({"measured": _measurement_dict(self.measured)} if self.measured is not None else {}),
         }
+
+
+def _prediction_dict(predicted: Prediction) -> dict[str, Any]:
+    data = asdict(predicted)
+    if not data["resume"]:  # optional: absent, as in plans made before it
+        del data["resume"]
+    else:
+        data["resume"] = [list(point) for point in data["resume"]]
+    return data
 
 
 def _mesh_dict(mesh: Mesh) -> dict[str, Any]:
@@ -385,6 +397,10 @@ def _check_numbers(data: dict[str, Any]) -> None:
     per_rank = ("busy_s", "step_tail_s", "overhead_s", "comm_wait_s")
     times += [(k, x) for k in (*per_rank, "comm_forward_s", "comm_backward_s") for x in p.get(k, ())]
     times += [("action_overhead_s", p.get("action_overhead_s", 0.0)), ("compute_scale", p.get("compute_scale", 1.0))]
+    times += [("resume", v) for point in p.get("resume", ()) for v in point]
+    gaps = [point[0] for point in p.get("resume", ())]
+    if any(g <= 0 for g in gaps) or gaps != sorted(set(gaps)):
+        raise _fail(f"predicted.resume: the gaps (first of each point) must be positive and increasing, got {gaps}")
     times += [(f"baselines.{b['name']}", b["iteration_s"]) for b in data["baselines"] if b["iteration_s"] is not None]
     for key, value in times:
         if value > MAX_SECONDS:
@@ -513,6 +529,7 @@ def plan_from_dict(data: Any) -> Plan:
             overhead_s=tuple(map(float, p.get("overhead_s", ()))),
             comm_wait_s=tuple(map(float, p.get("comm_wait_s", ()))),
             tail_groups=tuple(tuple(g) for g in p.get("tail_groups", ())),
+            resume=tuple((float(g), float(f), float(b)) for g, f, b in p.get("resume", ())),
         ),
         solver=SolverInfo(**_known(SolverInfo, data["solver"])),
         constraints=dict(data.get("constraints", {})),

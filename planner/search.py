@@ -232,9 +232,10 @@ def _runtime_terms(
     solution: PartitionSolution,
     schedule: Schedule,
     num_ranks: int,
+    micro_batch_size: int,
 ) -> RuntimeTerms | None:
-    """The calibration's terms and the replicas' gradient synchronisation for this partition (None with
-    neither: the textbook model of one pipeline)."""
+    """The calibration's terms, the profile's cost of resuming after a wait, and the replicas' gradient
+    synchronisation for this partition (None with neither: the textbook model of one pipeline)."""
     if settings.calibration is None and settings.data_parallel is None:
         return None
     stage_rank = stage_to_rank(schedule, problem.num_stages, num_ranks)
@@ -242,7 +243,10 @@ def _runtime_terms(
     if settings.calibration is None:
         return RuntimeTerms(step_tail_s=tails)
     groups = tail_groups(profile, solution.stage_units(problem.num_units), stage_rank)
-    return settings.calibration.runtime_terms(schedule, tails, groups)
+    terms = settings.calibration.runtime_terms(schedule, tails, groups)
+    if profile.resume is None:
+        return terms
+    return replace(terms, resume=profile.resume.curve(profile.size_index(micro_batch_size)))
 
 
 def _simulate_partition(
@@ -465,7 +469,9 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
             found.infeasible.append(f"b={b} {schedule.value} v={v}")
             continue
         for k, solution in enumerate(solutions):
-            runtime = _runtime_terms(profile, costs, request.settings, problem, solution, schedule, request.num_ranks)
+            runtime = _runtime_terms(
+                profile, costs, request.settings, problem, solution, schedule, request.num_ranks, b
+            )
             if prune_above_s is not None and cannot_win(
                 _partition_floor_s(costs, problem, solution, option, stage_rank, runtime)
             ):
@@ -581,7 +587,8 @@ def _baselines(profile: Profile, costs: UnitCosts, best: Candidate, request: Pla
         if objective == float("inf"):
             baselines.append(BaselinePlan(name, split_points, None, fits=False, peak_memory_bytes=peak))
             continue
-        runtime = _runtime_terms(profile, costs, request.settings, problem, solution, schedule, p)
+        b = best.micro_batch_size
+        runtime = _runtime_terms(profile, costs, request.settings, problem, solution, schedule, p, b)
         simulation = _simulate_partition(costs, problem, solution, schedule, p, runtime)
         baselines.append(BaselinePlan(name, split_points, simulation.iteration_s, True, peak))
     return baselines
@@ -810,6 +817,7 @@ def _runtime_fields(settings: CostSettings, simulation: SimulationResult) -> dic
         "overhead_s": tuple(simulation.overhead_s),
         "comm_wait_s": tuple(simulation.comm_wait_s),
         "tail_groups": tuple(simulation.tail_groups),
+        "resume": tuple(simulation.resume),
     }
 
 
@@ -843,7 +851,9 @@ def predict_plan(profile: Profile, plan: Plan, settings: CostSettings) -> Simula
     recompute = tuple(s.recompute for s in plan.stages)
     objective, bottleneck = evaluate(problem, boundaries, recompute)
     solution = PartitionSolution(boundaries, recompute, objective, bottleneck, solver="given")
-    runtime = _runtime_terms(profile, costs, settings, problem, solution, plan.schedule, plan.num_ranks)
+    runtime = _runtime_terms(
+        profile, costs, settings, problem, solution, plan.schedule, plan.num_ranks, plan.micro_batch_size
+    )
     return _simulate_partition(costs, problem, solution, plan.schedule, plan.num_ranks, runtime)
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "TensorFlow",
     "WholeModel",
     "PieceOverhead",
+    "Resume",
     "Profile",
     "load_profile",
     "save_profile",
@@ -139,6 +140,22 @@ class PieceOverhead:
 
 
 @dataclass(frozen=True)
+class Resume:
+    """What the whole model's forward and backward cost more after an idle gap than back to back
+    (profiles/resume.py): per micro-batch size, one value per gap in ``gaps_s``."""
+
+    gaps_s: tuple[float, ...]
+    forward_s: tuple[tuple[float, ...], ...]
+    backward_s: tuple[tuple[float, ...], ...]
+
+    def curve(self, size_index: int) -> tuple[tuple[float, float, float], ...]:
+        """``(gap, forward extra, backward extra)`` points at one size, the simulator's input."""
+        return tuple(
+            zip(self.gaps_s, self.forward_s[size_index], self.backward_s[size_index], strict=True)  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
 class Profile:
     model: ModelInfo
     device: DeviceInfo
@@ -149,6 +166,8 @@ class Profile:
     settings: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     piece_overhead: PieceOverhead | None = None
     """Optional (profiles made before it lack it)."""
+    resume: Resume | None = None
+    """Optional: absent in meta profiles and in profiles made before it (the simulator then adds nothing)."""
 
     @property
     def num_units(self) -> int:
@@ -177,8 +196,9 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         settings = data.pop("settings")
-        if data["piece_overhead"] is None:  # an optional field: absent, as in profiles made before it
-            del data["piece_overhead"]
+        for key in ("piece_overhead", "resume"):
+            if data[key] is None:  # an optional field: absent, as in profiles made before it
+                del data[key]
         for unit in data["units"]:
             for key in _OPTIONAL_PER_SIZE:
                 if unit[key] is None:
@@ -256,6 +276,16 @@ def _check_meaning(data: dict[str, Any]) -> None:
                 raise _fail(f"{block}.{key} is not aligned with micro_batch_sizes")
             if any(t > MAX_SECONDS for t in values):
                 raise _fail(f"{block}.{key} holds {max(values):.3g} s, over pipeplan's limit of {MAX_SECONDS:.0e} s")
+    if "resume" in data:
+        gaps = data["resume"]["gaps_s"]
+        if list(gaps) != sorted(set(gaps)):
+            raise _fail("resume.gaps_s must be increasing")
+        for key in ("forward_s", "backward_s"):
+            rows = data["resume"][key]
+            if len(rows) != n_sizes or any(len(row) != len(gaps) for row in rows):
+                raise _fail(f"resume.{key} must hold one value per gap for each micro-batch size")
+            if any(t > MAX_SECONDS for row in rows for t in row):
+                raise _fail(f"resume.{key} holds a time over pipeplan's limit of {MAX_SECONDS:.0e} s")
 
 
 def _validate(data: Any) -> None:
@@ -305,6 +335,7 @@ def profile_from_dict(data: Any) -> Profile:
         for t in data["tensors"]
     )
     m, d, w, o = data["model"], data["device"], data["whole_model"], data.get("piece_overhead")
+    r = data.get("resume")
     return Profile(
         model=ModelInfo(m["name"], m["fingerprint"], m["param_count"], m.get("param_bytes", 0)),
         device=DeviceInfo(d["kind"], d["name"], d["memory_bytes"], d["dtype"], d["torch_version"]),
@@ -316,6 +347,13 @@ def profile_from_dict(data: Any) -> Profile:
         piece_overhead=None
         if o is None
         else PieceOverhead(tuple(map(float, o["forward_s"])), tuple(map(float, o["backward_s"]))),
+        resume=None
+        if r is None
+        else Resume(
+            tuple(map(float, r["gaps_s"])),
+            tuple(tuple(map(float, row)) for row in r["forward_s"]),
+            tuple(tuple(map(float, row)) for row in r["backward_s"]),
+        ),
     )
 
 

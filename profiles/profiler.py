@@ -20,10 +20,20 @@ from planner.errors import ProfilingError, UsageError, shorten
 from profiles.allocator import keep_freed_memory
 from profiles.dataflow import Capture, Edge, capture_export, capture_hooks, param_ownership
 from profiles.fingerprint import model_fingerprint
-from profiles.format import DeviceInfo, ModelInfo, PieceOverhead, Profile, TensorFlow, UnitProfile, WholeModel
+from profiles.format import (
+    DeviceInfo,
+    ModelInfo,
+    PieceOverhead,
+    Profile,
+    Resume,
+    TensorFlow,
+    UnitProfile,
+    WholeModel,
+)
 from profiles.measure import PieceMeasurement, count_flops, measure_piece
 from profiles.meta import eager_on_meta
 from profiles.reference import SpeedReference
+from profiles.resume import RESUME_GAPS_S, measure_resume
 from profiles.rounds import (
     MIN_TIME_S,
     WHOLE_PATHS,
@@ -170,6 +180,7 @@ class SizeTiming:
     whole: PieceMeasurement
     overhead: PieceMeasurement
     rounds: int
+    resume: tuple[tuple[float, ...], tuple[float, ...]]
 
 
 def _time_size(
@@ -230,7 +241,21 @@ def _time_size(
         min_time_s=timing.min_time_s,
         on_extra_round=extra_round,
     )
-    return SizeTiming(done.medians[:n], done.medians[whole_index], done.medians[-1], done.rounds)
+    whole_timed = done.medians[whole_index]
+    bar.set_description(f"b={b} after a wait")
+    try:
+        resume = measure_resume(
+            pieces[whole_index],
+            device=dev,
+            loss_fn=workload.loss_fn,
+            target=target,
+            step_s=whole_timed.forward_s + whole_timed.backward_s,
+        )
+    except Exception as exc:
+        raise ProfilingError(
+            f"measuring the model after a wait at micro-batch size {b} failed: {type(exc).__name__}: {exc}"
+        ) from None
+    return SizeTiming(done.medians[:n], whole_timed, done.medians[-1], done.rounds, resume)
 
 
 def _edge_key(edge: Edge) -> tuple[int, tuple[int, ...], str]:
@@ -260,6 +285,7 @@ def _measure_loaded(
     whole: list[PieceMeasurement] = []
     overhead: list[PieceMeasurement] = []
     rounds_used: list[int] = []
+    resumes: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
     edges_by_size: list[tuple[Edge, ...]] = []
     ownership = None
     mode: str | None = capture
@@ -279,6 +305,7 @@ def _measure_loaded(
             whole.append(timed.whole)
             overhead.append(timed.overhead)
             rounds_used.append(timed.rounds)
+            resumes.append(timed.resume)
             try:
                 counted = tuple(count_flops(piece.module, piece.args, piece.kwargs) for piece in cap.pieces)
             except Exception as exc:
@@ -302,6 +329,7 @@ def _measure_loaded(
         mode=mode,
         export_error=fallback_reason,
         reference_s=reference.median_s,
+        resume=tuple(resumes),
     )
 
 
@@ -528,6 +556,9 @@ def profile_model(
         piece_overhead=PieceOverhead(
             tuple(o.forward_s for o in measured.overhead), tuple(o.backward_s for o in measured.overhead)
         ),
+        resume=None
+        if measured.resume is None
+        else Resume(RESUME_GAPS_S, tuple(f for f, _ in measured.resume), tuple(b for _, b in measured.resume)),
         settings=settings,
     )
     if on_meta:

@@ -102,6 +102,9 @@ class Measurements:
     reference_s: float | None = None
     """Median forward+backward of the speed reference, timed once per round (profiles/reference.py); None
     for a meta profile."""
+    resume: tuple[tuple[tuple[float, ...], tuple[float, ...]], ...] | None = None
+    """Per size, the whole model's (forward, backward) extras after each idle gap (profiles/resume.py); None
+    for a meta profile."""
 
 
 def whole_piece(model: nn.Module, inputs: tuple, capture: Capture, units: Sequence[str]) -> Piece:

@@ -73,6 +73,19 @@ def test_a_measured_block_round_trips_with_and_without_its_speed_factor(tmp_path
         plan_from_dict({**json.loads(path.read_text()), "measured": written})
 
 
+def test_the_resume_curve_round_trips_and_is_absent_when_empty(tmp_path):
+    from dataclasses import replace
+
+    curve = ((0.001, 0.0002, 0.0001), (0.01, 0.0007, 0.0006))
+    plan = replace(sample_plan(), predicted=replace(sample_plan().predicted, resume=curve))
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    assert load_plan(path) == plan and load_plan(path).predicted.runtime_terms().resume == curve
+    assert json.loads(path.read_text())["predicted"]["resume"] == [list(p) for p in curve]
+    save_plan(sample_plan(), path)
+    assert "resume" not in json.loads(path.read_text())["predicted"]  # as plans made before it
+
+
 def _dict():
     return json.loads(json.dumps(sample_plan().to_dict()))
 
@@ -90,6 +103,8 @@ def _dict():
         (lambda d: d.update(num_stages=3), "num_stages is 3 but 2 stages"),
         (lambda d: d["predicted"].update(tail_groups=[[0, 2]]), "tail_groups names rank 2, but ranks are 0..1"),
         (lambda d: d["predicted"].update(tail_groups=[[0]]), "tail_groups"),
+        (lambda d: d["predicted"].update(resume=[[0.01, 0.1, 0.1], [0.001, 0.1, 0.1]]), "resume.*increasing"),
+        (lambda d: d["predicted"].update(resume=[[0.01, 0.1]]), "resume"),
     ],
 )
 def test_invalid_plans_are_rejected(mutate, message):

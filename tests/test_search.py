@@ -246,3 +246,33 @@ def test_a_plan_records_its_profiles_speed_reference():
     assert plan.device["reference_s"] == 0.004 and plan.profile_reference_s == 0.004
     for bad in (True, -1.0, "fast", float("nan")):
         assert replace(plan, device={**plan.device, "reference_s": bad}).profile_reference_s is None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_profile_resume_curve_enters_calibrated_plans_and_the_floors_still_hold(seed):
+    # An action after a wait costs more (profiles/resume.py): the calibrated prediction carries the curve of
+    # the plan's micro-batch size and is no faster for it; the floors stay lower bounds, so pruning keeps
+    # the exhaustive search's plan; the textbook model has no runtime terms and ignores it.
+    import random
+    from dataclasses import replace
+
+    from planner.calibration import shipped_calibration
+    from planner.search import make_plans, plan_key
+    from profiles.format import Resume
+
+    rng = random.Random(seed)
+    times = [rng.uniform(0.5, 2.0) for _ in range(rng.randint(8, 12))]
+    plain = make_profile(times, sizes=(1, 2, 4))
+    gaps = (0.5, 2.0)
+    curve = Resume(gaps, tuple((0.1 * b, 0.3 * b) for b in (1, 2, 4)), tuple((0.05, 0.2) for _ in range(3)))
+    profile = replace(plain, resume=curve)
+    settings = CostSettings(calibration=shipped_calibration("cpu"))
+    request = PlanRequest(num_ranks=rng.choice((2, 3)), global_batch_size=8, settings=settings)
+    plan = make_plan(profile, request, sha256=SHA)
+    assert plan.predicted.resume == curve.curve(profile.size_index(plan.micro_batch_size))
+    assert plan.predicted.iteration_s >= make_plan(plain, request, sha256=SHA).predicted.iteration_s
+    assert plan.simulation().iteration_s == pytest.approx(plan.predicted.iteration_s)
+    everything = make_plans(profile, request, sha256=SHA, count=2)
+    assert plan_key(plan) == plan_key(everything[0])
+    textbook = make_plan(profile, PlanRequest(request.num_ranks, 8, settings=FAST_LINK), sha256=SHA)
+    assert textbook.predicted.resume == ()

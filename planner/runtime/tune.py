@@ -66,7 +66,7 @@ def _simulate_with(plan: Plan, compute_scale: float, overhead_s: float, tail_fac
     """The plan under other runtime terms (stage times in a plan are the profiled, unscaled ones)."""
     pred = plan.predicted
     tails = tuple(t * tail_factor for t in pred.step_tail_s)
-    return plan.simulation(RuntimeTerms(overhead_s, tails, compute_scale, pred.tail_groups))
+    return plan.simulation(RuntimeTerms(overhead_s, tails, compute_scale, pred.tail_groups, pred.resume))
 
 
 def _fit_colocation(measured: list[tuple[Plan, VerifyReport]], overheads: list[float], start: float) -> float:

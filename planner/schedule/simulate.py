@@ -71,21 +71,30 @@ class RuntimeTerms:
     tail_groups: tuple[tuple[int, ...], ...] = ()
     """Ranks whose step tails open with a collective (the all-reduce of a weight tied across them): a rank
     of a group starts its tail when the group's last rank has finished its last action."""
+    resume: tuple[tuple[float, float, float], ...] = ()
+    """``(idle gap, forward extra, backward extra)`` points, gaps increasing: what an action costs more after
+    its rank was idle that long (profiles/resume.py). Interpolated linearly from ``(0, 0, 0)``, flat past
+    the last gap; I and W take the backward's. Empty: nothing added."""
 
     def __post_init__(self) -> None:
-        values = (self.action_overhead_s, *self.step_tail_s)
+        values = (self.action_overhead_s, *self.step_tail_s, *(v for point in self.resume for v in point))
         if not all(math.isfinite(v) and v >= 0 for v in values):
             raise UsageError(f"runtime terms must be finite and >= 0, got {values}")
         if not (math.isfinite(self.compute_scale) and self.compute_scale > 0):
             raise UsageError(f"compute_scale must be finite and > 0, got {self.compute_scale}")
+        gaps = [point[0] for point in self.resume]
+        if any(g <= 0 for g in gaps) or gaps != sorted(set(gaps)):
+            raise UsageError(f"resume gaps must be positive and increasing, got {gaps}")
 
     def at_speed(self, speed: float) -> RuntimeTerms:
         """These terms on a machine ``speed`` times slower: the per-action overhead and the step tails are
-        the machine's own work (Python, the optimizer), so they scale; the co-location factor is a ratio."""
+        the machine's own work (Python, the optimizer, refilling caches), so they scale; the co-location
+        factor is a ratio."""
         return replace(
             self,
             action_overhead_s=self.action_overhead_s * speed,
             step_tail_s=tuple(t * speed for t in self.step_tail_s),
+            resume=tuple((g, f * speed, b * speed) for g, f, b in self.resume),
         )
 
 
@@ -157,6 +166,8 @@ class SimulationResult:
     """Per rank: time idle because a needed tensor was still on the link (not the schedule's bubble)."""
     tail_groups: tuple[tuple[int, ...], ...] = ()
     """The runtime terms' groups of ranks whose tails start together (:class:`RuntimeTerms`)."""
+    resume: tuple[tuple[float, float, float], ...] = ()
+    """The runtime terms' cost of resuming after a wait (:class:`RuntimeTerms`)."""
 
     @property
     def virtual_stages(self) -> int:
@@ -178,6 +189,7 @@ class SimulationResult:
             "step_tail_s": list(self.step_tail_s),
             "comm_wait_s": list(self.comm_wait_s),
             "tail_groups": [list(g) for g in self.tail_groups],
+            "resume": [list(point) for point in self.resume],
             "actions": [a.to_dict() for a in self.actions],
         }
 
@@ -308,10 +320,10 @@ def simulate(
     late = not sched.multi_stage  # receives posted when needed: torch's PipelineScheduleSingle
     scales = [1.0] * ranks
     if terms.compute_scale != 1.0:
-        full_speed, _ = _run(orders, base, comm_f, comm_b, n, terms.action_overhead_s, width, late)
+        full_speed, _ = _run(orders, base, comm_f, comm_b, n, terms.action_overhead_s, width, late, terms.resume)
         scales = [1.0 + (terms.compute_scale - 1.0) * o for o in _overlap_fractions(full_speed, ranks)]
     durations = {kind: [t * scales[stage_rank[s]] for s, t in enumerate(times)] for kind, times in base.items()}
-    actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, terms.action_overhead_s, width, late)
+    actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, terms.action_overhead_s, width, late, terms.resume)
     tails = terms.step_tail_s or (0.0,) * ranks
     # One pass, not one per rank: a plan search simulates up to 65,536 actions on 64 ranks.
     last_end = [0.0] * ranks
@@ -356,6 +368,7 @@ def simulate(
         step_tail_s=tuple(tails),
         comm_wait_s=tuple(comm_wait),
         tail_groups=terms.tail_groups,
+        resume=terms.resume,
     )
 
 
@@ -368,6 +381,7 @@ def _run(
     overhead_s: float = 0.0,
     width: int | None = None,
     late_receives: bool = False,
+    resume: tuple[tuple[float, float, float], ...] = (),
 ) -> tuple[list[TimedAction], list[float]]:
     # Longest path over the DAG: repeatedly advance every rank whose next action has all its
     # dependencies timed. Each pass advances at least one rank unless the orders deadlock.
@@ -434,6 +448,8 @@ def _run(
                 wait = start - busy_until
                 comm_wait[rank] += wait if wait <= comm else comm
                 finish = start + durations[kind][s] + overhead_s
+                if resume and wait > 0:
+                    finish += _resume_extra(resume, wait, kind == "F")
                 end[kind][key] = finish
                 out.append(TimedAction(rank, s, m, kind, start, finish, overhead_s))
                 busy_until = finish
@@ -445,6 +461,17 @@ def _run(
             waiting = ", ".join(f"rank {r}: {orders[r][p]}" for r, p in enumerate(pos) if p < len(orders[r]))
             raise ScheduleDeadlockError(f"schedule deadlocks; blocked at {waiting}\n{format_orders(orders)}")
     return [a for actions in by_rank for a in actions], comm_wait
+
+
+def _resume_extra(points: tuple[tuple[float, float, float], ...], gap: float, forward: bool) -> float:
+    """The extra of an action after ``gap`` idle: linear between the points and from ``(0, 0)``, flat after."""
+    column = 1 if forward else 2
+    previous_gap, previous = 0.0, 0.0
+    for point in points:
+        if gap <= point[0]:
+            return previous + (point[column] - previous) * (gap - previous_gap) / (point[0] - previous_gap)
+        previous_gap, previous = point[0], point[column]
+    return previous
 
 
 def _stage_ranks(orders: Sequence[Sequence[Step]], num_stages: int) -> list[int]:

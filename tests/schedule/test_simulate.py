@@ -431,3 +431,42 @@ def test_interleaved_bad_placement_and_microbatches() -> None:
         simulate([1] * 8, [1] * 8, 9, "interleaved-1f1b", num_ranks=4)
     with pytest.raises(UsageError, match="give num_ranks"):
         simulate([1] * 5, [1] * 5, 8, "interleaved-1f1b")
+
+
+def test_resume_extra_grows_with_the_idle_gap_before_an_action() -> None:
+    # GPipe, P = 2, M = 1, F = B = 1; resume points (gap 2: F +0.5, B +0.25), linear from 0 and flat after.
+    # Rank 1's F waits 1 (rank 0's F): +0.25, [1, 2.25]; its B follows at once: [2.25, 3.25]. Rank 0's B
+    # waits from 1 to 3.25 (2.25 > 2): +0.25, [3.25, 4.5]. The extras are compute, not overhead.
+    terms = RuntimeTerms(resume=((2.0, 0.5, 0.25),))
+    r = simulate([1, 1], [1, 1], 1, "gpipe", runtime=terms)
+    assert r.iteration_s == 4.5
+    assert [(a.rank, a.kind, a.start_s, a.end_s) for a in r.actions] == [
+        (0, "F", 0.0, 1.0),
+        (0, "B", 3.25, 4.5),
+        (1, "F", 1.0, 2.25),
+        (1, "B", 2.25, 3.25),
+    ]
+    assert r.busy_s == (2.25, 2.25) and r.overhead_s == (0.0, 0.0)
+    assert r.resume == terms.resume
+    assert simulate([1, 1], [1, 1], 1, "gpipe").iteration_s == 4.0
+
+
+def test_resume_interpolates_between_points() -> None:
+    from planner.schedule.simulate import _resume_extra
+
+    points = ((0.001, 0.2, 0.1), (0.01, 0.8, 0.6))
+    assert _resume_extra(points, 0.0005, True) == pytest.approx(0.1)
+    assert _resume_extra(points, 0.0055, True) == pytest.approx(0.5)
+    assert _resume_extra(points, 0.0055, False) == pytest.approx(0.35)
+    assert _resume_extra(points, 1.0, False) == 0.6
+
+
+def test_resume_points_must_have_increasing_positive_gaps() -> None:
+    with pytest.raises(UsageError, match="resume gaps"):
+        RuntimeTerms(resume=((0.01, 0.1, 0.1), (0.001, 0.1, 0.1)))
+    with pytest.raises(UsageError, match="resume gaps"):
+        RuntimeTerms(resume=((0.0, 0.1, 0.1),))
+    with pytest.raises(UsageError, match="finite and >= 0"):
+        RuntimeTerms(resume=((0.01, -0.1, 0.1),))
+    slower = RuntimeTerms(resume=((0.01, 0.1, 0.2),)).at_speed(2.0)
+    assert slower.resume == ((0.01, 0.2, 0.4),)
