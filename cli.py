@@ -842,7 +842,7 @@ def _add_search_arguments(p: argparse.ArgumentParser) -> None:
         "--calibration",
         default="auto",
         metavar="auto|none|CALIBRATION.json",
-        help="runtime terms (overhead per action, optimizer, tied all-reduce, co-location): auto = the calibration "
+        help="runtime terms (overhead per action, optimizer, tied-gradient sum, co-location): auto = the calibration "
         "shipped for the profile's device (cpu: measured on gloo; cuda: estimated), none = compute and links only, "
         "or a file from `pipeplan calibrate` / `pipeplan tune` (default auto)",
     )

@@ -1,4 +1,4 @@
-"""Seven facts about the machine and the runtime that the cost model rests on:
+"""Eight facts about the machine and the runtime that the cost model rests on:
 
 1. **Rendezvous** (2 local gloo ranks): a receive posted after its send still takes a whole link latency
    to complete (the transfer starts only when both ends are posted), while a receive posted first and
@@ -31,6 +31,11 @@
 7. **Bound ranks, the whole pipeline**: gpt2-tiny and the MLP profiled, planned as 1F1B (P = 2, global
    batch 8, the shipped calibration) and run by ``verify`` in processes mode, bound and unbound in
    alternation for ``--rounds`` rounds; each run's iteration and the unbound / bound ratio per round.
+
+8. **A tied weight's gradient sum**, the two ranks arriving 2 ms apart (the last stage finishes before
+   the first in 1F1B): gloo's ``all_reduce`` of a 256 KiB gradient (gpt2-tiny's embedding) against the
+   two ranks swapping it (planner/runtime/apply.py, ``_sum_across``); the late rank's time in it, median
+   and how many of the steps took over 1 ms, per block of 70.
 
     python benchmarks/bench_runtime_probes.py [--only track]
 
@@ -313,7 +318,41 @@ def _bound_vs_unbound(rounds: int) -> list[tuple[str, float, list[tuple[float, f
     return rows
 
 
-PROBES = ("rendezvous", "resume", "before", "speed", "track", "delivery", "binding")
+TIED_BYTES = 256 << 10
+TIED_BLOCK = 70
+
+
+def _tied_sum(rank: int, world: int, blocks: int) -> dict[str, list[tuple[float, int]]]:
+    """Rank 0's (median, steps over 1 ms) per block and way, rank 0 arriving 2 ms after rank 1."""
+    import torch.distributed as dist
+
+    from planner.runtime.apply import _sum_across
+
+    grad = torch.randn(TIED_BYTES // 4)
+    work = torch.randn(128, 128)
+    ways: dict[str, Callable[[torch.Tensor], None]] = {
+        "all_reduce": lambda t: dist.all_reduce(t),
+        "swap": lambda t: _sum_across(t, None),
+    }
+    out: dict[str, list[tuple[float, int]]] = {name: [] for name in ways}
+    for _ in range(blocks):
+        for name, way in ways.items():
+            times = []
+            for _ in range(TIED_BLOCK):
+                dist.barrier()
+                if rank == 0:
+                    a, end = work, time.perf_counter() + 0.002
+                    while time.perf_counter() < end:
+                        a = (a @ a).tanh_()
+                total = grad.clone()
+                t0 = time.perf_counter()
+                way(total)
+                times.append(time.perf_counter() - t0)
+            out[name].append((statistics.median(times), sum(t > 0.001 for t in times)))
+    return out
+
+
+PROBES = ("rendezvous", "resume", "before", "speed", "track", "delivery", "binding", "tied")
 
 
 def _print_rendezvous(args: argparse.Namespace) -> None:
@@ -383,6 +422,13 @@ def _print_binding(args: argparse.Namespace) -> None:
         print(f"| {spec} | {predicted * 1e3:.2f} ms | {bound} ms | {unbound} ms | {ratio:.2f}x |")
 
 
+def _print_tied(args: argparse.Namespace) -> None:
+    print(f"| the late rank's sum of {TIED_BYTES // 1024} KiB | per block of {TIED_BLOCK}: median (steps over 1 ms) |")
+    print("|---|---|")
+    for name, blocks in run_ranks(_tied_sum, (args.blocks,), 2, timeout_s=600)[0].items():
+        print(f"| {name} | " + ", ".join(f"{m * 1e6:.0f} us ({n})" for m, n in blocks) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=40, help="length of the speed-over-time probe")
@@ -401,6 +447,7 @@ def main() -> None:
         "track": _print_track,
         "delivery": _print_delivery,
         "binding": _print_binding,
+        "tied": _print_tied,
     }
     for i, name in enumerate(args.only or PROBES):
         if i:

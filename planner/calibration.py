@@ -1,7 +1,7 @@
 """The runtime calibration (format ``pipeplan.calibration``, version 1): what the runtime adds to compute.
 
 A profile measures compute unit by unit; a real iteration also pays torch's per-action overhead,
-point-to-point transfers on the real backend, the tied-gradient all-reduce, the optimizer step, and
+point-to-point transfers on the real backend, the tied-gradient sum, the optimizer step, and
 the slowdown of ranks that share a machine. ``pipeplan calibrate`` measures these constants
 (:mod:`planner.runtime.calibrate`), ``pipeplan tune`` refits them from real runs, and the planner
 turns them into :class:`~planner.schedule.simulate.RuntimeTerms` for each candidate. Every formula is
@@ -120,6 +120,11 @@ class Calibration:
     def allreduce_s(self, num_bytes: int, num_ranks: int) -> float:
         """Ring all-reduce of ``num_bytes`` over ``num_ranks`` on the calibrated link."""
         return ring_s(2 * (num_ranks - 1), num_bytes, num_ranks, self.p2p_latency_s, self.p2p_bytes_per_s)
+
+    def swap_s(self, num_bytes: int) -> float:
+        """Two ranks exchanging ``num_bytes`` each way at once (a tied weight's gradient: apply.py's
+        ``_sum_across``): one message's time on the calibrated link."""
+        return self.p2p_latency_s + num_bytes / self.p2p_bytes_per_s
 
     def optimizer_s(self, optimizer: str, num_params: int, num_tensors: int = 0) -> float:
         cost = self.optimizer.get(optimizer)

@@ -135,7 +135,7 @@ class CostSettings:
     device_speeds: tuple[float, ...] = ()
     """Per rank: speed relative to the profiled device (empty = all 1)."""
     calibration: Calibration | None = None
-    """Runtime terms (overhead per action, optimizer, tied all-reduce, co-location); None: textbook model."""
+    """Runtime terms (overhead per action, optimizer, tied-gradient sum, co-location); None: textbook model."""
     calibration_label: str = "none"
     """Where ``calibration`` came from, recorded in the plan: ``none``, ``shipped`` or the file name."""
     data_parallel: DataParallel | None = None
@@ -419,7 +419,7 @@ def _tie_owner(profile: Profile, unit: int) -> int:
 def tail_groups(
     profile: Profile, stage_units: list[range] | list[list[int]], stage_rank: tuple[int, ...]
 ) -> tuple[tuple[int, ...], ...]:
-    """Pairs of ranks whose step tails open with the all-reduce of a weight tied across them (a copy and
+    """Pairs of ranks whose step tails open with the sum of a weight tied across them (a copy and
     its owner on different ranks): neither finishes it before both have finished their last action."""
     unit_rank = {u: stage_rank[s] for s, units in enumerate(stage_units) for u in units}
     pairs = {
@@ -438,7 +438,7 @@ def step_tails(
     stage_rank: tuple[int, ...],
 ) -> tuple[float, ...]:
     """Per rank, what follows its last action: gradient synchronisation over the data-parallel replicas,
-    tied-gradient all-reduce, then optimizer step and zero_grad.
+    tied-gradient sum, then optimizer step and zero_grad.
 
     The replicas' synchronisation (see :func:`_gradient_sync_s`) needs no calibration. With one,
     ``optimizer_s(parameters and parameter tensors of the rank)`` (docs/cost-model.md, "Runtime terms"),
@@ -466,7 +466,7 @@ def step_tails(
         if unit.tied_param_count and unit.tied_params:
             here, there = unit_rank[u], unit_rank[_tie_owner(profile, u)]
             if here != there:
-                seconds = cal.allreduce_s(unit.tied_param_count * weight_bytes, 2)
+                seconds = cal.swap_s(unit.tied_param_count * weight_bytes)
                 tails[here] += seconds
                 tails[there] += seconds
     return tuple(tails)

@@ -108,7 +108,7 @@ class Prediction:
     compute_scale: float = 1.0
     """Co-location factor applied to the profiled compute."""
     step_tail_s: tuple[float, ...] = ()
-    """Per rank: tied-gradient all-reduce + optimizer step + zero_grad after the last action."""
+    """Per rank: tied-gradient sum + optimizer step + zero_grad after the last action."""
     overhead_s: tuple[float, ...] = ()
     """Per rank: total runtime overhead of its actions in one iteration."""
     comm_wait_s: tuple[float, ...] = ()

@@ -143,4 +143,10 @@ def format_profile_table(profile: Profile, micro_batch_size: int | None = None, 
             lines += _tensor_table(profile, j)
     lines += ["", "unit sum vs whole model (forward + backward):"]
     lines += [unit_sum_line(profile, j) for j in range(len(profile.micro_batch_sizes))]
+    if profile.resume is not None:
+        gaps = ", ".join(f"{g * 1e3:g}" for g in profile.resume.gaps_s)
+        lines += ["", f"after a wait of {gaps} ms, the whole model's forward / backward took longer by:"]
+        for j, b in enumerate(profile.micro_batch_sizes):
+            pairs = zip(profile.resume.forward_s[j], profile.resume.backward_s[j], strict=True)
+            lines.append(f"b={b}: " + ", ".join(f"+{_seconds(f)} / +{_seconds(w)}" for f, w in pairs))
     return "\n".join(lines)

@@ -96,7 +96,7 @@ def test_step_tails_count_optimizer_per_rank() -> None:
     assert step_tails(profile, unit_costs(profile, 1), CostSettings(), [[0, 1], [2, 3]], (0, 1)) == (0.0, 0.0)
 
 
-def test_step_tails_add_the_tied_allreduce_across_ranks() -> None:
+def test_step_tails_add_the_tied_swap_across_ranks() -> None:
     profile = make_profile([1.0] * 3, param_counts=[1000, 10, 0])
     units = list(profile.units)
     units[0] = replace(units[0], tied_params=("emb.weight",))
@@ -104,11 +104,13 @@ def test_step_tails_add_the_tied_allreduce_across_ranks() -> None:
     profile = replace(profile, units=tuple(units))
     settings = CostSettings(calibration=calibration(optimizer={"adam": OptimizerCost(0.0, 0.0)}))
     costs = unit_costs(profile, 1)
-    allreduce = calibration().allreduce_s(4000, 2)  # float32 copy of 1,000 parameters
-    assert step_tails(profile, costs, settings, [[0, 1], [2]], (0, 1)) == pytest.approx((allreduce, allreduce))
+    cal = calibration()
+    swap = cal.p2p_latency_s + 4000 / cal.p2p_bytes_per_s  # float32 copy of 1,000 parameters, each way at once
+    assert cal.swap_s(4000) == pytest.approx(swap) and swap < cal.allreduce_s(4000, 2)
+    assert step_tails(profile, costs, settings, [[0, 1], [2]], (0, 1)) == pytest.approx((swap, swap))
     # Both users on one rank: the copies are summed locally, nothing crosses a link.
     assert step_tails(profile, costs, settings, [[0, 1, 2]], (0,)) == (0.0,)
-    # The all-reduce is a collective: the two ranks start their tails together; on one rank, no group.
+    # Each waits for the other's gradient: the two ranks start their tails together; on one rank, no group.
     assert tail_groups(profile, [[0, 1], [2]], (0, 1)) == ((0, 1),)
     assert tail_groups(profile, [[0], [1], [2]], (0, 1, 2)) == ((0, 2),)
     assert tail_groups(profile, [[0, 1, 2]], (0,)) == ()

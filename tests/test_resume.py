@@ -72,3 +72,8 @@ def test_the_profile_holds_one_curve_per_size(sizes):
     assert len(resume.forward_s) == len(resume.backward_s) == len(sizes)
     assert all(len(row) == 3 and all(0 <= t < 0.1 for t in row) for row in resume.forward_s + resume.backward_s)
     assert resume.curve(1) == tuple(zip(RESUME_GAPS_S, resume.forward_s[1], resume.backward_s[1], strict=True))
+    from profiles.report import format_profile_table
+
+    table = format_profile_table(profile)
+    assert "after a wait of 1, 3, 10 ms, the whole model's forward / backward took longer by:" in table
+    assert table.count("\nb=2: +") == 1

@@ -273,6 +273,26 @@ class TiedCopies:
     """Process group of the ranks holding a copy (None: all copies are on this rank)."""
 
 
+def _sum_across(total: torch.Tensor, group: Any) -> None:
+    """Sum ``total`` over ``group`` in place, as ``all_reduce`` does. Two ranks (a weight tied between the
+    first and last stage) swap their tensors instead: each posts its send and receive as soon as it gets
+    here, so the rank that arrives last finds the other's gradient waiting. On the development VM, for
+    gpt2-tiny's 256 KiB embedding with the ranks 2 ms apart, the late rank spent 338-473 us (median) in
+    gloo's all-reduce, over 1 ms in 15-21 of 70 steps, and 183-206 us swapping, never over 1 ms
+    (``python benchmarks/bench_runtime_probes.py --only tied``; docs/BENCHMARKS.md, section 6, session 16).
+    Both add the two tensors, whose sum does not depend on the order: the copies stay bitwise equal."""
+    if dist.get_world_size(group) != 2:
+        dist.all_reduce(total, group=group)
+        return
+    other = 1 - dist.get_rank(group)
+    peer = other if group is None else dist.get_global_rank(group, other)
+    theirs = torch.empty_like(total)
+    ops = [dist.P2POp(dist.isend, total, peer, group), dist.P2POp(dist.irecv, theirs, peer, group)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    total.add_(theirs)
+
+
 @dataclass(frozen=True)
 class PipelineRun:
     """This rank's share of a pipelined model and the torch schedule that drives it."""
@@ -331,7 +351,7 @@ class PipelineRun:
             for grad in others:
                 total.add_(grad)
             if tie.group is not None:
-                dist.all_reduce(total, group=tie.group)
+                _sum_across(total, tie.group)
             for grad in others:
                 grad.copy_(total)
 

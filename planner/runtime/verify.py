@@ -3,7 +3,7 @@
 Two modes. ``processes``: one process per rank (gloo on CPU, nccl on CUDA) runs the plan with
 ``torch.distributed.pipelining``; each stage's forward and backward of every micro-batch are timed
 (``PipelineStage.forward_one_chunk`` / ``backward_one_chunk``), the waits on point-to-point transfers
-(torch's ``_wait_batch_p2p``), the step tail (tied-gradient all-reduce, ``optimizer.step()`` and
+(torch's ``_wait_batch_p2p``), the step tail (tied-gradient sum, ``optimizer.step()`` and
 ``zero_grad`` of the plan's optimizer, as in training), and the iteration between two barriers.
 ``replay``: one process runs every stage's actions in schedule order (:mod:`planner.runtime.replay`) and the
 simulator turns the measured stage times into an iteration. ``auto`` picks processes when there are
@@ -801,7 +801,7 @@ def format_report(report: VerifyReport) -> str:
     lines.append("busy per rank: " + ", ".join(f"{b * 1e3:.3f} ms" for b in report.busy_s))
     if report.ranks:
         lines.append(
-            f"where the time went (ms, predicted / measured; step tail = gradient scaling + tied all-reduce + "
+            f"where the time went (ms, predicted / measured; step tail = gradient scaling + tied-gradient sum + "
             f"{report.optimizer} step + zero_grad, inside the timed iteration):"
         )
         lines.append(f"{'rank':>4} {'compute':>17} {'waiting':>17} {'overhead':>17} {'step tail':>17}")

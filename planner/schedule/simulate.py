@@ -19,7 +19,7 @@ The model (docs/cost-model.md, "The model"):
   its lowering puts them (``_add_send_recv``), which the second form stands for;
 - with :class:`RuntimeTerms` (measured by ``pipeplan calibrate``, docs/cost-model.md "Runtime terms"):
   every action costs ``action_overhead_s`` more on its rank (torch's dispatch, posting and waiting on
-  P2P ops, the loss), each rank ends the iteration with its step tail (tied-gradient all-reduce,
+  P2P ops, the loss), each rank ends the iteration with its step tail (tied-gradient sum,
   ``optimizer.step()`` and ``zero_grad``; ranks that share a tied weight start theirs together, when the
   later of them has finished its last action), and compute slows by the co-location factor ``k`` only where
   ranks compute at the same time: a rank whose compute overlaps others' for a share ``o`` of its busy
@@ -64,12 +64,12 @@ class RuntimeTerms:
     action_overhead_s: float = 0.0
     """Per compute action, on its rank: torch's Python dispatch, posting and waiting on P2P ops."""
     step_tail_s: tuple[float, ...] = ()
-    """Per rank, after its last action: tied-gradient all-reduce, ``optimizer.step()``, ``zero_grad``."""
+    """Per rank, after its last action: tied-gradient sum, ``optimizer.step()``, ``zero_grad``."""
     compute_scale: float = 1.0
     """Co-location factor: compute with every rank busy on the machine / compute profiled alone. Applied to
     each rank in proportion to how much of its compute overlaps other ranks' (module docstring)."""
     tail_groups: tuple[tuple[int, ...], ...] = ()
-    """Ranks whose step tails open with a collective (the all-reduce of a weight tied across them): a rank
+    """Ranks whose step tails open by summing a weight tied across them, each waiting for the others: a rank
     of a group starts its tail when the group's last rank has finished its last action."""
     resume: tuple[tuple[float, float, float], ...] = ()
     """``(idle gap, forward extra, backward extra)`` points, gaps increasing: what an action costs more after
@@ -113,7 +113,7 @@ class TimedAction(NamedTuple):
     stage: int
     microbatch: int
     kind: str
-    """F, B, I, W (compute) or S (the step tail: tied all-reduce and optimizer)."""
+    """F, B, I, W (compute) or S (the step tail: tied-gradient sum and optimizer)."""
     start_s: float
     end_s: float
     overhead_s: float = 0.0
@@ -161,7 +161,7 @@ class SimulationResult:
     overhead_s: tuple[float, ...] = ()
     """Per rank: runtime overhead of its actions (0 without :class:`RuntimeTerms`)."""
     step_tail_s: tuple[float, ...] = ()
-    """Per rank: tied all-reduce and optimizer after its last action."""
+    """Per rank: tied-gradient sum and optimizer after its last action."""
     comm_wait_s: tuple[float, ...] = ()
     """Per rank: time idle because a needed tensor was still on the link (not the schedule's bubble)."""
     tail_groups: tuple[tuple[int, ...], ...] = ()

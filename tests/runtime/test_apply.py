@@ -157,3 +157,42 @@ def test_a_cpu_rank_allocates_as_the_profiler_measured(monkeypatch: pytest.Monke
             plan, workload.model, workload.make_batch(8)[0], workload.loss_fn, device="cpu", rank=0, world_size=3
         )
     assert calls == [True]
+
+
+def _tied_sum(rank: int, world_size: int) -> list[float]:
+    import torch.distributed as dist
+
+    from planner.runtime.apply import _sum_across
+
+    torch.manual_seed(rank)
+    mine = torch.randn(1000) * 10 ** torch.randint(-3, 4, (1000,))
+    total = mine.clone()
+    pair = dist.new_group([0, world_size - 1])
+    if rank in (0, world_size - 1):
+        _sum_across(total, pair)  # a pair swaps its tensors
+    _sum_across(everyone := mine.clone(), None)  # more than two: all_reduce
+    return [total.tolist(), mine.tolist(), everyone.tolist()]
+
+
+def test_tied_gradients_are_summed_the_same_on_both_ranks() -> None:
+    # The pair's two sums (a + b on one rank, b + a on the other) are bitwise equal and are the pair's sum.
+    first, middle, last = run_ranks(_tied_sum, (), 3, timeout_s=120)
+    a, b = torch.tensor(first[1]), torch.tensor(last[1])
+    assert first[0] == last[0] == (a + b).tolist()
+    assert middle[0] == middle[1]  # not in the pair: untouched
+    assert torch.allclose(torch.tensor(first[2]), a + b + torch.tensor(middle[1]))
+
+
+def _pair_sum(rank: int, world_size: int) -> list[float]:
+    from planner.runtime.apply import _sum_across
+
+    torch.manual_seed(rank)
+    total = torch.randn(100)
+    mine = total.clone()
+    _sum_across(total, None)  # the default group of two ranks: a swap
+    return [total.tolist(), mine.tolist()]
+
+
+def test_a_default_group_of_two_swaps() -> None:
+    (sum0, a), (sum1, b) = run_ranks(_pair_sum, (), 2, timeout_s=120)
+    assert sum0 == sum1 == (torch.tensor(a) + torch.tensor(b)).tolist()

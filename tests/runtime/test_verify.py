@@ -70,7 +70,7 @@ def test_processes_mode_gpt2_1f1b_with_numerics() -> None:
         assert r.measured_tail_s > 0 and r.measured_wait_s >= 0 and r.measured_overhead_s >= 0
         assert r.measured_compute_s == report.busy_s[r.rank]
         assert r.measured_compute_s + r.measured_wait_s + r.measured_tail_s <= report.measured_iteration_s * 1.001
-    assert "step tail = gradient scaling + tied all-reduce + adam step" in format_report(report)
+    assert "step tail = gradient scaling + tied-gradient sum + adam step" in format_report(report)
     # The plan holds no speed reference (made without a profile): the run times one, nothing to compare to.
     assert report.reference_s is not None and report.reference_s > 0 and report.speed_factor is None
 
