@@ -6,8 +6,9 @@
    (docs/cost-model.md, "Communication") rests on the first number.
 2. **Cold resume**: the same small forward+backward (two 256-wide ``Linear``, 4 rows, 1 thread) timed back
    to back, after the thread slept 0.2, 1 or 5 ms, and after a busy wait of as long. The profiler times a
-   unit back to back; a pipeline rank runs each action after a wait or other work, and the cost model has
-   no term for what that costs.
+   unit back to back; a pipeline rank runs each action after a wait or other work, so the profiler also
+   times the whole model after 1, 3 and 10 ms idle and the simulator adds the difference
+   (profiles/resume.py).
 3. **Speed over time**: a fixed forward+backward (two 256-wide ``Linear``, 16 rows, 1 thread) run for
    ``--seconds`` seconds, its median and 10th percentile per second. How much the median moves from one
    second to the next sets how long the profiler's rounds and verify's timed steps must span
@@ -234,6 +235,13 @@ def _reference_tracks_a_model(seconds: int) -> list[tuple[int, int, float, float
     return rows
 
 
+def _compute(seconds: float) -> None:
+    """Small matmuls for ``seconds``: a rank busy with its next action."""
+    a, end = torch.randn(128, 128), time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a = (a @ a).tanh_()
+
+
 DELIVERY_BYTES = 32 << 10
 DELIVERY_BLOCK = 60
 
@@ -243,13 +251,6 @@ def _delivery(rank: int, world: int, blocks: int) -> dict[str, list[float]]:
     import torch.distributed as dist
 
     payload = torch.randn(DELIVERY_BYTES // 4)
-    work = torch.randn(128, 128)
-
-    def compute(seconds: float) -> None:
-        a, end = work, time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            a = (a @ a).tanh_()
-
     out: dict[str, list[float]] = {"sender waits": [], "sender computes 3 ms": []}
     for _ in range(blocks):
         for kind, per_block in out.items():
@@ -261,7 +262,7 @@ def _delivery(rank: int, world: int, blocks: int) -> dict[str, list[float]]:
                     posted = torch.tensor([time.perf_counter()], dtype=torch.float64)
                     sent = dist.isend(payload, 0)
                     if kind != "sender waits":
-                        compute(0.003)
+                        _compute(0.003)
                     sent.wait()
                     dist.send(posted, 0)
                 else:
@@ -329,7 +330,6 @@ def _tied_sum(rank: int, world: int, blocks: int) -> dict[str, list[tuple[float,
     from planner.runtime.apply import _sum_across
 
     grad = torch.randn(TIED_BYTES // 4)
-    work = torch.randn(128, 128)
     ways: dict[str, Callable[[torch.Tensor], None]] = {
         "all_reduce": lambda t: dist.all_reduce(t),
         "swap": lambda t: _sum_across(t, None),
@@ -341,9 +341,7 @@ def _tied_sum(rank: int, world: int, blocks: int) -> dict[str, list[tuple[float,
             for _ in range(TIED_BLOCK):
                 dist.barrier()
                 if rank == 0:
-                    a, end = work, time.perf_counter() + 0.002
-                    while time.perf_counter() < end:
-                        a = (a @ a).tanh_()
+                    _compute(0.002)
                 total = grad.clone()
                 t0 = time.perf_counter()
                 way(total)
