@@ -114,7 +114,7 @@ class Prediction:
     comm_wait_s: tuple[float, ...] = ()
     """Per rank: time waiting on the link in one iteration."""
     tail_groups: tuple[tuple[int, ...], ...] = ()
-    """Pairs of ranks whose step tails start together: a weight tied across them is all-reduced first."""
+    """Pairs of ranks whose step tails start together: a weight tied across them has its gradient summed first."""
     resume: tuple[tuple[float, float, float], ...] = ()
     """``(idle gap, forward extra, backward extra)``: what an action costs more after its rank waited
     (the profile's ``resume`` at the plan's micro-batch size; empty: nothing added)."""
