@@ -19,7 +19,7 @@ from planner.errors import PipeplanError, PlanFormatError, shorten
 from planner.fileio import check_document, load_document, write_json_atomic
 from planner.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_RANKS, MAX_SECONDS, MAX_UNITS
 from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank, virtual_stages
-from planner.schedule.simulate import RuntimeTerms, SimulationResult, simulate
+from planner.schedule.simulate import RuntimeTerms, SimulationResult, resume_gaps_valid, simulate
 
 __all__ = [
     "PLAN_FORMAT",
@@ -399,7 +399,7 @@ def _check_numbers(data: dict[str, Any]) -> None:
     times += [("action_overhead_s", p.get("action_overhead_s", 0.0)), ("compute_scale", p.get("compute_scale", 1.0))]
     times += [("resume", v) for point in p.get("resume", ()) for v in point]
     gaps = [point[0] for point in p.get("resume", ())]
-    if any(g <= 0 for g in gaps) or gaps != sorted(set(gaps)):
+    if not resume_gaps_valid(gaps):
         raise _fail(f"predicted.resume: the gaps (first of each point) must be positive and increasing, got {gaps}")
     times += [(f"baselines.{b['name']}", b["iteration_s"]) for b in data["baselines"] if b["iteration_s"] is not None]
     for key, value in times:

@@ -50,9 +50,18 @@ class PieceMeasurement:
     on top of the saved activations, which the kept graph also holds until W."""
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA), so a timer read after it counts the work."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def fresh_args(piece: Piece) -> tuple[Any, ...]:
+    """The piece's captured inputs, the gradient-carrying ones as new leaves that require grad."""
+    return tuple(
+        a.detach().clone().requires_grad_(True) if grad else a
+        for a, grad in zip(piece.args, piece.arg_needs_grad, strict=True)
+    )
 
 
 class _SavedBytes:
@@ -151,10 +160,7 @@ def measure_piece(
     With ``loss_fn`` the backward starts from ``loss_fn(output, target)`` (the last pipeline stage
     computes the loss); otherwise from fixed random gradients on the float outputs that need grad.
     """
-    args = tuple(
-        a.detach().clone().requires_grad_(True) if grad else a
-        for a, grad in zip(piece.args, piece.arg_needs_grad, strict=True)
-    )
+    args = fresh_args(piece)
     module, kwargs = piece.module, piece.kwargs
     grads: list[torch.Tensor] | None = None
 
@@ -179,22 +185,22 @@ def measure_piece(
         if not roots:
             return 0.0, 0.0, 0
         inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-        _sync(device)
+        sync_device(device)
         t0 = time.perf_counter()
         if not inputs:
             backward(roots, root_grads)
-            _sync(device)
+            sync_device(device)
             return 0.0, time.perf_counter() - t0, 0
         # stage_backward_input detaches its outputs in place, which torch refuses for a view.
         roots = [r.clone() if r._is_view() else r for r in roots]
         t0 = time.perf_counter()
         _, groups = stage_backward_input(roots, root_grads, inputs, module.parameters())
-        _sync(device)
+        sync_device(device)
         t1 = time.perf_counter()
         kept_grads = [g for group in groups for grads in group.get("grads") or () for g in grads or ()]
         kept = sum(tensor_bytes(g) for g in kept_grads if g is not None)
         stage_backward_weight(module.parameters(), groups)
-        _sync(device)
+        sync_device(device)
         return t1 - t0, time.perf_counter() - t1, kept
 
     def clear_grads() -> None:
@@ -206,7 +212,7 @@ def measure_piece(
     # Probe: memory figures, untimed.
     peak: int | None = None
     if device.type == "cuda":
-        _sync(device)
+        sync_device(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
     hooks = _SavedBytes(_state_pointers(module))
@@ -216,7 +222,7 @@ def measure_piece(
     backward(roots, root_grads)
     del roots, root_grads, out
     if device.type == "cuda":
-        _sync(device)
+        sync_device(device)
         peak = torch.cuda.max_memory_allocated(device) - base
 
     for _ in range(max(warmup - 1, 0)):  # the probe was the first warm-up iteration
@@ -225,13 +231,13 @@ def measure_piece(
     forward_times, backward_times, input_times, weight_times = [], [], [], []
     kept_bytes = 0
     for _ in range(repeats):
-        _sync(device)
+        sync_device(device)
         t0 = time.perf_counter()
         roots, root_grads, _out = forward()
-        _sync(device)
+        sync_device(device)
         t1 = time.perf_counter()
         backward(roots, root_grads)
-        _sync(device)
+        sync_device(device)
         t2 = time.perf_counter()
         forward_times.append(t1 - t0)
         backward_times.append(t2 - t1)

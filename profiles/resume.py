@@ -26,6 +26,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from profiles.dataflow import Piece, needs_grad
+from profiles.measure import fresh_args, sync_device
 
 __all__ = ["RESUME_GAPS_S", "MAX_STEP_S", "measure_resume"]
 
@@ -37,11 +38,6 @@ seen, under 0.2 % of such a step, and the rounds would cost seconds each."""
 _MIN_ROUNDS = 5
 _MIN_TIME_S = 0.5
 _MAX_ROUNDS = 40
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def measure_resume(
@@ -59,10 +55,7 @@ def measure_resume(
     zeros = tuple(0.0 for _ in gaps_s)
     if step_s > MAX_STEP_S:
         return zeros, zeros
-    args = tuple(
-        a.detach().clone().requires_grad_(True) if grad else a
-        for a, grad in zip(piece.args, piece.arg_needs_grad, strict=True)
-    )
+    args = fresh_args(piece)
 
     def forward() -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
         out = piece.module(*args, **piece.kwargs)
@@ -74,17 +67,17 @@ def measure_resume(
     def timed_pair(gap: float) -> tuple[float, float]:
         if gap:
             time.sleep(gap)
-        _sync(device)
+        sync_device(device)
         t0 = time.perf_counter()
         roots, grads = forward()
-        _sync(device)
+        sync_device(device)
         forward_s = time.perf_counter() - t0
         if gap:
             time.sleep(gap)
         t1 = time.perf_counter()
         if roots:
             torch.autograd.backward(roots, grads)
-        _sync(device)
+        sync_device(device)
         return forward_s, time.perf_counter() - t1
 
     all_gaps = (0.0, *gaps_s)

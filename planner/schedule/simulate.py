@@ -83,7 +83,7 @@ class RuntimeTerms:
         if not (math.isfinite(self.compute_scale) and self.compute_scale > 0):
             raise UsageError(f"compute_scale must be finite and > 0, got {self.compute_scale}")
         gaps = [point[0] for point in self.resume]
-        if any(g <= 0 for g in gaps) or gaps != sorted(set(gaps)):
+        if not resume_gaps_valid(gaps):
             raise UsageError(f"resume gaps must be positive and increasing, got {gaps}")
 
     def at_speed(self, speed: float) -> RuntimeTerms:
@@ -96,6 +96,11 @@ class RuntimeTerms:
             step_tail_s=tuple(t * speed for t in self.step_tail_s),
             resume=tuple((g, f * speed, b * speed) for g, f, b in self.resume),
         )
+
+
+def resume_gaps_valid(gaps: Sequence[float]) -> bool:
+    """The idle gaps of resume points: positive and strictly increasing (what interpolation needs)."""
+    return all(g > 0 for g in gaps) and list(gaps) == sorted(set(gaps))
 
 
 class ScheduleDeadlockError(RuntimeError):
