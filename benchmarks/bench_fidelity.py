@@ -13,7 +13,9 @@ For each model (P = 2, global batch 8, gloo processes on this machine, 1 torch t
    (``--calibration none``), the calibration measured at the start of this run, and the calibration
    ``tune`` refits from this model's measurements (in-sample, as ``tune`` uses it).
 
-Writes ``fidelity.json`` and ``fidelity.md`` into ``--out``. Machines are shared and noisy: the load
+Writes ``fidelity.json`` (with every measured run and its plan), ``fidelity.md`` and the calibration used
+into ``--out``; ``--reuse DIR`` holds a finished run's measurements against the cost model as the code now
+stands, running nothing (to try a change of the model against measurements already paid for). Machines are shared and noisy: the load
 average before and after is recorded, and every number is a median.
 """
 
@@ -25,8 +27,9 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -34,13 +37,13 @@ import torch  # noqa: E402
 
 from planner.calibration import Calibration, load_calibration, save_calibration  # noqa: E402
 from planner.cost import default_settings  # noqa: E402
-from planner.plan import Plan  # noqa: E402
+from planner.plan import Plan, plan_from_dict  # noqa: E402
 from planner.runtime.calibrate import calibrate  # noqa: E402
 from planner.runtime.launch import rank_threads  # noqa: E402
 from planner.runtime.tune import refit_calibration  # noqa: E402
-from planner.runtime.verify import VerifyReport, verify_plan  # noqa: E402
-from planner.search import PlanRequest, make_plan, plan_key, predict_plan  # noqa: E402
-from profiles.format import Profile, save_profile  # noqa: E402
+from planner.runtime.verify import RankTime, StageReport, VerifyReport, verify_plan  # noqa: E402
+from planner.search import PlanRequest, make_plan, plan_key, predict_plan, repredicted_plan  # noqa: E402
+from profiles.format import Profile, load_profile, save_profile  # noqa: E402
 from profiles.profiler import profile_model  # noqa: E402
 from profiles.workload import load_workload  # noqa: E402
 
@@ -124,15 +127,83 @@ def bench_model(
         distinct.setdefault(plan_key(plan), plan)
     plans = list(distinct.values())
     measured = _measure(spec, plans, rounds, steps)
-    by_key = {plan_key(p): m for p, m in zip(plans, measured, strict=True)}
-    refit = refit_calibration(
-        calibration, [(replace(p, measured=None), m.report) for p, m in zip(plans, measured, strict=True)]
+    result = evaluate(profile, named, plans, measured, calibration)
+    keys = [plan_key(p) for p in plans]
+    # Everything a later model of cost needs to be held against these runs again (``--reuse``).
+    result["measurements"] = [
+        {
+            "plan": plan.to_dict(),
+            "as_timed_s": m.as_timed_s,
+            "at_profile_speed_s": m.at_profile_speed_s,
+            "speed_factor": m.speed_factor,
+            "report": m.report.to_dict(),
+        }
+        for plan, m in zip(plans, measured, strict=True)
+    ]
+    result["named"] = {label: keys.index(plan_key(plan)) for label, plan in named.items()}
+    result["spec"] = spec
+    result["wall_s"] = time.perf_counter() - started
+    return result
+
+
+def _report_from_dict(data: dict[str, Any]) -> VerifyReport:
+    """A measured run as ``VerifyReport.to_dict`` wrote it (numerics dropped: timing only)."""
+
+    def known(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+        return {f.name: values[f.name] for f in fields(cls) if f.name in values}
+
+    values = known(VerifyReport, data)
+    values.update(
+        stages=tuple(StageReport(**known(StageReport, s)) for s in data["stages"]),
+        ranks=tuple(RankTime(**known(RankTime, r)) for r in data["ranks"]),
+        busy_s=tuple(data["busy_s"]),
+        numerics=None,
     )
+    return VerifyReport(**values)
+
+
+def reevaluate(run: Path, calibration: Calibration) -> list[dict[str, object]]:
+    """A finished run's measurements held against the cost model as the code now stands: nothing is run."""
+    results = []
+    for old in json.loads((run / "fidelity.json").read_text()):
+        if "measurements" not in old:
+            raise SystemExit(f"{run}: made before runs were kept (no 'measurements'); measure again")
+        profile = load_profile(run / f"{old['model']}.profile.json")
+        plans = [plan_from_dict(m["plan"]) for m in old["measurements"]]
+        measured = [
+            Measured(m["as_timed_s"], m["at_profile_speed_s"], m["speed_factor"], _report_from_dict(m["report"]))
+            for m in old["measurements"]
+        ]
+        named = {label: plans[i] for label, i in old["named"].items()}
+        new = evaluate(profile, named, plans, measured, calibration)
+        new.update(spec=old["spec"], measurements=old["measurements"], named=old["named"], wall_s=old["wall_s"])
+        results.append(new)
+    return results
+
+
+def evaluate(
+    profile: Profile, named: dict[str, Plan], plans: list[Plan], measured: list[Measured], calibration: Calibration
+) -> dict[str, object]:
+    """Each plan's measured iteration against its predictions: textbook, calibrated, the calibration refit
+    from all of this model's runs (in-sample, as ``tune`` uses it) and the one refit from its 1F1B run alone
+    (out of sample for the other plans: what one measured run teaches about the rest)."""
+    by_key = {plan_key(p): m for p, m in zip(plans, measured, strict=True)}
+    calibrated = default_settings(profile, calibration=calibration, calibration_label="calibrate")
+    # Refit from each plan as predicted now (the runs may have been planned under other code or calibration).
+    runs = [
+        (repredicted_plan(profile, replace(p, measured=None), calibrated), m.report)
+        for p, m in zip(plans, measured, strict=True)
+    ]
+    refit = refit_calibration(calibration, runs)
+    one = [(p, r) for p, r in runs if p.schedule.value == "1f1b"][:1]
     settings = {
         "textbook": default_settings(profile),
-        "calibrated": default_settings(profile, calibration=calibration, calibration_label="calibrate"),
+        "calibrated": calibrated,
         "refit": default_settings(profile, calibration=refit, calibration_label="refit"),
     }
+    if one:
+        refit_one = refit_calibration(calibration, one)
+        settings["refit, one run"] = default_settings(profile, calibration=refit_one, calibration_label="refit-1")
     rows = []
     for label, plan in named.items():
         m = by_key[plan_key(plan)]
@@ -150,6 +221,7 @@ def bench_model(
                 "predicted_s": predicted,
                 "error_pct": {k: _error(m.as_timed_s, v) for k, v in predicted.items()},
                 "error_at_profile_speed_pct": {k: _error(m.at_profile_speed_s, v) for k, v in predicted.items()},
+                "in_sample_one_run": bool(one) and plan_key(plan) == plan_key(one[0][0]),
                 "breakdown": [vars(r) for r in m.report.ranks],
             }
         )
@@ -160,7 +232,6 @@ def bench_model(
 
     return {
         "model": profile.model.name,
-        "spec": spec,
         "units": profile.num_units,
         "rows": rows,
         "fastest_measured_s": min(m.as_timed_s for m in measured),
@@ -169,7 +240,6 @@ def bench_model(
         "calibrated_pick_vs_fastest_at_profile_speed_pct": pick_vs_fastest("auto (calibrated)", "at_profile_speed_s"),
         "textbook_pick_vs_fastest_at_profile_speed_pct": pick_vs_fastest("auto (textbook)", "at_profile_speed_s"),
         "refit": {"colocation_factor": refit.colocation_factor, "action_overhead_s": refit.action_overhead_s},
-        "wall_s": time.perf_counter() - started,
     }
 
 
@@ -178,6 +248,8 @@ def _distinct_errors(results: list[dict[str, object]], key: str, model_of_cost: 
     out: dict[tuple[object, ...], float] = {}
     for res in results:
         for r in res["rows"]:  # type: ignore[attr-defined]
+            if model_of_cost not in r[key] or (model_of_cost == "refit, one run" and r["in_sample_one_run"]):
+                continue  # the one-run refit is judged on the plans it did not see
             plan = (res["model"], r["schedule"], r["virtual_stages"], r["micro_batch_size"], tuple(r["split_points"]))
             out.setdefault(plan, abs(r[key][model_of_cost]))
     return out
@@ -194,8 +266,9 @@ def markdown(results: list[dict[str, object]], calibration: Calibration, load: t
         "Errors as timed; beside them the calibrated error at the profile's machine speed (each run's times "
         "divided by its speed factor, the speed reference's ratio: `verify`'s diagnostic).",
         "",
-        "| model | plan | schedule | measured | speed | textbook | calibrated | refit (tune) | calibrated, at speed |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | plan | schedule | measured | speed | textbook | calibrated | refit (tune) | refit, one run "
+        "| calibrated, at speed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for res in results:
         for row in res["rows"]:  # type: ignore[attr-defined]
@@ -203,9 +276,11 @@ def markdown(results: list[dict[str, object]], calibration: Calibration, load: t
             sched += f", b={row['micro_batch_size']}"
             err, at_speed = row["error_pct"], row["error_at_profile_speed_pct"]
             speed = "-" if row["speed_factor"] is None else f"x{row['speed_factor']:.2f}"
+            one = err.get("refit, one run")
+            one_cell = "-" if one is None else f"{one:+.1f}%" + (" (its run)" if row["in_sample_one_run"] else "")
             lines.append(
                 f"| {res['model']} | {row['plan']} | {sched} | {row['measured_s'] * 1e3:.1f} ms | {speed} | "
-                f"{err['textbook']:+.1f}% | {err['calibrated']:+.1f}% | {err['refit']:+.1f}% | "
+                f"{err['textbook']:+.1f}% | {err['calibrated']:+.1f}% | {err['refit']:+.1f}% | {one_cell} | "
                 f"{at_speed['calibrated']:+.1f}% |"
             )
     lines += [
@@ -222,12 +297,15 @@ def markdown(results: list[dict[str, object]], calibration: Calibration, load: t
         )
     lines += [
         "",
-        "| model of cost (distinct plans) | errors | median abs error | worst | above 20 % |",
+        "| model of cost (distinct plans; the one-run refit on the plans it did not see) | errors | median abs "
+        "error | worst | above 20 % |",
         "|---|---|---|---|---|",
     ]
     for key, how in (("error_pct", "as timed"), ("error_at_profile_speed_pct", "at the profile's speed")):
-        for k in ("textbook", "calibrated", "refit"):
+        for k in ("textbook", "calibrated", "refit", "refit, one run"):
             v = list(_distinct_errors(results, key, k).values())
+            if not v:
+                continue
             over = sum(e > 20 for e in v)
             lines.append(f"| {k} | {how} | {statistics.median(v):.1f}% | {max(v):.1f}% | {over} of {len(v)} |")
     return "\n".join(lines) + "\n"
@@ -270,14 +348,25 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--gpt2-small", action="store_true", help="also gpt2-small: P = 2 processes, P = 4 replay")
+    parser.add_argument(
+        "--reuse",
+        type=Path,
+        default=None,
+        help="a finished run's --out: hold its measurements against the code as it now stands, running nothing",
+    )
     args = parser.parse_args()
+    if args.reuse:
+        calibration = load_calibration(args.calibration or args.reuse / "calibration.json")
+        results = reevaluate(args.reuse, calibration)
+        print(markdown(results, calibration, (float("nan"), float("nan"))))
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
     if args.calibration:
         calibration = load_calibration(args.calibration)
     else:
         calibration = calibrate(2)
-        save_calibration(calibration, args.out / "calibration.json")
+    save_calibration(calibration, args.out / "calibration.json")  # what --reuse holds the runs against
     results = []
     for spec in args.models.split(","):
         print(f"{spec} ...", file=sys.stderr)
