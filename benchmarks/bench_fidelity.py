@@ -15,8 +15,8 @@ For each model (P = 2, global batch 8, gloo processes on this machine, 1 torch t
 
 Writes ``fidelity.json`` (with every measured run and its plan), ``fidelity.md`` and the calibration used
 into ``--out``; ``--reuse DIR`` holds a finished run's measurements against the cost model as the code now
-stands, running nothing (to try a change of the model against measurements already paid for). Machines are shared and noisy: the load
-average before and after is recorded, and every number is a median.
+stands, running nothing (to try a change of the model against measurements already paid for). Machines
+are shared and noisy: the load average before and after is recorded, and every number is a median.
 """
 
 from __future__ import annotations
