@@ -27,7 +27,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 from planner.calibration import Calibration, load_calibration, save_calibration  # noqa: E402
 from planner.cost import default_settings  # noqa: E402
-from planner.plan import Plan, plan_from_dict  # noqa: E402
+from planner.plan import Plan, _known, plan_from_dict  # noqa: E402
 from planner.runtime.calibrate import calibrate  # noqa: E402
 from planner.runtime.launch import rank_threads  # noqa: E402
 from planner.runtime.tune import refit_calibration  # noqa: E402
@@ -148,14 +148,10 @@ def bench_model(
 
 def _report_from_dict(data: dict[str, Any]) -> VerifyReport:
     """A measured run as ``VerifyReport.to_dict`` wrote it (numerics dropped: timing only)."""
-
-    def known(cls: type, values: dict[str, Any]) -> dict[str, Any]:
-        return {f.name: values[f.name] for f in fields(cls) if f.name in values}
-
-    values = known(VerifyReport, data)
+    values = _known(VerifyReport, data)  # to_dict adds derived keys (error_pct, ok, ...): dropped
     values.update(
-        stages=tuple(StageReport(**known(StageReport, s)) for s in data["stages"]),
-        ranks=tuple(RankTime(**known(RankTime, r)) for r in data["ranks"]),
+        stages=tuple(StageReport(**_known(StageReport, s)) for s in data["stages"]),
+        ranks=tuple(RankTime(**_known(RankTime, r)) for r in data["ranks"]),
         busy_s=tuple(data["busy_s"]),
         numerics=None,
     )
