@@ -9,9 +9,13 @@ For each model (P = 2, global batch 8, gloo processes on this machine, 1 torch t
    schedule left to the planner (``auto``) with and without the calibration;
 3. run every distinct plan for real (``verify`` in processes mode, optimizer step included), the plans of
    one model interleaved round by round, and keep the median iteration;
-4. hold each measured plan against three predictions of the *same* plan: the textbook model
-   (``--calibration none``), the calibration measured at the start of this run, and the calibration
-   ``tune`` refits from this model's measurements (in-sample, as ``tune`` uses it).
+4. hold each measured plan against four predictions of the *same* plan: the textbook model
+   (``--calibration none``), the calibration measured at the start of this run, that calibration as
+   ``pipeplan calibrate --model`` refits it from the model's 1F1B run alone (judged on the model's other
+   plans: out of sample), and the calibration ``tune`` refits from all of this model's measurements
+   (in-sample, as ``tune`` uses it);
+5. plan the model once more with the ``calibrate --model`` calibration and, if that plan is new, run it
+   too (after the others, not interleaved with them): how close ``plan`` then comes to the fastest.
 
 Writes ``fidelity.json`` (with every measured run and its plan), ``fidelity.md`` and the calibration used
 into ``--out``; ``--reuse DIR`` holds a finished run's measurements against the cost model as the code now
@@ -40,6 +44,7 @@ from planner.cost import default_settings  # noqa: E402
 from planner.plan import Plan, _known, plan_from_dict  # noqa: E402
 from planner.runtime.calibrate import calibrate  # noqa: E402
 from planner.runtime.launch import rank_threads  # noqa: E402
+from planner.runtime.model_cost import learn_from_run  # noqa: E402
 from planner.runtime.tune import refit_calibration  # noqa: E402
 from planner.runtime.verify import RankTime, StageReport, VerifyReport, verify_plan  # noqa: E402
 from planner.search import PlanRequest, make_plan, plan_key, predict_plan, repredicted_plan  # noqa: E402
@@ -111,6 +116,20 @@ def _measure(spec: str, plans: list[Plan], rounds: int, steps: int) -> list[Meas
     return out
 
 
+MODEL_PICK = "auto (calibrate --model)"
+ONE_RUN = "calibrate --model"
+
+
+def _one_run(
+    profile: Profile, plans: list[Plan], measured: list[Measured], calibration: Calibration
+) -> Calibration | None:
+    """What ``pipeplan calibrate --model`` makes of ``calibration`` from this model's 1F1B run (None: none ran)."""
+    for plan, m in zip(plans, measured, strict=True):
+        if plan.schedule.value == "1f1b":
+            return learn_from_run(calibration, profile, plan, m.report)
+    return None
+
+
 def _error(measured: float, predicted: float) -> float:
     return (measured - predicted) / predicted * 100.0
 
@@ -127,6 +146,15 @@ def bench_model(
         distinct.setdefault(plan_key(plan), plan)
     plans = list(distinct.values())
     measured = _measure(spec, plans, rounds, steps)
+    one = _one_run(profile, plans, measured, calibration)
+    if one is not None:
+        settings = default_settings(profile, calibration=one, calibration_label="calibrate --model")
+        pick = make_plan(profile, PlanRequest(ranks, batch, settings=settings), sha256="0" * 64)
+        named[MODEL_PICK] = pick
+        if plan_key(pick) not in distinct:
+            distinct[plan_key(pick)] = pick
+            plans.append(pick)
+            measured += _measure(spec, [pick], rounds, steps)
     result = evaluate(profile, named, plans, measured, calibration)
     keys = [plan_key(p) for p in plans]
     # Everything a later model of cost needs to be held against these runs again (``--reuse``).
@@ -198,8 +226,8 @@ def evaluate(
         "refit": default_settings(profile, calibration=refit, calibration_label="refit"),
     }
     if one:
-        refit_one = refit_calibration(calibration, one)
-        settings["refit, one run"] = default_settings(profile, calibration=refit_one, calibration_label="refit-1")
+        learned = learn_from_run(calibration, profile, *one[0])
+        settings[ONE_RUN] = default_settings(profile, calibration=learned, calibration_label=ONE_RUN)
     rows = []
     for label, plan in named.items():
         m = by_key[plan_key(plan)]
@@ -222,7 +250,9 @@ def evaluate(
             }
         )
 
-    def pick_vs_fastest(label: str, key: str) -> float:
+    def pick_vs_fastest(label: str, key: str) -> float | None:
+        if label not in named or plan_key(named[label]) not in by_key:
+            return None  # not planned (no 1F1B run) or, re-evaluated, a plan that was never measured
         fastest = min(getattr(m, key) for m in measured)
         return (getattr(by_key[plan_key(named[label])], key) - fastest) / fastest * 100
 
@@ -235,6 +265,7 @@ def evaluate(
         "textbook_pick_vs_fastest_pct": pick_vs_fastest("auto (textbook)", "as_timed_s"),
         "calibrated_pick_vs_fastest_at_profile_speed_pct": pick_vs_fastest("auto (calibrated)", "at_profile_speed_s"),
         "textbook_pick_vs_fastest_at_profile_speed_pct": pick_vs_fastest("auto (textbook)", "at_profile_speed_s"),
+        "model_pick_vs_fastest_pct": pick_vs_fastest(MODEL_PICK, "as_timed_s"),
         "refit": {"colocation_factor": refit.colocation_factor, "action_overhead_s": refit.action_overhead_s},
     }
 
@@ -244,8 +275,8 @@ def _distinct_errors(results: list[dict[str, object]], key: str, model_of_cost: 
     out: dict[tuple[object, ...], float] = {}
     for res in results:
         for r in res["rows"]:  # type: ignore[attr-defined]
-            if model_of_cost not in r[key] or (model_of_cost == "refit, one run" and r["in_sample_one_run"]):
-                continue  # the one-run refit is judged on the plans it did not see
+            if model_of_cost not in r[key] or (model_of_cost == ONE_RUN and r["in_sample_one_run"]):
+                continue  # calibrate --model is judged on the plans it did not see
             plan = (res["model"], r["schedule"], r["virtual_stages"], r["micro_batch_size"], tuple(r["split_points"]))
             out.setdefault(plan, abs(r[key][model_of_cost]))
     return out
@@ -262,7 +293,7 @@ def markdown(results: list[dict[str, object]], calibration: Calibration, load: t
         "Errors as timed; beside them the calibrated error at the profile's machine speed (each run's times "
         "divided by its speed factor, the speed reference's ratio: `verify`'s diagnostic).",
         "",
-        "| model | plan | schedule | measured | speed | textbook | calibrated | refit (tune) | refit, one run "
+        "| model | plan | schedule | measured | speed | textbook | calibrated | calibrate --model | refit (tune) "
         "| calibrated, at speed |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -272,33 +303,37 @@ def markdown(results: list[dict[str, object]], calibration: Calibration, load: t
             sched += f", b={row['micro_batch_size']}"
             err, at_speed = row["error_pct"], row["error_at_profile_speed_pct"]
             speed = "-" if row["speed_factor"] is None else f"x{row['speed_factor']:.2f}"
-            one = err.get("refit, one run")
+            one = err.get(ONE_RUN)
             one_cell = "-" if one is None else f"{one:+.1f}%" + (" (its run)" if row["in_sample_one_run"] else "")
             lines.append(
                 f"| {res['model']} | {row['plan']} | {sched} | {row['measured_s'] * 1e3:.1f} ms | {speed} | "
-                f"{err['textbook']:+.1f}% | {err['calibrated']:+.1f}% | {err['refit']:+.1f}% | {one_cell} | "
+                f"{err['textbook']:+.1f}% | {err['calibrated']:+.1f}% | {one_cell} | {err['refit']:+.1f}% | "
                 f"{at_speed['calibrated']:+.1f}% |"
             )
     lines += [
         "",
-        "| model | `plan` (calibrated) vs fastest measured | `plan` (textbook) vs fastest | both, at speed |",
-        "|---|---|---|---|",
+        "| model | `plan` (calibrated) vs fastest measured | `plan` (calibrate --model) vs fastest "
+        "| `plan` (textbook) vs fastest | calibrated and textbook, at speed |",
+        "|---|---|---|---|---|",
     ]
     for res in results:
+        model_pick = res.get("model_pick_vs_fastest_pct")
         lines.append(
             f"| {res['model']} | {res['calibrated_pick_vs_fastest_pct']:+.1f}% | "
+            + ("-" if model_pick is None else f"{model_pick:+.1f}%")
+            + " | "
             f"{res['textbook_pick_vs_fastest_pct']:+.1f}% | "
             f"{res['calibrated_pick_vs_fastest_at_profile_speed_pct']:+.1f}%, "
             f"{res['textbook_pick_vs_fastest_at_profile_speed_pct']:+.1f}% |"
         )
     lines += [
         "",
-        "| model of cost (distinct plans; the one-run refit on the plans it did not see) | errors | median abs "
+        "| model of cost (distinct plans; calibrate --model on the plans it did not see) | errors | median abs "
         "error | worst | above 20 % |",
         "|---|---|---|---|---|",
     ]
     for key, how in (("error_pct", "as timed"), ("error_at_profile_speed_pct", "at the profile's speed")):
-        for k in ("textbook", "calibrated", "refit", "refit, one run"):
+        for k in ("textbook", "calibrated", ONE_RUN, "refit"):
             v = list(_distinct_errors(results, key, k).values())
             if not v:
                 continue

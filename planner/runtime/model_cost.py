@@ -1,0 +1,123 @@
+"""What a model's own actions cost in a pipeline, learned from one measured 1F1B run of it.
+
+``pipeplan calibrate`` measures the runtime with stages of one tiny ``Linear``. Real stages pay more per
+action once they run in a pipeline: on this 2-core CPU about 0.15 ms for a small MLP and 0.45 ms for
+gpt2-tiny, beyond what they cost alone, with neither the other rank's compute nor a pause alone
+explaining it (docs/BENCHMARKS.md, section 6, sessions 16 and 17). No per-action constant of the runtime
+fits both models, so a calibration that is to predict a given model's plans has to see that model run.
+
+``pipeplan calibrate --model MODEL --profile PROFILE`` does so once: it plans the model for the
+calibration's ranks under the 1F1B schedule, runs that plan on real processes
+(:func:`planner.runtime.verify.verify_plan`) and refits the calibration from the run
+(:func:`planner.runtime.tune.refit_calibration`: the co-location factor from the measured compute, the
+1F1B overhead from the measured iteration, every other schedule shifted by the same per-action change,
+the optimizer by the measured step tail). Held out of sample on the other plans of six models, such a
+calibration predicted within 2.3-5.9 % (median; none above 15 %), where the one made with trivial stages
+was 26-30 % off (docs/BENCHMARKS.md, section 6).
+
+The result is the model's: ``notes.model`` names it, and ``pipeplan plan`` warns when a profile of another
+model is planned with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from planner.calibration import Calibration
+from planner.cost import default_settings
+from planner.errors import UsageError
+from planner.plan import Plan
+from planner.runtime.tune import refit_calibration
+from planner.runtime.verify import VerifyReport, verify_plan
+from planner.schedule.orders import Schedule
+from planner.search import PlanRequest, make_plan
+from profiles.format import Profile
+
+__all__ = ["ModelRun", "learning_plan", "learn_from_run", "learn_model_cost", "default_global_batch", "model_note"]
+
+
+@dataclass(frozen=True)
+class ModelRun:
+    calibration: Calibration
+    """The calibration refit from the run (``source`` ``refit``, ``notes.model`` set)."""
+    plan: Plan
+    """The 1F1B plan that ran, with its prediction under the calibration it started from."""
+    report: VerifyReport
+
+
+def default_global_batch(profile: Profile, num_ranks: int) -> int:
+    """Two micro-batches per rank of the largest profiled size: 1F1B reaches its steady state (every rank
+    alternates a forward and a backward) only with more micro-batches than ranks."""
+    return 2 * num_ranks * max(profile.micro_batch_sizes)
+
+
+def learning_plan(profile: Profile, calibration: Calibration, global_batch: int, *, sha256: str) -> Plan:
+    """The planner's best 1F1B plan for the calibration's ranks: the run the model's cost is learned from."""
+    if calibration.num_ranks < 2:
+        raise UsageError(
+            f"learning a model's pipeline cost needs at least 2 ranks (the calibration has {calibration.num_ranks})"
+        )
+    settings = default_settings(profile, calibration=calibration, calibration_label="calibrate")
+    request = PlanRequest(
+        num_ranks=calibration.num_ranks,
+        global_batch_size=global_batch,
+        schedule=Schedule.ONE_F_ONE_B.value,
+        settings=settings,
+    )
+    return make_plan(profile, request, sha256=sha256)
+
+
+def model_note(calibration: Calibration) -> dict[str, Any] | None:
+    """What ``notes.model`` says about the model a calibration was refit on (None: no model's)."""
+    note = calibration.notes.get("model")
+    return note if isinstance(note, dict) else None
+
+
+def learn_from_run(calibration: Calibration, profile: Profile, plan: Plan, report: VerifyReport) -> Calibration:
+    """``calibration`` refit from one measured run of ``plan`` (pure: no process is started)."""
+    refit = refit_calibration(calibration, [(plan, report)])
+    if refit is calibration:
+        raise UsageError("learning a model's pipeline cost needs a run on real processes, not a replay")
+    notes = dict(refit.notes)
+    notes["model"] = {
+        "name": profile.model.name,
+        "fingerprint": profile.model.fingerprint,
+        "schedule": plan.schedule.value,
+        "micro_batch_size": plan.micro_batch_size,
+        "num_microbatches": plan.num_microbatches,
+        "predicted_s": plan.predicted.iteration_s,
+        "measured_s": report.measured_iteration_s,
+        "steps": report.steps,
+    }
+    return replace(refit, notes=notes)
+
+
+def learn_model_cost(
+    calibration: Calibration,
+    profile: Profile,
+    model: str,
+    *,
+    sha256: str,
+    global_batch: int | None = None,
+    steps: int = 5,
+    warmup: int = 1,
+    device: str = "cpu",
+    timeout_s: float = 600.0,
+    on_progress: Callable[[str], None] | None = None,
+) -> ModelRun:
+    """Run ``model``'s 1F1B plan on ``calibration.num_ranks`` real processes and refit ``calibration`` from it.
+
+    Raises:
+        UsageError: fewer than 2 ranks. PlanInfeasibleError: no 1F1B plan fits (e.g. too few units).
+        ExecutionError / ModelMismatchError: the run failed or the model is not the profile's.
+    """
+    batch = global_batch if global_batch is not None else default_global_batch(profile, calibration.num_ranks)
+    plan = learning_plan(profile, calibration, batch, sha256=sha256)
+    if on_progress is not None:
+        on_progress(
+            f"running {model} under 1f1b on {plan.num_ranks} ranks, b={plan.micro_batch_size} x {plan.num_microbatches}"
+        )
+    report = verify_plan(plan, model, steps=steps, warmup=warmup, mode="processes", device=device, timeout_s=timeout_s)
+    return ModelRun(learn_from_run(calibration, profile, plan, report), plan, report)
