@@ -6,7 +6,7 @@
    for every rank, otherwise the one-process replay).
 3. The calibration is refit from what was measured (processes mode; replay measures compute only):
    - co-location factor: the one for which the simulated compute of every rank of every candidate adds up
-     to the measured compute (bisection; compute slows only where ranks overlap, docs/cost-model.md);
+     to the measured compute (bisection; the factor scales every action of the pipeline, docs/cost-model.md);
    - per-action overhead of each measured schedule: the value for which the simulator, with the refit
      factor, reproduces the measured iteration (bisection, as ``calibrate`` does), median over that
      schedule's candidates; unmeasured schedules shift by the median change of the measured ones
@@ -88,8 +88,8 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
         return calibration
     tails = [r.measured_tail_s / r.predicted_tail_s for _, rep in measured for r in rep.ranks if r.predicted_tail_s > 0]
     tail_factor = statistics.median(tails) if tails else 1.0
-    # The factor and the overheads depend on each other (overhead moves actions, hence their overlap):
-    # alternate the two fits; a few rounds settle them.
+    # The factor and the overheads depend on each other (overhead moves actions, hence the waits the
+    # overhead fit sees): alternate the two fits; a few rounds settle them.
     per_run = [calibration.overhead_for(plan.schedule) for plan, _ in measured]
     scale = calibration.colocation_factor
     for _ in range(4):

@@ -21,9 +21,9 @@ The model (docs/cost-model.md, "The model"):
   every action costs ``action_overhead_s`` more on its rank (torch's dispatch, posting and waiting on
   P2P ops, the loss), each rank ends the iteration with its step tail (tied-gradient sum,
   ``optimizer.step()`` and ``zero_grad``; ranks that share a tied weight start theirs together, when the
-  later of them has finished its last action), and compute slows by the co-location factor ``k`` only where
-  ranks compute at the same time: a rank whose compute overlaps others' for a share ``o`` of its busy
-  time computes ``1 + (k - 1) o`` times slower (``o`` from a first pass at full speed; one refinement).
+  later of them has finished its last action), and every action of a pipeline of two or more ranks
+  computes ``k`` times slower than profiled (the co-location factor; docs/cost-model.md says why every
+  action and not only those that overlap another rank's).
 
 Start times are therefore the longest path through a DAG (rank order edges + dependency edges), so
 the result is exact for this model and independent of event tie-breaking.
@@ -66,8 +66,8 @@ class RuntimeTerms:
     step_tail_s: tuple[float, ...] = ()
     """Per rank, after its last action: tied-gradient sum, ``optimizer.step()``, ``zero_grad``."""
     compute_scale: float = 1.0
-    """Co-location factor: compute with every rank busy on the machine / compute profiled alone. Applied to
-    each rank in proportion to how much of its compute overlaps other ranks' (module docstring)."""
+    """Co-location factor: compute inside a running pipeline / compute profiled alone. Applied to every
+    action of a pipeline of two or more ranks (module docstring)."""
     tail_groups: tuple[tuple[int, ...], ...] = ()
     """Ranks whose step tails open by summing a weight tied across them, each waiting for the others: a rank
     of a group starts its tail when the group's last rank has finished its last action."""
@@ -323,11 +323,11 @@ def simulate(
     comm_f = [0.0 if stage_rank[c] == stage_rank[c + 1] else t for c, t in enumerate(comm_f)]
     comm_b = [0.0 if stage_rank[c] == stage_rank[c + 1] else t for c, t in enumerate(comm_b)]
     late = not sched.multi_stage  # receives posted when needed: torch's PipelineScheduleSingle
-    scales = [1.0] * ranks
-    if terms.compute_scale != 1.0:
-        full_speed, _ = _run(orders, base, comm_f, comm_b, n, terms.action_overhead_s, width, late, terms.resume)
-        scales = [1.0 + (terms.compute_scale - 1.0) * o for o in _overlap_fractions(full_speed, ranks)]
-    durations = {kind: [t * scales[stage_rank[s]] for s, t in enumerate(times)] for kind, times in base.items()}
+    # Not in proportion to the overlap with other ranks' compute, as before: ranks computing side by side
+    # slowed each other only 0.97-1.05x, while every action inside a pipeline ran 1.2-2.2x its profile
+    # (docs/BENCHMARKS.md, section 6, "Session 17"; "Session 18" for the fidelity runs of both rules).
+    scale = terms.compute_scale if ranks > 1 else 1.0
+    durations = {kind: [t * scale for t in times] for kind, times in base.items()}
     actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, terms.action_overhead_s, width, late, terms.resume)
     tails = terms.step_tail_s or (0.0,) * ranks
     # One pass, not one per rank: a plan search simulates up to 65,536 actions on 64 ranks.
@@ -485,41 +485,6 @@ def _stage_ranks(orders: Sequence[Sequence[Step]], num_stages: int) -> list[int]
         for step in order:
             ranks[step.stage] = rank
     return ranks
-
-
-def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
-
-
-def _overlap_fractions(actions: Sequence[TimedAction], num_ranks: int) -> list[float]:
-    """Per rank, the share of its compute time during which at least one other rank is busy."""
-    fractions = []
-    for rank in range(num_ranks):
-        own = [(a.start_s, a.end_s - a.overhead_s) for a in actions if a.rank == rank]
-        others = _merged([(a.start_s, a.end_s) for a in actions if a.rank != rank])
-        busy = sum(e - s for s, e in own)
-        fractions.append(_intersection(sorted(own), others) / busy if busy > 0 else 0.0)
-    return fractions
-
-
-def _intersection(own: list[tuple[float, float]], others: list[tuple[float, float]]) -> float:
-    """Total overlap of two sorted interval lists, ``others`` disjoint: one linear sweep, not all pairs
-    (a plan search may simulate 65,536 actions per rank)."""
-    shared, k = 0.0, 0
-    for start, end in own:
-        while k < len(others) and others[k][1] <= start:
-            k += 1
-        j = k
-        while j < len(others) and others[j][0] < end:
-            shared += max(0.0, min(end, others[j][1]) - max(start, others[j][0]))
-            j += 1
-    return shared
 
 
 def _peak_in_flight(orders: Sequence[Sequence[Step]], num_stages: int) -> tuple[int, ...]:

@@ -323,27 +323,29 @@ def test_step_tail_ends_each_rank() -> None:
     assert [(a.rank, a.start_s, a.end_s) for a in tails] == [(0, 6.0, 6.5), (1, 5.0, 7.0)]
 
 
-def test_colocation_slows_only_overlapped_compute() -> None:
-    # GPipe, P = 2, M = 2, F = B = 1: rank 0 computes at [0, 2] and [4, 6], rank 1 at [1, 5]; each has
-    # half of its compute overlapped, so k = 2 makes every action 1.5 long and the iteration 6 x 1.5 = 9.
+def test_colocation_slows_every_action_of_a_pipeline() -> None:
+    # GPipe, P = 2, M = 2, F = B = 1: 6 without co-location. k = 2 makes every action 2 long, those that
+    # overlap no other rank's compute (the fill and the drain) too: 12.
     r = simulate([1, 1], [1, 1], 2, "gpipe", runtime=RuntimeTerms(compute_scale=2.0))
-    assert r.iteration_s == 9.0
-    assert r.busy_s == (6.0, 6.0)
+    assert r.iteration_s == 12.0
+    assert r.busy_s == (8.0, 8.0)
 
 
-def test_colocation_leaves_a_pipeline_without_overlap_alone() -> None:
-    # One micro-batch through two stages: the ranks never compute at once, so nothing slows.
-    assert simulate([1, 1], [1, 1], 1, "gpipe", runtime=RuntimeTerms(compute_scale=3.0)).iteration_s == 4.0
+def test_colocation_leaves_one_rank_alone() -> None:
+    # One rank is no pipeline: nothing runs beside it, it computes as profiled (2 x (2 + 3)).
+    assert simulate([2], [3], 2, "gpipe", runtime=RuntimeTerms(compute_scale=3.0)).iteration_s == 10.0
 
 
 def test_colocation_with_a_link() -> None:
-    # A 1 s link shifts rank 1 to F0 [2, 3], F1 [4, 5] (its receive posted at 3), B [5, 7], while rank 0
-    # computes at [0, 2] and [6, 8]: a quarter of each rank's compute overlaps ([6, 7]), so each computes
-    # 1.25x slower. Rank 1's forwards then run at [2.25, 3.5] and [4.5, 5.75], its backwards to 8.25;
-    # rank 0's backwards at [7, 9.5].
+    # k = 2 and a 1 s forward link: rank 0's forwards at [0, 2], [2, 4]; rank 1's first at [3, 5] (its
+    # receive posted when needed: the producer's end + the link), its second at max(4, 5) + 1 = [6, 8],
+    # its backwards [8, 10], [10, 12]; rank 0's backwards follow each gradient: [10, 12], [12, 14].
     r = simulate([1, 1], [1, 1], 2, "gpipe", comm_forward_s=[1.0], runtime=RuntimeTerms(compute_scale=2.0))
-    assert r.iteration_s == 9.5
-    assert r.busy_s == (5.0, 5.0)
+    assert [(a.rank, a.kind, a.start_s, a.end_s) for a in r.actions if a.rank == 1] == [
+        (1, "F", 3.0, 5.0), (1, "F", 6.0, 8.0), (1, "B", 8.0, 10.0), (1, "B", 10.0, 12.0)
+    ]  # fmt: skip
+    assert r.iteration_s == 14.0
+    assert r.busy_s == (8.0, 8.0)
 
 
 def test_a_machine_twice_as_slow_doubles_every_compute_term_and_keeps_the_colocation_ratio() -> None:
@@ -353,8 +355,7 @@ def test_a_machine_twice_as_slow_doubles_every_compute_term_and_keeps_the_coloca
     base = simulate([1, 1], [1, 1], 2, "1f1b", runtime=terms)
     doubled = simulate([2, 2], [2, 2], 2, "1f1b", runtime=slow)
     assert doubled.iteration_s == 2 * base.iteration_s and doubled.busy_s == tuple(2 * b for b in base.busy_s)
-    # a link does not compute: it keeps its time (without co-location, whose overlaps a link moves, the
-    # iteration then grows by less than twice)
+    # a link does not compute: it keeps its time (the iteration then grows by less than twice)
     plain = RuntimeTerms(action_overhead_s=0.5, step_tail_s=(0.5, 2.0))
     linked = simulate([1, 1], [1, 1], 2, "1f1b", comm_forward_s=[1.0], runtime=plain)
     slower = simulate([2, 2], [2, 2], 2, "1f1b", comm_forward_s=[1.0], runtime=plain.at_speed(2.0))
