@@ -391,7 +391,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"  overhead per action, {name:<17} {seconds * 1e3:.3f} ms")
     for name, cost in sorted(c.optimizer.items()):
         print(f"  {name} step: {cost.per_step_s * 1e3:.3f} ms + {cost.per_param_s * 1e9:.2f} ns per parameter")
-    print(f"  co-location factor: {c.colocation_factor:.3f} (compute with all ranks busy / alone)")
+    print(f"  co-location factor: {c.colocation_factor:.3f} (compute inside the pipeline / profiled alone)")
     if profile is not None:
         plan, report = run.plan, run.report
         learned = after.overhead_for(plan.schedule) - before.overhead_for(plan.schedule)

@@ -83,7 +83,8 @@ class Calibration:
     optimizer: dict[str, OptimizerCost]
     """Per optimizer name (``adam``, ``sgd``)."""
     colocation_factor: float
-    """Compute time with every rank busy / compute time of one rank alone (>= about 1)."""
+    """Compute time of an action inside a running pipeline / its time profiled alone (>= about 1); the
+    simulator applies it to every action of a pipeline of two or more ranks."""
     source: str = "measured"
     """``measured`` (``pipeplan calibrate``), ``refit`` (``pipeplan tune``) or ``estimate`` (first principles)."""
     notes: dict[str, Any] = field(default_factory=dict, hash=False)
