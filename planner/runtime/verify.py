@@ -753,14 +753,15 @@ def mismatch_reason(report: VerifyReport) -> str | None:
             pace = f"{factor:.2f}x slower" if factor >= 1 else f"{1 / factor:.2f}x faster"
             machine = f"the machine runs {pace} than when the profile was made (the speed reference)"
         return (
-            f"every stage computed {span} {direction} than profiled: {machine}, or its ranks slow each other more "
-            "than the calibration's co-location factor says; profile again on a quiet machine, or let "
-            "`pipeplan tune` refit"
+            f"every stage computed {span} {direction} than profiled: {machine}, or this model's actions run "
+            "slower in a pipeline than the calibration's co-location factor says; profile again on a quiet "
+            "machine, or learn the model's own cost with `pipeplan calibrate --model` or `pipeplan tune`"
         )
     if all(abs(e) <= tolerance_pct for e in errors):
         where = " (see where the time went)" if report.ranks else ""
         return (
-            f"the stages computed as profiled: the rest is outside compute, in waits, overhead or the step tail{where}"
+            f"the stages computed as profiled: the rest is outside compute, in waits, overhead or the step "
+            f"tail{where}; `pipeplan calibrate --model` learns what this model's actions cost beyond compute"
         )
     worst = report.stages[report.worst_stage]
     return f"stage {worst.index} is off most ({worst.error_pct:+.1f} %): its profile does not describe how it runs here"
