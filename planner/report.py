@@ -77,6 +77,10 @@ def format_plan(plan: Plan) -> str:
         f"predicted iteration {human_seconds(p.iteration_s)} (simulated; solver objective "
         f"{human_seconds(p.formula_iteration_s)}), bubble {p.bubble_fraction:.1%}, {p.samples_per_s:.3g} samples/s"
     )
+    if p.calibration == "none":
+        lines.append("runtime terms: none (the textbook model: compute and links only)")
+    else:
+        lines.append(f"runtime terms (overhead per action, co-location, step tail) from calibration {p.calibration}")
     if capacity:
         lines.append(f"usable memory per rank {human_bytes(min(capacity))} (device less headroom)")
     optimal = "optimal" if plan.solver.optimal else "NOT proven optimal"

@@ -201,8 +201,15 @@ def test_cli_never_replaces_the_calibration_it_reads(tmp_path, capsys) -> None:
     assert main([*args, "--out", str(cal)]) == 2
     assert "is this command's input" in capsys.readouterr().err
     assert cal.read_bytes() == before
+    capsys.readouterr()
     assert main([*args, "--out", str(tmp_path / "plan.json")]) == 0
     assert json.loads((tmp_path / "plan.json").read_text())["predicted"]["calibration"] == str(cal)
+    assert (
+        f"runtime terms (overhead per action, co-location, step tail) from calibration {cal}" in capsys.readouterr().out
+    )
+    args[-1] = "none"
+    assert main([*args, "--out", str(tmp_path / "textbook.json")]) == 0
+    assert "runtime terms: none (the textbook model" in capsys.readouterr().out
 
 
 def test_cli_refuses_a_calibration_of_another_device(tmp_path, capsys) -> None:
