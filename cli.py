@@ -326,9 +326,8 @@ def _warn_other_model(calibration: object, profile: Profile) -> None:
     """A calibration refit on one model (``calibrate --model``, ``tune``) carries that model's per-action
     cost: say so when another model is planned with it."""
     from planner.calibration import Calibration
-    from planner.runtime.model_cost import model_note
 
-    note = model_note(calibration) if isinstance(calibration, Calibration) else None
+    note = calibration.learned_model if isinstance(calibration, Calibration) else None
     if note is not None and note.get("fingerprint") != profile.model.fingerprint:
         print(
             f"pipeplan: warning: the calibration learned {note.get('name')}'s per-action cost, not "

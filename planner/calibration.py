@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -117,6 +117,17 @@ class Calibration:
         if schedule.value in self.action_overhead_s:
             return self.action_overhead_s[schedule.value]
         return max(self.action_overhead_s.values(), default=0.0)
+
+    @property
+    def learned_model(self) -> dict[str, Any] | None:
+        """``notes.model``: the model whose runs this calibration was refit from (``calibrate --model``,
+        ``tune``), with its ``name`` and ``fingerprint``; None for the machine's constants alone."""
+        note = self.notes.get("model")
+        return note if isinstance(note, dict) else None
+
+    def learned_from(self, name: str, fingerprint: str, **details: Any) -> Calibration:
+        """This calibration, marked as refit from runs of the model ``name`` (its profile's fingerprint)."""
+        return replace(self, notes={**self.notes, "model": {"name": name, "fingerprint": fingerprint, **details}})
 
     def allreduce_s(self, num_bytes: int, num_ranks: int) -> float:
         """Ring all-reduce of ``num_bytes`` over ``num_ranks`` on the calibrated link."""

@@ -22,8 +22,7 @@ model is planned with it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
 
 from planner.calibration import Calibration
 from planner.cost import default_settings
@@ -35,7 +34,7 @@ from planner.schedule.orders import Schedule
 from planner.search import PlanRequest, make_plan
 from profiles.format import Profile
 
-__all__ = ["ModelRun", "learning_plan", "learn_from_run", "learn_model_cost", "default_global_batch", "model_note"]
+__all__ = ["ModelRun", "learning_plan", "learn_from_run", "learn_model_cost", "default_global_batch"]
 
 
 @dataclass(frozen=True)
@@ -69,29 +68,21 @@ def learning_plan(profile: Profile, calibration: Calibration, global_batch: int,
     return make_plan(profile, request, sha256=sha256)
 
 
-def model_note(calibration: Calibration) -> dict[str, Any] | None:
-    """What ``notes.model`` says about the model a calibration was refit on (None: no model's)."""
-    note = calibration.notes.get("model")
-    return note if isinstance(note, dict) else None
-
-
 def learn_from_run(calibration: Calibration, profile: Profile, plan: Plan, report: VerifyReport) -> Calibration:
     """``calibration`` refit from one measured run of ``plan`` (pure: no process is started)."""
     refit = refit_calibration(calibration, [(plan, report)])
     if refit is calibration:
         raise UsageError("learning a model's pipeline cost needs a run on real processes, not a replay")
-    notes = dict(refit.notes)
-    notes["model"] = {
-        "name": profile.model.name,
-        "fingerprint": profile.model.fingerprint,
-        "schedule": plan.schedule.value,
-        "micro_batch_size": plan.micro_batch_size,
-        "num_microbatches": plan.num_microbatches,
-        "predicted_s": plan.predicted.iteration_s,
-        "measured_s": report.measured_iteration_s,
-        "steps": report.steps,
-    }
-    return replace(refit, notes=notes)
+    return refit.learned_from(
+        profile.model.name,
+        profile.model.fingerprint,
+        schedule=plan.schedule.value,
+        micro_batch_size=plan.micro_batch_size,
+        num_microbatches=plan.num_microbatches,
+        predicted_s=plan.predicted.iteration_s,
+        measured_s=report.measured_iteration_s,
+        steps=report.steps,
+    )
 
 
 def learn_model_cost(

@@ -179,6 +179,8 @@ def tune(
     for plan in plans:
         measure(plan)
     refit = refit_calibration(start, runs)
+    if refit is not start:
+        refit = refit.learned_from(profile.model.name, profile.model.fingerprint, runs=len(runs))
     refit_settings = replace(request.settings, calibration=refit, calibration_label="refit by tune")
     replanned = make_plans(profile, replace(request, settings=refit_settings), sha256=sha256, count=1)[0]
     if plan_key(replanned) not in {plan_key(p) for p, _ in runs}:

@@ -147,6 +147,12 @@ def test_tune_keeps_the_fastest_measured_plan(tmp_path) -> None:
         (min(measured) - result.best.predicted.iteration_s) / result.best.predicted.iteration_s * 100
     )
     assert "<- fastest measured" in format_tune_table(result)
+    # The refit carries gpt2-tiny's own per-action cost: it says whose, so that plan can warn for another model.
+    assert result.calibration.learned_model == {
+        "name": profile.model.name,
+        "fingerprint": profile.model.fingerprint,
+        "runs": len(result.candidates),
+    }
     # How fast the machine ran during each candidate (the speed reference), shown and recorded as information.
     for c in result.candidates:
         assert c.report.speed_factor is not None and c.report.speed_factor > 0

@@ -34,7 +34,7 @@ def test_learning_from_a_run_shifts_every_schedule_and_names_the_model() -> None
     truth = plan.simulation(RuntimeTerms(3e-3, tails, 1.0))  # each action costs 2 ms more than calibrated
     learned = learn_from_run(start, profile, plan, _report(plan, truth.iteration_s, truth.busy_s, tails[0]))
     assert learned.action_overhead_s == pytest.approx({"gpipe": 4e-3, "1f1b": 3e-3, "interleaved-1f1b": 7e-3})
-    note = learned.notes["model"]
+    note = learned.learned_model
     assert (note["name"], note["fingerprint"]) == (profile.model.name, profile.model.fingerprint)
     assert note["measured_s"] == truth.iteration_s and note["predicted_s"] == plan.predicted.iteration_s
     assert learned.source == "refit"
@@ -69,7 +69,7 @@ def test_calibrate_learns_the_models_cost_on_two_gloo_ranks_and_plan_warns_for_a
                  "--global-batch", "8", "--steps", "1", "--out", str(out)])  # fmt: skip
     assert code == 0
     learned = load_calibration(out)
-    note = learned.notes["model"]
+    note = learned.learned_model
     assert (note["name"], note["schedule"], note["micro_batch_size"] * note["num_microbatches"]) == ("mlp", "1f1b", 8)
     assert note["fingerprint"] == load_profile(mlp).model.fingerprint and note["measured_s"] > 0
     assert learned.source == "refit"
