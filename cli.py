@@ -1028,7 +1028,7 @@ def build_parser() -> argparse.ArgumentParser:
             "refits the calibration from it: real stages pay more per action in a pipeline than the\n"
             "trivial ones measured first (0.15 ms for a small MLP, 0.45 ms for gpt2-tiny on a 2-core CPU),\n"
             "and only a run of the model shows how much. Plans of that model predicted with the result\n"
-            "came within 4.5-8 % (median) where the machine's constants alone were 10-30 % off.\n\n"
+            "came within 4-8 % (median) where the machine's constants alone were 10-53 % off.\n\n"
             "examples:\n  pipeplan calibrate --ranks 2 --out cpu.calibration.json\n"
             "  pipeplan calibrate --ranks 2 --model gpt2-tiny --profile gpt2-tiny.profile.json \\\n"
             "      --out gpt2-tiny.calibration.json\n"
