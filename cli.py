@@ -35,7 +35,9 @@ from planner.limits import (
 from planner.schedule.orders import Schedule
 
 if TYPE_CHECKING:
+    from planner.calibration import Calibration
     from planner.cluster import Cluster
+    from planner.runtime.model_cost import ModelRun
     from planner.search import PlanRequest
     from profiles.format import Profile
 
@@ -350,38 +352,27 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         raise UsageError("--model and --profile go together: the model to run and its profile (pipeplan profile)")
     if args.start is not None and args.model is None:
         raise UsageError("--start only makes sense with --model: it is the calibration the model's run refits")
-    check_output_path(args.out, inputs=[p for p in (args.profile, args.start) if p not in (None, "auto")])
+    inputs = [args.profile, None if args.start == "auto" else args.start, args.model and _model_file(args.model)]
+    check_output_path(args.out, inputs=[p for p in inputs if p])
     profile = None
     if args.profile is not None:
         from profiles.format import load_profile
 
         profile = load_profile(args.profile)
-    if args.start is None:
-        calibration = calibrate(args.ranks, device=args.device, repeats=args.repeats, timeout_s=args.timeout)
-    elif args.start == "auto":
-        calibration = shipped_calibration(args.device)
-    else:
-        calibration = load_calibration(args.start)
-    if profile is not None:
-        from planner.runtime.model_cost import learn_model_cost
-        from planner.search import profile_sha256
-
-        calibration.check_device(profile.device.kind)
-        if calibration.num_ranks != args.ranks:
-            raise UsageError(f"--start was measured on {calibration.num_ranks} ranks, not --ranks {args.ranks}")
-        print(f"running {args.model} on {args.ranks} ranks to learn its own per-action cost ...", file=sys.stderr)
-        run = learn_model_cost(
-            calibration,
-            profile,
-            args.model,
-            sha256=profile_sha256(args.profile),
-            global_batch=args.global_batch,
-            steps=args.steps,
-            device=args.device,
-            timeout_s=args.timeout,
-        )
-        before, after = calibration, run.calibration
-        calibration = after
+    with _signals_interrupt(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", module=r"torch(\..*)?$")
+        if args.start is None:
+            calibration = calibrate(args.ranks, device=args.device, repeats=args.repeats, timeout_s=args.timeout)
+        elif args.start == "auto":
+            calibration = shipped_calibration(args.device)
+        else:
+            calibration = load_calibration(args.start)
+        if profile is not None:
+            run = _learn_model_cost(args, profile, calibration)
+            before, after = calibration, run.calibration
+            calibration = after
     save_calibration(calibration, args.out)
     c = calibration
     print(f"calibration on {c.device_kind}/{c.backend}, {c.num_ranks} ranks x {c.threads_per_rank} threads")
@@ -402,6 +393,38 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         )
     print(f"\nwrote {args.out}")
     return 0
+
+
+def _learn_model_cost(args: argparse.Namespace, profile: Profile, calibration: Calibration) -> ModelRun:
+    """``calibrate --model``: the model's 1F1B run on the calibration's ranks, and the calibration refit from it."""
+    from planner.runtime.model_cost import default_global_batch, learn_model_cost, learning_plan
+    from planner.runtime.verify import threads_warning
+    from planner.search import profile_sha256
+
+    calibration.check_device(profile.device.kind)
+    if calibration.num_ranks != args.ranks:
+        raise UsageError(f"--start was measured on {calibration.num_ranks} ranks, not --ranks {args.ranks}")
+    sha256 = profile_sha256(args.profile)
+    batch = args.global_batch or default_global_batch(profile, args.ranks)
+    plan = learning_plan(profile, calibration, batch, sha256=sha256)
+    warning = threads_warning(plan, "processes", args.device)
+    if warning:
+        print(f"pipeplan: warning: {warning}", file=sys.stderr)
+    print(
+        f"running {args.model} under 1f1b on {args.ranks} ranks (b={plan.micro_batch_size} x "
+        f"{plan.num_microbatches}) to learn its own per-action cost ...",
+        file=sys.stderr,
+    )
+    return learn_model_cost(
+        calibration,
+        profile,
+        args.model,
+        sha256=sha256,
+        steps=args.steps,
+        device=args.device,
+        timeout_s=args.timeout,
+        plan=plan,
+    )
 
 
 def _plan_request(args: argparse.Namespace, profile: Profile) -> PlanRequest:

@@ -97,15 +97,19 @@ def learn_model_cost(
     device: str = "cpu",
     timeout_s: float = 600.0,
     on_progress: Callable[[str], None] | None = None,
+    plan: Plan | None = None,
 ) -> ModelRun:
     """Run ``model``'s 1F1B plan on ``calibration.num_ranks`` real processes and refit ``calibration`` from it.
+
+    ``plan`` is that plan when the caller has made it already (:func:`learning_plan`, same arguments).
 
     Raises:
         UsageError: fewer than 2 ranks. PlanInfeasibleError: no 1F1B plan fits (e.g. too few units).
         ExecutionError / ModelMismatchError: the run failed or the model is not the profile's.
     """
-    batch = global_batch if global_batch is not None else default_global_batch(profile, calibration.num_ranks)
-    plan = learning_plan(profile, calibration, batch, sha256=sha256)
+    if plan is None:
+        batch = global_batch if global_batch is not None else default_global_batch(profile, calibration.num_ranks)
+        plan = learning_plan(profile, calibration, batch, sha256=sha256)
     if on_progress is not None:
         on_progress(
             f"running {model} under 1f1b on {plan.num_ranks} ranks, b={plan.micro_batch_size} x {plan.num_microbatches}"

@@ -61,7 +61,21 @@ def test_calibrate_refuses_half_a_model_request(tmp_path, capsys, args, message)
 def test_calibrate_learns_the_models_cost_on_two_gloo_ranks_and_plan_warns_for_another_model(tmp_path, capsys) -> None:
     mlp = tmp_path / "mlp.profile.json"
     assert (
-        main(["profile", "mlp", "--micro-batch-sizes", "2,4", "--repeats", "1", "--no-progress", "--out", str(mlp)])
+        main(
+            [
+                "profile",
+                "mlp",
+                "--ranks",
+                "2",
+                "--micro-batch-sizes",
+                "2,4",
+                "--repeats",
+                "1",
+                "--no-progress",
+                "--out",
+                str(mlp),
+            ]
+        )
         == 0
     )
     out = tmp_path / "mlp.calibration.json"
@@ -74,7 +88,9 @@ def test_calibrate_learns_the_models_cost_on_two_gloo_ranks_and_plan_warns_for_a
     assert note["fingerprint"] == load_profile(mlp).model.fingerprint and note["measured_s"] > 0
     assert learned.source == "refit"
     assert learned.p2p_latency_s == shipped_calibration("cpu").p2p_latency_s  # --start: the machine not re-measured
-    assert "learned from mlp (1f1b" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "learned from mlp (1f1b" in printed.out
+    assert "running mlp under 1f1b on 2 ranks (b=" in printed.err and "warning" not in printed.err
 
     plan = ["plan", "--stages", "2", "--global-batch", "8", "--calibration", str(out)]
     assert main([plan[0], str(mlp), *plan[1:], "--out", str(tmp_path / "same.plan.json")]) == 0
