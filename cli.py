@@ -249,6 +249,13 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     save_profile(profile, args.out)
     print(format_profile_table(profile))
     print(f"\nwrote {args.out}")
+    ranks = args.ranks or 2
+    print(f"next: pipeplan plan {args.out} --stages {ranks} --global-batch B --out PLAN.json")
+    if not meta:
+        print(
+            f"      (first, to predict this model's runs closely: pipeplan calibrate --ranks {ranks} --model "
+            f"{args.model} --profile {args.out} --out CALIBRATION.json, then plan with --calibration CALIBRATION.json)"
+        )
     return 0
 
 

@@ -89,6 +89,7 @@ def test_calibrate_learns_the_models_cost_on_two_gloo_ranks_and_plan_warns_for_a
     assert learned.source == "refit"
     assert learned.p2p_latency_s == shipped_calibration("cpu").p2p_latency_s  # --start: the machine not re-measured
     printed = capsys.readouterr()
+    assert f"pipeplan calibrate --ranks 2 --model mlp --profile {mlp} --out" in printed.out  # profile's next step
     assert "learned from mlp (1f1b" in printed.out
     assert "running mlp under 1f1b on 2 ranks (b=" in printed.err and "warning" not in printed.err
 
