@@ -52,6 +52,8 @@ torch.distributed.pipelining.
 
   pipeplan calibrate --ranks 2 --out cpu.calibration.json  measure what the runtime adds (once per machine)
   pipeplan profile gpt2-small --out gpt2.profile.json      measure every unit on this device
+  pipeplan calibrate --ranks 2 --model gpt2-small --profile gpt2.profile.json --out gpt2.calibration.json
+                                                           learn what this model's actions pay in a pipeline
   pipeplan plan gpt2.profile.json --stages 4 --global-batch 16 --out gpt2.plan.json
   pipeplan simulate gpt2.plan.json --png timeline.png      see the bubble
   pipeplan verify gpt2.plan.json --model gpt2-small        run it, compare with the prediction
