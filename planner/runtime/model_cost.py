@@ -12,8 +12,8 @@ calibration's ranks under the 1F1B schedule, runs that plan on real processes
 (:func:`planner.runtime.tune.refit_calibration`: the co-location factor from the measured compute, the
 1F1B overhead from the measured iteration, every other schedule shifted by the same per-action change,
 the optimizer by the measured step tail). Held out of sample on the other plans of six models, such a
-calibration predicted within 3.9-8.0 % (median, four runs; none above 20 % in the last two), where the
-one made with trivial stages was 9.9-52.7 % off (docs/BENCHMARKS.md, section 6, "Session 18").
+calibration predicted within 3.9-8.0 % (median, five runs; one plan of 49 above 20 % in the last three),
+where the one made with trivial stages was 9.9-52.7 % off (docs/BENCHMARKS.md, section 6, "Session 18").
 
 The result is the model's: ``notes.model`` names it, and ``pipeplan plan`` warns when a profile of another
 model is planned with it.
