@@ -9,10 +9,11 @@ These facts hold for every schedule the simulator runs (planner/schedule/simulat
 
        step >= sum_{s<k} chain_s + M * work_s=k        chain_s = f_s + b_s  (split: f_s)
 
-Communication, per-action overhead and the co-location slowdown only add (a slowdown factor below 1
-is applied as it is). Over all partitions into ``S`` stages of a chain of total work ``W`` per
-micro-batch, with ``chain_s >= c * work_s``, the second fact is least binding when each stage takes
-as much as the facts allow, a geometric series (the relaxation over real-valued stage sizes)::
+Communication and per-action overhead only add; the co-location factor multiplies every action's
+compute of a pipeline of two or more ranks, in the simulator as here. Over all partitions into ``S``
+stages of a chain of total work ``W`` per micro-batch, with ``chain_s >= c * work_s``, the second fact is
+least binding when each stage takes as much as the facts allow, a geometric series (the relaxation over
+real-valued stage sizes)::
 
        step >= c * W / (1 - (1 - c / M) ** S)
 
@@ -103,8 +104,8 @@ def partition_floor_s(
     the chain before it plus its own work; with ``stage_forward_s``, per rank the chain before its first
     stage, its work, and the backwards after it (module docstring, fact 3)."""
     m = num_microbatches
-    scale = min(1.0, compute_scale)
     ranks = max(stage_rank) + 1
+    scale = compute_scale if ranks > 1 else 1.0  # as the simulator scales every action of a pipeline
     busy = [0.0] * ranks
     for s, rank in enumerate(stage_rank):
         # Every stage runs at least a forward and a backward action per micro-batch.
