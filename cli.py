@@ -413,9 +413,8 @@ def _learn_model_cost(args: argparse.Namespace, profile: Profile, calibration: C
     calibration.check_device(profile.device.kind)
     if calibration.num_ranks != args.ranks:
         raise UsageError(f"--start was measured on {calibration.num_ranks} ranks, not --ranks {args.ranks}")
-    sha256 = profile_sha256(args.profile)
     batch = args.global_batch or default_global_batch(profile, args.ranks)
-    plan = learning_plan(profile, calibration, batch, sha256=sha256)
+    plan = learning_plan(profile, calibration, batch, sha256=profile_sha256(args.profile))
     warning = threads_warning(plan, "processes", args.device)
     if warning:
         print(f"pipeplan: warning: {warning}", file=sys.stderr)
@@ -425,14 +424,7 @@ def _learn_model_cost(args: argparse.Namespace, profile: Profile, calibration: C
         file=sys.stderr,
     )
     return learn_model_cost(
-        calibration,
-        profile,
-        args.model,
-        sha256=sha256,
-        steps=args.steps,
-        device=args.device,
-        timeout_s=args.timeout,
-        plan=plan,
+        calibration, profile, args.model, plan, steps=args.steps, device=args.device, timeout_s=args.timeout
     )
 
 

@@ -121,12 +121,13 @@ ONE_RUN = "calibrate --model"
 
 
 def _one_run(
-    profile: Profile, plans: list[Plan], measured: list[Measured], calibration: Calibration
-) -> Calibration | None:
-    """What ``pipeplan calibrate --model`` makes of ``calibration`` from this model's 1F1B run (None: none ran)."""
-    for plan, m in zip(plans, measured, strict=True):
+    profile: Profile, runs: list[tuple[Plan, VerifyReport]], calibration: Calibration
+) -> tuple[Plan, Calibration] | None:
+    """This model's 1F1B plan and what ``pipeplan calibrate --model`` makes of ``calibration`` from its run
+    (None: no 1F1B plan ran)."""
+    for plan, report in runs:
         if plan.schedule.value == "1f1b":
-            return learn_from_run(calibration, profile, plan, m.report)
+            return plan, learn_from_run(calibration, profile, plan, report)
     return None
 
 
@@ -146,9 +147,9 @@ def bench_model(
         distinct.setdefault(plan_key(plan), plan)
     plans = list(distinct.values())
     measured = _measure(spec, plans, rounds, steps)
-    one = _one_run(profile, plans, measured, calibration)
+    one = _one_run(profile, [(p, m.report) for p, m in zip(plans, measured, strict=True)], calibration)
     if one is not None:
-        settings = default_settings(profile, calibration=one, calibration_label="calibrate --model")
+        settings = default_settings(profile, calibration=one[1], calibration_label=ONE_RUN)
         pick = make_plan(profile, PlanRequest(ranks, batch, settings=settings), sha256="0" * 64)
         named[MODEL_PICK] = pick
         if plan_key(pick) not in distinct:
@@ -219,15 +220,14 @@ def evaluate(
         for p, m in zip(plans, measured, strict=True)
     ]
     refit = refit_calibration(calibration, runs)
-    one = [(p, r) for p, r in runs if p.schedule.value == "1f1b"][:1]
+    one = _one_run(profile, runs, calibration)
     settings = {
         "textbook": default_settings(profile),
         "calibrated": calibrated,
         "refit": default_settings(profile, calibration=refit, calibration_label="refit"),
     }
-    if one:
-        learned = learn_from_run(calibration, profile, *one[0])
-        settings[ONE_RUN] = default_settings(profile, calibration=learned, calibration_label=ONE_RUN)
+    if one is not None:
+        settings[ONE_RUN] = default_settings(profile, calibration=one[1], calibration_label=ONE_RUN)
     rows = []
     for label, plan in named.items():
         m = by_key[plan_key(plan)]
@@ -245,7 +245,7 @@ def evaluate(
                 "predicted_s": predicted,
                 "error_pct": {k: _error(m.as_timed_s, v) for k, v in predicted.items()},
                 "error_at_profile_speed_pct": {k: _error(m.at_profile_speed_s, v) for k, v in predicted.items()},
-                "in_sample_one_run": bool(one) and plan_key(plan) == plan_key(one[0][0]),
+                "in_sample_one_run": one is not None and plan_key(plan) == plan_key(one[0]),
                 "breakdown": [vars(r) for r in m.report.ranks],
             }
         )

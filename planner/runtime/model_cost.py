@@ -21,7 +21,6 @@ model is planned with it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.calibration import Calibration
@@ -89,30 +88,18 @@ def learn_model_cost(
     calibration: Calibration,
     profile: Profile,
     model: str,
+    plan: Plan,
     *,
-    sha256: str,
-    global_batch: int | None = None,
     steps: int = 5,
     warmup: int = 1,
     device: str = "cpu",
     timeout_s: float = 600.0,
-    on_progress: Callable[[str], None] | None = None,
-    plan: Plan | None = None,
 ) -> ModelRun:
-    """Run ``model``'s 1F1B plan on ``calibration.num_ranks`` real processes and refit ``calibration`` from it.
-
-    ``plan`` is that plan when the caller has made it already (:func:`learning_plan`, same arguments).
+    """Run ``plan`` (:func:`learning_plan`) of ``model`` on real processes and refit ``calibration`` from it.
 
     Raises:
-        UsageError: fewer than 2 ranks. PlanInfeasibleError: no 1F1B plan fits (e.g. too few units).
+        UsageError: the run was not on real processes.
         ExecutionError / ModelMismatchError: the run failed or the model is not the profile's.
     """
-    if plan is None:
-        batch = global_batch if global_batch is not None else default_global_batch(profile, calibration.num_ranks)
-        plan = learning_plan(profile, calibration, batch, sha256=sha256)
-    if on_progress is not None:
-        on_progress(
-            f"running {model} under 1f1b on {plan.num_ranks} ranks, b={plan.micro_batch_size} x {plan.num_microbatches}"
-        )
     report = verify_plan(plan, model, steps=steps, warmup=warmup, mode="processes", device=device, timeout_s=timeout_s)
     return ModelRun(learn_from_run(calibration, profile, plan, report), plan, report)
