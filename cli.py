@@ -16,7 +16,6 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from planner.errors import MAX_MESSAGE_CHARS, PipeplanError, UsageError, shorten
@@ -601,8 +600,8 @@ def _beside(path: str, suffix: str) -> str:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from planner.fileio import check_output_path
     from planner.limits import check_simulation
-    from planner.schedule.simulate import simulate
     from planner.schedule.timeline import ascii_timeline, render_comparison_png, render_png, time_breakdown
+    from planner.schedule.what_if import compare_schedules, what_if_pipeline
 
     compare_png = (args.compare_png or "schedules.png") if args.compare else None
     outputs = [out for out in (args.png, compare_png) if out is not None]
@@ -614,49 +613,23 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.plan:
         from planner.plan import load_plan
 
-        plan = load_plan(args.plan)
-        forward = [s.forward_s for s in plan.stages]
-        backward = [s.backward_s for s in plan.stages]
-        split = plan.split_backward_s()
-        weight, inputs = split.get("weight_s", []), split.get("input_s", [])
-        m, ranks, schedule = plan.num_microbatches, plan.num_ranks, plan.schedule
-        comm_f, comm_b = plan.predicted.comm_forward_s, plan.predicted.comm_backward_s
-        runtime = plan.predicted.runtime_terms()
-        v = plan.virtual_stages
+        pipeline = load_plan(args.plan).pipeline()
     else:
         if not args.stages or not args.microbatches:
             raise UsageError("give a PLAN.json, or --stages and --microbatches for a what-if simulation")
-        schedule = Schedule.parse(args.schedule or "1f1b")
-        v = _what_if_virtual_stages(schedule, args.virtual_stages)
-        n_stages = args.stages * v
-        forward = _per_stage("--stage-times", args.stage_times, n_stages) or [1.0] * n_stages
-        backward = _per_stage("--backward-times", args.backward_times, n_stages) or [
-            args.backward_ratio * f for f in forward
-        ]
-        weight = _per_stage("--weight-times", args.weight_times, n_stages)
-        inputs = []
-        if weight:
-            # With W given, --backward-times is the input-gradient part B: the full backward is B + W.
-            inputs = backward
-            backward = [b + w for b, w in zip(backward, weight, strict=True)]
-        m, ranks = args.microbatches, args.stages
-        comm_f = comm_b = ()
-        runtime = None
-    check_simulation(len(forward), m)
-    if compare:
-        check_simulation(max(len(forward), ranks * max(v, args.virtual_stages or 2)), m)
-    result = simulate(
-        forward,
-        backward,
-        m,
-        schedule,
-        num_ranks=ranks,
-        comm_forward_s=comm_f,
-        comm_backward_s=comm_b,
-        weight_s=weight,
-        input_s=inputs,
-        runtime=runtime,
-    )
+        pipeline = what_if_pipeline(
+            args.stages,
+            args.microbatches,
+            Schedule.parse(args.schedule or "1f1b"),
+            virtual_stages=args.virtual_stages,
+            stage_times=args.stage_times,
+            backward_times=args.backward_times,
+            weight_times=args.weight_times,
+            backward_ratio=args.backward_ratio,
+        )
+    check_simulation(pipeline.num_stages, pipeline.num_microbatches)
+    results = compare_schedules(pipeline, compare, args.virtual_stages) if compare else []
+    result = pipeline.simulate()
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
@@ -668,8 +641,6 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"wrote {args.png}")
     if compare_png is not None:
-        times = _StageTimes(forward, backward, weight, inputs)
-        results = [_simulate_as(schedule, times, m, ranks, comm_f, comm_b, args.virtual_stages) for schedule in compare]
         out = compare_png
         render_comparison_png(results, out)
         if not args.json:
@@ -680,74 +651,6 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 )
             print(f"wrote {out}")
     return 0
-
-
-def _what_if_virtual_stages(schedule: Schedule, given: int | None) -> int:
-    """Stages per rank of a what-if: 2 for the V schedules (no other), else ``--virtual-stages`` for the
-    looped multi-stage ones (default 2; 1 for zero-bubble, which is ZB-H1 with one stage per rank)."""
-    if schedule.v_shape:
-        if given not in (None, 2):
-            raise UsageError(f"--virtual-stages {given}: schedule {schedule.value} runs exactly 2 stages per rank")
-        return 2
-    if not schedule.multi_stage:
-        return 1
-    if given is not None:
-        return given
-    return 1 if schedule is Schedule.ZERO_BUBBLE else 2
-
-
-def _per_stage(option: str, values: Sequence[float] | None, n_stages: int) -> list[float]:
-    """One value per stage; a single value is every stage's."""
-    if not values:
-        return []
-    if len(values) == 1:
-        return list(values) * n_stages
-    if len(values) != n_stages:
-        raise UsageError(f"{option} has {len(values)} values for {n_stages} stages (or give one for all)")
-    return list(values)
-
-
-@dataclass(frozen=True)
-class _StageTimes:
-    forward_s: list[float]
-    backward_s: list[float]
-    weight_s: list[float]
-    input_s: list[float]
-
-
-def _simulate_as(
-    schedule: Schedule,
-    times: _StageTimes,
-    m: int,
-    ranks: int,
-    comm_f: Sequence[float],
-    comm_b: Sequence[float],
-    virtual_stages: int | None,
-):
-    """The same per-rank work under ``schedule``: with one stage per rank given, a multi-stage schedule
-    cuts each rank's stage into v equal chunks placed as torch places them (looped or V)."""
-    from planner.schedule.orders import stage_to_rank
-    from planner.schedule.simulate import simulate
-
-    lists = [times.forward_s, times.backward_s, times.weight_s, times.input_s]
-    v = _what_if_virtual_stages(schedule, virtual_stages) if schedule.multi_stage else 1
-    if len(times.forward_s) == ranks and v > 1:
-        # Chunks inside a rank have no transfer time, so the given cuts no longer apply.
-        placement = stage_to_rank(schedule, ranks * v, ranks)
-        lists = [[x[placement[s]] / v for s in range(ranks * v)] if x else [] for x in lists]
-        comm_f = comm_b = ()
-    forward, backward, weight, inputs = lists
-    return simulate(
-        forward,
-        backward,
-        m,
-        schedule,
-        num_ranks=ranks,
-        comm_forward_s=comm_f,
-        comm_backward_s=comm_b,
-        weight_s=weight,
-        input_s=inputs,
-    )
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:

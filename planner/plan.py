@@ -19,7 +19,8 @@ from planner.errors import PipeplanError, PlanFormatError, shorten
 from planner.fileio import check_document, load_document, write_json_atomic
 from planner.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_RANKS, MAX_SECONDS, MAX_UNITS
 from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank, virtual_stages
-from planner.schedule.simulate import RuntimeTerms, SimulationResult, resume_gaps_valid, simulate
+from planner.schedule.pipeline import Pipeline
+from planner.schedule.simulate import RuntimeTerms, SimulationResult, resume_gaps_valid
 
 __all__ = [
     "PLAN_FORMAT",
@@ -249,34 +250,30 @@ class Plan:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
         return float(value) if ok else None
 
-    def split_backward_s(self) -> dict[str, list[float]]:
-        """``simulate`` keywords for the stages' I and W (``input_s``, ``weight_s``); empty when unsplit."""
-        if any(s.input_s is None or s.weight_s is None for s in self.stages):
-            return {}
-        return {
-            "input_s": [s.input_s or 0.0 for s in self.stages],
-            "weight_s": [s.weight_s or 0.0 for s in self.stages],
-        }
+    def pipeline(self, runtime: RuntimeTerms | None = None) -> Pipeline:
+        """The plan's stages, links and runtime terms as the simulator takes them (``runtime`` default: the
+        terms it was predicted with)."""
+        split = all(s.input_s is not None and s.weight_s is not None for s in self.stages)
+        return Pipeline(
+            schedule=self.schedule,
+            num_ranks=self.num_ranks,
+            num_microbatches=self.num_microbatches,
+            forward_s=tuple(s.forward_s for s in self.stages),
+            backward_s=tuple(s.backward_s for s in self.stages),
+            input_s=tuple(s.input_s or 0.0 for s in self.stages) if split else (),
+            weight_s=tuple(s.weight_s or 0.0 for s in self.stages) if split else (),
+            comm_forward_s=self.predicted.comm_forward_s,
+            comm_backward_s=self.predicted.comm_backward_s,
+            runtime=self.predicted.runtime_terms() if runtime is None else runtime,
+        )
 
     def simulation(self, runtime: RuntimeTerms | None = None, *, speed: float = 1.0) -> SimulationResult:
-        """The plan's stages and links simulated under ``runtime`` (default: the terms it was predicted with).
+        """The plan's pipeline simulated under ``runtime`` (default: the terms it was predicted with).
 
         ``speed`` multiplies the stage times: the stages on a machine running ``speed`` times slower than
         when profiled (with ``runtime.at_speed(speed)`` for the runtime's own compute as well).
         """
-        terms = self.predicted.runtime_terms() if runtime is None else runtime
-        split = {k: [t * speed for t in v] for k, v in self.split_backward_s().items()}
-        return simulate(
-            [s.forward_s * speed for s in self.stages],
-            [s.backward_s * speed for s in self.stages],
-            self.num_microbatches,
-            self.schedule,
-            num_ranks=self.num_ranks,
-            comm_forward_s=self.predicted.comm_forward_s,
-            comm_backward_s=self.predicted.comm_backward_s,
-            runtime=terms,
-            **split,
-        )
+        return self.pipeline(runtime).at_speed(speed).simulate()
 
     def to_dict(self) -> dict[str, Any]:
         return {

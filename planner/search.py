@@ -31,7 +31,8 @@ from planner.errors import PlanInfeasibleError, ScheduleError, SearchPrunedError
 from planner.limits import MAX_GLOBAL_BATCH, MAX_RANKS, check_at_most
 from planner.plan import BaselinePlan, Plan, Prediction, SolverInfo, StagePlan
 from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank
-from planner.schedule.simulate import RuntimeTerms, SimulationResult, in_flight_per_stage, simulate
+from planner.schedule.pipeline import Pipeline
+from planner.schedule.simulate import RuntimeTerms, SimulationResult, in_flight_per_stage
 from profiles.format import Profile
 from solvers.baselines import balanced_by_params, balanced_by_time, uniform_by_count
 from solvers.dp import solve_dp
@@ -55,15 +56,6 @@ __all__ = [
 
 OBJECTIVE = "sum_s (c_s + k_s) + (M - 1) * max_s c_s"
 _AUTO_SCHEDULES = tuple(s for s in Schedule if s is not Schedule.NAIVE)
-_VIRTUAL_STAGES: dict[Schedule, tuple[int, ...]] = {
-    Schedule.INTERLEAVED_1F1B: (2, 4),
-    Schedule.LOOPED_BFS: (2, 4),  # with v = 1 it is GPipe's order
-    Schedule.ZERO_BUBBLE: (1, 2, 4),  # v = 1 is ZB-H1
-    Schedule.ZBV: (2,),
-    Schedule.DUALPIPEV: (2,),
-}
-"""Stages per rank the search tries for each multi-stage schedule (on more than one rank)."""
-
 NEAR_BEST = 0.01
 """Plans simulated within this fraction of the fastest count as equally fast: among them the planner takes
 the one with the most evenly used ranks, then the least peak memory (a plan 0.1 % faster that leaves a
@@ -161,12 +153,7 @@ def _schedules(
     for schedule in wanted:
         if request.schedule is None and schedule.splits_backward and not measured:
             continue
-        if schedule.v_shape:
-            counts = _VIRTUAL_STAGES[schedule]
-        elif schedule.multi_stage and request.num_ranks > 1:
-            counts = _VIRTUAL_STAGES[schedule]
-        else:
-            counts = (1,)
+        counts = schedule.virtual_stage_choices if schedule.v_shape or request.num_ranks > 1 else (1,)
         for v in counts:
             if request.num_ranks * v > profile.num_units:
                 continue
@@ -249,27 +236,27 @@ def _runtime_terms(
     return replace(terms, resume=profile.resume.curve(profile.size_index(micro_batch_size)))
 
 
-def _simulate_partition(
+def _pipeline(
     costs: UnitCosts,
     problem: PartitionProblem,
     solution: PartitionSolution,
     schedule: Schedule,
     num_ranks: int,
     runtime: RuntimeTerms | None = None,
-) -> SimulationResult:
+) -> Pipeline:
     forward, backward = _stage_times(problem, solution)
     comm_forward, comm_backward = _comm_times(problem, solution)
     inputs, weights = _split_times(costs, problem, solution, schedule)
-    return simulate(
-        forward,
-        backward,
-        problem.num_microbatches,
-        schedule,
+    return Pipeline(
+        schedule=schedule,
         num_ranks=num_ranks,
+        num_microbatches=problem.num_microbatches,
+        forward_s=forward,
+        backward_s=backward,
+        input_s=inputs,
+        weight_s=weights,
         comm_forward_s=comm_forward,
         comm_backward_s=comm_backward,
-        weight_s=weights,
-        input_s=inputs,
         runtime=runtime,
     )
 
@@ -476,7 +463,7 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
                 _partition_floor_s(costs, problem, solution, option, stage_rank, runtime)
             ):
                 continue
-            simulation = _simulate_partition(costs, problem, solution, schedule, request.num_ranks, runtime)
+            simulation = _pipeline(costs, problem, solution, schedule, request.num_ranks, runtime).simulate()
             fastest = min(fastest, simulation.iteration_s)
             candidate = Candidate(b, m, schedule, v, problem, solution, simulation, _peak_memory(problem, solution))
             placed.append(((option.order, k), candidate))
@@ -589,7 +576,7 @@ def _baselines(profile: Profile, costs: UnitCosts, best: Candidate, request: Pla
             continue
         b = best.micro_batch_size
         runtime = _runtime_terms(profile, costs, request.settings, problem, solution, schedule, p, b)
-        simulation = _simulate_partition(costs, problem, solution, schedule, p, runtime)
+        simulation = _pipeline(costs, problem, solution, schedule, p, runtime).simulate()
         baselines.append(BaselinePlan(name, split_points, simulation.iteration_s, True, peak))
     return baselines
 
@@ -854,7 +841,7 @@ def predict_plan(profile: Profile, plan: Plan, settings: CostSettings) -> Simula
     runtime = _runtime_terms(
         profile, costs, settings, problem, solution, plan.schedule, plan.num_ranks, plan.micro_batch_size
     )
-    return _simulate_partition(costs, problem, solution, plan.schedule, plan.num_ranks, runtime)
+    return _pipeline(costs, problem, solution, plan.schedule, plan.num_ranks, runtime).simulate()
 
 
 def repredicted_plan(profile: Profile, plan: Plan, settings: CostSettings) -> Plan:

@@ -34,7 +34,6 @@ from planner.plan import Plan
 from planner.runtime.apply import apply_plan, schedule_microbatches, tied_parameter_groups
 from planner.runtime.launch import each_rank_in_turn, rank_threads, run_ranks
 from planner.runtime.replay import replay_plan
-from planner.schedule.simulate import simulate
 from profiles.measure import peak_rss_bytes
 from profiles.reference import SpeedReference
 from profiles.workload import Workload, as_tuple, load_workload
@@ -543,7 +542,6 @@ def verify_plan(
         raise UsageError(f"steps must be >= 1 and warmup >= 0 (steps: {steps}, warmup: {warmup})")
     chosen = _pick_mode(mode, plan, device)
     spec = workload if isinstance(workload, str) else workload.name
-    sim_kwargs = _comm_kwargs(plan)
     numerics = None
     if chosen == "processes":
         backend = "nccl" if device.startswith("cuda") else "gloo"
@@ -575,17 +573,15 @@ def verify_plan(
         with _deadline(timeout_s):
             result = replay_plan(plan, local, steps=steps, warmup=warmup, device=device, keep_grads=check_numerics)
         fwd, bwd = list(result.forward_s), list(result.backward_s)
-        sim_kwargs.update(_replayed_split(plan, bwd))
-        # Replay measures compute alone; the runtime terms (overhead, step tail, co-location) stay the plan's.
-        sim = simulate(
-            fwd,
-            bwd,
-            schedule_microbatches(plan),
-            plan.schedule,
-            num_ranks=plan.num_ranks,
-            runtime=plan.predicted.runtime_terms() if plan.predicted.step_tail_s else None,
-            **sim_kwargs,
+        # Replay measures compute alone; the runtime terms (overhead, step tail, co-location) stay the plan's,
+        # and so do its links and, for a split backward, its proportions of I and W.
+        terms = plan.predicted.runtime_terms() if plan.predicted.step_tail_s else None
+        pipeline = replace(
+            plan.pipeline().with_runtime(terms), forward_s=fwd, num_microbatches=schedule_microbatches(plan)
         )
+        if not plan.schedule.splits_backward:
+            pipeline = replace(pipeline, input_s=(), weight_s=())
+        sim = pipeline.with_backward(bwd).simulate()
         measured, busy = sim.iteration_s, sim.busy_s
         reference = result.reference_s
         rank_times = ()
@@ -691,32 +687,6 @@ def _deadline(timeout_s: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-
-
-def _replayed_split(plan: Plan, backward_s: list[float]) -> dict[str, Any]:
-    """Replay runs each backward whole; a split-backward plan's I and W are its measured backward cut in
-    the plan's proportions (so the simulation keeps the schedule's W filling its bubble)."""
-    if not plan.schedule.splits_backward or any(s.input_s is None or s.weight_s is None for s in plan.stages):
-        return {}
-    inputs, weights = [], []
-    for stage, b in zip(plan.stages, backward_s, strict=True):
-        total = (stage.input_s or 0.0) + (stage.weight_s or 0.0)
-        share = (stage.weight_s or 0.0) / total if total > 0 else 0.0
-        inputs.append(b * (1 - share))
-        weights.append(b * share)
-    return {"input_s": inputs, "weight_s": weights}
-
-
-def _comm_kwargs(plan: Plan) -> dict[str, Any]:
-    """The plan's own link-time estimates, so replay measures compute and keeps the plan's comm model."""
-    pred = plan.predicted
-    cuts = plan.num_stages - 1
-    fwd = getattr(pred, "comm_forward_s", ())
-    bwd = getattr(pred, "comm_backward_s", ())
-    return {
-        "comm_forward_s": tuple(fwd) if len(fwd) == cuts else (),
-        "comm_backward_s": tuple(bwd) if len(bwd) == cuts else (),
-    }
 
 
 def _merge_rank_grads(per_rank: list[dict[str, torch.Tensor]], tied: list[tuple[str, ...]]) -> dict[str, torch.Tensor]:

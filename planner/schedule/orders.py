@@ -104,6 +104,21 @@ class Schedule(str, Enum):
         """True when the schedule runs the weight gradient W apart from the input gradient I."""
         return self in (Schedule.ZERO_BUBBLE, Schedule.ZBV, Schedule.DUALPIPEV)
 
+    @property
+    def virtual_stage_choices(self) -> tuple[int, ...]:
+        """Stages per rank the planner tries on more than one rank: 2 or 4 for the looped schedules (with
+        v = 1 looped BFS is GPipe's order), also 1 for zero-bubble (ZB-H1), exactly 2 for the V ones."""
+        if self.v_shape:
+            return (2,)
+        if self is Schedule.ZERO_BUBBLE:
+            return (1, 2, 4)
+        return (2, 4) if self.multi_stage else (1,)
+
+    @property
+    def default_virtual_stages(self) -> int:
+        """Stages per rank when none is given: the smallest the planner tries."""
+        return self.virtual_stage_choices[0]
+
     def __str__(self) -> str:
         return self.value
 

@@ -1,0 +1,133 @@
+"""A pipeline as the simulator sees it: one value, whoever made it (a plan, a search candidate, a replay, a what-if).
+
+Every caller of the simulator used to assemble seven parallel per-stage lists by hand; a :class:`Pipeline`
+holds them once, checked together, with the schedule, the rank count and the runtime terms beside them.
+``Plan.pipeline()`` makes one from a plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from planner.errors import UsageError
+from planner.schedule.orders import Schedule, Step, stage_to_rank
+from planner.schedule.simulate import RuntimeTerms, SimulationResult, simulate
+
+__all__ = ["Pipeline"]
+
+
+def _floats(values: Sequence[float]) -> tuple[float, ...]:
+    return tuple(float(v) for v in values)
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Per-stage times of one micro-batch, the links between stages and what the runtime adds.
+
+    ``input_s``/``weight_s`` are the split backward (I and W) of the schedules that run it, empty when
+    unsplit; ``comm_*_s`` are per cut (``num_stages - 1``), empty for none; ``runtime`` None is the
+    textbook model (no overhead, no step tail, no co-location).
+    """
+
+    schedule: Schedule
+    num_ranks: int
+    num_microbatches: int
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+    input_s: tuple[float, ...] = ()
+    weight_s: tuple[float, ...] = ()
+    comm_forward_s: tuple[float, ...] = ()
+    comm_backward_s: tuple[float, ...] = ()
+    runtime: RuntimeTerms | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("forward_s", "backward_s", "input_s", "weight_s", "comm_forward_s", "comm_backward_s"):
+            object.__setattr__(self, name, _floats(getattr(self, name)))
+        object.__setattr__(self, "schedule", Schedule.parse(self.schedule))
+        n = len(self.forward_s)
+        lengths = {"backward_s": len(self.backward_s)}
+        lengths.update({k: len(getattr(self, k)) for k in ("input_s", "weight_s") if getattr(self, k)})
+        for name, length in lengths.items():
+            if length != n:
+                raise UsageError(f"{name} has {length} values for {n} stages")
+        if bool(self.input_s) != bool(self.weight_s):
+            raise UsageError("input_s and weight_s go together: give both parts of the split backward")
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.forward_s)
+
+    @property
+    def placement(self) -> tuple[int, ...]:
+        """The rank of each stage, as torch places the schedule's stages."""
+        return stage_to_rank(self.schedule, self.num_stages, self.num_ranks)
+
+    def at_speed(self, speed: float) -> Pipeline:
+        """The stages' compute ``speed`` times slower (the runtime terms as they are; see
+        ``RuntimeTerms.at_speed`` for theirs)."""
+        if speed == 1.0:
+            return self
+        scale = lambda values: tuple(v * speed for v in values)  # noqa: E731
+        return replace(
+            self,
+            forward_s=scale(self.forward_s),
+            backward_s=scale(self.backward_s),
+            input_s=scale(self.input_s),
+            weight_s=scale(self.weight_s),
+        )
+
+    def with_runtime(self, runtime: RuntimeTerms | None) -> Pipeline:
+        return replace(self, runtime=runtime)
+
+    def with_backward(self, backward_s: Sequence[float]) -> Pipeline:
+        """Other full backward times (e.g. measured whole), a split backward cut in this one's proportions, so
+        the schedule's W still fills its bubble."""
+        backward = _floats(backward_s)
+        if not self.weight_s:
+            return replace(self, backward_s=backward)
+        inputs, weights = [], []
+        for i, w, b in zip(self.input_s, self.weight_s, backward, strict=True):
+            share = w / (i + w) if i + w > 0 else 0.0
+            inputs.append(b * (1 - share))
+            weights.append(b * share)
+        return replace(self, backward_s=backward, input_s=tuple(inputs), weight_s=tuple(weights))
+
+    def as_schedule(self, schedule: Schedule, virtual_stages: int | None = None) -> Pipeline:
+        """The same per-rank work under another schedule, without runtime terms (what a schedule alone
+        changes). With one stage per rank, a multi-stage schedule cuts each rank's stage into ``v`` equal
+        chunks placed as torch places them (looped or V); chunks inside a rank have no transfer time, so
+        the given links no longer apply."""
+        v = schedule.default_virtual_stages if virtual_stages is None or schedule.v_shape else virtual_stages
+        if not schedule.multi_stage:
+            v = 1
+        moved = replace(self, schedule=schedule, runtime=None)
+        if self.num_stages != self.num_ranks or v == 1:
+            return moved
+        chunks = stage_to_rank(schedule, self.num_ranks * v, self.num_ranks)
+        cut = lambda values: tuple(values[chunks[s]] / v for s in range(len(chunks))) if values else ()  # noqa: E731
+        return replace(
+            moved,
+            forward_s=cut(self.forward_s),
+            backward_s=cut(self.backward_s),
+            input_s=cut(self.input_s),
+            weight_s=cut(self.weight_s),
+            comm_forward_s=(),
+            comm_backward_s=(),
+        )
+
+    def simulate(self, orders: Sequence[Sequence[Step]] | None = None) -> SimulationResult:
+        """One iteration of this pipeline (planner.schedule.simulate's model)."""
+        return simulate(
+            self.forward_s,
+            self.backward_s,
+            self.num_microbatches,
+            self.schedule,
+            num_ranks=self.num_ranks,
+            comm_forward_s=self.comm_forward_s,
+            comm_backward_s=self.comm_backward_s,
+            weight_s=self.weight_s,
+            input_s=self.input_s,
+            orders=orders,
+            runtime=self.runtime,
+        )
