@@ -42,12 +42,14 @@ import torch  # noqa: E402
 from planner.calibration import Calibration, load_calibration, save_calibration  # noqa: E402
 from planner.cost import default_settings  # noqa: E402
 from planner.plan import Plan, _known, plan_from_dict  # noqa: E402
+from planner.prediction import predict_plan, repredicted_plan  # noqa: E402
+from planner.request import PlanRequest  # noqa: E402
 from planner.runtime.calibrate import calibrate  # noqa: E402
 from planner.runtime.launch import rank_threads  # noqa: E402
 from planner.runtime.model_cost import learn_from_run  # noqa: E402
 from planner.runtime.tune import refit_calibration  # noqa: E402
 from planner.runtime.verify import RankTime, StageReport, VerifyReport, verify_plan  # noqa: E402
-from planner.search import PlanRequest, make_plan, plan_key, predict_plan, repredicted_plan  # noqa: E402
+from planner.search import make_plan, plan_key  # noqa: E402
 from profiles.format import Profile, load_profile, save_profile  # noqa: E402
 from profiles.profiler import profile_model  # noqa: E402
 from profiles.workload import load_workload  # noqa: E402

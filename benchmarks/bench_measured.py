@@ -28,8 +28,9 @@ from peers import peer_partitions  # noqa: E402
 from planner.cost import default_settings  # noqa: E402
 from planner.errors import PipeplanError  # noqa: E402
 from planner.plan import Plan  # noqa: E402
+from planner.request import PlanRequest  # noqa: E402
 from planner.runtime.verify import verify_plan  # noqa: E402
-from planner.search import PlanRequest, make_plan  # noqa: E402
+from planner.search import make_plan  # noqa: E402
 from profiles.format import Profile  # noqa: E402
 
 __all__ = ["MeasuredPlan", "forced_plan", "choose_plans", "measure", "measured_table", "other_profiles_table"]

@@ -23,7 +23,8 @@ from peers import peer_partitions  # noqa: E402
 from planner.cost import default_settings  # noqa: E402
 from planner.errors import PlanInfeasibleError  # noqa: E402
 from planner.plan import Plan  # noqa: E402
-from planner.search import PlanRequest, make_plan  # noqa: E402
+from planner.request import PlanRequest  # noqa: E402
+from planner.search import make_plan  # noqa: E402
 from profiles.format import Profile  # noqa: E402
 
 __all__ = [

@@ -298,9 +298,10 @@ def _bound_vs_unbound(rounds: int) -> list[tuple[str, float, list[tuple[float, f
     from planner.calibration import shipped_calibration
     from planner.cost import default_settings
     from planner.plan import Plan
+    from planner.request import PlanRequest
     from planner.runtime.launch import rank_threads
     from planner.runtime.verify import verify_plan
-    from planner.search import PlanRequest, make_plan
+    from planner.search import make_plan
     from profiles.profiler import profile_model
     from profiles.workload import load_workload
 

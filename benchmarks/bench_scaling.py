@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_solvers import transformer_like  # noqa: E402
 
 from planner.cost import default_settings  # noqa: E402
-from planner.search import PlanRequest, make_plan  # noqa: E402
+from planner.request import PlanRequest  # noqa: E402
+from planner.search import make_plan  # noqa: E402
 from profiles.format import Profile  # noqa: E402
 from solvers.dp import solve_dp  # noqa: E402
 from solvers.ilp import solve_ilp  # noqa: E402

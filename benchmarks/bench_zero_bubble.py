@@ -24,8 +24,9 @@ from peers import peer_partitions  # noqa: E402
 
 from planner.cost import default_settings  # noqa: E402
 from planner.errors import PipeplanError  # noqa: E402
+from planner.request import PlanRequest  # noqa: E402
 from planner.schedule.orders import Schedule  # noqa: E402
-from planner.search import PlanRequest, make_plan  # noqa: E402
+from planner.search import make_plan  # noqa: E402
 from profiles.format import Profile, load_profile  # noqa: E402
 
 __all__ = ["zero_bubble_tables"]

@@ -30,9 +30,10 @@ import torch  # noqa: E402
 from planner.calibration import save_calibration  # noqa: E402
 from planner.cost import default_settings  # noqa: E402
 from planner.plan import save_plan  # noqa: E402
+from planner.request import PlanRequest  # noqa: E402
 from planner.runtime.calibrate import MIN_MEASURE_S, calibrate  # noqa: E402
 from planner.runtime.verify import verify_plan  # noqa: E402
-from planner.search import PlanRequest, make_plan  # noqa: E402
+from planner.search import make_plan  # noqa: E402
 from profiles.format import save_profile  # noqa: E402
 from profiles.profiler import DTYPES, profile_model  # noqa: E402
 from profiles.rounds import MIN_TIME_S  # noqa: E402

@@ -219,3 +219,18 @@ def shipped_calibration(device_kind: str) -> Calibration:
         raise CalibrationError(f"no shipped calibration for device {device_kind!r}: run `pipeplan calibrate`")
     text = resources.files("planner").joinpath("calibrations", name).read_text()
     return calibration_from_dict(json.loads(text))
+
+
+def format_calibration(calibration: Calibration) -> str:
+    """A calibration's terms, one per line (``pipeplan calibrate``)."""
+    c = calibration
+    lines = [
+        f"calibration on {c.device_kind}/{c.backend}, {c.num_ranks} ranks x {c.threads_per_rank} threads",
+        f"  point-to-point: {c.p2p_latency_s * 1e6:.0f} us + bytes / {c.p2p_bytes_per_s / 1e9:.2f} GB/s",
+    ]
+    for name, seconds in sorted(c.action_overhead_s.items()):
+        lines.append(f"  overhead per action, {name:<17} {seconds * 1e3:.3f} ms")
+    for name, cost in sorted(c.optimizer.items()):
+        lines.append(f"  {name} step: {cost.per_step_s * 1e3:.3f} ms + {cost.per_param_s * 1e9:.2f} ns per parameter")
+    lines.append(f"  co-location factor: {c.colocation_factor:.3f} (compute inside the pipeline / profiled alone)")
+    return "\n".join(lines)

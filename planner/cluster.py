@@ -20,14 +20,15 @@ from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 
-from planner.cost import CostSettings, DataParallel, bytes_per_param, state_bytes_per_param, unit_costs
+from planner.cost import SHARDING, CostSettings, DataParallel, bytes_per_param, state_bytes_per_param, unit_costs
 from planner.errors import PipeplanError, PlanInfeasibleError, SearchPrunedError, UsageError
 from planner.limits import MAX_DEVICES, MAX_RANKS, check_at_most, check_plan_work
-from planner.plan import PLACEMENTS, SHARDING, Mesh, Plan
-from planner.search import PlanRequest, estimate_step_s, make_plan
+from planner.plan import PLACEMENTS, Mesh, Plan
+from planner.request import PlanRequest
+from planner.search import estimate_step_s, make_plan
 from profiles.format import Profile
 
-__all__ = ["Cluster", "Layout", "ClusterResult", "layouts", "plan_cluster", "DEFAULT_CLUSTER_LINKS"]
+__all__ = ["Cluster", "Layout", "ClusterResult", "layouts", "plan_cluster", "default_cluster", "DEFAULT_CLUSTER_LINKS"]
 
 # (intra-node bytes/s, inter-node bytes/s, latency s) per device kind, one direction per device.
 # cuda: NVLink 4 (H100/H200: 450 GB/s each way) inside a node, one 400 Gb/s NIC per GPU (50 GB/s) between
@@ -94,6 +95,29 @@ class Layout:
             return math.inf
         pairs = ((self.device(r, s), self.device((r + 1) % self.dp, s)) for s in range(self.pp) for r in range(self.dp))
         return _slowest(cluster, pairs)
+
+
+def default_cluster(
+    device_kind: str,
+    num_devices: int,
+    *,
+    devices_per_node: int | None = None,
+    intra_node_bytes_per_s: float | None = None,
+    inter_node_bytes_per_s: float | None = None,
+    latency_s: float | None = None,
+    shard: str = "none",
+) -> Cluster:
+    """A cluster of ``num_devices`` with the links of :data:`DEFAULT_CLUSTER_LINKS` for ``device_kind`` where
+    none is given (all devices on one node unless ``devices_per_node``)."""
+    intra, inter, latency = DEFAULT_CLUSTER_LINKS.get(device_kind, DEFAULT_CLUSTER_LINKS["cpu"])
+    return Cluster(
+        num_devices=num_devices,
+        devices_per_node=devices_per_node or num_devices,
+        intra_node_bytes_per_s=intra_node_bytes_per_s or intra,
+        inter_node_bytes_per_s=inter_node_bytes_per_s or inter,
+        latency_s=latency_s if latency_s is not None else latency,
+        shard=shard,
+    )
 
 
 def _slowest(cluster: Cluster, pairs: Iterator[tuple[int, int]]) -> float:

@@ -15,7 +15,6 @@ from planner.bounds import UnitWork
 from planner.calibration import Calibration, ring_s
 from planner.errors import UsageError
 from planner.graph import build_graph, cut_bytes, cut_grad_bytes
-from planner.plan import SHARDING, MemoryBreakdown
 from profiles.format import Profile
 from solvers.problem import PartitionProblem
 
@@ -33,10 +32,30 @@ __all__ = [
     "stage_memory",
     "step_tails",
     "SHARDING",
+    "MemoryBreakdown",
     "DataParallel",
     "state_bytes_per_param",
     "split_backward_times",
 ]
+
+SHARDING = ("none", "optimizer", "full")
+"""``none``: DDP (every replica keeps everything); ``optimizer``: ZeRO-1 (optimizer state split over the
+replicas); ``full``: FSDP / ZeRO-3 (weights, gradients and optimizer state split, weights gathered per use)."""
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    params: int
+    """Weights of the stage's units."""
+    grads: int
+    optimizer: int
+    activations: int
+    """Saved activations of the micro-batches in flight (or stage inputs under recomputation)."""
+    transient: int
+    """Working memory of the largest unit's forward+backward."""
+    peak: int
+    """Sum of the above: what the stage needs at its peak."""
+
+
 
 # One-way link per pipeline hop: (bytes/s, latency s).
 # cpu: gloo over localhost, measured on the development machine (../shared/NOTES.md): ~1.1 GB/s from 1 MiB,

@@ -22,6 +22,7 @@ __all__ = [
     "ExecutionError",
     "CalibrationError",
     "ExportError",
+    "PipeplanWarning",
     "shorten",
     "MAX_MESSAGE_CHARS",
 ]
@@ -93,3 +94,8 @@ class CalibrationError(PipeplanError):
 class ExportError(PipeplanError):
     """Raised when a trainer cannot express a plan's layout (a cut inside what it counts as one layer, a unit
     it has no notion of, a placement or stage count it does not run); the message says which and why."""
+
+
+class PipeplanWarning(UserWarning):
+    """Something the user should know that does not stop the command (the CLI prints it as one
+    ``pipeplan: warning:`` line)."""

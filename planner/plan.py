@@ -7,56 +7,46 @@ activations. Units carry their units: ``_s`` seconds, ``_bytes`` bytes. See docs
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field, fields
-from functools import cache
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from planner.errors import PipeplanError, PlanFormatError, shorten
-from planner.fileio import check_document, load_document, write_json_atomic
-from planner.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_RANKS, MAX_SECONDS, MAX_UNITS
-from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank, virtual_stages
+from planner.cost import MemoryBreakdown, stage_memory, unit_costs
+from planner.errors import PlanFormatError
+from planner.fileio import load_document, write_json_atomic
+from planner.plan_checks import PLAN_FORMAT, PLAN_VERSION, validate_plan_dict
+from planner.prediction import (
+    Prediction,
+    partition_comm_times,
+    partition_split_times,
+    partition_stage_times,
+    prediction_of,
+)
+from planner.schedule.orders import Schedule, stage_to_rank
 from planner.schedule.pipeline import Pipeline
-from planner.schedule.simulate import RuntimeTerms, SimulationResult, resume_gaps_valid
+from planner.schedule.simulate import RuntimeTerms, SimulationResult
+from profiles.format import Profile
+
+if TYPE_CHECKING:
+    from planner.request import PlanRequest
+    from planner.search import Candidate
 
 __all__ = [
     "PLAN_FORMAT",
     "PLAN_VERSION",
-    "MemoryBreakdown",
     "StagePlan",
-    "Prediction",
     "Measurement",
     "SolverInfo",
     "BaselinePlan",
     "Mesh",
-    "SHARDING",
     "PLACEMENTS",
     "Plan",
     "load_plan",
     "save_plan",
     "plan_from_dict",
+    "build_plan",
 ]
-
-PLAN_FORMAT = "pipeplan.plan"
-PLAN_VERSION = 1
-
-
-@dataclass(frozen=True)
-class MemoryBreakdown:
-    params: int
-    """Weights of the stage's units."""
-    grads: int
-    optimizer: int
-    activations: int
-    """Saved activations of the micro-batches in flight (or stage inputs under recomputation)."""
-    transient: int
-    """Working memory of the largest unit's forward+backward."""
-    peak: int
-    """Sum of the above: what the stage needs at its peak."""
-
 
 @dataclass(frozen=True)
 class StagePlan:
@@ -85,44 +75,6 @@ class StagePlan:
             if data[key] is None:
                 del data[key]
         return data
-
-
-@dataclass(frozen=True)
-class Prediction:
-    iteration_s: float
-    """Simulated time of one training iteration (all micro-batches, forward and backward)."""
-    formula_iteration_s: float
-    """The solver's declared objective for the same plan (docs/cost-model.md)."""
-    bubble_fraction: float
-    samples_per_s: float
-    bottleneck_stage: int
-    busy_s: tuple[float, ...] = ()
-    """Per rank: time spent computing in one iteration."""
-    comm_forward_s: tuple[float, ...] = ()
-    """Per cut between stage k and k+1: time to send one micro-batch's activations (the simulator's input)."""
-    comm_backward_s: tuple[float, ...] = ()
-    """Per cut: time to send their gradients back."""
-    calibration: str = "none"
-    """Where the runtime terms below came from: ``none`` (textbook model), ``shipped``, or a calibration file."""
-    action_overhead_s: float = 0.0
-    """Runtime overhead added to every compute action (the schedule's, from the calibration)."""
-    compute_scale: float = 1.0
-    """Co-location factor applied to the profiled compute."""
-    step_tail_s: tuple[float, ...] = ()
-    """Per rank: tied-gradient sum + optimizer step + zero_grad after the last action."""
-    overhead_s: tuple[float, ...] = ()
-    """Per rank: total runtime overhead of its actions in one iteration."""
-    comm_wait_s: tuple[float, ...] = ()
-    """Per rank: time waiting on the link in one iteration."""
-    tail_groups: tuple[tuple[int, ...], ...] = ()
-    """Pairs of ranks whose step tails start together: a weight tied across them has its gradient summed first."""
-    resume: tuple[tuple[float, float, float], ...] = ()
-    """``(idle gap, forward extra, backward extra)``: what an action costs more after its rank waited
-    (the profile's ``resume`` at the plan's micro-batch size; empty: nothing added)."""
-
-    def runtime_terms(self) -> RuntimeTerms:
-        """The runtime terms this prediction was simulated with (so ``simulate PLAN`` reproduces it)."""
-        return RuntimeTerms(self.action_overhead_s, self.step_tail_s, self.compute_scale, self.tail_groups, self.resume)
 
 
 @dataclass(frozen=True)
@@ -165,10 +117,6 @@ class BaselinePlan:
     fits: bool = True
     peak_memory_bytes: int = 0
 
-
-SHARDING = ("none", "optimizer", "full")
-"""``none``: DDP (every replica keeps everything); ``optimizer``: ZeRO-1 (optimizer state split over the
-replicas); ``full``: FSDP / ZeRO-3 (weights, gradients and optimizer state split, weights gathered per use)."""
 
 PLACEMENTS = ("pipeline-in-node", "replicas-in-node")
 """Where a cluster plan's devices go: a replica's pipeline ranks on consecutive devices (pipeline hops stay
@@ -264,7 +212,7 @@ class Plan:
             weight_s=tuple(s.weight_s or 0.0 for s in self.stages) if split else (),
             comm_forward_s=self.predicted.comm_forward_s,
             comm_backward_s=self.predicted.comm_backward_s,
-            runtime=self.predicted.runtime_terms() if runtime is None else runtime,
+            runtime=self.predicted.runtime if runtime is None else runtime,
         )
 
     def simulation(self, runtime: RuntimeTerms | None = None, *, speed: float = 1.0) -> SimulationResult:
@@ -291,7 +239,7 @@ class Plan:
             "global_batch_size": self.global_batch_size,
             "stages": [s.to_dict() for s in self.stages],
             "split_points": list(self.split_points),
-            "predicted": _prediction_dict(self.predicted),
+            "predicted": self.predicted.to_dict(),
             "solver": asdict(self.solver),
             "constraints": self.constraints,
             "baselines": [asdict(b) for b in self.baselines],
@@ -300,175 +248,121 @@ class Plan:
         }
 
 
-def _prediction_dict(predicted: Prediction) -> dict[str, Any]:
-    data = asdict(predicted)
-    if not data["resume"]:  # optional: absent, as in plans made before it
-        del data["resume"]
-    else:
-        data["resume"] = [list(point) for point in data["resume"]]
-    return data
+def build_plan(
+    profile: Profile,
+    request: PlanRequest,
+    best: Candidate,
+    *,
+    solver: SolverInfo,
+    baselines: tuple[BaselinePlan, ...],
+    sha256: str,
+) -> Plan:
+    """The plan of a search's ``best`` candidate: its stages with their times and memory, its prediction,
+    and the search's record (solver, constraints, baselines, the profiled device)."""
+    costs = unit_costs(profile, best.micro_batch_size)
+    problem, solution, simulation = best.problem, best.solution, best.simulation
+    stage_rank = stage_to_rank(best.schedule, problem.num_stages, request.num_ranks)
+    forward, backward = partition_stage_times(problem, solution)
+    inputs, weights = partition_split_times(costs, problem, solution, best.schedule)
+    comm_forward, comm_backward = partition_comm_times(problem, solution)
+    stages = []
+    for s, units in enumerate(solution.stage_units(problem.num_units)):
+        first, last = units[0], units[-1]
+        stages.append(
+            StagePlan(
+                index=s,
+                rank=stage_rank[s],
+                units=tuple(profile.units[u].name for u in units),
+                recompute=solution.recompute[s],
+                forward_s=forward[s],
+                backward_s=backward[s],
+                send_bytes=costs.cut_bytes[last] if last < problem.num_units - 1 else 0,
+                in_flight=problem.in_flight[s],
+                memory_bytes=stage_memory(
+                    profile,
+                    costs,
+                    request.settings,
+                    first,
+                    last,
+                    in_flight=problem.in_flight[s],
+                    recompute=solution.recompute[s],
+                    split_backward=best.schedule.splits_backward,
+                ),
+                input_s=inputs[s] if inputs else None,
+                weight_s=weights[s] if weights else None,
+            )
+        )
+    split_points = tuple(profile.units[i].name for i in solution.boundaries[1:])
+    return Plan(
+        model_name=profile.model.name,
+        model_fingerprint=profile.model.fingerprint,
+        profile_sha256=sha256,
+        num_stages=problem.num_stages,
+        num_ranks=request.num_ranks,
+        schedule=best.schedule,
+        virtual_stages=best.virtual_stages,
+        micro_batch_size=best.micro_batch_size,
+        num_microbatches=best.num_microbatches,
+        global_batch_size=request.global_batch_size,
+        stages=tuple(stages),
+        split_points=split_points,
+        predicted=prediction_of(
+            simulation,
+            request.settings,
+            best.runtime,
+            formula_s=solution.objective_s,
+            global_batch_size=request.global_batch_size,
+            comm=(tuple(comm_forward), tuple(comm_backward)),
+        ),
+        solver=solver,
+        constraints=plan_constraints(profile, request),
+        baselines=baselines,
+        device=profiled_device(profile),
+    )
+
+
+def profiled_device(profile: Profile) -> dict[str, Any]:
+    """The plan's ``device``: what was profiled, and on a CPU the intra-op threads the times were measured
+    with, so that a replay measures the stages as the profile did; and the speed reference's time while the
+    profile was made, so that ``verify`` can tell how fast the machine runs now against then."""
+    block: dict[str, Any] = {"kind": profile.device.kind, "name": profile.device.name, "dtype": profile.device.dtype}
+    threads = profile.settings.get("threads")
+    if profile.device.kind == "cpu" and isinstance(threads, int) and threads > 0:
+        block["threads"] = threads
+    reference = profile.settings.get("reference_s")
+    if isinstance(reference, (int, float)) and not isinstance(reference, bool) and reference > 0:
+        block["reference_s"] = float(reference)
+    return block
+
+
+def plan_constraints(profile: Profile, request: PlanRequest) -> dict[str, object]:
+    s = request.settings
+    return {
+        "num_ranks": request.num_ranks,
+        "global_batch_size": request.global_batch_size,
+        "schedule": "auto" if request.schedule is None else request.schedule.value,
+        "micro_batch_size": request.micro_batch_size if request.micro_batch_size is not None else "auto",
+        "recompute": request.recompute,
+        "solver": request.solver,
+        "optimizer": s.optimizer,
+        "link_bytes_per_s": s.link_bytes_per_s,
+        "link_latency_s": s.link_latency_s,
+        "device_memory_bytes": list(s.device_memory_bytes) or [profile.device.memory_bytes],
+        "headroom_fraction": s.headroom_fraction,
+        "capacity_bytes": [int(s.capacity(profile, r, request.num_ranks)) for r in range(request.num_ranks)],
+        "device_speeds": list(s.device_speeds) or [1.0] * request.num_ranks,
+        "pinned": [list(p) for p in request.pinned],
+        "max_units_per_stage": request.max_units_per_stage,
+        "top_k": request.top_k,
+        "calibration": s.calibration_label,
+    }
+
 
 
 def _mesh_dict(mesh: Mesh) -> dict[str, Any]:
     data = asdict(mesh)
     data["devices"] = [list(row) for row in mesh.devices]
     return data
-
-
-@cache
-def _schema() -> dict[str, Any]:
-    return json.loads(resources.files("planner").joinpath("plan.schema.json").read_text())
-
-
-def _schedule(name: str) -> Schedule:
-    try:
-        return Schedule.parse(name)
-    except PipeplanError as exc:
-        raise PlanFormatError(f"invalid plan: {exc}") from None
-
-
-def _fail(message: str) -> PlanFormatError:
-    return PlanFormatError(f"invalid plan: {message}")
-
-
-def _check_units(stages: list[dict[str, Any]], split_points: list[str]) -> None:
-    """Stages hold every unit once, in order: no unit twice, no empty name, split points agree."""
-    seen: dict[str, int] = {}
-    for s in stages:
-        for name in s["units"]:
-            if not name.strip():
-                raise _fail(f"stage {s['index']} has an empty unit name")
-            if name in seen:
-                where = "twice in stage" if seen[name] == s["index"] else f"in stage {seen[name]} and in stage"
-                raise _fail(f"unit {shorten(name)} is {where} {s['index']}: a unit belongs to exactly one stage")
-            seen[name] = s["index"]
-    expected = [s["units"][0] for s in stages[1:]]
-    if split_points != expected:
-        raise _fail(
-            f"split_points {shorten(str(split_points))} must be the first unit of every stage but the first "
-            f"({shorten(str(expected))})"
-        )
-
-
-def _check_placement(data: dict[str, Any], schedule: Schedule) -> None:
-    """Ranks and virtual stages as torch places the schedule's stages (orders.stage_to_rank)."""
-    n, ranks = data["num_stages"], data["num_ranks"]
-    try:
-        v = virtual_stages(schedule, n, ranks)
-        placement = stage_to_rank(schedule, n, ranks)
-        m = data["num_microbatches"]
-        check_microbatches(schedule, ranks, v, 1 if schedule is Schedule.NAIVE else m)
-    except PipeplanError as exc:
-        raise _fail(str(exc)) from None
-    if data["virtual_stages"] != v:
-        raise _fail(f"virtual_stages is {data['virtual_stages']}, but {n} stages on {ranks} ranks make {v}")
-    for s, rank in zip(data["stages"], placement, strict=True):
-        if s["rank"] != rank:
-            raise _fail(
-                f"stage {s['index']} is on rank {s['rank']}, but schedule {schedule.value} places it on rank {rank}"
-            )
-
-
-def _check_numbers(data: dict[str, Any]) -> None:
-    n, p = data["num_stages"], data["predicted"]
-    for key, value, limit in (
-        ("num_stages", n, MAX_UNITS),
-        ("num_ranks", data["num_ranks"], MAX_RANKS),
-        ("num_microbatches", data["num_microbatches"], MAX_MICROBATCHES),
-        ("global_batch_size", data["global_batch_size"], MAX_GLOBAL_BATCH),
-    ):
-        if value > limit:
-            raise _fail(f"{key} is {value}, over pipeplan's limit of {limit:,}")
-    if data["micro_batch_size"] * data["num_microbatches"] != data["global_batch_size"]:
-        raise _fail(
-            f"micro_batch_size x num_microbatches = {data['micro_batch_size']} x {data['num_microbatches']} "
-            f"!= global_batch_size {data['global_batch_size']}"
-        )
-    if p["bottleneck_stage"] >= n:
-        raise _fail(f"predicted.bottleneck_stage is {p['bottleneck_stage']}, but stages are 0..{n - 1}")
-    times = [(k, s[k]) for k in ("forward_s", "backward_s", "input_s", "weight_s") for s in data["stages"] if k in s]
-    for s in data["stages"]:
-        if ("input_s" in s) != ("weight_s" in s):
-            raise _fail(f"stage {s['index']} has only one of input_s and weight_s: give both or neither")
-    times += [(k, p[k]) for k in ("iteration_s", "formula_iteration_s")]
-    per_rank = ("busy_s", "step_tail_s", "overhead_s", "comm_wait_s")
-    times += [(k, x) for k in (*per_rank, "comm_forward_s", "comm_backward_s") for x in p.get(k, ())]
-    times += [("action_overhead_s", p.get("action_overhead_s", 0.0)), ("compute_scale", p.get("compute_scale", 1.0))]
-    times += [("resume", v) for point in p.get("resume", ()) for v in point]
-    gaps = [point[0] for point in p.get("resume", ())]
-    if not resume_gaps_valid(gaps):
-        raise _fail(f"predicted.resume: the gaps (first of each point) must be positive and increasing, got {gaps}")
-    times += [(f"baselines.{b['name']}", b["iteration_s"]) for b in data["baselines"] if b["iteration_s"] is not None]
-    for key, value in times:
-        if value > MAX_SECONDS:
-            raise _fail(f"{shorten(key)} is {value:.3g} s, over pipeplan's limit of {MAX_SECONDS:.0e} s")
-    sizes = [(k, data["num_ranks"]) for k in per_rank] + [("comm_forward_s", n - 1), ("comm_backward_s", n - 1)]
-    for group in p.get("tail_groups", ()):
-        if any(r >= data["num_ranks"] for r in group):
-            raise _fail(f"predicted.tail_groups names rank {max(group)}, but ranks are 0..{data['num_ranks'] - 1}")
-    measured = data.get("measured")
-    if measured is not None:
-        times += [("measured.iteration_s", measured["iteration_s"])]
-        times += [(f"measured.{k}", x) for k in ("forward_s", "backward_s") for x in measured[k]]
-        if len(measured["forward_s"]) != n or len(measured["backward_s"]) != n:
-            raise _fail(f"measured.forward_s and measured.backward_s need one value per stage ({n})")
-    for key, size in sizes:
-        values = p.get(key, [])
-        if values and len(values) != size:
-            raise _fail(f"predicted.{key} has {len(values)} values, expected {size} (or none)")
-    for s in data["stages"]:
-        if s["in_flight"] > data["num_microbatches"]:
-            raise _fail(f"stage {s['index']} holds {s['in_flight']} micro-batches in flight, more than the plan runs")
-
-
-def _check_baselines(data: dict[str, Any]) -> None:
-    order = {name: i for i, name in enumerate(u for s in data["stages"] for u in s["units"])}
-    for b in data["baselines"]:
-        positions = [order.get(name, -1) for name in b["split_points"]]
-        if -1 in positions or positions != sorted(set(positions)) or 0 in positions:
-            raise _fail(
-                f"baseline {shorten(b['name'])}: split_points {shorten(str(b['split_points']))} must be units "
-                "of the plan, after the first, in order, each once"
-            )
-
-
-def _check_mesh(data: dict[str, Any]) -> None:
-    mesh = data["mesh"]
-    pp, dp, devices = mesh["pp"], mesh["dp"], mesh["devices"]
-    if pp != data["num_ranks"]:
-        raise _fail(f"mesh.pp is {pp}, but the plan's pipeline has {data['num_ranks']} ranks")
-    if len(devices) != dp or any(len(row) != pp for row in devices):
-        raise _fail(f"mesh.devices must be {dp} replicas x {pp} pipeline ranks")
-    used = sorted(d for row in devices for d in row)
-    if used != list(range(pp * dp)):
-        raise _fail(f"mesh.devices must hold the devices 0..{pp * dp - 1} once each")
-    if pp * dp > mesh["num_devices"]:
-        raise _fail(f"the mesh uses {pp * dp} devices, more than the {mesh['num_devices']} offered")
-    if mesh["num_devices"] > MAX_DEVICES:
-        raise _fail(f"mesh.num_devices is {mesh['num_devices']}, over pipeplan's limit of {MAX_DEVICES:,}")
-    if mesh["global_batch_size"] != dp * data["global_batch_size"]:
-        raise _fail(
-            f"mesh.global_batch_size {mesh['global_batch_size']} != dp {dp} x the replica's global_batch_size "
-            f"{data['global_batch_size']}"
-        )
-
-
-def _validate(data: Any) -> Schedule:
-    """The JSON Schema (shape), then the meaning: what every reader of a plan relies on."""
-    check_document(data, _schema(), error=PlanFormatError, kind="plan", fmt=PLAN_FORMAT, version=PLAN_VERSION)
-    stages = data["stages"]
-    if len(stages) != data["num_stages"]:
-        raise _fail(f"num_stages is {data['num_stages']} but {len(stages)} stages are listed")
-    if [s["index"] for s in stages] != list(range(len(stages))):
-        raise _fail("stage indices must be 0..num_stages-1 in order")
-    schedule = _schedule(data["schedule"])
-    _check_numbers(data)
-    _check_units(stages, data["split_points"])
-    _check_placement(data, schedule)
-    _check_baselines(data)
-    if "mesh" in data:
-        _check_mesh(data)
-    return schedule
 
 
 def _known(cls: type, values: dict[str, Any]) -> dict[str, Any]:
@@ -479,7 +373,7 @@ def _known(cls: type, values: dict[str, Any]) -> dict[str, Any]:
 
 def plan_from_dict(data: Any) -> Plan:
     """Validate ``data`` (parsed JSON) and build a :class:`Plan`; raise :class:`PlanFormatError`."""
-    schedule = _validate(data)
+    schedule = validate_plan_dict(data)
     stages = tuple(
         StagePlan(
             index=s["index"],
@@ -496,7 +390,6 @@ def plan_from_dict(data: Any) -> Plan:
         )
         for s in data["stages"]
     )
-    p = data["predicted"]
     return Plan(
         model_name=data["model"]["name"],
         model_fingerprint=data["model"]["fingerprint"],
@@ -510,24 +403,7 @@ def plan_from_dict(data: Any) -> Plan:
         global_batch_size=data["global_batch_size"],
         stages=stages,
         split_points=tuple(data["split_points"]),
-        predicted=Prediction(
-            iteration_s=float(p["iteration_s"]),
-            formula_iteration_s=float(p["formula_iteration_s"]),
-            bubble_fraction=float(p["bubble_fraction"]),
-            samples_per_s=float(p["samples_per_s"]),
-            bottleneck_stage=p["bottleneck_stage"],
-            busy_s=tuple(map(float, p.get("busy_s", ()))),
-            comm_forward_s=tuple(map(float, p.get("comm_forward_s", ()))),
-            comm_backward_s=tuple(map(float, p.get("comm_backward_s", ()))),
-            calibration=str(p.get("calibration", "none")),
-            action_overhead_s=float(p.get("action_overhead_s", 0.0)),
-            compute_scale=float(p.get("compute_scale", 1.0)),
-            step_tail_s=tuple(map(float, p.get("step_tail_s", ()))),
-            overhead_s=tuple(map(float, p.get("overhead_s", ()))),
-            comm_wait_s=tuple(map(float, p.get("comm_wait_s", ()))),
-            tail_groups=tuple(tuple(g) for g in p.get("tail_groups", ())),
-            resume=tuple((float(g), float(f), float(b)) for g, f, b in p.get("resume", ())),
-        ),
+        predicted=Prediction.from_dict(data["predicted"]),
         solver=SolverInfo(**_known(SolverInfo, data["solver"])),
         constraints=dict(data.get("constraints", {})),
         baselines=tuple(

@@ -9,29 +9,27 @@ used, then the one with the least peak memory (then the order candidates are lis
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any
 
 from planner.bounds import candidate_floor_s, partition_floor_s
 from planner.cost import (
-    CostSettings,
     UnitCosts,
     build_problem,
-    split_backward_times,
-    stage_memory,
-    step_tails,
-    tail_groups,
     unit_costs,
 )
 from planner.errors import PlanInfeasibleError, ScheduleError, SearchPrunedError, UsageError
-from planner.limits import MAX_GLOBAL_BATCH, MAX_RANKS, check_at_most
-from planner.plan import BaselinePlan, Plan, Prediction, SolverInfo, StagePlan
+from planner.plan import BaselinePlan, Plan, SolverInfo, build_plan
+from planner.prediction import (
+    partition_peak_memory,
+    partition_pipeline,
+    partition_runtime_terms,
+    partition_split_times,
+    partition_stage_times,
+)
+from planner.request import PlanRequest, pinned_units
 from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank
-from planner.schedule.pipeline import Pipeline
 from planner.schedule.simulate import RuntimeTerms, SimulationResult, in_flight_per_stage
 from profiles.format import Profile
 from solvers.baselines import balanced_by_params, balanced_by_time, uniform_by_count
@@ -47,9 +45,6 @@ __all__ = [
     "make_plans",
     "estimate_step_s",
     "plan_key",
-    "predict_plan",
-    "repredicted_plan",
-    "profile_sha256",
     "OBJECTIVE",
     "NEAR_BEST",
 ]
@@ -63,49 +58,6 @@ rank nearly idle, or holds more activations, is not worth it: the simulator is n
 
 
 @dataclass(frozen=True)
-class PlanRequest:
-    num_ranks: int
-    """Pipeline ranks (devices): ``--stages``."""
-    global_batch_size: int
-    schedule: Schedule | None = None
-    """None: search every schedule (``auto``). A name is parsed once, here."""
-    micro_batch_size: int | None = None
-    """None: search every profiled size that divides the global batch."""
-    recompute: str = "auto"
-    """auto (chosen per stage), on, off."""
-    solver: str = "auto"
-    """auto (dp, or ilp when devices differ, units are pinned or stages capped), dp, ilp."""
-    settings: CostSettings = field(default_factory=CostSettings)
-    pinned: tuple[tuple[str, int], ...] = ()
-    """(unit FQN, stage) pairs; ILP only."""
-    max_units_per_stage: int | None = None
-    top_k: int = 4
-    """Partitions per candidate handed from the solver to the simulator."""
-    ilp_time_limit_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.num_ranks < 1:
-            raise UsageError(f"--stages must be >= 1, got {self.num_ranks}")
-        if self.global_batch_size < 1:
-            raise UsageError(f"--global-batch must be >= 1, got {self.global_batch_size}")
-        # The bounds of planner.limits, checked where a request enters (README, "Limits").
-        check_at_most("--stages", self.num_ranks, MAX_RANKS)
-        check_at_most("--global-batch", self.global_batch_size, MAX_GLOBAL_BATCH)
-        check_at_most("--micro-batch-size", self.micro_batch_size or 1, MAX_GLOBAL_BATCH)
-        if self.recompute not in ("auto", "on", "off"):
-            raise UsageError(f"--recompute must be auto, on or off, got {self.recompute!r}")
-        if self.solver not in ("auto", "dp", "ilp"):
-            raise UsageError(f"--solver must be auto, dp or ilp, got {self.solver!r}")
-        if self.micro_batch_size is not None and self.micro_batch_size < 1:
-            raise UsageError(f"--micro-batch-size must be >= 1, got {self.micro_batch_size}")
-        if self.max_units_per_stage is not None and self.max_units_per_stage < 1:
-            raise UsageError(f"--max-units-per-stage must be >= 1, got {self.max_units_per_stage}")
-        if isinstance(self.schedule, str) and not isinstance(self.schedule, Schedule):
-            # The Python API's edge: a name becomes the enum once and travels as the enum.
-            object.__setattr__(self, "schedule", None if self.schedule == "auto" else Schedule.parse(self.schedule))
-
-
-@dataclass(frozen=True)
 class Candidate:
     micro_batch_size: int
     num_microbatches: int
@@ -115,10 +67,8 @@ class Candidate:
     solution: PartitionSolution
     simulation: SimulationResult
     peak_memory_bytes: float
-
-
-def profile_sha256(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    runtime: RuntimeTerms | None = None
+    """The runtime terms ``simulation`` was made with (None: the textbook model)."""
 
 
 def _micro_batch_sizes(profile: Profile, request: PlanRequest) -> list[int]:
@@ -176,96 +126,6 @@ def _use_ilp(request: PlanRequest) -> bool:
     return bool(request.settings.device_speeds or request.pinned or request.max_units_per_stage)
 
 
-def _split_times(
-    costs: UnitCosts, problem: PartitionProblem, solution: PartitionSolution, schedule: Schedule
-) -> tuple[list[float], list[float]]:
-    """Per stage ``(I, W)`` for a split-backward schedule with a measured split, else ``([], [])``."""
-    if not schedule.splits_backward:
-        return [], []
-    forward, backward = _stage_times(problem, solution)
-    return split_backward_times(
-        costs,
-        solution.stage_units(problem.num_units),
-        forward,
-        backward,
-        solution.recompute,
-        problem.speed,
-    )
-
-
-def _stage_times(problem: PartitionProblem, solution: PartitionSolution) -> tuple[list[float], list[float]]:
-    forward, backward = [], []
-    for s, units in enumerate(solution.stage_units(problem.num_units)):
-        speed = problem.speed[s] if problem.speed else 1.0
-        f = sum(problem.forward_s[u] for u in units)
-        b = sum(problem.backward_s[u] for u in units) + (f if solution.recompute[s] else 0.0)
-        forward.append(f / speed)
-        backward.append(b / speed)
-    return forward, backward
-
-
-def _comm_times(problem: PartitionProblem, solution: PartitionSolution) -> tuple[list[float], list[float]]:
-    cuts = [b - 1 for b in solution.boundaries[1:]]
-    forward = [problem.cut_forward_s[c] if problem.cut_forward_s else 0.0 for c in cuts]
-    backward = [problem.cut_backward_s[c] if problem.cut_backward_s else 0.0 for c in cuts]
-    return forward, backward
-
-
-def _runtime_terms(
-    profile: Profile,
-    costs: UnitCosts,
-    settings: CostSettings,
-    problem: PartitionProblem,
-    solution: PartitionSolution,
-    schedule: Schedule,
-    num_ranks: int,
-    micro_batch_size: int,
-) -> RuntimeTerms | None:
-    """The calibration's terms, the profile's cost of resuming after a wait, and the replicas' gradient
-    synchronisation for this partition (None with neither: the textbook model of one pipeline)."""
-    if settings.calibration is None and settings.data_parallel is None:
-        return None
-    stage_rank = stage_to_rank(schedule, problem.num_stages, num_ranks)
-    tails = step_tails(profile, costs, settings, solution.stage_units(problem.num_units), stage_rank)
-    if settings.calibration is None:
-        return RuntimeTerms(step_tail_s=tails)
-    groups = tail_groups(profile, solution.stage_units(problem.num_units), stage_rank)
-    terms = settings.calibration.runtime_terms(schedule, tails, groups)
-    if profile.resume is None:
-        return terms
-    return replace(terms, resume=profile.resume.curve(profile.size_index(micro_batch_size)))
-
-
-def _pipeline(
-    costs: UnitCosts,
-    problem: PartitionProblem,
-    solution: PartitionSolution,
-    schedule: Schedule,
-    num_ranks: int,
-    runtime: RuntimeTerms | None = None,
-) -> Pipeline:
-    forward, backward = _stage_times(problem, solution)
-    comm_forward, comm_backward = _comm_times(problem, solution)
-    inputs, weights = _split_times(costs, problem, solution, schedule)
-    return Pipeline(
-        schedule=schedule,
-        num_ranks=num_ranks,
-        num_microbatches=problem.num_microbatches,
-        forward_s=forward,
-        backward_s=backward,
-        input_s=inputs,
-        weight_s=weights,
-        comm_forward_s=comm_forward,
-        comm_backward_s=comm_backward,
-        runtime=runtime,
-    )
-
-
-def _peak_memory(problem: PartitionProblem, solution: PartitionSolution) -> float:
-    units = solution.stage_units(problem.num_units)
-    return max(stage_cost(problem, s, r[0], r[-1], solution.recompute[s]).memory_bytes for s, r in enumerate(units))
-
-
 def _solve(problem: PartitionProblem, request: PlanRequest) -> list[PartitionSolution]:
     if _use_ilp(request):
         return [solve_ilp(problem, time_limit_s=request.ilp_time_limit_s)]
@@ -276,20 +136,6 @@ def _solve(problem: PartitionProblem, request: PlanRequest) -> list[PartitionSol
     if even is not None and all(even.boundaries != s.boundaries for s in solutions):
         solutions.append(even)
     return solutions
-
-
-def _pins(profile: Profile, request: PlanRequest, virtual_stages: int) -> tuple[tuple[int, int], ...]:
-    names = [u.name for u in profile.units]
-    pins = []
-    for name, stage in request.pinned:
-        if name not in names:
-            raise UsageError(f"cannot pin unknown unit {name!r}")
-        if not 0 <= stage < request.num_ranks * virtual_stages:
-            raise UsageError(
-                f"cannot pin {name} to stage {stage}: stages are 0..{request.num_ranks * virtual_stages - 1}"
-            )
-        pins.append((names.index(name), stage))
-    return tuple(pins)
 
 
 @dataclass(frozen=True)
@@ -339,8 +185,8 @@ def _partition_floor_s(
     stage_rank: tuple[int, ...],
     runtime: RuntimeTerms | None,
 ) -> float:
-    forward, backward = _stage_times(problem, solution)
-    inputs, weights = _split_times(costs, problem, solution, option.schedule)
+    forward, backward = partition_stage_times(problem, solution)
+    inputs, weights = partition_split_times(costs, problem, solution, option.schedule)
     if inputs:
         work = [f + min(b, i + w) for f, b, i, w in zip(forward, backward, inputs, weights, strict=True)]
         chain = forward
@@ -443,7 +289,7 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
             in_flight=in_flight_per_stage(schedule, num_stages, m, request.num_ranks),
             stage_rank=stage_rank,
             recompute_choices=_recompute_choices(request),
-            pinned=_pins(profile, request, v) if request.pinned else (),
+            pinned=pinned_units(profile, request, v) if request.pinned else (),
             max_units_per_stage=request.max_units_per_stage,
             split_backward=schedule.splits_backward,
         )
@@ -456,16 +302,18 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
             found.infeasible.append(f"b={b} {schedule.value} v={v}")
             continue
         for k, solution in enumerate(solutions):
-            runtime = _runtime_terms(
+            runtime = partition_runtime_terms(
                 profile, costs, request.settings, problem, solution, schedule, request.num_ranks, b
             )
             if prune_above_s is not None and cannot_win(
                 _partition_floor_s(costs, problem, solution, option, stage_rank, runtime)
             ):
                 continue
-            simulation = _pipeline(costs, problem, solution, schedule, request.num_ranks, runtime).simulate()
+            pipeline = partition_pipeline(costs, problem, solution, schedule, request.num_ranks, runtime)
+            simulation = pipeline.simulate()
             fastest = min(fastest, simulation.iteration_s)
-            candidate = Candidate(b, m, schedule, v, problem, solution, simulation, _peak_memory(problem, solution))
+            peak = partition_peak_memory(problem, solution)
+            candidate = Candidate(b, m, schedule, v, problem, solution, simulation, peak, runtime)
             placed.append(((option.order, k), candidate))
     found.candidates = [c for _, c in sorted(placed, key=lambda p: p[0])]
     return found
@@ -538,7 +386,7 @@ def _baseline_schedule(best: Candidate, num_ranks: int) -> Schedule:
     return Schedule.ONE_F_ONE_B if best.num_microbatches >= num_ranks else Schedule.GPIPE
 
 
-def _baselines(profile: Profile, costs: UnitCosts, best: Candidate, request: PlanRequest) -> list[BaselinePlan]:
+def _baselines(profile: Profile, best: Candidate, request: PlanRequest) -> list[BaselinePlan]:
     """The partitioners people use today, one stage per rank, at the plan's micro-batching.
 
     Each chooses only the boundaries; the same cost model and simulator judge them. They do not
@@ -546,6 +394,7 @@ def _baselines(profile: Profile, costs: UnitCosts, best: Candidate, request: Pla
     """
     p = request.num_ranks
     schedule = _baseline_schedule(best, p)
+    costs = unit_costs(profile, best.micro_batch_size)
     problem = build_problem(
         profile,
         costs,
@@ -570,38 +419,15 @@ def _baselines(profile: Profile, costs: UnitCosts, best: Candidate, request: Pla
         split_points = tuple(profile.units[i].name for i in boundaries[1:])
         objective, bottleneck = evaluate(problem, tuple(boundaries), recompute)
         solution = PartitionSolution(tuple(boundaries), recompute, objective, bottleneck, solver=name)
-        peak = int(_peak_memory(problem, solution))
+        peak = int(partition_peak_memory(problem, solution))
         if objective == float("inf"):
             baselines.append(BaselinePlan(name, split_points, None, fits=False, peak_memory_bytes=peak))
             continue
         b = best.micro_batch_size
-        runtime = _runtime_terms(profile, costs, request.settings, problem, solution, schedule, p, b)
-        simulation = _pipeline(costs, problem, solution, schedule, p, runtime).simulate()
+        runtime = partition_runtime_terms(profile, costs, request.settings, problem, solution, schedule, p, b)
+        simulation = partition_pipeline(costs, problem, solution, schedule, p, runtime).simulate()
         baselines.append(BaselinePlan(name, split_points, simulation.iteration_s, True, peak))
     return baselines
-
-
-def _constraints(profile: Profile, request: PlanRequest) -> dict[str, object]:
-    s = request.settings
-    return {
-        "num_ranks": request.num_ranks,
-        "global_batch_size": request.global_batch_size,
-        "schedule": "auto" if request.schedule is None else request.schedule.value,
-        "micro_batch_size": request.micro_batch_size if request.micro_batch_size is not None else "auto",
-        "recompute": request.recompute,
-        "solver": request.solver,
-        "optimizer": s.optimizer,
-        "link_bytes_per_s": s.link_bytes_per_s,
-        "link_latency_s": s.link_latency_s,
-        "device_memory_bytes": list(s.device_memory_bytes) or [profile.device.memory_bytes],
-        "headroom_fraction": s.headroom_fraction,
-        "capacity_bytes": [int(s.capacity(profile, r, request.num_ranks)) for r in range(request.num_ranks)],
-        "device_speeds": list(s.device_speeds) or [1.0] * request.num_ranks,
-        "pinned": [list(p) for p in request.pinned],
-        "max_units_per_stage": request.max_units_per_stage,
-        "top_k": request.top_k,
-        "calibration": s.calibration_label,
-    }
 
 
 def make_plan(
@@ -667,10 +493,26 @@ def make_plans(
         raise PlanInfeasibleError(_explain_infeasible(profile, request))
     ranked = _ranked(candidates)
     solve_s = time.perf_counter() - started
+    used_ilp = _use_ilp(request)
+    solver = SolverInfo(
+        name="ilp" if used_ilp else "dp",
+        objective=OBJECTIVE,
+        optimal=all(c.solution.optimal for c in candidates),
+        solve_s=round(solve_s, 4) if record_timing else None,
+        gap=max((c.solution.gap or 0.0) for c in candidates) if used_ilp else 0.0,
+        candidates=len(candidates),
+    )
     plans: list[Plan] = []
     seen: set[tuple[object, ...]] = set()
     for best in ranked:
-        plan = _plan_of(profile, request, best, candidates, sha256, solve_s if record_timing else None)
+        plan = build_plan(
+            profile,
+            request,
+            best,
+            solver=solver,
+            baselines=tuple(_baselines(profile, best, request)),
+            sha256=sha256,
+        )
         if plan_key(plan) not in seen:
             seen.add(plan_key(plan))
             plans.append(plan)
@@ -679,181 +521,3 @@ def make_plans(
     return plans
 
 
-def _plan_of(
-    profile: Profile,
-    request: PlanRequest,
-    best: Candidate,
-    candidates: list[Candidate],
-    sha256: str,
-    solve_s: float | None,
-) -> Plan:
-    costs = unit_costs(profile, best.micro_batch_size)
-    problem, solution, simulation = best.problem, best.solution, best.simulation
-    stage_rank = stage_to_rank(best.schedule, problem.num_stages, request.num_ranks)
-    forward, backward = _stage_times(problem, solution)
-    inputs, weights = _split_times(costs, problem, solution, best.schedule)
-    comm_forward, comm_backward = _comm_times(problem, solution)
-    stages = []
-    for s, units in enumerate(solution.stage_units(problem.num_units)):
-        first, last = units[0], units[-1]
-        stages.append(
-            StagePlan(
-                index=s,
-                rank=stage_rank[s],
-                units=tuple(profile.units[u].name for u in units),
-                recompute=solution.recompute[s],
-                forward_s=forward[s],
-                backward_s=backward[s],
-                send_bytes=costs.cut_bytes[last] if last < problem.num_units - 1 else 0,
-                in_flight=problem.in_flight[s],
-                memory_bytes=stage_memory(
-                    profile,
-                    costs,
-                    request.settings,
-                    first,
-                    last,
-                    in_flight=problem.in_flight[s],
-                    recompute=solution.recompute[s],
-                    split_backward=best.schedule.splits_backward,
-                ),
-                input_s=inputs[s] if inputs else None,
-                weight_s=weights[s] if weights else None,
-            )
-        )
-    split_points = tuple(profile.units[i].name for i in solution.boundaries[1:])
-    used_ilp = _use_ilp(request)
-    return Plan(
-        model_name=profile.model.name,
-        model_fingerprint=profile.model.fingerprint,
-        profile_sha256=sha256,
-        num_stages=problem.num_stages,
-        num_ranks=request.num_ranks,
-        schedule=best.schedule,
-        virtual_stages=best.virtual_stages,
-        micro_batch_size=best.micro_batch_size,
-        num_microbatches=best.num_microbatches,
-        global_batch_size=request.global_batch_size,
-        stages=tuple(stages),
-        split_points=split_points,
-        predicted=_prediction(
-            simulation,
-            request.settings,
-            formula_s=solution.objective_s,
-            global_batch_size=request.global_batch_size,
-            comm=(tuple(comm_forward), tuple(comm_backward)),
-        ),
-        solver=SolverInfo(
-            name="ilp" if used_ilp else "dp",
-            objective=OBJECTIVE,
-            optimal=all(c.solution.optimal for c in candidates),
-            solve_s=round(solve_s, 4) if solve_s is not None else None,
-            gap=max((c.solution.gap or 0.0) for c in candidates) if used_ilp else 0.0,
-            candidates=len(candidates),
-        ),
-        constraints=_constraints(profile, request),
-        baselines=tuple(_baselines(profile, costs, best, request)),
-        device=_device_block(profile),
-    )
-
-
-def _device_block(profile: Profile) -> dict[str, Any]:
-    """The plan's ``device``: what was profiled, and on a CPU the intra-op threads the times were measured
-    with, so that a replay measures the stages as the profile did; and the speed reference's time while the
-    profile was made, so that ``verify`` can tell how fast the machine runs now against then."""
-    block: dict[str, Any] = {"kind": profile.device.kind, "name": profile.device.name, "dtype": profile.device.dtype}
-    threads = profile.settings.get("threads")
-    if profile.device.kind == "cpu" and isinstance(threads, int) and threads > 0:
-        block["threads"] = threads
-    reference = profile.settings.get("reference_s")
-    if isinstance(reference, (int, float)) and not isinstance(reference, bool) and reference > 0:
-        block["reference_s"] = float(reference)
-    return block
-
-
-def _prediction(
-    simulation: SimulationResult,
-    settings: CostSettings,
-    *,
-    formula_s: float,
-    global_batch_size: int,
-    comm: tuple[tuple[float, ...], tuple[float, ...]],
-) -> Prediction:
-    return Prediction(
-        iteration_s=simulation.iteration_s,
-        formula_iteration_s=formula_s,
-        bubble_fraction=simulation.bubble_fraction,
-        samples_per_s=global_batch_size / simulation.iteration_s,
-        bottleneck_stage=simulation.bottleneck_stage,
-        busy_s=tuple(simulation.busy_s),
-        comm_forward_s=comm[0],
-        comm_backward_s=comm[1],
-        **_runtime_fields(settings, simulation),
-    )
-
-
-def _runtime_fields(settings: CostSettings, simulation: SimulationResult) -> dict[str, object]:
-    """The prediction's runtime terms, so that ``simulate PLAN`` and ``verify`` reproduce it."""
-    if settings.calibration is None and settings.data_parallel is None:
-        return {}
-    overheads = [a.overhead_s for a in simulation.actions if a.kind != "S"]
-    return {
-        "calibration": settings.calibration_label,
-        "action_overhead_s": overheads[0] if overheads else 0.0,
-        "compute_scale": settings.calibration.colocation_factor if settings.calibration else 1.0,
-        "step_tail_s": tuple(simulation.step_tail_s),
-        "overhead_s": tuple(simulation.overhead_s),
-        "comm_wait_s": tuple(simulation.comm_wait_s),
-        "tail_groups": tuple(simulation.tail_groups),
-        "resume": tuple(simulation.resume),
-    }
-
-
-def predict_plan(profile: Profile, plan: Plan, settings: CostSettings) -> SimulationResult:
-    """Simulate an existing plan's partition under other settings (e.g. another calibration).
-
-    The plan's schedule, micro-batching, boundaries and recomputation are kept; the cost model and the
-    runtime terms come from ``settings``. ``tune`` and the fidelity benchmark use it to hold several
-    models of cost against the same measured run.
-    """
-    names = [u.name for u in profile.units]
-    try:
-        boundaries = tuple(names.index(s.units[0]) for s in plan.stages)
-    except ValueError:
-        raise UsageError(
-            f"the plan's units are not the profile's (plan for {plan.model_name}, profile of {profile.model.name})"
-        ) from None
-    costs = unit_costs(profile, plan.micro_batch_size)
-    stage_rank = stage_to_rank(plan.schedule, plan.num_stages, plan.num_ranks)
-    problem = build_problem(
-        profile,
-        costs,
-        settings,
-        num_stages=plan.num_stages,
-        num_microbatches=plan.num_microbatches,
-        in_flight=in_flight_per_stage(plan.schedule, plan.num_stages, plan.num_microbatches, plan.num_ranks),
-        stage_rank=stage_rank,
-        recompute_choices=(False, True),
-        split_backward=plan.schedule.splits_backward,
-    )
-    recompute = tuple(s.recompute for s in plan.stages)
-    objective, bottleneck = evaluate(problem, boundaries, recompute)
-    solution = PartitionSolution(boundaries, recompute, objective, bottleneck, solver="given")
-    runtime = _runtime_terms(
-        profile, costs, settings, problem, solution, plan.schedule, plan.num_ranks, plan.micro_batch_size
-    )
-    return _pipeline(costs, problem, solution, plan.schedule, plan.num_ranks, runtime).simulate()
-
-
-def repredicted_plan(profile: Profile, plan: Plan, settings: CostSettings) -> Plan:
-    """``plan`` with its prediction (and the calibration it records) recomputed under ``settings``."""
-    simulation = predict_plan(profile, plan, settings)
-    old = plan.predicted
-    prediction = _prediction(
-        simulation,
-        settings,
-        formula_s=old.formula_iteration_s,
-        global_batch_size=plan.global_batch_size,
-        comm=(old.comm_forward_s, old.comm_backward_s),
-    )
-    constraints = {**plan.constraints, "calibration": settings.calibration_label}
-    return replace(plan, predicted=prediction, constraints=constraints)

@@ -15,6 +15,7 @@ whole backward as W, and so is it timed here.
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import statistics
 import sys
@@ -30,7 +31,14 @@ from torch.utils._pytree import tree_leaves
 
 from profiles.dataflow import Piece, needs_grad, tensor_bytes
 
-__all__ = ["PieceMeasurement", "measure_piece", "count_flops", "saved_tensor_bytes", "peak_rss_bytes"]
+__all__ = [
+    "PieceMeasurement",
+    "measure_piece",
+    "count_flops",
+    "saved_tensor_bytes",
+    "peak_rss_bytes",
+    "rank_threads",
+]
 
 
 @dataclass(frozen=True)
@@ -263,3 +271,8 @@ def peak_rss_bytes() -> int:
     """The process's peak resident memory so far (``ru_maxrss``: Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def rank_threads(world_size: int) -> int:
+    """torch intra-op threads each of ``world_size`` local processes gets: the cores shared out, at least 1."""
+    return max(1, (os.cpu_count() or 1) // world_size)

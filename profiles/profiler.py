@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import platform
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.errors import ProfilingError, UsageError, shorten
+from planner.errors import PipeplanWarning, ProfilingError, UsageError, shorten
 from profiles.allocator import keep_freed_memory
 from profiles.dataflow import Capture, Edge, capture_export, capture_hooks, param_ownership
 from profiles.fingerprint import model_fingerprint
@@ -55,6 +56,8 @@ from profiles.workload import (
 )
 
 __all__ = ["profile_model", "device_info", "DTYPES"]
+
+log = logging.getLogger("pipeplan")
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -125,7 +128,7 @@ def _capture(model: nn.Module, inputs: tuple, units: list[str], mode: str | None
             if mode == "export":
                 raise ProfilingError(f"splitting the model failed: {type(exc).__name__}: {exc}") from None
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-            print(f"pipeplan: torch.export cannot split this model ({reason}); timing units by hooks", file=sys.stderr)
+            log.info("torch.export cannot split this model (%s); timing units by hooks", reason)
             return capture_hooks(model, inputs, units), reason
     return capture_hooks(model, inputs, units), ""
 
@@ -166,10 +169,11 @@ def _warn_if_busy(dev: torch.device) -> float:
         now = busy_cores()
         if now is None or now > 0.5 * cores:
             busy = "" if now is None else f" ({now:.1f} busy now)"
-            print(
-                f"pipeplan: warning: load average {load:.1f} on {cores} cores{busy}: other work competes for "
+            warnings.warn(
+                f"load average {load:.1f} on {cores} cores{busy}: other work competes for "
                 "the CPU, so unit times will be noisy; profile on a quiet machine",
-                file=sys.stderr,
+                PipeplanWarning,
+                stacklevel=2,
             )
     return load
 
@@ -413,17 +417,18 @@ def profile_model(
     torch_dtype = DTYPES[dtype]
     workload = adapt_workload(workload)  # keyword inputs, a ModelOutput: what the pipeline can split
     for note in workload.notes:
-        print(f"pipeplan: {note}", file=sys.stderr)
+        log.info("%s", note)
     # A meta model stays on meta: only its dtype changes (its pieces are materialised on the device).
     model = workload.model.to(dtype=torch_dtype) if on_meta else workload.model.to(device=dev, dtype=torch_dtype)
     model.train()
     check_model_signature(model)
     dropout = active_dropout(model)
     if dropout:
-        print(
-            f"pipeplan: warning: {len(dropout)} dropout modules are active in training mode (e.g. {dropout[0]}): "
+        warnings.warn(
+            f"{len(dropout)} dropout modules are active in training mode (e.g. {dropout[0]}): "
             "every run differs, and so do the profile and verify's numerics; set their p to 0 to compare runs",
-            file=sys.stderr,
+            PipeplanWarning,
+            stacklevel=2,
         )
 
     example, _ = _batch(workload, sizes[0], dev, torch_dtype)
@@ -443,9 +448,9 @@ def profile_model(
         check_sample_blocks(model, unit_names)
     # After the checks: a model that cannot run, or bad units, get their one error line, not a warning before it.
     load_before = _warn_if_busy(dev)
-    print(f"pipeplan: {len(unit_names)} units ({choice.how})", file=sys.stderr)
+    log.info("%d units (%s)", len(unit_names), choice.how)
     for warning in choice.warnings:
-        print(f"pipeplan: warning: {warning}", file=sys.stderr)
+        warnings.warn(warning, PipeplanWarning, stacklevel=2)
 
     timing = Timing(repeats, max_repeats, warmup, stable_within, min_time_s)
     meta_settings: dict[str, Any] = {}
@@ -564,5 +569,5 @@ def profile_model(
     if on_meta:
         from profiles.report import meta_line
 
-        print(f"pipeplan: {meta_line(profile)}", file=sys.stderr)
+        log.info("%s", meta_line(profile))
     return profile

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.plan import MemoryBreakdown, Plan, Prediction, SolverInfo, StagePlan
+from planner.cost import MemoryBreakdown
+from planner.plan import Plan, SolverInfo, StagePlan
+from planner.prediction import Prediction
 from planner.schedule.orders import Schedule, stage_to_rank
 from profiles.fingerprint import model_fingerprint
 from profiles.workload import Workload

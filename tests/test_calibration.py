@@ -17,9 +17,11 @@ from planner.calibration import (
 )
 from planner.cost import CostSettings, _transfer_s, default_settings, step_tails, tail_groups, unit_costs
 from planner.errors import CalibrationError, UsageError
+from planner.prediction import predict_plan
+from planner.request import PlanRequest
 from planner.schedule.orders import Schedule
 from planner.schedule.simulate import RuntimeTerms, simulate
-from planner.search import PlanRequest, make_plan, make_plans, plan_key, predict_plan
+from planner.search import make_plan, make_plans, plan_key
 from synthetic import make_profile
 
 
@@ -136,8 +138,8 @@ def test_calibrated_plan_records_its_runtime_terms() -> None:
     request = PlanRequest(num_ranks=2, global_batch_size=2, schedule="gpipe", recompute="off", settings=settings)
     plan = make_plan(profile, request, sha256="0" * 64)
     pred = plan.predicted
-    assert (pred.calibration, pred.action_overhead_s, pred.compute_scale) == ("test", 1e-3, 1.5)
-    assert pred.step_tail_s == pytest.approx((1e-3 + 2000 * 1e-8,) * 2)
+    assert (pred.calibration, pred.runtime.action_overhead_s, pred.runtime.compute_scale) == ("test", 1e-3, 1.5)
+    assert pred.runtime.step_tail_s == pytest.approx((1e-3 + 2000 * 1e-8,) * 2)
     # The prediction is the simulation of the plan's stages, links and these runtime terms.
     link = 1e-4 + 1024 / 1e9
     again = simulate(
@@ -147,11 +149,11 @@ def test_calibrated_plan_records_its_runtime_terms() -> None:
         "gpipe",
         comm_forward_s=[link],
         comm_backward_s=[link],
-        runtime=RuntimeTerms(1e-3, pred.step_tail_s, 1.5),
+        runtime=RuntimeTerms(1e-3, pred.runtime.step_tail_s, 1.5),
     )
     assert pred.iteration_s == again.iteration_s
     textbook = simulate([0.02, 0.02], [0.04, 0.04], 2, "gpipe", comm_forward_s=[link], comm_backward_s=[link])
-    assert pred.iteration_s > textbook.iteration_s + 6 * 1e-3 + pred.step_tail_s[0]
+    assert pred.iteration_s > textbook.iteration_s + 6 * 1e-3 + pred.runtime.step_tail_s[0]
     assert pred.overhead_s == pytest.approx((4e-3, 4e-3))
 
 

@@ -15,7 +15,8 @@ from planner.cluster import Cluster, Layout, layouts, plan_cluster
 from planner.cost import CostSettings, DataParallel, step_tails, unit_costs
 from planner.errors import PlanFormatError, UsageError
 from planner.plan import load_plan, plan_from_dict, save_plan
-from planner.search import PlanRequest, make_plan, plan_key
+from planner.request import PlanRequest
+from planner.search import make_plan, plan_key
 from profiles.format import save_profile
 from synthetic import make_profile
 

@@ -26,11 +26,14 @@ import pytest
 
 from cli import main
 from cli_checks import assert_fails
+from planner.cost import MemoryBreakdown
 from planner.errors import ExportError, UsageError
 from planner.export import Trainer, apply_renames, export_plan, megatron_layers
-from planner.plan import MemoryBreakdown, Plan, Prediction, SolverInfo, StagePlan, plan_from_dict, save_plan
+from planner.plan import Plan, SolverInfo, StagePlan, plan_from_dict, save_plan
+from planner.prediction import Prediction
+from planner.request import PlanRequest
 from planner.schedule.orders import Schedule, stage_to_rank
-from planner.search import PlanRequest, make_plan
+from planner.search import make_plan
 from synthetic import make_profile
 
 tomllib = pytest.importorskip("tomllib")  # the standard library's TOML reader, Python 3.11+

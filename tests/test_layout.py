@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = {"planner.errors", "planner.fileio", "planner.table"}
+BASE = {"planner.errors", "planner.fileio", "planner.limits", "planner.table"}
 
 
 def _imports(path: Path) -> set[str]:

@@ -15,10 +15,11 @@ import pytest
 import torch
 from conftest import make_plan as make_hand_plan
 
+from planner.request import PlanRequest
 from planner.runtime.apply import tied_parameter_groups
 from planner.runtime.launch import run_ranks
 from planner.runtime.verify import _merge_rank_grads, _rank_main, compare_numerics, reference_step, verify_plan
-from planner.search import PlanRequest, make_plan
+from planner.search import make_plan
 from profiles.profiler import profile_model
 from profiles.workload import load_workload
 

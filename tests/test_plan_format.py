@@ -2,19 +2,12 @@ import json
 
 import pytest
 
+from planner.cost import MemoryBreakdown
 from planner.errors import PlanFormatError
-from planner.plan import (
-    BaselinePlan,
-    MemoryBreakdown,
-    Plan,
-    Prediction,
-    SolverInfo,
-    StagePlan,
-    load_plan,
-    plan_from_dict,
-    save_plan,
-)
+from planner.plan import BaselinePlan, Plan, SolverInfo, StagePlan, load_plan, plan_from_dict, save_plan
+from planner.prediction import Prediction
 from planner.schedule.orders import Schedule
+from planner.schedule.simulate import RuntimeTerms
 
 FINGERPRINT = "cd" * 32
 
@@ -38,7 +31,9 @@ def sample_plan() -> Plan:
         global_batch_size=8,
         stages=stages,
         split_points=("layers.2",),
-        predicted=Prediction(7.0, 7.5, 0.2, 8 / 7.0, 0, (6.0, 4.0), (0.01,), (0.01,), tail_groups=((0, 1),)),
+        predicted=Prediction(
+            7.0, 7.5, 0.2, 8 / 7.0, 0, (6.0, 4.0), (0.01,), (0.01,), runtime=RuntimeTerms(tail_groups=((0, 1),))
+        ),
         solver=SolverInfo("dp", "objective", True, None, 0.0, 12),
         constraints={"num_ranks": 2},
         baselines=(BaselinePlan("uniform-by-count", ("layers.1",), 8.0, True, 3000),),
@@ -77,10 +72,10 @@ def test_the_resume_curve_round_trips_and_is_absent_when_empty(tmp_path):
     from dataclasses import replace
 
     curve = ((0.001, 0.0002, 0.0001), (0.01, 0.0007, 0.0006))
-    plan = replace(sample_plan(), predicted=replace(sample_plan().predicted, resume=curve))
+    plan = replace(sample_plan(), predicted=replace(sample_plan().predicted, runtime=RuntimeTerms(resume=curve)))
     path = tmp_path / "plan.json"
     save_plan(plan, path)
-    assert load_plan(path) == plan and load_plan(path).predicted.runtime_terms().resume == curve
+    assert load_plan(path) == plan and load_plan(path).predicted.runtime.resume == curve
     assert json.loads(path.read_text())["predicted"]["resume"] == [list(p) for p in curve]
     save_plan(sample_plan(), path)
     assert "resume" not in json.loads(path.read_text())["predicted"]  # as plans made before it

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -150,7 +152,7 @@ def test_sleep_units_order_forward_times() -> None:
     assert profile.settings["capture"] == "hooks"
 
 
-def test_untraceable_model_falls_back_to_hooks(capsys) -> None:
+def test_untraceable_model_falls_back_to_hooks(caplog) -> None:
     class Branchy(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -164,11 +166,12 @@ def test_untraceable_model_falls_back_to_hooks(capsys) -> None:
             return self.b(h)
 
     workload = Workload(Branchy(), lambda b: (torch.randn(b, 4), torch.randn(b, 4)), nn.functional.mse_loss)
-    profile = profile_model(workload, micro_batch_sizes=(1, 2), units=["a", "b"], **FAST)
+    with caplog.at_level("INFO", logger="pipeplan"):
+        profile = profile_model(workload, micro_batch_sizes=(1, 2), units=["a", "b"], **FAST)
     assert profile.settings["capture"] == "hooks"
     assert "export_error" in profile.settings
     assert [(t.producer, t.consumers, t.bytes) for t in profile.tensors] == [(-1, (0,), (16, 32)), (0, (1,), (16, 32))]
-    assert "timing units by hooks" in capsys.readouterr().err
+    assert "timing units by hooks" in caplog.text
     assert [u.param_count for u in profile.units] == [20, 20]
 
 
@@ -264,7 +267,7 @@ def test_hooks_capture_checks_against_the_eager_model() -> None:
     assert profile.piece_overhead is not None and profile.overhead_s(0) > 0
 
 
-def test_the_load_warning_needs_cores_busy_now_as_well(monkeypatch, capsys) -> None:
+def test_the_load_warning_needs_cores_busy_now_as_well(monkeypatch) -> None:
     # The 1-minute load average lags: right after a previous profile it is high on idle cores. The warning
     # fires only when cores are busy now too (or when /proc/stat cannot say).
     from profiles import profiler
@@ -274,12 +277,16 @@ def test_the_load_warning_needs_cores_busy_now_as_well(monkeypatch, capsys) -> N
     cpu = torch.device("cpu")
     for busy_now, warned in ((0.0, False), (float(cores), True), (None, True)):
         monkeypatch.setattr(profiler, "busy_cores", lambda busy_now=busy_now: busy_now)
-        assert profiler._warn_if_busy(cpu) == float(cores)
-        assert ("other work competes for the CPU" in capsys.readouterr().err) is warned
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert profiler._warn_if_busy(cpu) == float(cores)
+        assert any("other work competes for the CPU" in str(w.message) for w in caught) is warned
     monkeypatch.setattr(profiler.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     monkeypatch.setattr(profiler, "busy_cores", lambda: float(cores))
-    profiler._warn_if_busy(cpu)
-    assert capsys.readouterr().err == ""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profiler._warn_if_busy(cpu)
+    assert caught == []
 
 
 def test_busy_cores_reads_a_share_of_the_machine() -> None:

@@ -4,8 +4,9 @@ import pytest
 
 from planner.cost import CostSettings
 from planner.errors import PlanInfeasibleError, UsageError
+from planner.request import PlanRequest
 from planner.schedule.simulate import simulate
-from planner.search import PlanRequest, make_plan
+from planner.search import make_plan
 from synthetic import make_profile
 
 SHA = "00" * 32
@@ -269,10 +270,10 @@ def test_the_profile_resume_curve_enters_calibrated_plans_and_the_floors_still_h
     settings = CostSettings(calibration=shipped_calibration("cpu"))
     request = PlanRequest(num_ranks=rng.choice((2, 3)), global_batch_size=8, settings=settings)
     plan = make_plan(profile, request, sha256=SHA)
-    assert plan.predicted.resume == curve.curve(profile.size_index(plan.micro_batch_size))
+    assert plan.predicted.runtime.resume == curve.curve(profile.size_index(plan.micro_batch_size))
     assert plan.predicted.iteration_s >= make_plan(plain, request, sha256=SHA).predicted.iteration_s
     assert plan.simulation().iteration_s == pytest.approx(plan.predicted.iteration_s)
     everything = make_plans(profile, request, sha256=SHA, count=2)
     assert plan_key(plan) == plan_key(everything[0])
     textbook = make_plan(profile, PlanRequest(request.num_ranks, 8, settings=FAST_LINK), sha256=SHA)
-    assert textbook.predicted.resume == ()
+    assert textbook.predicted.runtime.resume == ()

@@ -29,6 +29,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from planner.errors import ExecutionError
+from profiles.measure import rank_threads
 
 __all__ = ["run_ranks", "rank_threads", "pin_rank_cpus", "free_port", "each_rank_in_turn", "FAULT_ENV", "PIN_ENV"]
 
@@ -149,11 +150,6 @@ def _stop(procs: Sequence[mp.process.BaseProcess]) -> None:
 
 def _ranks_text(ranks: Sequence[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
-
-
-def rank_threads(world_size: int) -> int:
-    """torch intra-op threads each of ``world_size`` local processes gets: the cores shared out, at least 1."""
-    return max(1, (os.cpu_count() or 1) // world_size)
 
 
 def pin_rank_cpus(local_rank: int, local_world_size: int, threads: int) -> tuple[int, ...] | None:

@@ -21,19 +21,32 @@ model is planned with it.
 
 from __future__ import annotations
 
+import logging
+import warnings
 from dataclasses import dataclass
 
 from planner.calibration import Calibration
 from planner.cost import default_settings
-from planner.errors import UsageError
+from planner.errors import PipeplanWarning, UsageError
 from planner.plan import Plan
+from planner.request import PlanRequest
 from planner.runtime.tune import refit_calibration
-from planner.runtime.verify import VerifyReport, verify_plan
+from planner.runtime.verify import VerifyReport, threads_warning, verify_plan
 from planner.schedule.orders import Schedule
-from planner.search import PlanRequest, make_plan
+from planner.search import make_plan
 from profiles.format import Profile
 
-__all__ = ["ModelRun", "learning_plan", "learn_from_run", "learn_model_cost", "default_global_batch"]
+__all__ = [
+    "ModelRun",
+    "learning_plan",
+    "learn_from_run",
+    "learn_model_cost",
+    "learn_model_cost_on_ranks",
+    "default_global_batch",
+    "format_learned",
+]
+
+log = logging.getLogger("pipeplan")
 
 
 @dataclass(frozen=True)
@@ -61,7 +74,7 @@ def learning_plan(profile: Profile, calibration: Calibration, global_batch: int,
     request = PlanRequest(
         num_ranks=calibration.num_ranks,
         global_batch_size=global_batch,
-        schedule=Schedule.ONE_F_ONE_B.value,
+        schedule=Schedule.ONE_F_ONE_B,
         settings=settings,
     )
     return make_plan(profile, request, sha256=sha256)
@@ -103,3 +116,47 @@ def learn_model_cost(
     """
     report = verify_plan(plan, model, steps=steps, warmup=warmup, mode="processes", device=device, timeout_s=timeout_s)
     return ModelRun(learn_from_run(calibration, profile, plan, report), plan, report)
+
+
+def learn_model_cost_on_ranks(
+    calibration: Calibration,
+    profile: Profile,
+    model: str,
+    *,
+    num_ranks: int,
+    sha256: str,
+    global_batch: int | None = None,
+    steps: int = 5,
+    device: str = "cpu",
+    timeout_s: float = 600.0,
+) -> ModelRun:
+    """``calibrate --model``: plan ``model``'s 1F1B run on ``num_ranks`` ranks (the calibration's), run it, and
+    refit ``calibration`` from it (:func:`learning_plan`, :func:`learn_model_cost`)."""
+    calibration.check_device(profile.device.kind)
+    if calibration.num_ranks != num_ranks:
+        raise UsageError(f"--start was measured on {calibration.num_ranks} ranks, not --ranks {num_ranks}")
+    batch = global_batch or default_global_batch(profile, num_ranks)
+    plan = learning_plan(profile, calibration, batch, sha256=sha256)
+    warning = threads_warning(plan, "processes", device)
+    if warning:
+        warnings.warn(warning, PipeplanWarning, stacklevel=2)
+    log.info(
+        "running %s under 1f1b on %d ranks (b=%d x %d) to learn its own per-action cost ...",
+        model,
+        num_ranks,
+        plan.micro_batch_size,
+        plan.num_microbatches,
+    )
+    return learn_model_cost(calibration, profile, model, plan, steps=steps, device=device, timeout_s=timeout_s)
+
+
+def format_learned(run: ModelRun, before: Calibration, model: str) -> str:
+    """What ``run`` of ``model`` taught the calibration it started from (one line, under its terms)."""
+    plan, report, after = run.plan, run.report, run.calibration
+    learned = after.overhead_for(plan.schedule) - before.overhead_for(plan.schedule)
+    return (
+        f"  learned from {model} ({plan.schedule.value}, b={plan.micro_batch_size} x "
+        f"{plan.num_microbatches}): predicted {plan.predicted.iteration_s * 1e3:.2f} ms, measured "
+        f"{report.measured_iteration_s * 1e3:.2f} ms; its actions cost {learned * 1e3:+.3f} ms each beyond the "
+        f"machine's, co-location {before.colocation_factor:.3f} -> {after.colocation_factor:.3f}"
+    )

@@ -26,11 +26,13 @@ from dataclasses import dataclass, replace
 from planner.calibration import Calibration, OptimizerCost
 from planner.errors import UsageError
 from planner.plan import Measurement, Plan
+from planner.prediction import predict_plan, repredicted_plan
+from planner.request import PlanRequest
 from planner.runtime.calibrate import fit_overhead, solve_increasing
 from planner.runtime.verify import VerifyReport, verify_plan
 from planner.schedule.orders import Schedule
-from planner.schedule.simulate import RuntimeTerms, SimulationResult
-from planner.search import PlanRequest, make_plans, plan_key, predict_plan, repredicted_plan
+from planner.schedule.simulate import SimulationResult
+from planner.search import make_plans, plan_key
 from profiles.format import Profile
 
 __all__ = ["TunedCandidate", "TuneResult", "tune", "refit_calibration", "format_tune_table"]
@@ -66,9 +68,9 @@ def _label(plan: Plan) -> str:
 
 def _simulate_with(plan: Plan, compute_scale: float, overhead_s: float, tail_factor: float) -> SimulationResult:
     """The plan under other runtime terms (stage times in a plan are the profiled, unscaled ones)."""
-    pred = plan.predicted
-    tails = tuple(t * tail_factor for t in pred.step_tail_s)
-    return plan.simulation(RuntimeTerms(overhead_s, tails, compute_scale, pred.tail_groups, pred.resume))
+    terms = plan.predicted.runtime
+    tails = tuple(t * tail_factor for t in terms.step_tail_s)
+    return plan.simulation(replace(terms, action_overhead_s=overhead_s, step_tail_s=tails, compute_scale=compute_scale))
 
 
 def _fit_colocation(measured: list[tuple[Plan, VerifyReport]], overheads: list[float], start: float) -> float:

@@ -575,7 +575,7 @@ def verify_plan(
         fwd, bwd = list(result.forward_s), list(result.backward_s)
         # Replay measures compute alone; the runtime terms (overhead, step tail, co-location) stay the plan's,
         # and so do its links and, for a split backward, its proportions of I and W.
-        terms = plan.predicted.runtime_terms() if plan.predicted.step_tail_s else None
+        terms = plan.predicted.runtime if plan.predicted.runtime.step_tail_s else None
         pipeline = replace(
             plan.pipeline().with_runtime(terms), forward_s=fwd, num_microbatches=schedule_microbatches(plan)
         )
@@ -599,7 +599,7 @@ def verify_plan(
     if reference and profiled:
         speed = reference / profiled
         # Replay measures the stages alone and keeps the plan's runtime terms: only the stages scale there.
-        terms = plan.predicted.runtime_terms()
+        terms = plan.predicted.runtime
         adjusted = plan.simulation(terms.at_speed(speed) if chosen == "processes" else terms, speed=speed).iteration_s
     return VerifyReport(
         mode=chosen,
@@ -628,8 +628,8 @@ def predicted_tails(plan: Plan) -> tuple[float, ...]:
     its optimizer step, so that a rank of a tied pair that finishes first includes its wait in the
     all-reduce (the simulator starts the pair's tails together)."""
     pred = plan.predicted
-    if not pred.tail_groups:
-        return pred.step_tail_s
+    if not pred.runtime.tail_groups:
+        return pred.runtime.step_tail_s
     tails = [0.0] * plan.num_ranks
     for action in plan.simulation().actions:
         if action.kind == "S":

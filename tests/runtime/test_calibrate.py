@@ -10,11 +10,12 @@ from test_calibration import calibration
 from cli import main
 from planner.calibration import shipped_calibration
 from planner.cost import default_settings
+from planner.request import PlanRequest
 from planner.runtime.calibrate import CALIBRATED_SCHEDULES, _link, calibrate, fit_overhead
 from planner.runtime.tune import format_tune_table, refit_calibration, tune
 from planner.runtime.verify import RankTime, VerifyReport
 from planner.schedule.simulate import RuntimeTerms, simulate
-from planner.search import PlanRequest, make_plans, plan_key
+from planner.search import make_plans, plan_key
 from profiles.format import load_profile, save_profile
 from synthetic import make_profile
 
@@ -46,7 +47,7 @@ def _report(plan, measured_s: float, compute_s: tuple[float, ...], tail_s: float
             rank=r,
             predicted_compute_s=plan.predicted.busy_s[r],
             predicted_wait_s=0.0,
-            predicted_tail_s=plan.predicted.step_tail_s[r],
+            predicted_tail_s=plan.predicted.runtime.step_tail_s[r],
             predicted_overhead_s=plan.predicted.overhead_s[r],
             measured_compute_s=compute_s[r],
             measured_wait_s=0.0,
@@ -78,7 +79,7 @@ def test_refit_recovers_the_runtime_that_produced_the_measurements() -> None:
     request = PlanRequest(num_ranks=2, global_batch_size=4, settings=default_settings(profile, calibration=start))
     plans = make_plans(profile, request, sha256="0" * 64, count=3)
     true_overhead, true_scale = 4e-3, 1.25
-    true_tail = 2 * plans[0].predicted.step_tail_s[0]
+    true_tail = 2 * plans[0].predicted.runtime.step_tail_s[0]
     runs = []
     for plan in plans:
         truth = plan.simulation(RuntimeTerms(true_overhead, (true_tail,) * plan.num_ranks, true_scale))
@@ -100,7 +101,7 @@ def test_refit_shifts_the_schedules_it_did_not_run_by_what_it_learned() -> None:
         num_ranks=2, global_batch_size=4, schedule="1f1b", settings=default_settings(profile, calibration=start)
     )
     plan = make_plans(profile, request, sha256="0" * 64, count=1)[0]
-    tails = plan.predicted.step_tail_s
+    tails = plan.predicted.runtime.step_tail_s
     truth = plan.simulation(RuntimeTerms(4e-3, tails, 1.0))
     refit = refit_calibration(start, [(plan, _report(plan, truth.iteration_s, truth.busy_s, tails[0]))])
     assert refit.action_overhead_s["1f1b"] == pytest.approx(4e-3, rel=1e-6)

@@ -30,7 +30,7 @@ def test_learning_from_a_run_shifts_every_schedule_and_names_the_model() -> None
     profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
     start = calibration(action_overhead_s={"gpipe": 2e-3, "1f1b": 1e-3, "interleaved-1f1b": 5e-3})
     plan = learning_plan(profile, start, 4, sha256="0" * 64)
-    tails = plan.predicted.step_tail_s
+    tails = plan.predicted.runtime.step_tail_s
     truth = plan.simulation(RuntimeTerms(3e-3, tails, 1.0))  # each action costs 2 ms more than calibrated
     learned = learn_from_run(start, profile, plan, _report(plan, truth.iteration_s, truth.busy_s, tails[0]))
     assert learned.action_overhead_s == pytest.approx({"gpipe": 4e-3, "1f1b": 3e-3, "interleaved-1f1b": 7e-3})

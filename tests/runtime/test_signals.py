@@ -96,9 +96,9 @@ def test_replay_honours_the_timeout() -> None:
 
 def test_sighup_is_handled_like_sigterm() -> None:
     # The subprocess test above covers the path from the signal to stopped ranks; SIGHUP takes the same one.
-    from cli import _Signalled, _signals_interrupt
+    from planner.commands.terminal import Signalled, signals_interrupt
 
-    with pytest.raises(_Signalled) as caught, _signals_interrupt():
+    with pytest.raises(Signalled) as caught, signals_interrupt():
         os.kill(os.getpid(), signal.SIGHUP)
         time.sleep(5)
     assert caught.value.signum == signal.SIGHUP and str(caught.value) == "SIGHUP"

@@ -316,10 +316,12 @@ def test_predicted_tails_include_the_wait_for_a_tied_partner() -> None:
     # tail (as verify measures one: last action to end of optimizer step) holds the wait in the all-reduce.
     from dataclasses import replace
 
+    from planner.schedule.simulate import RuntimeTerms
+
     plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"], "gpipe", num_microbatches=1, micro_batch_size=8)
-    alone = replace(plan.predicted, step_tail_s=(0.004, 0.004))
+    alone = replace(plan.predicted, runtime=RuntimeTerms(step_tail_s=(0.004, 0.004)))
     assert verify.predicted_tails(replace(plan, predicted=alone)) == (0.004, 0.004)
-    tied = replace(alone, tail_groups=((0, 1),))
+    tied = replace(alone, runtime=RuntimeTerms(step_tail_s=(0.004, 0.004), tail_groups=((0, 1),)))
     tails = verify.predicted_tails(replace(plan, predicted=tied))
     # Rank 0 finishes last (its backward follows rank 1's): rank 1 waits for rank 0's backward, 2 ms here.
     assert tails[0] == pytest.approx(0.004)

@@ -1,0 +1,523 @@
+"""The command line's parser: every command, its options, their help and limits (``cli.py`` runs them)."""
+
+from __future__ import annotations
+
+import argparse
+
+from planner.commands.options import (
+    Parser,
+    auto_or_positive_int,
+    bandwidth,
+    float_list,
+    int_list,
+    int_range,
+    memory,
+    memory_list,
+    nonneg_float,
+    pin,
+    positive_float,
+    rename,
+    speed_list,
+)
+from planner.limits import (
+    MAX_DEVICES,
+    MAX_GLOBAL_BATCH,
+    MAX_MICROBATCHES,
+    MAX_RANKS,
+    MAX_REPEATS,
+    MAX_STEPS,
+    MAX_UNITS,
+)
+from planner.schedule.orders import Schedule
+
+__all__ = ["build_parser"]
+
+TOP = """\
+pipeplan: profile a PyTorch model once, get an exact pipeline-parallel plan, apply it with
+torch.distributed.pipelining.
+
+  pipeplan calibrate --ranks 2 --out cpu.calibration.json  measure what the runtime adds (once per machine)
+  pipeplan profile gpt2-small --out gpt2.profile.json      measure every unit on this device
+  pipeplan calibrate --ranks 2 --model gpt2-small --profile gpt2.profile.json --out gpt2.calibration.json
+                                                           learn what this model's actions pay in a pipeline
+  pipeplan plan gpt2.profile.json --stages 4 --global-batch 16 --out gpt2.plan.json
+  pipeplan simulate gpt2.plan.json --png timeline.png      see the bubble
+  pipeplan verify gpt2.plan.json --model gpt2-small        run it, compare with the prediction
+  pipeplan tune gpt2.profile.json --model gpt2-small --stages 2 --global-batch 8 --out gpt2.plan.json
+                                                           run the best candidates, keep the fastest
+  pipeplan show gpt2.plan.json                             reprint a profile or plan
+  pipeplan export gpt2.plan.json --to megatron             the plan as torchtitan/Megatron/DeepSpeed/accelerate config
+
+Run `pipeplan COMMAND --help` for each command's options.
+"""
+
+
+
+def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "cluster plans",
+        "With --devices N the plan is a pp x dp mesh: pp pipeline ranks (--stages fixes it) times dp replicas of\n"
+        "the pipeline, each stage's gradients reduced over its replicas; --global-batch is the whole step's.",
+    )
+    g.add_argument("--devices", type=int_range(1, MAX_DEVICES), default=None, metavar="N", help="devices to plan for")
+    g.add_argument(
+        "--devices-per-node", type=int_range(1, MAX_DEVICES), default=None, metavar="G", help="default: all on one"
+    )
+    g.add_argument(
+        "--intra-node-bandwidth",
+        type=bandwidth,
+        default=None,
+        metavar="450GB/s",
+        help="per device, each way, inside a node (default: cuda 450GB/s, cpu 1.1GB/s)",
+    )
+    g.add_argument(
+        "--inter-node-bandwidth",
+        type=bandwidth,
+        default=None,
+        metavar="50GB/s",
+        help="per device, each way, between nodes (default: cuda 50GB/s, cpu 1.1GB/s)",
+    )
+    g.add_argument(
+        "--shard",
+        choices=("none", "optimizer", "full"),
+        default="none",
+        help="what the replicas split: nothing (DDP), optimizer state (ZeRO-1), everything (FSDP)",
+    )
+    g.add_argument(
+        "--jobs",
+        type=int_range(1, 256),
+        default=None,
+        metavar="J",
+        help="layouts searched at once, in worker processes (default: the CPUs; the plan is the same)",
+    )
+
+
+def add_search_arguments(p: argparse.ArgumentParser) -> None:
+    """The plan search's options, shared by ``plan`` and ``tune``."""
+    p.add_argument(
+        "--stages",
+        type=int_range(1, MAX_RANKS),
+        default=None,
+        help="pipeline ranks (devices), P; with --devices: the pipeline degree pp, fixed",
+    )
+    p.add_argument(
+        "--global-batch", type=int_range(1, MAX_GLOBAL_BATCH), required=True, help="samples per iteration, B = b x M"
+    )
+    p.add_argument(
+        "--memory",
+        type=memory,
+        default=None,
+        metavar="80GiB",
+        help="memory of every device (default: the profiled device's), less 10%% headroom",
+    )
+    p.add_argument(
+        "--device-memory",
+        type=memory_list,
+        default=None,
+        metavar="80GiB,40GiB,...",
+        help="memory per rank (heterogeneous devices)",
+    )
+    p.add_argument(
+        "--device-speeds",
+        type=speed_list,
+        default=None,
+        metavar="1,1,0.5,...",
+        help="speed per rank relative to the profiled device (uses the ILP)",
+    )
+    p.add_argument(
+        "--bandwidth",
+        type=bandwidth,
+        default=None,
+        metavar="25GB/s",
+        help="link bandwidth per pipeline hop (default: cpu 1.1GB/s, cuda 25GB/s)",
+    )
+    p.add_argument(
+        "--latency",
+        type=nonneg_float,
+        default=None,
+        metavar="SECONDS",
+        help="link latency per message (default: cpu 130e-6, cuda 10e-6)",
+    )
+    p.add_argument(
+        "--optimizer",
+        choices=("sgd", "adam"),
+        default="adam",
+        help="decides the optimizer state per parameter (default adam)",
+    )
+    p.add_argument(
+        "--schedule",
+        choices=("auto", *(x.value for x in Schedule if x is not Schedule.NAIVE)),
+        default="auto",
+        help="auto: search every schedule torch ships (the split-backward ones when the profile measured the split)",
+    )
+    p.add_argument("--micro-batch-size", type=auto_or_positive_int, default=None, metavar="auto|N")
+    p.add_argument(
+        "--recompute",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="activation recomputation: chosen per stage (auto), on or off",
+    )
+    p.add_argument("--solver", choices=("auto", "dp", "ilp"), default="auto")
+    p.add_argument(
+        "--calibration",
+        default="auto",
+        metavar="auto|none|CALIBRATION.json",
+        help="runtime terms (overhead per action, optimizer, tied-gradient sum, co-location): auto = the calibration "
+        "shipped for the profile's device (cpu: measured on gloo; cuda: estimated), none = compute and links only, "
+        "or a file from `pipeplan calibrate` / `pipeplan tune` (default auto)",
+    )
+    p.add_argument("--pin", type=pin, action="append", metavar="UNIT=STAGE", help="pin a unit to a stage (ILP)")
+    p.add_argument(
+        "--max-units-per-stage", type=int_range(1, MAX_UNITS), default=None, help="cap units per stage (ILP)"
+    )
+    p.add_argument("--time-limit", type=positive_float, default=60.0, help="ILP time limit in seconds (default 60)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from profiles.models import BUILTIN_NAMES
+
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = Parser(prog="pipeplan", description=TOP, formatter_class=fmt)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+
+    p = sub.add_parser(
+        "profile",
+        help="measure a model unit by unit into a profile JSON",
+        formatter_class=fmt,
+        description=(
+            "Measure every unit (block) of MODEL on this device: forward and backward time, FLOPs (fvcore,\n"
+            "multiply-adds), output and saved-activation bytes, parameters, and the tensors flowing between\n"
+            "units, for several micro-batch sizes. The unit sum is checked against the whole model.\n\n"
+            f"MODEL is a built-in ({', '.join(BUILTIN_NAMES)}), path/to/file.py:NAME or\n"
+            "package.module:NAME, NAME being a zero-argument function returning a profiles.workload.Workload,\n"
+            "or hf:path/to/config.json (a transformers model built from a local config, random weights;\n"
+            "--task, --seq-len; the profile's model name is the full spec verify takes).\n\n"
+            "example:\n  pipeplan profile gpt2-small --micro-batch-sizes 1,2,4 --out gpt2.profile.json"
+        ),
+    )
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--out", required=True, metavar="PROFILE.json", help="where to write the profile (atomically)")
+    p.add_argument(
+        "--micro-batch-sizes",
+        type=int_list,
+        default=(1, 2, 4),
+        metavar="1,2,4",
+        help="micro-batch sizes to measure (default 1,2,4)",
+    )
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument(
+        "--seq-len",
+        type=int_range(1, 1 << 20),
+        default=None,
+        help="sequence length of built-in language models and hf: configs",
+    )
+    p.add_argument(
+        "--task",
+        choices=("causal-lm", "masked-lm", "seq2seq", "image-classification"),
+        default=None,
+        help="what an hf:CONFIG.json model is built for (default: from the config's architectures)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int_range(1, MAX_REPEATS),
+        default=3,
+        help="timed rounds at least (each times every unit once); the median is kept (default 3)",
+    )
+    p.add_argument(
+        "--max-repeats",
+        type=int_range(1, MAX_REPEATS),
+        default=15,
+        help="timed rounds at most: rounds go on until the medians of the unit sum and of the whole model "
+        "move by 1%% or less (default 15)",
+    )
+    p.add_argument("--warmup", type=int_range(0, MAX_REPEATS), default=1, help="untimed warm-up runs (default 1)")
+    p.add_argument(
+        "--min-time",
+        type=nonneg_float,
+        default=None,
+        metavar="SECONDS",
+        help="at each micro-batch size, rounds also go on until they span this long (default 2): a shared "
+        "machine changes speed from one second to the next, and a median over a moment sees one speed",
+    )
+    p.add_argument(
+        "--units",
+        default=None,
+        metavar="FQN,FQN|DEPTH",
+        help="unit FQNs in execution order, or a module depth (default: the largest repeated block list)",
+    )
+    threads = p.add_mutually_exclusive_group()
+    threads.add_argument(
+        "--threads",
+        type=int_range(1, 4096),
+        default=None,
+        help="CPU intra-op threads while measuring; match what each rank will get (cores / ranks per machine)",
+    )
+    threads.add_argument(
+        "--ranks",
+        type=int_range(1, MAX_RANKS),
+        default=None,
+        metavar="P",
+        help="profile with the threads each of P ranks on this machine will get: cores // P, as the runtime sets",
+    )
+    p.add_argument(
+        "--meta",
+        action="store_true",
+        help="build the model on the meta device (no weights held) and materialise one unit at a time to measure "
+        "it, for a model larger than the device; the whole model is not measured (automatic for an hf: config "
+        "whose weights and gradients exceed the device's memory)",
+    )
+    p.add_argument(
+        "--sample-blocks",
+        action="store_true",
+        help="with --meta (implied): measure one unit of each run of identical consecutive units (decoder layers) "
+        "and copy its numbers to the others; the profile lists the copies in settings.sampled_from",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = sub.add_parser(
+        "calibrate",
+        help="measure the runtime's costs (P2P, per-action overhead, optimizer, co-location) on real ranks",
+        formatter_class=fmt,
+        description=(
+            "Run a short job on RANKS local processes (gloo on CPU, NCCL on GPUs) and measure what a real\n"
+            "iteration adds to the profiled compute: point-to-point latency and bandwidth, the overhead of\n"
+            "each action of each torch schedule, optimizer step time per parameter (Adam, SGD), and how\n"
+            "much slower compute runs when every rank is busy (co-location). Takes under a minute on CPU.\n"
+            "Give the file to `pipeplan plan --calibration`. Measure on a quiet machine.\n\n"
+            "With --model and --profile it then runs that model once under 1F1B on the same ranks and\n"
+            "refits the calibration from it: real stages pay more per action in a pipeline than the\n"
+            "trivial ones measured first (0.15 ms for a small MLP, 0.45 ms for gpt2-tiny on a 2-core CPU),\n"
+            "and only a run of the model shows how much. Plans of that model predicted with the result\n"
+            "came within 4-8 % (median) where the machine's constants alone were 10-53 % off.\n\n"
+            "examples:\n  pipeplan calibrate --ranks 2 --out cpu.calibration.json\n"
+            "  pipeplan calibrate --ranks 2 --model gpt2-tiny --profile gpt2-tiny.profile.json \\\n"
+            "      --out gpt2-tiny.calibration.json\n"
+            "  pipeplan calibrate --ranks 2 --start cpu.calibration.json --model gpt2-tiny \\\n"
+            "      --profile gpt2-tiny.profile.json --out gpt2-tiny.calibration.json   (skip re-measuring)"
+        ),
+    )
+    p.add_argument(
+        "--ranks", type=int_range(1, MAX_RANKS), default=2, help="ranks to run, as in your pipeline (default 2)"
+    )
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument(
+        "--repeats", type=int_range(1, MAX_REPEATS), default=15, help="timed repeats of each measurement (median)"
+    )
+    p.add_argument("--timeout", type=positive_float, default=300.0, help="seconds before every rank is stopped")
+    p.add_argument("--model", metavar="MODEL", help="also run this model once under 1F1B and learn its per-action cost")
+    p.add_argument("--profile", metavar="PROFILE.json", help="with --model: the model's profile (plans its run)")
+    p.add_argument(
+        "--global-batch",
+        type=int_range(1, MAX_GLOBAL_BATCH),
+        help="with --model: the batch of its run (default: 2 micro-batches per rank of the largest profiled size)",
+    )
+    p.add_argument(
+        "--steps", type=int_range(1, MAX_STEPS), default=5, help="with --model: timed steps of its run (default 5)"
+    )
+    p.add_argument(
+        "--start",
+        metavar="CALIBRATION.json",
+        help="with --model: refit this calibration ('auto': the shipped one) instead of measuring the machine first",
+    )
+    p.add_argument("--out", required=True, metavar="CALIBRATION.json")
+
+    p = sub.add_parser(
+        "show",
+        help="print a profile or plan file as a table",
+        formatter_class=fmt,
+        description="Reprint the table of a profile or a plan file.",
+    )
+    p.add_argument("file", metavar="FILE.json")
+
+    p = sub.add_parser(
+        "plan",
+        help="solve for the best pipeline plan from a profile",
+        formatter_class=fmt,
+        description=(
+            "Find stage boundaries, micro-batch size and count, schedule and recomputation that minimise the\n"
+            "iteration time under each device's memory. An exact DP (or ILP) solves each candidate for its\n"
+            "declared objective; the schedule simulator then scores the best partitions and the best\n"
+            "simulated plan wins. Baselines (uniform, by parameters, by time) are scored the same way.\n\n"
+            "example:\n"
+            "  pipeplan plan gpt2.profile.json --stages 4 --global-batch 16 --memory 16GiB --out gpt2.plan.json"
+        ),
+    )
+    p.add_argument("profile", metavar="PROFILE.json")
+    p.add_argument("--out", required=True, metavar="PLAN.json")
+    add_search_arguments(p)
+    add_cluster_arguments(p)
+    p.add_argument(
+        "--record-timing",
+        action="store_true",
+        help="store the search time in the plan (otherwise null, so same inputs give the same bytes)",
+    )
+
+    p = sub.add_parser(
+        "tune",
+        help="run the planner's best candidates for real, refit the calibration, keep the fastest",
+        formatter_class=fmt,
+        description=(
+            "Close the loop: take the planner's K best distinct plans (schedules, micro-batch sizes,\n"
+            "boundaries, recomputation), run each on real ranks (processes when there are cores or GPUs for\n"
+            "every rank, else a one-process replay), refit the calibration from what was measured, plan again\n"
+            "with it, and write the plan that measured fastest, with its measured numbers. The refit\n"
+            "calibration is written beside it; give it to `pipeplan plan --calibration` next time.\n\n"
+            "example:\n"
+            "  pipeplan tune gpt2.profile.json --model gpt2-small --stages 2 --global-batch 8 --out gpt2.plan.json"
+        ),
+    )
+    p.add_argument("profile", metavar="PROFILE.json")
+    p.add_argument("--model", required=True, metavar="MODEL", help="the model the profile was made for")
+    p.add_argument("--out", required=True, metavar="PLAN.json")
+    p.add_argument(
+        "--calibration-out",
+        default=None,
+        metavar="CALIBRATION.json",
+        help="where the refit calibration goes (default: beside the plan, PLAN.calibration.json)",
+    )
+    p.add_argument("--candidates", type=int_range(1, 32), default=4, help="distinct plans to run (default 4)")
+    p.add_argument("--steps", type=int_range(1, MAX_STEPS), default=3, help="timed steps per candidate (default 3)")
+    p.add_argument(
+        "--warmup",
+        type=int_range(0, MAX_STEPS),
+        default=1,
+        help="untimed steps per candidate (default 1; processes mode also warms up for at least 1 s)",
+    )
+    p.add_argument("--mode", choices=("auto", "processes", "replay"), default="auto")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds per candidate before it is stopped")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_search_arguments(p)
+
+    p = sub.add_parser(
+        "export",
+        help="print the plan's layout as torchtitan, Megatron-Core, DeepSpeed or accelerate configuration",
+        formatter_class=fmt,
+        description=(
+            "Write what each trainer takes for the plan's stages (docs/export.md):\n"
+            "  torchtitan  [parallelism] module_fqns_per_model_part, pipeline_parallel_degree, schedule and\n"
+            "              micro-batch size (TOML)\n"
+            "  megatron    --pipeline-model-parallel-layout 'Et*2|t*2L' with --pipeline-model-parallel-size,\n"
+            "              --num-layers and batch sizes (flags); E = units before the first decoder layer,\n"
+            "              t = each decoder layer (units PREFIX.N), L = units after the last one (norm, head)\n"
+            "  deepspeed   a PipelineModule subclass whose _partition_layers sets self.parts to the plan's\n"
+            "              boundaries, and the layer count (Python)\n"
+            "  accelerate  prepare_pippy(model, split_points=[...], num_chunks=M) (Python; inference only)\n"
+            "What a trainer cannot express is refused with the reason (a cut inside Megatron's embedding or\n"
+            "inside a decoder layer, a non-transformer model for Megatron, interleaved stages for DeepSpeed and\n"
+            "accelerate, names nested deeper than torchtitan splits).\n\n"
+            "examples:\n"
+            "  pipeplan export gpt2.plan.json --to megatron\n"
+            "  pipeplan export llama.plan.json --to torchtitan --rename model.embed_tokens=tok_embeddings \\\n"
+            "      --rename model.layers=layers --rename model.norm=norm --rename lm_head=output --out pp.toml"
+        ),
+    )
+    p.add_argument("plan", metavar="PLAN.json")
+    p.add_argument(
+        "--to", required=True, choices=("torchtitan", "megatron", "deepspeed", "accelerate"), help="the trainer"
+    )
+    p.add_argument(
+        "--rename",
+        type=rename,
+        action="append",
+        metavar="OLD=NEW",
+        help="map a module-name prefix of the profiled model onto the trainer's model (repeatable; the longest "
+        "matching prefix wins; NEW may be empty to strip the prefix)",
+    )
+    p.add_argument("--out", default=None, metavar="FILE", help="write to FILE (atomically) instead of stdout")
+
+    p = sub.add_parser(
+        "simulate",
+        help="predict an iteration and draw its timeline",
+        formatter_class=fmt,
+        description=(
+            "Simulate the schedule of a plan (or a what-if pipeline) action by action, print an ASCII timeline\n"
+            "and optionally a Gantt chart PNG with the bubble visible.\n\n"
+            "examples:\n  pipeplan simulate gpt2.plan.json --png timeline.png\n"
+            "  pipeplan simulate --stages 4 --microbatches 8 --schedule gpipe --stage-times 1,1,2,1\n"
+            "  pipeplan simulate --stages 4 --microbatches 8 --compare gpipe,1f1b,interleaved-1f1b\n"
+            "  pipeplan simulate --stages 4 --microbatches 8 --schedule zero-bubble --stage-times 1 \\\n"
+            "      --backward-times 1 --weight-times 1"
+        ),
+    )
+    p.add_argument("plan", nargs="?", metavar="PLAN.json")
+    p.add_argument("--png", default=None, metavar="timeline.png", help="write a Gantt chart")
+    p.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    p.add_argument("--compare", default=None, metavar="gpipe,1f1b,...", help="side-by-side picture of schedules")
+    p.add_argument("--compare-png", default=None, metavar="schedules.png")
+    p.add_argument("--stages", type=int_range(1, MAX_RANKS), default=None, help="what-if: ranks")
+    p.add_argument(
+        "--microbatches", type=int_range(1, MAX_MICROBATCHES), default=None, help="what-if: micro-batches M"
+    )
+    p.add_argument("--schedule", default=None, choices=[x.value for x in Schedule], help="what-if: the schedule")
+    p.add_argument(
+        "--virtual-stages",
+        type=int_range(1, 16),
+        default=None,
+        help="what-if: stages per rank of interleaved-1f1b, looped-bfs (default 2) and zero-bubble (default 1); "
+        "zbv and dualpipev always run 2",
+    )
+    p.add_argument(
+        "--stage-times", type=float_list, default=None, metavar="1,1,2,1", help="forward time per stage (or one)"
+    )
+    p.add_argument(
+        "--backward-times",
+        type=float_list,
+        default=None,
+        help="backward time per stage; with --weight-times, its input-gradient part B (the full backward is B + W)",
+    )
+    p.add_argument(
+        "--weight-times",
+        type=float_list,
+        default=None,
+        help="weight-gradient time W per stage: split-backward schedules (zero-bubble, zbv, dualpipev) run it apart; "
+        "absent, the backward stays unsplit",
+    )
+    p.add_argument(
+        "--backward-ratio",
+        type=positive_float,
+        default=1.0,
+        help="backward = ratio x forward when --backward-times is not given (default 1)",
+    )
+
+    p = sub.add_parser(
+        "verify",
+        help="run a plan with torch.distributed.pipelining and compare with the prediction",
+        formatter_class=fmt,
+        description=(
+            "Launch the plan's ranks (gloo on CPU, NCCL on GPUs), run warm-up and timed steps, and print the\n"
+            "predicted vs measured time per stage and per iteration. Exits 1 when the iteration error exceeds\n"
+            "--tolerance. With fewer cores or GPUs than ranks, replay mode runs every stage in one process in\n"
+            "the schedule's order and feeds the measured times through the simulator.\n\n"
+            "example:\n  pipeplan verify gpt2.plan.json --model gpt2-small --steps 5 --out report.json"
+        ),
+    )
+    p.add_argument("plan", metavar="PLAN.json")
+    p.add_argument("--model", required=True, metavar="MODEL", help="the model the plan was made for")
+    p.add_argument(
+        "--steps",
+        type=int_range(1, MAX_STEPS),
+        default=5,
+        help="timed steps at least (default 5); processes mode also times for at least 2 s, as a shared machine's "
+        "speed changes from one second to the next; the median step is measured",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int_range(0, MAX_STEPS),
+        default=2,
+        help="untimed steps first (default 2); processes mode also warms up for at least 1 s, as a fresh rank's "
+        "first steps run slow",
+    )
+    p.add_argument("--tolerance", type=positive_float, default=0.15, help="allowed iteration-time error (0.15 = 15%%)")
+    p.add_argument("--mode", choices=("auto", "processes", "replay"), default="auto")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--check-numerics", action="store_true", help="compare loss and gradients with one process")
+    p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before every rank is stopped")
+    p.add_argument("--out", default=None, metavar="report.json")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="when a rank fails, print its full traceback (from the rank's process) before the one-line error",
+    )
+    return parser

@@ -1,0 +1,297 @@
+"""What a plan is predicted to do: the times of a partition, the runtime terms it runs with, and the
+simulated iteration a plan records (:class:`Prediction`); and the same for an existing plan under other
+settings (another calibration: ``tune`` and the fidelity benchmark hold several models against one run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from planner.cost import (
+    CostSettings,
+    UnitCosts,
+    build_problem,
+    split_backward_times,
+    step_tails,
+    tail_groups,
+    unit_costs,
+)
+from planner.errors import UsageError
+from planner.schedule.orders import Schedule, stage_to_rank
+from planner.schedule.pipeline import Pipeline
+from planner.schedule.simulate import RuntimeTerms, SimulationResult, in_flight_per_stage
+from profiles.format import Profile
+from solvers.problem import PartitionProblem, PartitionSolution, evaluate, stage_cost
+
+if TYPE_CHECKING:
+    from planner.plan import Plan
+
+__all__ = [
+    "Prediction",
+    "prediction_of",
+    "predict_plan",
+    "plan_pipeline",
+    "repredicted_plan",
+    "partition_pipeline",
+    "partition_runtime_terms",
+    "partition_stage_times",
+    "partition_split_times",
+    "partition_comm_times",
+    "partition_peak_memory",
+]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    iteration_s: float
+    """Simulated time of one training iteration (all micro-batches, forward and backward)."""
+    formula_iteration_s: float
+    """The solver's declared objective for the same plan (docs/cost-model.md)."""
+    bubble_fraction: float
+    samples_per_s: float
+    bottleneck_stage: int
+    busy_s: tuple[float, ...] = ()
+    """Per rank: time spent computing in one iteration."""
+    comm_forward_s: tuple[float, ...] = ()
+    """Per cut between stage k and k+1: time to send one micro-batch's activations (the simulator's input)."""
+    comm_backward_s: tuple[float, ...] = ()
+    """Per cut: time to send their gradients back."""
+    calibration: str = "none"
+    """Where the runtime terms came from: ``none`` (textbook model), ``shipped``, or a calibration file."""
+    runtime: RuntimeTerms = RuntimeTerms()
+    """What the runtime adds, as simulated: overhead per action, co-location factor, step tail per rank,
+    tied tail groups, resume curve (all zero: the textbook model)."""
+    overhead_s: tuple[float, ...] = ()
+    """Per rank: total runtime overhead of its actions in one iteration."""
+    comm_wait_s: tuple[float, ...] = ()
+    """Per rank: time waiting on the link in one iteration."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan format's ``predicted`` object: the runtime terms flat beside the rest (docs/plan-format.md)."""
+        data: dict[str, Any] = {
+            "iteration_s": self.iteration_s,
+            "formula_iteration_s": self.formula_iteration_s,
+            "bubble_fraction": self.bubble_fraction,
+            "samples_per_s": self.samples_per_s,
+            "bottleneck_stage": self.bottleneck_stage,
+            "busy_s": list(self.busy_s),
+            "comm_forward_s": list(self.comm_forward_s),
+            "comm_backward_s": list(self.comm_backward_s),
+            "calibration": self.calibration,
+            "action_overhead_s": self.runtime.action_overhead_s,
+            "compute_scale": self.runtime.compute_scale,
+            "step_tail_s": list(self.runtime.step_tail_s),
+            "overhead_s": list(self.overhead_s),
+            "comm_wait_s": list(self.comm_wait_s),
+            "tail_groups": [list(g) for g in self.runtime.tail_groups],
+        }
+        if self.runtime.resume:  # optional: absent, as in plans made before it
+            data["resume"] = [list(point) for point in self.runtime.resume]
+        return data
+
+    @classmethod
+    def from_dict(cls, p: dict[str, Any]) -> Prediction:
+        """The inverse of :meth:`to_dict` (``p`` already validated against the plan format)."""
+        return cls(
+            iteration_s=float(p["iteration_s"]),
+            formula_iteration_s=float(p["formula_iteration_s"]),
+            bubble_fraction=float(p["bubble_fraction"]),
+            samples_per_s=float(p["samples_per_s"]),
+            bottleneck_stage=p["bottleneck_stage"],
+            busy_s=tuple(map(float, p.get("busy_s", ()))),
+            comm_forward_s=tuple(map(float, p.get("comm_forward_s", ()))),
+            comm_backward_s=tuple(map(float, p.get("comm_backward_s", ()))),
+            calibration=str(p.get("calibration", "none")),
+            runtime=RuntimeTerms(
+                action_overhead_s=float(p.get("action_overhead_s", 0.0)),
+                step_tail_s=tuple(map(float, p.get("step_tail_s", ()))),
+                compute_scale=float(p.get("compute_scale", 1.0)),
+                tail_groups=tuple(tuple(g) for g in p.get("tail_groups", ())),
+                resume=tuple((float(g), float(f), float(b)) for g, f, b in p.get("resume", ())),
+            ),
+            overhead_s=tuple(map(float, p.get("overhead_s", ()))),
+            comm_wait_s=tuple(map(float, p.get("comm_wait_s", ()))),
+        )
+
+
+def partition_split_times(
+    costs: UnitCosts, problem: PartitionProblem, solution: PartitionSolution, schedule: Schedule
+) -> tuple[list[float], list[float]]:
+    """Per stage ``(I, W)`` for a split-backward schedule with a measured split, else ``([], [])``."""
+    if not schedule.splits_backward:
+        return [], []
+    forward, backward = partition_stage_times(problem, solution)
+    return split_backward_times(
+        costs,
+        solution.stage_units(problem.num_units),
+        forward,
+        backward,
+        solution.recompute,
+        problem.speed,
+    )
+
+
+def partition_stage_times(problem: PartitionProblem, solution: PartitionSolution) -> tuple[list[float], list[float]]:
+    forward, backward = [], []
+    for s, units in enumerate(solution.stage_units(problem.num_units)):
+        speed = problem.speed[s] if problem.speed else 1.0
+        f = sum(problem.forward_s[u] for u in units)
+        b = sum(problem.backward_s[u] for u in units) + (f if solution.recompute[s] else 0.0)
+        forward.append(f / speed)
+        backward.append(b / speed)
+    return forward, backward
+
+
+def partition_comm_times(problem: PartitionProblem, solution: PartitionSolution) -> tuple[list[float], list[float]]:
+    cuts = [b - 1 for b in solution.boundaries[1:]]
+    forward = [problem.cut_forward_s[c] if problem.cut_forward_s else 0.0 for c in cuts]
+    backward = [problem.cut_backward_s[c] if problem.cut_backward_s else 0.0 for c in cuts]
+    return forward, backward
+
+
+def partition_runtime_terms(
+    profile: Profile,
+    costs: UnitCosts,
+    settings: CostSettings,
+    problem: PartitionProblem,
+    solution: PartitionSolution,
+    schedule: Schedule,
+    num_ranks: int,
+    micro_batch_size: int,
+) -> RuntimeTerms | None:
+    """The calibration's terms, the profile's cost of resuming after a wait, and the replicas' gradient
+    synchronisation for this partition (None with neither: the textbook model of one pipeline)."""
+    if settings.calibration is None and settings.data_parallel is None:
+        return None
+    stage_rank = stage_to_rank(schedule, problem.num_stages, num_ranks)
+    tails = step_tails(profile, costs, settings, solution.stage_units(problem.num_units), stage_rank)
+    if settings.calibration is None:
+        return RuntimeTerms(step_tail_s=tails)
+    groups = tail_groups(profile, solution.stage_units(problem.num_units), stage_rank)
+    terms = settings.calibration.runtime_terms(schedule, tails, groups)
+    if profile.resume is None:
+        return terms
+    return replace(terms, resume=profile.resume.curve(profile.size_index(micro_batch_size)))
+
+
+def partition_pipeline(
+    costs: UnitCosts,
+    problem: PartitionProblem,
+    solution: PartitionSolution,
+    schedule: Schedule,
+    num_ranks: int,
+    runtime: RuntimeTerms | None = None,
+) -> Pipeline:
+    forward, backward = partition_stage_times(problem, solution)
+    comm_forward, comm_backward = partition_comm_times(problem, solution)
+    inputs, weights = partition_split_times(costs, problem, solution, schedule)
+    return Pipeline(
+        schedule=schedule,
+        num_ranks=num_ranks,
+        num_microbatches=problem.num_microbatches,
+        forward_s=forward,
+        backward_s=backward,
+        input_s=inputs,
+        weight_s=weights,
+        comm_forward_s=comm_forward,
+        comm_backward_s=comm_backward,
+        runtime=runtime,
+    )
+
+
+
+def partition_peak_memory(problem: PartitionProblem, solution: PartitionSolution) -> float:
+    units = solution.stage_units(problem.num_units)
+    return max(stage_cost(problem, s, r[0], r[-1], solution.recompute[s]).memory_bytes for s, r in enumerate(units))
+
+
+
+def prediction_of(
+    simulation: SimulationResult,
+    settings: CostSettings,
+    runtime: RuntimeTerms | None,
+    *,
+    formula_s: float,
+    global_batch_size: int,
+    comm: tuple[tuple[float, ...], tuple[float, ...]],
+) -> Prediction:
+    """The prediction a plan records: the simulated iteration and the runtime terms it was simulated with,
+    so that ``simulate PLAN`` and ``verify`` reproduce it."""
+    runtime_fields: dict[str, Any] = {}
+    if runtime is not None:
+        runtime_fields = {
+            "calibration": settings.calibration_label,
+            # The simulator ends every rank with its tail, zero where none was given.
+            "runtime": replace(runtime, step_tail_s=tuple(simulation.step_tail_s)),
+            "overhead_s": tuple(simulation.overhead_s),
+            "comm_wait_s": tuple(simulation.comm_wait_s),
+        }
+    return Prediction(
+        iteration_s=simulation.iteration_s,
+        formula_iteration_s=formula_s,
+        bubble_fraction=simulation.bubble_fraction,
+        samples_per_s=global_batch_size / simulation.iteration_s,
+        bottleneck_stage=simulation.bottleneck_stage,
+        busy_s=tuple(simulation.busy_s),
+        comm_forward_s=comm[0],
+        comm_backward_s=comm[1],
+        **runtime_fields,
+    )
+
+
+def predict_plan(profile: Profile, plan: Plan, settings: CostSettings) -> SimulationResult:
+    """Simulate an existing plan's partition under other settings (:func:`plan_pipeline`)."""
+    return plan_pipeline(profile, plan, settings).simulate()
+
+
+def plan_pipeline(profile: Profile, plan: Plan, settings: CostSettings) -> Pipeline:
+    """An existing plan's partition as a pipeline under other settings (e.g. another calibration).
+
+    The plan's schedule, micro-batching, boundaries and recomputation are kept; the cost model and the
+    runtime terms come from ``settings``. ``tune`` and the fidelity benchmark use it to hold several
+    models of cost against the same measured run.
+    """
+    names = [u.name for u in profile.units]
+    try:
+        boundaries = tuple(names.index(s.units[0]) for s in plan.stages)
+    except ValueError:
+        raise UsageError(
+            f"the plan's units are not the profile's (plan for {plan.model_name}, profile of {profile.model.name})"
+        ) from None
+    costs = unit_costs(profile, plan.micro_batch_size)
+    stage_rank = stage_to_rank(plan.schedule, plan.num_stages, plan.num_ranks)
+    problem = build_problem(
+        profile,
+        costs,
+        settings,
+        num_stages=plan.num_stages,
+        num_microbatches=plan.num_microbatches,
+        in_flight=in_flight_per_stage(plan.schedule, plan.num_stages, plan.num_microbatches, plan.num_ranks),
+        stage_rank=stage_rank,
+        recompute_choices=(False, True),
+        split_backward=plan.schedule.splits_backward,
+    )
+    recompute = tuple(s.recompute for s in plan.stages)
+    objective, bottleneck = evaluate(problem, boundaries, recompute)
+    solution = PartitionSolution(boundaries, recompute, objective, bottleneck, solver="given")
+    runtime = partition_runtime_terms(
+        profile, costs, settings, problem, solution, plan.schedule, plan.num_ranks, plan.micro_batch_size
+    )
+    return partition_pipeline(costs, problem, solution, plan.schedule, plan.num_ranks, runtime)
+
+
+def repredicted_plan(profile: Profile, plan: Plan, settings: CostSettings) -> Plan:
+    """``plan`` with its prediction (and the calibration it records) recomputed under ``settings``."""
+    pipeline = plan_pipeline(profile, plan, settings)
+    old = plan.predicted
+    prediction = prediction_of(
+        pipeline.simulate(),
+        settings,
+        pipeline.runtime,
+        formula_s=old.formula_iteration_s,
+        global_batch_size=plan.global_batch_size,
+        comm=(old.comm_forward_s, old.comm_backward_s),
+    )
+    constraints = {**plan.constraints, "calibration": settings.calibration_label}
+    return replace(plan, predicted=prediction, constraints=constraints)

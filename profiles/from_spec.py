@@ -1,0 +1,85 @@
+"""Profile a model named by a MODEL spec, as ``pipeplan profile`` does: the threads its ranks will have, the
+meta device when the model cannot be held whole, the units asked for."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from profiles.format import Profile
+from profiles.measure import rank_threads
+from profiles.meta import too_large
+from profiles.profiler import profile_model
+from profiles.workload import load_workload
+
+__all__ = ["profile_spec", "parse_units", "needs_meta"]
+
+log = logging.getLogger("pipeplan")
+
+
+def parse_units(text: str | None) -> list[str] | int | None:
+    """``--units``: a module depth (digits) or comma-separated FQNs; None: the default choice."""
+    if not text:
+        return None
+    return int(text) if text.isdigit() else [u.strip() for u in text.split(",") if u.strip()]
+
+
+def needs_meta(spec: str, *, seq_len: int | None, task: str | None, device: str, dtype: str) -> bool:
+    """An ``hf:`` config too large to profile whole on ``device`` (built on meta first: no weights, seconds)."""
+    try:
+        probe = load_workload(spec, meta=True, seq_len=seq_len, task=task)
+    except Exception:  # a best-effort look: the normal build reports what is wrong with the spec, in its words
+        return False
+    reason = too_large(probe.model, device, dtype)
+    if reason:
+        log.info("%s: profiling it on the meta device, one unit at a time (--meta)", reason)
+    return bool(reason)
+
+
+def profile_spec(
+    spec: str,
+    *,
+    micro_batch_sizes: Sequence[int] = (1, 2, 4),
+    device: str = "cpu",
+    dtype: str = "float32",
+    seq_len: int | None = None,
+    task: str | None = None,
+    repeats: int = 5,
+    max_repeats: int | None = None,
+    min_time_s: float | None = None,
+    warmup: int = 1,
+    units: str | None = None,
+    threads: int | None = None,
+    ranks: int | None = None,
+    meta: bool = False,
+    sample_blocks: bool = False,
+    progress: bool = True,
+) -> Profile:
+    """Build the model ``spec`` names and profile it (:func:`profiles.profiler.profile_model`).
+
+    ``threads`` (else the threads each of ``ranks`` processes on this machine gets) sets torch's intra-op
+    threads for the measurement; ``sample_blocks`` implies ``meta``; an ``hf:`` config whose weights and
+    gradients exceed the device goes meta by itself.
+    """
+    threads = threads or (rank_threads(ranks) if ranks else None)
+    if threads:
+        torch.set_num_threads(threads)
+    meta = meta or sample_blocks
+    if not meta and spec.startswith("hf:"):
+        meta = needs_meta(spec, seq_len=seq_len, task=task, device=device, dtype=dtype)
+    workload = load_workload(spec, meta=meta, seq_len=seq_len, task=task)
+    return profile_model(
+        workload,
+        micro_batch_sizes=micro_batch_sizes,
+        device=device,
+        dtype=dtype,
+        repeats=repeats,
+        max_repeats=max(max_repeats or repeats, repeats),
+        **({} if min_time_s is None else {"min_time_s": min_time_s}),
+        warmup=warmup,
+        units=parse_units(units),
+        progress=progress,
+        sample_blocks=sample_blocks,
+    )
