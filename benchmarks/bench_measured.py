@@ -1,7 +1,7 @@
 """Plan quality, measured (issue 6, item 2; issue 5's Measure): P = 2 gloo ranks on this CPU.
 
 pipeplan's plan, the uniform baseline and the best peer (by simulation) are each run by
-``planner.runtime.verify.verify_plan(..., mode="processes")`` in the same session, in rounds whose order
+``planner.runtime.verify.verify_plan(..., mode="processes")`` in the same run, in rounds whose order
 rotates (interleaved runs), so that a change of machine load hits every plan alike. Every plan is
 a real :class:`~planner.plan.Plan` made by ``make_plan``: a peer's boundaries are imposed by pinning
 the first and last unit of each stage (the ILP honours pins), with the peer's schedule (1F1B),

@@ -5,7 +5,7 @@ stage's median forward+backward moved 0.78-1.17x its typical value between 10 s 
 between 30 s windows, with no steal time in ``/proc/stat``. A profile taken at one moment and a run
 measured at another then disagree by that much, whatever the cost model. Timed call for call with the
 stage, this reference moved with it: the ratio stage / reference stayed within 0.95-1.05 between 10 s
-windows and 0.98-1.01 between 30 s windows (docs/BENCHMARKS.md, section 6, "Session 15").
+windows and 0.98-1.01 between 30 s windows (docs/BENCHMARKS.md, "Fidelity": the ``--only track`` probe, 2026-11-30).
 
 The profiler times the reference once per round and records its median (``settings.reference_s``);
 ``verify`` times it between its steps and reports how much slower or faster the machine ran than while

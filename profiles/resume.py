@@ -3,7 +3,7 @@
 The profiler times every piece back to back, as a warm loop runs it. A pipeline rank runs each action after
 a wait for its input or gradient, and on the development VM an action after a wait ran longer, by an amount
 that grows with the wait and levels off near 10 ms (``python benchmarks/bench_runtime_probes.py --only
-resume``; docs/BENCHMARKS.md, section 6, session 16): gpt2-tiny's forward (3.1 ms back to back) +0.16 ms
+resume``, 2026-12-01; docs/BENCHMARKS.md, "Fidelity"): gpt2-tiny's forward (3.1 ms back to back) +0.16 ms
 after 1 ms idle, +0.49 ms after 5 ms, +0.67 ms after 10 ms; the MLP's (0.12 ms) +0.01, +0.25 and +0.38 ms;
 five models levelled off at 0.4-0.8 ms a forward or backward. A sleep and a busy wait of the same length
 cost about the same, and so did a 64 MiB write before the step: that points at caches and predictors

@@ -279,7 +279,7 @@ def _sum_across(total: torch.Tensor, group: Any) -> None:
     here, so the rank that arrives last finds the other's gradient waiting. On the development VM, for
     gpt2-tiny's 256 KiB embedding with the ranks 2 ms apart, the late rank spent 338-473 us (median) in
     gloo's all-reduce, over 1 ms in 15-21 of 70 steps, and 183-206 us swapping, never over 1 ms
-    (``python benchmarks/bench_runtime_probes.py --only tied``; docs/BENCHMARKS.md, section 6, session 16).
+    (``python benchmarks/bench_runtime_probes.py --only tied``, 2026-12-01; docs/BENCHMARKS.md, "Fidelity").
     Both add the two tensors, whose sum does not depend on the order: the copies stay bitwise equal."""
     if dist.get_world_size(group) != 2:
         dist.all_reduce(total, group=group)

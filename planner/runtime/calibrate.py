@@ -233,8 +233,8 @@ COLD_PAUSE_S = 0.005
 schedule's last action, never back to back with itself, and a step after other work costs more than the
 back-to-back repeats a fit of its own would see: on the development VM an Adam step took 0.2-0.5 ms more
 (2^18 parameters in 8 tensors 0.40 -> 0.61 ms, 2^21 in 8 6.9 -> 7.4 ms, 272k in 52 1.13 -> 1.51 ms), the same
-after a transformer layer's forward+backward as after the pause (docs/BENCHMARKS.md, section 6, "Session
-17"). The fit stays on the back-to-back times (their differences give the per-parameter and per-tensor
+after a transformer layer's forward+backward as after the pause (docs/BENCHMARKS.md, "Fidelity", 2026-12-01).
+The fit stays on the back-to-back times (their differences give the per-parameter and per-tensor
 slopes); the median cold extra is added to ``per_step``."""
 
 

@@ -3,7 +3,7 @@
 ``pipeplan calibrate`` measures the runtime with stages of one tiny ``Linear``. Real stages pay more per
 action once they run in a pipeline: on this 2-core CPU about 0.15 ms for a small MLP and 0.45 ms for
 gpt2-tiny, beyond what they cost alone, with neither the other rank's compute nor a pause alone
-explaining it (docs/BENCHMARKS.md, section 6, sessions 16 and 17). No per-action constant of the runtime
+explaining it (docs/BENCHMARKS.md, "Fidelity", 2026-12-01). No per-action constant of the runtime
 fits both models, so a calibration that is to predict a given model's plans has to see that model run.
 
 ``pipeplan calibrate --model MODEL --profile PROFILE`` does so once: it plans the model for the
@@ -13,7 +13,7 @@ calibration's ranks under the 1F1B schedule, runs that plan on real processes
 1F1B overhead from the measured iteration, every other schedule shifted by the same per-action change,
 the optimizer by the measured step tail). Held out of sample on the other plans of six models, such a
 calibration predicted within 3.9-8.0 % (median, five runs; one plan of 49 above 20 % in the last three),
-where the one made with trivial stages was 9.9-52.7 % off (docs/BENCHMARKS.md, section 6, "Session 18").
+where the one made with trivial stages was 9.9-52.7 % off (docs/BENCHMARKS.md, "Fidelity", 2026-12-01).
 
 The result is the model's: ``notes.model`` names it, and ``pipeplan plan`` warns when a profile of another
 model is planned with it.

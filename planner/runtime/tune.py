@@ -116,7 +116,7 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
     # slow down in a pipeline; the calibration's stages are one tiny Linear), which every action pays
     # whatever the schedule: shift the others by it. A ratio also multiplied interleaving's larger
     # bookkeeping and predicted its plans 26-43 % too slow from one 1F1B run (docs/BENCHMARKS.md, section 6,
-    # "Session 17"); the shift, within 15 %.
+    # "Fidelity", run B of 2026-12-01); the shift, within 15 %.
     shift = statistics.median(shifts)
     for name in overheads:
         if name not in by_schedule:

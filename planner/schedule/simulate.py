@@ -325,7 +325,7 @@ def simulate(
     late = not sched.multi_stage  # receives posted when needed: torch's PipelineScheduleSingle
     # Not in proportion to the overlap with other ranks' compute, as before: ranks computing side by side
     # slowed each other only 0.97-1.05x, while every action inside a pipeline ran 1.2-2.2x its profile
-    # (docs/BENCHMARKS.md, section 6, "Session 17"; "Session 18" for the fidelity runs of both rules).
+    # (docs/BENCHMARKS.md, "Fidelity": ranks side by side vs in a pipeline, and the runs of both rules).
     scale = terms.compute_scale if ranks > 1 else 1.0
     durations = {kind: [t * scale for t in times] for kind, times in base.items()}
     actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, terms.action_overhead_s, width, late, terms.resume)
