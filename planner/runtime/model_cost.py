@@ -28,7 +28,8 @@ from planner.cost import default_settings
 from planner.errors import UsageError
 from planner.plan import Plan
 from planner.runtime.tune import refit_calibration
-from planner.runtime.verify import VerifyReport, verify_plan
+from planner.runtime.verify import verify_plan
+from planner.runtime.verify_report import VerifyReport
 from planner.schedule.orders import Schedule
 from planner.search import PlanRequest, make_plan
 from profiles.format import Profile

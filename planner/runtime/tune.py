@@ -27,7 +27,8 @@ from planner.calibration import Calibration, OptimizerCost
 from planner.errors import UsageError
 from planner.plan import Measurement, Plan
 from planner.runtime.calibrate import fit_overhead, solve_increasing
-from planner.runtime.verify import VerifyReport, verify_plan
+from planner.runtime.verify import verify_plan
+from planner.runtime.verify_report import VerifyReport
 from planner.schedule.orders import Schedule
 from planner.schedule.simulate import RuntimeTerms, SimulationResult
 from planner.search import PlanRequest, make_plans, plan_key, predict_plan, repredicted_plan

@@ -13,16 +13,8 @@ from conftest import make_plan
 from torch import nn
 
 from planner.runtime import verify
-from planner.runtime.verify import (
-    NumericsReport,
-    StageReport,
-    VerifyReport,
-    compare_numerics,
-    format_report,
-    mismatch_reason,
-    reference_step,
-    verify_plan,
-)
+from planner.runtime.verify import compare_numerics, format_report, reference_step, verify_plan
+from planner.runtime.verify_report import NumericsReport, StageReport, VerifyReport, mismatch_reason
 from profiles.models import BUILTIN_MODELS
 from profiles.workload import Workload
 
