@@ -13,7 +13,9 @@ The numerics check compares the loss and every parameter gradient after one step
 model on one process (same seed, same batch, the loss averaged over micro-batches as torch's
 schedules do) within ``atol=1e-5, rtol=1e-4`` (``|a - b| <= atol + rtol * |b|``).
 
-This module runs and times; the report, its JSON and its table are :mod:`planner.runtime.verify_report`.
+This module runs: it picks the mode, starts the ranks or the replay, turns what they measured into a
+:class:`~planner.runtime.verify_report.VerifyReport` and checks the numerics. What one rank runs and times is
+:mod:`planner.runtime.rank_timing`; the report, its JSON and its table are :mod:`planner.runtime.verify_report`.
 """
 
 from __future__ import annotations
@@ -23,18 +25,17 @@ import os
 import signal
 import statistics
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
 
 import torch
 
 from planner.errors import ExecutionError, UsageError
 from planner.plan import Plan
-from planner.runtime.apply import apply_plan, schedule_microbatches, tied_parameter_groups
-from planner.runtime.launch import each_rank_in_turn, rank_threads, run_ranks
+from planner.runtime.apply import schedule_microbatches, tied_parameter_groups
+from planner.runtime.launch import rank_threads, run_ranks
+from planner.runtime.rank_timing import MIN_TIME_S, MIN_WARMUP_S, RankResult, rank_main, step_batch
 from planner.runtime.replay import replay_plan
 from planner.runtime.verify_report import (
     NUMERICS_ATOL,
@@ -46,7 +47,6 @@ from planner.runtime.verify_report import (
     format_report,
 )
 from profiles.measure import peak_rss_bytes
-from profiles.reference import SpeedReference
 from profiles.workload import Workload, as_tuple, load_workload
 
 __all__ = [
@@ -66,7 +66,7 @@ def reference_step(workload: Workload, plan: Plan) -> tuple[float, dict[str, tor
     A cluster plan's step is every replica's micro-batches: the replicas' average of their own averages.
     """
     m = schedule_microbatches(plan) * (plan.mesh.dp if plan.mesh is not None else 1)
-    inputs, target = workload.make_batch(_step_batch(plan))
+    inputs, target = workload.make_batch(step_batch(plan))
     chunks = list(zip(*(t.chunk(m) for t in as_tuple(inputs)), strict=True))
     workload.model.zero_grad(set_to_none=True)
     losses = [workload.loss_fn(workload.model(*x), y) for x, y in zip(chunks, target.chunk(m), strict=True)]
@@ -98,220 +98,11 @@ def compare_numerics(
     return NumericsReport(ok, abs(loss - ref_loss), worst_diff, worst)
 
 
-class _StageTimer:
-    """Wraps a PipelineStage's compute methods on the instance and records their durations."""
-
-    def __init__(self, stage: Any, device: torch.device) -> None:
-        self.records: list[tuple[str, float]] = []
-        # R: the schedule's gradient scaling at the end of step, which the cost model counts in the step
-        # tail (calibrate measures it with the optimizer), so verify moves it there too.
-        for method, kind in (
-            ("forward_one_chunk", "F"),
-            ("backward_one_chunk", "B"),
-            ("backward_weight_one_chunk", "W"),
-            ("perform_reduce_grad", "R"),
-        ):
-            setattr(stage, method, self._wrap(getattr(stage, method), kind, device))
-
-    def time_loss(self, schedule: Any, device: torch.device) -> None:
-        """Count the schedule's loss as part of this (last) stage's forward, as the profile's last unit does:
-        torch computes it right after the forward, outside ``forward_one_chunk``."""
-        timed = self._wrap(schedule._compute_loss, "L", device)
-
-        def into_forward(*args: Any, **kwargs: Any) -> Any:
-            out = timed(*args, **kwargs)
-            if len(self.records) > 1 and self.records[-2][0] == "F":
-                loss_s = self.records.pop()[1]
-                self.records[-1] = ("F", self.records[-1][1] + loss_s)
-            return out  # else the loss stays its own record: in the rank's compute, in no stage's times
-
-        schedule._compute_loss = into_forward
-
-    def _wrap(self, fn: Callable[..., Any], kind: str, device: torch.device) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            out = fn(*args, **kwargs)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            self.records.append((kind, time.perf_counter() - t0))
-            return out
-
-        return timed
-
-
-def _median(values: list[float]) -> float:
+def _median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-class _WaitTimer:
-    """Times torch's waits on point-to-point work by wrapping ``schedules._wait_batch_p2p`` in this process."""
-
-    def __init__(self) -> None:
-        from torch.distributed.pipelining import schedules
-
-        self.total_s = 0.0
-        original = schedules._wait_batch_p2p
-
-        def timed(work: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return original(work)
-            finally:
-                self.total_s += time.perf_counter() - t0
-
-        schedules._wait_batch_p2p = timed  # the schedules look the function up by name at each call
-
-
-def make_optimizer(name: str, params: list[torch.nn.Parameter], replicas: Any = None) -> torch.optim.Optimizer:
-    """The optimizer a plan was made for: ``adam`` (Adam, lr 1e-4) or ``sgd`` (SGD with momentum 0.9);
-    with ``replicas`` (a cluster plan sharding the optimizer, ZeRO-1) torch's ZeroRedundancyOptimizer."""
-    cls, options = (
-        (torch.optim.SGD, {"lr": 1e-4, "momentum": 0.9}) if name == "sgd" else (torch.optim.Adam, {"lr": 1e-4})
-    )
-    if replicas is not None:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=replicas, **options)
-    return cls(params, **options)
-
-
-def _full(grad: torch.Tensor) -> torch.Tensor:
-    """A gradient as one plain CPU tensor: FSDP's are sharded DTensors."""
-    full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
-    return full.detach().cpu().clone()
-
-
-def _step_batch(plan: Plan) -> int:
-    """Samples in one step: all replicas' under a cluster plan."""
-    return plan.mesh.global_batch_size if plan.mesh is not None else plan.global_batch_size
-
-
-MIN_WARMUP_S = 1.0
-"""Processes mode warms up for at least this long (and ``warmup`` steps). A fresh rank's first steps run
-slow while its heap grows (profiles/allocator.py: freed blocks are reused only after a few iterations) and
-gloo opens its pairs: gpt2-tiny's 1F1B plan (P = 2, 35 ms a step) measured +78 % and +85 % over its
-prediction after 1 warm-up step, +31 % and +28 % after 5 (docs/BENCHMARKS.md, section 6)."""
-MAX_WARMUP_STEPS = 100
-"""The warm-up floor's limit in steps, for plans of a few milliseconds a step."""
-MIN_TIME_S = 2.0
-"""Processes mode also times steps until they span this long: on the shared development VM a fixed
-forward+backward's median over one second moved between 395 and 661 us from one second to the next, and
-five steps of gpt2-tiny (35 ms each) see one such moment (profiles/rounds.py, ``MIN_TIME_S``, for the
-profile's side of it)."""
-MAX_TIMED_STEPS = 1000
-"""The timed floor's limit in steps."""
-
-
-def _repeat(step: Callable[[], object], at_least: int, min_s: float, at_most: int, dev: torch.device) -> int:
-    """Run ``step`` at least ``at_least`` times, and on until ``min_s`` have passed (at most ``at_most``
-    times); returns how many. Rank 0's clock decides, so every rank runs as many."""
-    import torch.distributed as dist
-
-    started, done = time.perf_counter(), 0
-    while True:
-        if done >= at_least:
-            more = done < at_most and time.perf_counter() - started < min_s
-            flag = torch.tensor([int(more)], device=dev)  # NCCL broadcasts device tensors only
-            dist.broadcast(flag, src=0)
-            if not flag.item():
-                return done
-        step()
-        done += 1
-
-
-def _rank_main(
-    rank: int,
-    world_size: int,
-    spec: str,
-    plan: Plan,
-    steps: int,
-    warmup: int,
-    min_warmup_s: float,
-    min_time_s: float,
-    numerics: bool,
-    device: str,
-) -> dict[str, Any]:
-    """One rank of the processes mode; returns its measurements (and first-step grads if asked)."""
-    import torch.distributed as dist
-
-    dev = torch.device(f"cuda:{rank}") if device.startswith("cuda") else torch.device("cpu")
-    workload = load_workload(spec)
-    inputs, target = workload.make_batch(_step_batch(plan))
-    inputs = tuple(t.to(dev) for t in as_tuple(inputs))
-    target = target.to(dev)
-    run = apply_plan(plan, workload.model, inputs, workload.loss_fn, device=dev)
-    out: dict[str, Any] = {"stages": run.stage_indices, "replica": run.replica}
-    if numerics:
-        loss = run.step(inputs, target)
-        out["loss"] = None if loss is None else loss.item()
-        out["grads"] = {n: _full(p.grad) for n, p in run.named_parameters() if p.grad is not None}
-    timers = [_StageTimer(stage, dev) for stage in run.stages]
-    for stage, timer in zip(run.stages, timers, strict=True):
-        if stage.is_last:
-            timer.time_loss(run.schedule, dev)
-    waits = _WaitTimer()
-    zero = plan.mesh is not None and plan.mesh.shard == "optimizer"
-    optimizer = make_optimizer(
-        str(plan.constraints.get("optimizer", "adam")), run.parameters(), run.replica_group if zero else None
-    )
-
-    def step() -> tuple[float, float, float]:
-        """One training step between barriers: (start, schedule returned, optimizer done)."""
-        for t in timers:
-            t.records.clear()
-        waits.total_s = 0.0
-        dist.barrier()
-        t0 = time.perf_counter()
-        run.schedule_step(inputs, target)
-        t1 = time.perf_counter()
-        run.sync_tied_grads()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t2 = time.perf_counter()
-        dist.barrier()
-        return t0, t1, t2
-
-    out["warmup"] = _repeat(step, warmup, min_warmup_s, MAX_WARMUP_STEPS, dev)
-    iteration, busy, wait, tail, own = [], [], [], [], []
-    out["records"] = [[] for _ in timers]
-    reference = SpeedReference(dev)
-    reference.warm_up()
-
-    def time_reference(index: int) -> None:
-        # Each rank alone: the machine's speed now, not the ranks' contention, which the cost model holds.
-        each_rank_in_turn(rank, world_size, f"verify-reference-{index}", reference.time_once)
-
-    def timed_step() -> None:
-        t0, t1, t2 = step()
-        iteration.append(time.perf_counter() - t0)
-        scaling = sum(d for t in timers for kind, d in t.records if kind == "R")
-        busy.append(sum(d for t in timers for kind, d in t.records if kind != "R"))
-        wait.append(waits.total_s)
-        tail.append(t2 - t1 + scaling)
-        own.append(t2 - t0)
-        for k, t in enumerate(timers):
-            out["records"][k].extend(t.records)
-        time_reference(len(iteration))  # after the step's closing barrier: outside every timed interval
-
-    out["steps"] = _repeat(timed_step, steps, min_time_s, max(steps, MAX_TIMED_STEPS), dev)
-    if dev.type == "cuda":
-        out["peak"] = int(torch.cuda.max_memory_allocated(dev))
-    else:
-        out["peak"] = peak_rss_bytes()
-    out["iteration"] = iteration
-    out["busy"] = busy
-    out["wait"] = wait
-    out["tail"] = tail
-    out["own"] = own
-    out["reference"] = reference.median_s
-    return out
-
-
-def _stage_times(records: list[tuple[str, float]]) -> tuple[float, float]:
+def _stage_times(records: Iterable[tuple[str, float]]) -> tuple[float, float]:
     by_kind: dict[str, list[float]] = {"F": [], "B": [], "W": [], "L": [], "R": []}
     for kind, d in records:
         by_kind[kind].append(d)
@@ -392,26 +183,26 @@ def verify_plan(
     if chosen == "processes":
         backend = "nccl" if device.startswith("cuda") else "gloo"
         args = (spec, plan, steps, warmup, min_warmup_s, min_time_s, check_numerics, device)
-        everyone = run_ranks(_rank_main, args, _processes(plan), timeout_s=timeout_s, backend=backend)
+        everyone = run_ranks(rank_main, args, _processes(plan), timeout_s=timeout_s, backend=backend)
         # Replicas run the same stages: the first replica's ranks, in pipeline order, stand for them.
         results = [everyone[d] for d in plan.mesh.devices[0]] if plan.mesh is not None else everyone
         fwd, bwd, peak = [0.0] * plan.num_stages, [0.0] * plan.num_stages, [0] * plan.num_stages
         for res in results:
-            for k, s in enumerate(res["stages"]):
-                fwd[s], bwd[s] = _stage_times(res["records"][k])
-                peak[s] = res["peak"]
-        measured = max(_median(r["iteration"]) for r in everyone)
-        busy = tuple(_median(r["busy"]) for r in results)
+            for k, s in enumerate(res.stage_indices):
+                fwd[s], bwd[s] = _stage_times(res.stage_records[k])
+                peak[s] = res.peak_memory_bytes
+        measured = max(_median(r.iteration_s) for r in everyone)
+        busy = tuple(_median(r.busy_s) for r in results)
         tails = predicted_tails(plan)
         rank_times = tuple(_rank_time(plan, r, res, tails) for r, res in enumerate(results))
         memory_kind = "cuda" if device.startswith("cuda") else "rss"
-        warmed, timed = int(everyone[0]["warmup"]), int(everyone[0]["steps"])
-        references = [r["reference"] for r in everyone if r["reference"]]
+        warmed, timed = everyone[0].warmup_steps, everyone[0].timed_steps
+        references = [r.reference_s for r in everyone if r.reference_s]
         reference = statistics.median(references) if references else None
         if check_numerics:
-            loss = statistics.fmean(r["loss"] for r in everyone if r["loss"] is not None)
+            loss = statistics.fmean(r.loss for r in everyone if r.loss is not None)
             fresh = load_workload(spec)
-            grads = _merge_rank_grads([r["grads"] for r in results], tied_parameter_groups(fresh.model))
+            grads = _merge_rank_grads([r.grads or {} for r in results], tied_parameter_groups(fresh.model))
             numerics = compare_numerics(*reference_step(fresh, plan), loss, grads)
     else:
         local = load_workload(workload) if isinstance(workload, str) else workload
@@ -483,7 +274,7 @@ def predicted_tails(plan: Plan) -> tuple[float, ...]:
     return tuple(tails)
 
 
-def _rank_time(plan: Plan, rank: int, result: dict[str, Any], tails: tuple[float, ...]) -> RankTime:
+def _rank_time(plan: Plan, rank: int, result: RankResult, tails: tuple[float, ...]) -> RankTime:
     pred = plan.predicted
     compute = pred.busy_s[rank] if rank < len(pred.busy_s) else 0.0
     overhead = pred.overhead_s[rank] if rank < len(pred.overhead_s) else 0.0
@@ -492,7 +283,7 @@ def _rank_time(plan: Plan, rank: int, result: dict[str, Any], tails: tuple[float
     # only waits for the slowest rank) once compute, waits and the step tail are taken out.
     rest = [
         mine - b - w - t
-        for mine, b, w, t in zip(result["own"], result["busy"], result["wait"], result["tail"], strict=True)
+        for mine, b, w, t in zip(result.own_s, result.busy_s, result.wait_s, result.tail_s, strict=True)
     ]
     return RankTime(
         rank=rank,
@@ -500,9 +291,9 @@ def _rank_time(plan: Plan, rank: int, result: dict[str, Any], tails: tuple[float
         predicted_wait_s=max(0.0, pred.iteration_s - compute - overhead - tail),
         predicted_tail_s=tail,
         predicted_overhead_s=overhead,
-        measured_compute_s=_median(result["busy"]),
-        measured_wait_s=_median(result["wait"]),
-        measured_tail_s=_median(result["tail"]),
+        measured_compute_s=_median(result.busy_s),
+        measured_wait_s=_median(result.wait_s),
+        measured_tail_s=_median(result.tail_s),
         measured_overhead_s=max(0.0, _median(rest)),
     )
 
