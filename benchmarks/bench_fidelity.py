@@ -48,7 +48,8 @@ from planner.runtime.calibrate import calibrate  # noqa: E402
 from planner.runtime.launch import rank_threads  # noqa: E402
 from planner.runtime.model_cost import learn_from_run  # noqa: E402
 from planner.runtime.tune import refit_calibration  # noqa: E402
-from planner.runtime.verify import RankTime, StageReport, VerifyReport, verify_plan  # noqa: E402
+from planner.runtime.verify import verify_plan  # noqa: E402
+from planner.runtime.verify_report import RankTime, StageReport, VerifyReport  # noqa: E402
 from planner.search import make_plan, plan_key  # noqa: E402
 from profiles.format import Profile, load_profile, save_profile  # noqa: E402
 from profiles.profiler import profile_model  # noqa: E402

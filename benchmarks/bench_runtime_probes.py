@@ -12,7 +12,7 @@
 3. **Speed over time**: a fixed forward+backward (two 256-wide ``Linear``, 16 rows, 1 thread) run for
    ``--seconds`` seconds, its median and 10th percentile per second. How much the median moves from one
    second to the next sets how long the profiler's rounds and verify's timed steps must span
-   (profiles/rounds.py and planner/runtime/verify.py, ``MIN_TIME_S``).
+   (profiles/rounds.py and planner/runtime/rank_timing.py, ``MIN_TIME_S``).
 4. **What comes before an action**, by its size: forward+backward steps of two ``Linear`` layers from 256
    wide (4 rows, 0.4 ms) to 2048 wide (64 rows, ~55 ms), each timed back to back, after a 1 ms or 5 ms
    sleep, and after a step of another small model, the four kinds interleaved; the ratio to back to back.

@@ -18,7 +18,8 @@ from conftest import make_plan as make_hand_plan
 from planner.request import PlanRequest
 from planner.runtime.apply import tied_parameter_groups
 from planner.runtime.launch import run_ranks
-from planner.runtime.verify import _merge_rank_grads, _rank_main, compare_numerics, reference_step, verify_plan
+from planner.runtime.rank_timing import rank_main
+from planner.runtime.verify import _merge_rank_grads, compare_numerics, reference_step, verify_plan
 from planner.search import make_plan
 from profiles.profiler import profile_model
 from profiles.workload import load_workload
@@ -118,7 +119,7 @@ def test_plans_cover_every_unit_once(plans, profiles, name: str, num_ranks: int)
 
 def _run_all(rank: int, world_size: int, jobs: list) -> list:
     """One rank: verify's rank code for every (spec, plan), one numerics step each."""
-    return [_rank_main(rank, world_size, s, plan, 1, 0, 0.0, 0.0, True, "cpu") for s, plan in jobs]  # no time floors
+    return [rank_main(rank, world_size, s, plan, 1, 0, 0.0, 0.0, True, "cpu") for s, plan in jobs]  # no time floors
 
 
 def _bert_hand_plan():
@@ -133,9 +134,9 @@ def test_two_processes_match_one_process(plans) -> None:
     failed = []
     for k, (s, plan) in enumerate(jobs):
         per_rank = [results[r][k] for r in range(2)]
-        loss = next(r["loss"] for r in per_rank if r["loss"] is not None)
+        loss = next(r.loss for r in per_rank if r.loss is not None)
         fresh = load_workload(s)
-        grads = _merge_rank_grads([r["grads"] for r in per_rank], tied_parameter_groups(fresh.model))
+        grads = _merge_rank_grads([r.grads for r in per_rank], tied_parameter_groups(fresh.model))
         numerics = compare_numerics(*reference_step(fresh, plan), loss, grads)
         if not numerics.ok:
             failed.append((s, plan.schedule.value, [st.units for st in plan.stages], numerics))

@@ -31,7 +31,8 @@ from planner.errors import PipeplanWarning, UsageError
 from planner.plan import Plan
 from planner.request import PlanRequest
 from planner.runtime.tune import refit_calibration
-from planner.runtime.verify import VerifyReport, threads_warning, verify_plan
+from planner.runtime.verify import threads_warning, verify_plan
+from planner.runtime.verify_report import VerifyReport
 from planner.schedule.orders import Schedule
 from planner.search import make_plan
 from profiles.format import Profile

@@ -29,7 +29,8 @@ from planner.plan import Measurement, Plan
 from planner.prediction import predict_plan, repredicted_plan
 from planner.request import PlanRequest
 from planner.runtime.calibrate import fit_overhead, solve_increasing
-from planner.runtime.verify import VerifyReport, verify_plan
+from planner.runtime.verify import verify_plan
+from planner.runtime.verify_report import VerifyReport
 from planner.schedule.orders import Schedule
 from planner.schedule.simulate import SimulationResult
 from planner.search import make_plans, plan_key

@@ -12,6 +12,10 @@ as many CPU cores (or GPUs, on CUDA) as ranks.
 The numerics check compares the loss and every parameter gradient after one step with the same
 model on one process (same seed, same batch, the loss averaged over micro-batches as torch's
 schedules do) within ``atol=1e-5, rtol=1e-4`` (``|a - b| <= atol + rtol * |b|``).
+
+This module runs: it picks the mode, starts the ranks or the replay, turns what they measured into a
+:class:`~planner.runtime.verify_report.VerifyReport` and checks the numerics. What one rank runs and times is
+:mod:`planner.runtime.rank_timing`; the report, its JSON and its table are :mod:`planner.runtime.verify_report`.
 """
 
 from __future__ import annotations
@@ -21,29 +25,31 @@ import os
 import signal
 import statistics
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 import torch
 
 from planner.errors import ExecutionError, UsageError
 from planner.plan import Plan
-from planner.runtime.apply import apply_plan, schedule_microbatches, tied_parameter_groups
-from planner.runtime.launch import each_rank_in_turn, rank_threads, run_ranks
+from planner.runtime.apply import schedule_microbatches, tied_parameter_groups
+from planner.runtime.launch import rank_threads, run_ranks
+from planner.runtime.rank_timing import MIN_TIME_S, MIN_WARMUP_S, RankResult, rank_main, step_batch
 from planner.runtime.replay import replay_plan
+from planner.runtime.verify_report import (
+    NUMERICS_ATOL,
+    NUMERICS_RTOL,
+    NumericsReport,
+    RankTime,
+    StageReport,
+    VerifyReport,
+    format_report,
+)
 from profiles.measure import peak_rss_bytes
-from profiles.reference import SpeedReference
 from profiles.workload import Workload, as_tuple, load_workload
 
 __all__ = [
-    "NUMERICS_ATOL",
-    "NUMERICS_RTOL",
-    "StageReport",
-    "NumericsReport",
-    "VerifyReport",
     "verify_plan",
     "format_report",
     "compare_numerics",
@@ -51,167 +57,7 @@ __all__ = [
     "threads_warning",
 ]
 
-NUMERICS_ATOL = 1e-5
-NUMERICS_RTOL = 1e-4
 _MODES = ("auto", "processes", "replay")
-
-
-def _error_pct(measured: float, predicted: float) -> float:
-    return (measured - predicted) / predicted * 100.0 if predicted > 0 else math.inf
-
-
-@dataclass(frozen=True)
-class StageReport:
-    index: int
-    rank: int
-    predicted_forward_s: float
-    predicted_backward_s: float
-    measured_forward_s: float
-    """Median over micro-batches and timed steps."""
-    measured_backward_s: float
-    peak_memory_bytes: int | None
-    """CUDA allocator peak of the stage's device, or the process's resident peak (``memory_kind``)."""
-
-    @property
-    def error_pct(self) -> float:
-        """Error of forward + backward, measured against predicted, in percent."""
-        return _error_pct(
-            self.measured_forward_s + self.measured_backward_s, self.predicted_forward_s + self.predicted_backward_s
-        )
-
-
-@dataclass(frozen=True)
-class NumericsReport:
-    ok: bool
-    loss_abs_diff: float
-    max_grad_abs_diff: float
-    worst_parameter: str
-    atol: float = NUMERICS_ATOL
-    rtol: float = NUMERICS_RTOL
-
-
-@dataclass(frozen=True)
-class RankTime:
-    """Where one rank's iteration went, predicted and measured (seconds, medians over steps)."""
-
-    rank: int
-    predicted_compute_s: float
-    predicted_wait_s: float
-    """Idle: the schedule's bubble plus link time."""
-    predicted_tail_s: float
-    predicted_overhead_s: float
-    measured_compute_s: float
-    measured_wait_s: float
-    """Inside torch's waits on point-to-point transfers (bubble and link alike)."""
-    measured_tail_s: float
-    measured_overhead_s: float
-    """The rest of the iteration: Python dispatch, posting transfers, the loss, barriers."""
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    mode: str
-    """``processes`` or ``replay``."""
-    schedule: str
-    num_ranks: int
-    num_microbatches: int
-    steps: int
-    warmup: int
-    tolerance: float
-    """Largest accepted relative iteration error (0.25 = 25 %)."""
-    predicted_iteration_s: float
-    measured_iteration_s: float
-    """processes: median wall time between barriers; replay: simulated from the measured stage times."""
-    busy_s: tuple[float, ...]
-    """Per rank: measured compute time in one iteration (median over steps)."""
-    stages: tuple[StageReport, ...]
-    memory_kind: str
-    """``cuda`` (allocator peak), ``rss`` (process resident peak) or ``rss-process`` (replay: all stages)."""
-    numerics: NumericsReport | None = None
-    optimizer: str = "adam"
-    """The optimizer stepped inside each timed iteration."""
-    ranks: tuple[RankTime, ...] = ()
-    reference_s: float | None = None
-    """The speed reference's median forward+backward (profiles/reference.py) during this run, timed after
-    each timed step (processes: on every rank in turn, the median of the ranks' medians)."""
-    profile_reference_s: float | None = None
-    """The same while the profile was made (the plan's ``device.reference_s``; None in older plans)."""
-    speed_adjusted_iteration_s: float | None = None
-    """The prediction at the machine's speed during this run: the plan simulated with every compute time
-    (stages, per-action overhead, step tails; not the links) times :attr:`speed_factor`. None without it."""
-
-    @property
-    def speed_factor(self) -> float | None:
-        """How many times slower the machine ran now than while profiling (the reference's ratio); None when
-        either time is missing."""
-        if self.reference_s and self.profile_reference_s:
-            return self.reference_s / self.profile_reference_s
-        return None
-
-    @property
-    def iteration_error_pct(self) -> float:
-        return _error_pct(self.measured_iteration_s, self.predicted_iteration_s)
-
-    def at_profile_speed(self) -> VerifyReport:
-        """This measurement brought to the machine's speed while profiling: every measured time divided by
-        :attr:`speed_factor` (link time too, which does not scale: an approximation where links take a large
-        share of the iteration). ``self`` when the speed was not measured both times. The fidelity benchmark
-        reports its errors this way beside the errors as timed."""
-        f = self.speed_factor
-        if f is None:
-            return self
-        stages = tuple(
-            replace(s, measured_forward_s=s.measured_forward_s / f, measured_backward_s=s.measured_backward_s / f)
-            for s in self.stages
-        )
-        ranks = tuple(
-            replace(
-                r,
-                measured_compute_s=r.measured_compute_s / f,
-                measured_wait_s=r.measured_wait_s / f,
-                measured_tail_s=r.measured_tail_s / f,
-                measured_overhead_s=r.measured_overhead_s / f,
-            )
-            for r in self.ranks
-        )
-        return replace(
-            self,
-            measured_iteration_s=self.measured_iteration_s / f,
-            busy_s=tuple(b / f for b in self.busy_s),
-            stages=stages,
-            ranks=ranks,
-            reference_s=self.profile_reference_s,
-            speed_adjusted_iteration_s=self.predicted_iteration_s,
-        )
-
-    @property
-    def speed_adjusted_error_pct(self) -> float | None:
-        """The error against the prediction at the machine's speed now (every compute time times
-        :attr:`speed_factor`); None without it. A diagnostic, not the verdict: the reference tracked one
-        gpt2-tiny stage run alone, but not every model's pipeline (docs/cost-model.md, "The machine's speed")."""
-        adjusted = self.speed_adjusted_iteration_s
-        return None if adjusted is None else _error_pct(self.measured_iteration_s, adjusted)
-
-    @property
-    def worst_stage(self) -> int:
-        """The stage whose forward + backward time disagrees most with the plan."""
-        return max(self.stages, key=lambda s: abs(s.error_pct)).index
-
-    @property
-    def ok(self) -> bool:
-        timing = abs(self.iteration_error_pct) <= self.tolerance * 100.0
-        return timing and (self.numerics is None or self.numerics.ok)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        for stage, d in zip(self.stages, data["stages"], strict=True):
-            d["error_pct"] = stage.error_pct
-        data.update(iteration_error_pct=self.iteration_error_pct, worst_stage=self.worst_stage, ok=self.ok)
-        data.update(speed_factor=self.speed_factor, speed_adjusted_error_pct=self.speed_adjusted_error_pct)
-        data["mismatch_reason"] = mismatch_reason(self)
-        data["busy_s"] = list(self.busy_s)
-        data["ranks"] = [asdict(r) for r in self.ranks]
-        return data
 
 
 def reference_step(workload: Workload, plan: Plan) -> tuple[float, dict[str, torch.Tensor]]:
@@ -220,7 +66,7 @@ def reference_step(workload: Workload, plan: Plan) -> tuple[float, dict[str, tor
     A cluster plan's step is every replica's micro-batches: the replicas' average of their own averages.
     """
     m = schedule_microbatches(plan) * (plan.mesh.dp if plan.mesh is not None else 1)
-    inputs, target = workload.make_batch(_step_batch(plan))
+    inputs, target = workload.make_batch(step_batch(plan))
     chunks = list(zip(*(t.chunk(m) for t in as_tuple(inputs)), strict=True))
     workload.model.zero_grad(set_to_none=True)
     losses = [workload.loss_fn(workload.model(*x), y) for x, y in zip(chunks, target.chunk(m), strict=True)]
@@ -252,220 +98,11 @@ def compare_numerics(
     return NumericsReport(ok, abs(loss - ref_loss), worst_diff, worst)
 
 
-class _StageTimer:
-    """Wraps a PipelineStage's compute methods on the instance and records their durations."""
-
-    def __init__(self, stage: Any, device: torch.device) -> None:
-        self.records: list[tuple[str, float]] = []
-        # R: the schedule's gradient scaling at the end of step, which the cost model counts in the step
-        # tail (calibrate measures it with the optimizer), so verify moves it there too.
-        for method, kind in (
-            ("forward_one_chunk", "F"),
-            ("backward_one_chunk", "B"),
-            ("backward_weight_one_chunk", "W"),
-            ("perform_reduce_grad", "R"),
-        ):
-            setattr(stage, method, self._wrap(getattr(stage, method), kind, device))
-
-    def time_loss(self, schedule: Any, device: torch.device) -> None:
-        """Count the schedule's loss as part of this (last) stage's forward, as the profile's last unit does:
-        torch computes it right after the forward, outside ``forward_one_chunk``."""
-        timed = self._wrap(schedule._compute_loss, "L", device)
-
-        def into_forward(*args: Any, **kwargs: Any) -> Any:
-            out = timed(*args, **kwargs)
-            if len(self.records) > 1 and self.records[-2][0] == "F":
-                loss_s = self.records.pop()[1]
-                self.records[-1] = ("F", self.records[-1][1] + loss_s)
-            return out  # else the loss stays its own record: in the rank's compute, in no stage's times
-
-        schedule._compute_loss = into_forward
-
-    def _wrap(self, fn: Callable[..., Any], kind: str, device: torch.device) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            out = fn(*args, **kwargs)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            self.records.append((kind, time.perf_counter() - t0))
-            return out
-
-        return timed
-
-
-def _median(values: list[float]) -> float:
+def _median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-class _WaitTimer:
-    """Times torch's waits on point-to-point work by wrapping ``schedules._wait_batch_p2p`` in this process."""
-
-    def __init__(self) -> None:
-        from torch.distributed.pipelining import schedules
-
-        self.total_s = 0.0
-        original = schedules._wait_batch_p2p
-
-        def timed(work: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return original(work)
-            finally:
-                self.total_s += time.perf_counter() - t0
-
-        schedules._wait_batch_p2p = timed  # the schedules look the function up by name at each call
-
-
-def make_optimizer(name: str, params: list[torch.nn.Parameter], replicas: Any = None) -> torch.optim.Optimizer:
-    """The optimizer a plan was made for: ``adam`` (Adam, lr 1e-4) or ``sgd`` (SGD with momentum 0.9);
-    with ``replicas`` (a cluster plan sharding the optimizer, ZeRO-1) torch's ZeroRedundancyOptimizer."""
-    cls, options = (
-        (torch.optim.SGD, {"lr": 1e-4, "momentum": 0.9}) if name == "sgd" else (torch.optim.Adam, {"lr": 1e-4})
-    )
-    if replicas is not None:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=replicas, **options)
-    return cls(params, **options)
-
-
-def _full(grad: torch.Tensor) -> torch.Tensor:
-    """A gradient as one plain CPU tensor: FSDP's are sharded DTensors."""
-    full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
-    return full.detach().cpu().clone()
-
-
-def _step_batch(plan: Plan) -> int:
-    """Samples in one step: all replicas' under a cluster plan."""
-    return plan.mesh.global_batch_size if plan.mesh is not None else plan.global_batch_size
-
-
-MIN_WARMUP_S = 1.0
-"""Processes mode warms up for at least this long (and ``warmup`` steps). A fresh rank's first steps run
-slow while its heap grows (profiles/allocator.py: freed blocks are reused only after a few iterations) and
-gloo opens its pairs: gpt2-tiny's 1F1B plan (P = 2, 35 ms a step) measured +78 % and +85 % over its
-prediction after 1 warm-up step, +31 % and +28 % after 5 (docs/BENCHMARKS.md, section 6)."""
-MAX_WARMUP_STEPS = 100
-"""The warm-up floor's limit in steps, for plans of a few milliseconds a step."""
-MIN_TIME_S = 2.0
-"""Processes mode also times steps until they span this long: on the shared development VM a fixed
-forward+backward's median over one second moved between 395 and 661 us from one second to the next, and
-five steps of gpt2-tiny (35 ms each) see one such moment (profiles/rounds.py, ``MIN_TIME_S``, for the
-profile's side of it)."""
-MAX_TIMED_STEPS = 1000
-"""The timed floor's limit in steps."""
-
-
-def _repeat(step: Callable[[], object], at_least: int, min_s: float, at_most: int, dev: torch.device) -> int:
-    """Run ``step`` at least ``at_least`` times, and on until ``min_s`` have passed (at most ``at_most``
-    times); returns how many. Rank 0's clock decides, so every rank runs as many."""
-    import torch.distributed as dist
-
-    started, done = time.perf_counter(), 0
-    while True:
-        if done >= at_least:
-            more = done < at_most and time.perf_counter() - started < min_s
-            flag = torch.tensor([int(more)], device=dev)  # NCCL broadcasts device tensors only
-            dist.broadcast(flag, src=0)
-            if not flag.item():
-                return done
-        step()
-        done += 1
-
-
-def _rank_main(
-    rank: int,
-    world_size: int,
-    spec: str,
-    plan: Plan,
-    steps: int,
-    warmup: int,
-    min_warmup_s: float,
-    min_time_s: float,
-    numerics: bool,
-    device: str,
-) -> dict[str, Any]:
-    """One rank of the processes mode; returns its measurements (and first-step grads if asked)."""
-    import torch.distributed as dist
-
-    dev = torch.device(f"cuda:{rank}") if device.startswith("cuda") else torch.device("cpu")
-    workload = load_workload(spec)
-    inputs, target = workload.make_batch(_step_batch(plan))
-    inputs = tuple(t.to(dev) for t in as_tuple(inputs))
-    target = target.to(dev)
-    run = apply_plan(plan, workload.model, inputs, workload.loss_fn, device=dev)
-    out: dict[str, Any] = {"stages": run.stage_indices, "replica": run.replica}
-    if numerics:
-        loss = run.step(inputs, target)
-        out["loss"] = None if loss is None else loss.item()
-        out["grads"] = {n: _full(p.grad) for n, p in run.named_parameters() if p.grad is not None}
-    timers = [_StageTimer(stage, dev) for stage in run.stages]
-    for stage, timer in zip(run.stages, timers, strict=True):
-        if stage.is_last:
-            timer.time_loss(run.schedule, dev)
-    waits = _WaitTimer()
-    zero = plan.mesh is not None and plan.mesh.shard == "optimizer"
-    optimizer = make_optimizer(
-        str(plan.constraints.get("optimizer", "adam")), run.parameters(), run.replica_group if zero else None
-    )
-
-    def step() -> tuple[float, float, float]:
-        """One training step between barriers: (start, schedule returned, optimizer done)."""
-        for t in timers:
-            t.records.clear()
-        waits.total_s = 0.0
-        dist.barrier()
-        t0 = time.perf_counter()
-        run.schedule_step(inputs, target)
-        t1 = time.perf_counter()
-        run.sync_tied_grads()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t2 = time.perf_counter()
-        dist.barrier()
-        return t0, t1, t2
-
-    out["warmup"] = _repeat(step, warmup, min_warmup_s, MAX_WARMUP_STEPS, dev)
-    iteration, busy, wait, tail, own = [], [], [], [], []
-    out["records"] = [[] for _ in timers]
-    reference = SpeedReference(dev)
-    reference.warm_up()
-
-    def time_reference(index: int) -> None:
-        # Each rank alone: the machine's speed now, not the ranks' contention, which the cost model holds.
-        each_rank_in_turn(rank, world_size, f"verify-reference-{index}", reference.time_once)
-
-    def timed_step() -> None:
-        t0, t1, t2 = step()
-        iteration.append(time.perf_counter() - t0)
-        scaling = sum(d for t in timers for kind, d in t.records if kind == "R")
-        busy.append(sum(d for t in timers for kind, d in t.records if kind != "R"))
-        wait.append(waits.total_s)
-        tail.append(t2 - t1 + scaling)
-        own.append(t2 - t0)
-        for k, t in enumerate(timers):
-            out["records"][k].extend(t.records)
-        time_reference(len(iteration))  # after the step's closing barrier: outside every timed interval
-
-    out["steps"] = _repeat(timed_step, steps, min_time_s, max(steps, MAX_TIMED_STEPS), dev)
-    if dev.type == "cuda":
-        out["peak"] = int(torch.cuda.max_memory_allocated(dev))
-    else:
-        out["peak"] = peak_rss_bytes()
-    out["iteration"] = iteration
-    out["busy"] = busy
-    out["wait"] = wait
-    out["tail"] = tail
-    out["own"] = own
-    out["reference"] = reference.median_s
-    return out
-
-
-def _stage_times(records: list[tuple[str, float]]) -> tuple[float, float]:
+def _stage_times(records: Iterable[tuple[str, float]]) -> tuple[float, float]:
     by_kind: dict[str, list[float]] = {"F": [], "B": [], "W": [], "L": [], "R": []}
     for kind, d in records:
         by_kind[kind].append(d)
@@ -546,26 +183,26 @@ def verify_plan(
     if chosen == "processes":
         backend = "nccl" if device.startswith("cuda") else "gloo"
         args = (spec, plan, steps, warmup, min_warmup_s, min_time_s, check_numerics, device)
-        everyone = run_ranks(_rank_main, args, _processes(plan), timeout_s=timeout_s, backend=backend)
+        everyone = run_ranks(rank_main, args, _processes(plan), timeout_s=timeout_s, backend=backend)
         # Replicas run the same stages: the first replica's ranks, in pipeline order, stand for them.
         results = [everyone[d] for d in plan.mesh.devices[0]] if plan.mesh is not None else everyone
         fwd, bwd, peak = [0.0] * plan.num_stages, [0.0] * plan.num_stages, [0] * plan.num_stages
         for res in results:
-            for k, s in enumerate(res["stages"]):
-                fwd[s], bwd[s] = _stage_times(res["records"][k])
-                peak[s] = res["peak"]
-        measured = max(_median(r["iteration"]) for r in everyone)
-        busy = tuple(_median(r["busy"]) for r in results)
+            for k, s in enumerate(res.stage_indices):
+                fwd[s], bwd[s] = _stage_times(res.stage_records[k])
+                peak[s] = res.peak_memory_bytes
+        measured = max(_median(r.iteration_s) for r in everyone)
+        busy = tuple(_median(r.busy_s) for r in results)
         tails = predicted_tails(plan)
         rank_times = tuple(_rank_time(plan, r, res, tails) for r, res in enumerate(results))
         memory_kind = "cuda" if device.startswith("cuda") else "rss"
-        warmed, timed = int(everyone[0]["warmup"]), int(everyone[0]["steps"])
-        references = [r["reference"] for r in everyone if r["reference"]]
+        warmed, timed = everyone[0].warmup_steps, everyone[0].timed_steps
+        references = [r.reference_s for r in everyone if r.reference_s]
         reference = statistics.median(references) if references else None
         if check_numerics:
-            loss = statistics.fmean(r["loss"] for r in everyone if r["loss"] is not None)
+            loss = statistics.fmean(r.loss for r in everyone if r.loss is not None)
             fresh = load_workload(spec)
-            grads = _merge_rank_grads([r["grads"] for r in results], tied_parameter_groups(fresh.model))
+            grads = _merge_rank_grads([r.grads or {} for r in results], tied_parameter_groups(fresh.model))
             numerics = compare_numerics(*reference_step(fresh, plan), loss, grads)
     else:
         local = load_workload(workload) if isinstance(workload, str) else workload
@@ -637,7 +274,7 @@ def predicted_tails(plan: Plan) -> tuple[float, ...]:
     return tuple(tails)
 
 
-def _rank_time(plan: Plan, rank: int, result: dict[str, Any], tails: tuple[float, ...]) -> RankTime:
+def _rank_time(plan: Plan, rank: int, result: RankResult, tails: tuple[float, ...]) -> RankTime:
     pred = plan.predicted
     compute = pred.busy_s[rank] if rank < len(pred.busy_s) else 0.0
     overhead = pred.overhead_s[rank] if rank < len(pred.overhead_s) else 0.0
@@ -646,7 +283,7 @@ def _rank_time(plan: Plan, rank: int, result: dict[str, Any], tails: tuple[float
     # only waits for the slowest rank) once compute, waits and the step tail are taken out.
     rest = [
         mine - b - w - t
-        for mine, b, w, t in zip(result["own"], result["busy"], result["wait"], result["tail"], strict=True)
+        for mine, b, w, t in zip(result.own_s, result.busy_s, result.wait_s, result.tail_s, strict=True)
     ]
     return RankTime(
         rank=rank,
@@ -654,9 +291,9 @@ def _rank_time(plan: Plan, rank: int, result: dict[str, Any], tails: tuple[float
         predicted_wait_s=max(0.0, pred.iteration_s - compute - overhead - tail),
         predicted_tail_s=tail,
         predicted_overhead_s=overhead,
-        measured_compute_s=_median(result["busy"]),
-        measured_wait_s=_median(result["wait"]),
-        measured_tail_s=_median(result["tail"]),
+        measured_compute_s=_median(result.busy_s),
+        measured_wait_s=_median(result.wait_s),
+        measured_tail_s=_median(result.tail_s),
         measured_overhead_s=max(0.0, _median(rest)),
     )
 
@@ -700,98 +337,3 @@ def _merge_rank_grads(per_rank: list[dict[str, torch.Tensor]], tied: list[tuple[
         if present is not None:
             merged.update({n: present for n in names if n not in merged})
     return merged
-
-
-def mismatch_reason(report: VerifyReport) -> str | None:
-    """Where an iteration outside the tolerance comes from, in one line; None when it is within.
-
-    Compute is the one part measured against its own profile, so the stages' errors say which side of the
-    model is off: all of them one way (the machine, or co-location, not the boundaries), none (what the
-    runtime adds around compute), or some (those stages' profile).
-    """
-    tolerance_pct = report.tolerance * 100.0
-    if abs(report.iteration_error_pct) <= tolerance_pct:
-        return None
-    errors = [s.error_pct for s in report.stages]
-    if all(e > tolerance_pct for e in errors) or all(e < -tolerance_pct for e in errors):
-        low, high = min(abs(e) for e in errors), max(abs(e) for e in errors)
-        span = f"{low:.0f} %" if round(low) == round(high) else f"{low:.0f}-{high:.0f} %"
-        direction = "slower" if errors[0] > 0 else "faster"
-        factor = report.speed_factor
-        machine = "this machine runs at another speed than when the profile was made"
-        if factor is not None:
-            pace = f"{factor:.2f}x slower" if factor >= 1 else f"{1 / factor:.2f}x faster"
-            machine = f"the machine runs {pace} than when the profile was made (the speed reference)"
-        return (
-            f"every stage computed {span} {direction} than profiled: {machine}, or this model's actions run "
-            "slower in a pipeline than the calibration's co-location factor says; profile again on a quiet "
-            "machine, or learn the model's own cost with `pipeplan calibrate --model` or `pipeplan tune`"
-        )
-    if all(abs(e) <= tolerance_pct for e in errors):
-        where = " (see where the time went)" if report.ranks else ""
-        return (
-            f"the stages computed as profiled: the rest is outside compute, in waits, overhead or the step "
-            f"tail{where}; `pipeplan calibrate --model` learns what this model's actions cost beyond compute"
-        )
-    worst = report.stages[report.worst_stage]
-    return f"stage {worst.index} is off most ({worst.error_pct:+.1f} %): its profile does not describe how it runs here"
-
-
-def format_report(report: VerifyReport) -> str:
-    """A human-readable table: predicted vs measured per stage and for the iteration."""
-    mem = {"cuda": "peak mem (cuda)", "rss": "peak mem (rss)", "rss-process": "rss (process)"}[report.memory_kind]
-    lines = [
-        f"verify: {report.schedule}, {report.num_ranks} ranks, {report.num_microbatches} micro-batches, "
-        f"mode {report.mode}, {report.steps} timed steps after {report.warmup} warm-up",
-        f"{'stage':>5} {'rank':>4} {'fwd pred':>10} {'fwd meas':>10} {'bwd pred':>10} {'bwd meas':>10} "
-        f"{'error':>8} {mem:>16}",
-    ]
-    for s in report.stages:
-        peak = f"{s.peak_memory_bytes / 2**20:.1f} MiB" if s.peak_memory_bytes is not None else "-"
-        lines.append(
-            f"{s.index:>5} {s.rank:>4} {s.predicted_forward_s * 1e3:>8.3f}ms {s.measured_forward_s * 1e3:>8.3f}ms "
-            f"{s.predicted_backward_s * 1e3:>8.3f}ms {s.measured_backward_s * 1e3:>8.3f}ms "
-            f"{s.error_pct:>+7.1f}% {peak:>16}"
-        )
-    how = "simulated from measured stage times" if report.mode == "replay" else "measured between barriers"
-    predicted_ms, measured_ms = report.predicted_iteration_s * 1e3, report.measured_iteration_s * 1e3
-    lines.append(
-        f"iteration: predicted {predicted_ms:.3f} ms, {how} {measured_ms:.3f} ms "
-        f"({report.iteration_error_pct:+.1f}%, tolerance {report.tolerance * 100:.0f}%); "
-        f"worst stage {report.worst_stage}"
-    )
-    adjusted = report.speed_adjusted_iteration_s
-    if report.speed_factor and adjusted and report.reference_s and report.profile_reference_s:
-        factor = report.speed_factor
-        pace = f"{factor:.2f}x slower" if factor >= 1 else f"{1 / factor:.2f}x faster"
-        lines.append(
-            f"machine speed: the speed reference ran {pace} than while profiling ({report.reference_s * 1e3:.2f} vs "
-            f"{report.profile_reference_s * 1e3:.2f} ms); the plan with its compute at that speed: "
-            f"{adjusted * 1e3:.3f} ms ({report.speed_adjusted_error_pct:+.1f}%; a diagnostic, not the verdict)"
-        )
-    lines.append("busy per rank: " + ", ".join(f"{b * 1e3:.3f} ms" for b in report.busy_s))
-    if report.ranks:
-        lines.append(
-            f"where the time went (ms, predicted / measured; step tail = gradient scaling + tied-gradient sum + "
-            f"{report.optimizer} step + zero_grad, inside the timed iteration):"
-        )
-        lines.append(f"{'rank':>4} {'compute':>17} {'waiting':>17} {'overhead':>17} {'step tail':>17}")
-        for r in report.ranks:
-            pairs = (
-                (r.predicted_compute_s, r.measured_compute_s),
-                (r.predicted_wait_s, r.measured_wait_s),
-                (r.predicted_overhead_s, r.measured_overhead_s),
-                (r.predicted_tail_s, r.measured_tail_s),
-            )
-            lines.append(f"{r.rank:>4} " + " ".join(f"{p * 1e3:>8.2f} / {m * 1e3:<6.2f}" for p, m in pairs))
-    if report.numerics is not None:
-        n = report.numerics
-        lines.append(
-            f"numerics: {'ok' if n.ok else 'MISMATCH'} (loss diff {n.loss_abs_diff:.2e}, max grad diff "
-            f"{n.max_grad_abs_diff:.2e} at {n.worst_parameter or '-'}; atol {n.atol:g}, rtol {n.rtol:g})"
-        )
-    reason = mismatch_reason(report)
-    if reason is not None:
-        lines.append(f"why: {reason}")
-    lines.append("result: " + ("ok" if report.ok else "MISMATCH"))
-    return "\n".join(lines)

@@ -13,7 +13,7 @@ from planner.cost import default_settings
 from planner.request import PlanRequest
 from planner.runtime.calibrate import CALIBRATED_SCHEDULES, _link, calibrate, fit_overhead
 from planner.runtime.tune import format_tune_table, refit_calibration, tune
-from planner.runtime.verify import RankTime, VerifyReport
+from planner.runtime.verify_report import RankTime, VerifyReport
 from planner.schedule.simulate import RuntimeTerms, simulate
 from planner.search import make_plans, plan_key
 from profiles.format import load_profile, save_profile

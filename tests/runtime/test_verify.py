@@ -13,16 +13,9 @@ from conftest import make_plan
 from torch import nn
 
 from planner.runtime import verify
-from planner.runtime.verify import (
-    NumericsReport,
-    StageReport,
-    VerifyReport,
-    compare_numerics,
-    format_report,
-    mismatch_reason,
-    reference_step,
-    verify_plan,
-)
+from planner.runtime.rank_timing import _StageTimer
+from planner.runtime.verify import compare_numerics, format_report, reference_step, verify_plan
+from planner.runtime.verify_report import NumericsReport, StageReport, VerifyReport, mismatch_reason
 from profiles.models import BUILTIN_MODELS
 from profiles.workload import Workload
 
@@ -92,7 +85,7 @@ def test_stage_timer_puts_the_gradient_scaling_apart_from_the_stage_times() -> N
             time.sleep(0.05)
 
     stage = FakeStage()
-    timer = verify._StageTimer(stage, torch.device("cpu"))
+    timer = _StageTimer(stage, torch.device("cpu"))
     stage.forward_one_chunk()
     stage.backward_one_chunk()
     stage.perform_reduce_grad(2)

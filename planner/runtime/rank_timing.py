@@ -1,0 +1,299 @@
+"""The rank side of verify's processes mode: what one rank runs (:func:`rank_main`, started by
+:func:`planner.runtime.launch.run_ranks` in its own process) and how it times itself.
+
+Each stage's forward and backward of every micro-batch (``PipelineStage.forward_one_chunk`` /
+``backward_one_chunk``, :class:`_StageTimer`), the waits on point-to-point transfers (torch's
+``_wait_batch_p2p``, :class:`_WaitTimer`), the step tail (tied-gradient sum, ``optimizer.step()`` and
+``zero_grad``) and the iteration between two barriers, for as many steps as the time floors ask
+(:func:`_repeat`). The rank hands back raw samples in a :class:`RankResult`; the parent
+(:mod:`planner.runtime.verify`) takes the medians and holds them against the plan.
+
+A module of its own because it runs in another process than the one that reads the results: what it
+needs is here, and what crosses the process boundary is one picklable value.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from planner.plan import Plan
+from planner.runtime.apply import apply_plan
+from planner.runtime.launch import each_rank_in_turn
+from profiles.measure import peak_rss_bytes
+from profiles.reference import SpeedReference
+from profiles.workload import as_tuple, load_workload
+
+__all__ = [
+    "MIN_WARMUP_S",
+    "MAX_WARMUP_STEPS",
+    "MIN_TIME_S",
+    "MAX_TIMED_STEPS",
+    "RankResult",
+    "rank_main",
+    "make_optimizer",
+    "step_batch",
+]
+
+MIN_WARMUP_S = 1.0
+"""Processes mode warms up for at least this long (and ``warmup`` steps). A fresh rank's first steps run
+slow while its heap grows (profiles/allocator.py: freed blocks are reused only after a few iterations) and
+gloo opens its pairs: gpt2-tiny's 1F1B plan (P = 2, 35 ms a step) measured +78 % and +85 % over its
+prediction after 1 warm-up step, +31 % and +28 % after 5 (docs/BENCHMARKS.md, section 6)."""
+MAX_WARMUP_STEPS = 100
+"""The warm-up floor's limit in steps, for plans of a few milliseconds a step."""
+MIN_TIME_S = 2.0
+"""Processes mode also times steps until they span this long: on the shared development VM a fixed
+forward+backward's median over one second moved between 395 and 661 us from one second to the next, and
+five steps of gpt2-tiny (35 ms each) see one such moment (profiles/rounds.py, ``MIN_TIME_S``, for the
+profile's side of it)."""
+MAX_TIMED_STEPS = 1000
+"""The timed floor's limit in steps."""
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What one rank measured, as it crosses back to the parent process (pickled: plain values, CPU tensors).
+
+    Raw samples, one per timed step; the parent takes their medians.
+    """
+
+    stage_indices: tuple[int, ...]
+    """The plan's stages this rank ran, in the order of :attr:`stage_records`."""
+    replica: int
+    """The data-parallel replica this rank belongs to (cluster plans; 0 otherwise)."""
+    warmup_steps: int
+    """Untimed steps run: ``warmup``, or more to fill the warm-up's time floor."""
+    timed_steps: int
+    """Timed steps run: ``steps``, or more to fill the timed floor."""
+    stage_records: tuple[tuple[tuple[str, float], ...], ...]
+    """Per stage, every timed step's ``(kind, seconds)`` records in order: ``F`` forward (the last stage's
+    with its loss), ``B`` and ``W`` (a split backward's input and weight gradients; ``B`` alone otherwise),
+    ``R`` the schedule's gradient scaling, ``L`` a loss not counted in a forward."""
+    iteration_s: tuple[float, ...]
+    """Per timed step: from the opening barrier to the closing barrier's return."""
+    busy_s: tuple[float, ...]
+    """Per timed step: every stage's compute (all records but the gradient scaling)."""
+    wait_s: tuple[float, ...]
+    """Per timed step: inside torch's waits on point-to-point transfers."""
+    tail_s: tuple[float, ...]
+    """Per timed step: the gradient scaling, plus from the schedule's return to the optimizer step's end."""
+    own_s: tuple[float, ...]
+    """Per timed step: from the opening barrier to this rank's optimizer step's end (the closing barrier
+    only waits for the slowest rank)."""
+    peak_memory_bytes: int
+    """The CUDA allocator's peak of this rank's device, or the process's resident peak on CPU."""
+    reference_s: float | None
+    """The speed reference's median (profiles/reference.py), timed after each timed step with each rank alone."""
+    loss: float | None = None
+    """The numerics step's loss; None without numerics, or on a rank that does not compute it."""
+    grads: dict[str, torch.Tensor] | None = None
+    """The numerics step's gradients by parameter FQN (whole CPU tensors); None without numerics."""
+
+
+class _StageTimer:
+    """Wraps a PipelineStage's compute methods on the instance and records their durations."""
+
+    def __init__(self, stage: Any, device: torch.device) -> None:
+        self.records: list[tuple[str, float]] = []
+        # R: the schedule's gradient scaling at the end of step, which the cost model counts in the step
+        # tail (calibrate measures it with the optimizer), so verify moves it there too.
+        for method, kind in (
+            ("forward_one_chunk", "F"),
+            ("backward_one_chunk", "B"),
+            ("backward_weight_one_chunk", "W"),
+            ("perform_reduce_grad", "R"),
+        ):
+            setattr(stage, method, self._wrap(getattr(stage, method), kind, device))
+
+    def time_loss(self, schedule: Any, device: torch.device) -> None:
+        """Count the schedule's loss as part of this (last) stage's forward, as the profile's last unit does:
+        torch computes it right after the forward, outside ``forward_one_chunk``."""
+        timed = self._wrap(schedule._compute_loss, "L", device)
+
+        def into_forward(*args: Any, **kwargs: Any) -> Any:
+            out = timed(*args, **kwargs)
+            if len(self.records) > 1 and self.records[-2][0] == "F":
+                loss_s = self.records.pop()[1]
+                self.records[-1] = ("F", self.records[-1][1] + loss_s)
+            return out  # else the loss stays its own record: in the rank's compute, in no stage's times
+
+        schedule._compute_loss = into_forward
+
+    def _wrap(self, fn: Callable[..., Any], kind: str, device: torch.device) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            self.records.append((kind, time.perf_counter() - t0))
+            return out
+
+        return timed
+
+
+class _WaitTimer:
+    """Times torch's waits on point-to-point work by wrapping ``schedules._wait_batch_p2p`` in this process."""
+
+    def __init__(self) -> None:
+        from torch.distributed.pipelining import schedules
+
+        self.total_s = 0.0
+        original = schedules._wait_batch_p2p
+
+        def timed(work: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return original(work)
+            finally:
+                self.total_s += time.perf_counter() - t0
+
+        schedules._wait_batch_p2p = timed  # the schedules look the function up by name at each call
+
+
+def make_optimizer(name: str, params: list[torch.nn.Parameter], replicas: Any = None) -> torch.optim.Optimizer:
+    """The optimizer a plan was made for: ``adam`` (Adam, lr 1e-4) or ``sgd`` (SGD with momentum 0.9);
+    with ``replicas`` (a cluster plan sharding the optimizer, ZeRO-1) torch's ZeroRedundancyOptimizer."""
+    cls, options = (
+        (torch.optim.SGD, {"lr": 1e-4, "momentum": 0.9}) if name == "sgd" else (torch.optim.Adam, {"lr": 1e-4})
+    )
+    if replicas is not None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=replicas, **options)
+    return cls(params, **options)
+
+
+def _full(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient as one plain CPU tensor: FSDP's are sharded DTensors."""
+    full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+    return full.detach().cpu().clone()
+
+
+def step_batch(plan: Plan) -> int:
+    """Samples in one step: all replicas' under a cluster plan."""
+    return plan.mesh.global_batch_size if plan.mesh is not None else plan.global_batch_size
+
+
+def _repeat(step: Callable[[], object], at_least: int, min_s: float, at_most: int, dev: torch.device) -> int:
+    """Run ``step`` at least ``at_least`` times, and on until ``min_s`` have passed (at most ``at_most``
+    times); returns how many. Rank 0's clock decides, so every rank runs as many."""
+    import torch.distributed as dist
+
+    started, done = time.perf_counter(), 0
+    while True:
+        if done >= at_least:
+            more = done < at_most and time.perf_counter() - started < min_s
+            flag = torch.tensor([int(more)], device=dev)  # NCCL broadcasts device tensors only
+            dist.broadcast(flag, src=0)
+            if not flag.item():
+                return done
+        step()
+        done += 1
+
+
+def rank_main(
+    rank: int,
+    world_size: int,
+    spec: str,
+    plan: Plan,
+    steps: int,
+    warmup: int,
+    min_warmup_s: float,
+    min_time_s: float,
+    numerics: bool,
+    device: str,
+) -> RankResult:
+    """One rank of the processes mode; returns its measurements (and first-step grads if asked)."""
+    import torch.distributed as dist
+
+    dev = torch.device(f"cuda:{rank}") if device.startswith("cuda") else torch.device("cpu")
+    workload = load_workload(spec)
+    inputs, target = workload.make_batch(step_batch(plan))
+    inputs = tuple(t.to(dev) for t in as_tuple(inputs))
+    target = target.to(dev)
+    run = apply_plan(plan, workload.model, inputs, workload.loss_fn, device=dev)
+    loss_value: float | None = None
+    grads: dict[str, torch.Tensor] | None = None
+    if numerics:
+        loss = run.step(inputs, target)
+        loss_value = None if loss is None else loss.item()
+        grads = {n: _full(p.grad) for n, p in run.named_parameters() if p.grad is not None}
+    timers = [_StageTimer(stage, dev) for stage in run.stages]
+    for stage, timer in zip(run.stages, timers, strict=True):
+        if stage.is_last:
+            timer.time_loss(run.schedule, dev)
+    waits = _WaitTimer()
+    zero = plan.mesh is not None and plan.mesh.shard == "optimizer"
+    optimizer = make_optimizer(
+        str(plan.constraints.get("optimizer", "adam")), run.parameters(), run.replica_group if zero else None
+    )
+
+    def step() -> tuple[float, float, float]:
+        """One training step between barriers: (start, schedule returned, optimizer done)."""
+        for t in timers:
+            t.records.clear()
+        waits.total_s = 0.0
+        dist.barrier()
+        t0 = time.perf_counter()
+        run.schedule_step(inputs, target)
+        t1 = time.perf_counter()
+        run.sync_tied_grads()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t2 = time.perf_counter()
+        dist.barrier()
+        return t0, t1, t2
+
+    warmed = _repeat(step, warmup, min_warmup_s, MAX_WARMUP_STEPS, dev)
+    iteration: list[float] = []
+    busy: list[float] = []
+    wait: list[float] = []
+    tail: list[float] = []
+    own: list[float] = []
+    records: list[list[tuple[str, float]]] = [[] for _ in timers]
+    reference = SpeedReference(dev)
+    reference.warm_up()
+
+    def time_reference(index: int) -> None:
+        # Each rank alone: the machine's speed now, not the ranks' contention, which the cost model holds.
+        each_rank_in_turn(rank, world_size, f"verify-reference-{index}", reference.time_once)
+
+    def timed_step() -> None:
+        t0, t1, t2 = step()
+        iteration.append(time.perf_counter() - t0)
+        scaling = sum(d for t in timers for kind, d in t.records if kind == "R")
+        busy.append(sum(d for t in timers for kind, d in t.records if kind != "R"))
+        wait.append(waits.total_s)
+        tail.append(t2 - t1 + scaling)
+        own.append(t2 - t0)
+        for k, t in enumerate(timers):
+            records[k].extend(t.records)
+        time_reference(len(iteration))  # after the step's closing barrier: outside every timed interval
+
+    timed = _repeat(timed_step, steps, min_time_s, max(steps, MAX_TIMED_STEPS), dev)
+    peak = int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else peak_rss_bytes()
+    return RankResult(
+        stage_indices=tuple(run.stage_indices),
+        replica=run.replica,
+        warmup_steps=warmed,
+        timed_steps=timed,
+        stage_records=tuple(tuple(r) for r in records),
+        iteration_s=tuple(iteration),
+        busy_s=tuple(busy),
+        wait_s=tuple(wait),
+        tail_s=tuple(tail),
+        own_s=tuple(own),
+        peak_memory_bytes=peak,
+        reference_s=reference.median_s,
+        loss=loss_value,
+        grads=grads,
+    )
