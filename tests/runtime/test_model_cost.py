@@ -91,7 +91,9 @@ def test_calibrate_learns_the_models_cost_on_two_gloo_ranks_and_plan_warns_for_a
     printed = capsys.readouterr()
     assert f"pipeplan calibrate --ranks 2 --model mlp --profile {mlp} --out" in printed.out  # profile's next step
     assert "learned from mlp (1f1b" in printed.out
-    assert "running mlp under 1f1b on 2 ranks (b=" in printed.err and "warning" not in printed.err
+    assert "running mlp under 1f1b on 2 ranks (b=" in printed.err
+    # No warning of the run's own (the profile warns of a busy machine, which this test does not control).
+    assert [line for line in printed.err.splitlines() if "warning" in line and "load average" not in line] == []
 
     plan = ["plan", "--stages", "2", "--global-batch", "8", "--calibration", str(out)]
     assert main([plan[0], str(mlp), *plan[1:], "--out", str(tmp_path / "same.plan.json")]) == 0
