@@ -331,7 +331,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         if not args.json:
             for r in results:
                 print(
-                    f"{r.schedule:>18}: iteration {r.iteration_s:.4g} s, bubble {r.bubble_fraction:.1%}, "
+                    f"{r.schedule.value:>18}: iteration {r.iteration_s:.4g} s, bubble {r.bubble_fraction:.1%}, "
                     f"peak in-flight {max(r.peak_in_flight)}"
                 )
             print(f"wrote {compare_png}")

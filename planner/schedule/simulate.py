@@ -144,7 +144,7 @@ class TimedAction(NamedTuple):
 class SimulationResult:
     """The simulated iteration of one schedule."""
 
-    schedule: str
+    schedule: Schedule
     num_stages: int
     num_ranks: int
     num_microbatches: int
@@ -181,7 +181,7 @@ class SimulationResult:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (for ``--json``)."""
         return {
-            "schedule": self.schedule,
+            "schedule": self.schedule.value,
             "num_stages": self.num_stages,
             "num_ranks": self.num_ranks,
             "num_microbatches": self.num_microbatches,
@@ -359,7 +359,7 @@ def simulate(
     bubble = 1.0 - sum(busy) / (ranks * iteration)
     per_stage = [f + b for f, b in zip(fwd, bwd, strict=True)]
     return SimulationResult(
-        schedule=sched.value,
+        schedule=sched,
         num_stages=n,
         num_ranks=ranks,
         num_microbatches=num_microbatches,

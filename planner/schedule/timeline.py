@@ -39,7 +39,7 @@ def format_seconds(seconds: float) -> str:
 def _summary(result: SimulationResult) -> str:
     stages = f", {result.num_stages} stages" if result.num_stages != result.num_ranks else ""
     return (
-        f"{result.schedule}: P={result.num_ranks}{stages}, M={result.num_microbatches}, "
+        f"{result.schedule.value}: P={result.num_ranks}{stages}, M={result.num_microbatches}, "
         f"iteration {format_seconds(result.iteration_s)}, bubble {result.bubble_fraction:.1%}"
     )
 
