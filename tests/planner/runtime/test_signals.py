@@ -20,7 +20,7 @@ from planner.runtime.launch import FAULT_ENV
 from planner.runtime.verify import verify_plan
 from profiles.models import BUILTIN_MODELS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _descendants(pid: int) -> set[int]:
