@@ -98,8 +98,10 @@ def test_sighup_is_handled_like_sigterm() -> None:
     # The subprocess test above covers the path from the signal to stopped ranks; SIGHUP takes the same one.
     from cli import _Signalled, _signals_interrupt
 
+    # Whatever was in place before (SIG_DFL, or SIG_IGN under nohup) is what verify leaves behind.
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM)}
     with pytest.raises(_Signalled) as caught, _signals_interrupt():
         os.kill(os.getpid(), signal.SIGHUP)
         time.sleep(5)
     assert caught.value.signum == signal.SIGHUP and str(caught.value) == "SIGHUP"
-    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # restored after verify
+    assert {sig: signal.getsignal(sig) for sig in before} == before  # restored after verify
