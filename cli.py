@@ -101,7 +101,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from planner.report import format_file
+    from planner.commands.show import format_file
 
     print(format_file(args.file))
     return 0

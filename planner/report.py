@@ -4,17 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from planner.errors import UsageError
-from planner.fileio import read_json
-from planner.plan import PLAN_FORMAT, Plan, load_plan
+from planner.plan import Plan
 from planner.table import format_table, human_bytes, human_seconds
-from profiles.format import PROFILE_FORMAT, load_profile
-from profiles.report import format_profile_table
 
 if TYPE_CHECKING:
     from planner.cluster import ClusterResult
 
-__all__ = ["format_plan", "format_cluster", "format_file"]
+__all__ = ["format_plan", "format_cluster"]
 
 
 def _unit_span(units: tuple[str, ...]) -> str:
@@ -141,14 +137,3 @@ def format_cluster(result: ClusterResult, *, top: int = 8) -> str:
             "(or the global batch does not split into more replicas)"
         )
     return "\n".join(lines)
-
-
-def format_file(path: str) -> str:
-    """A profile or a plan file as its table (``pipeplan show``); anything else is refused."""
-    data = read_json(path, UsageError, "JSON")
-    kind = data.get("format") if isinstance(data, dict) else None
-    if kind == PLAN_FORMAT:
-        return format_plan(load_plan(path))
-    if kind == PROFILE_FORMAT:
-        return format_profile_table(load_profile(path))
-    raise UsageError(f"{path} is neither a pipeplan profile nor a plan (format {kind!r})")

@@ -1,4 +1,4 @@
-"""Tiny models as a user brings them, for the model matrix (tests/test_model_matrix.py).
+"""Tiny models as a user brings them, for the model matrix (tests/e2e/test_model_matrix.py).
 
 Each NAME is a ``tests/model_zoo.py:NAME`` model spec: a zero-argument function returning a Workload.
 They are written the way a new user would write them: transformers models as they come (a forward that

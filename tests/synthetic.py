@@ -1,10 +1,16 @@
-"""Hand-built profiles for planner tests: exact numbers, no torch."""
+"""Hand-built profiles, calibrations and verify reports for planner tests: exact numbers, no torch at import."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
+from planner.calibration import Calibration, OptimizerCost
 from profiles.format import DeviceInfo, ModelInfo, Profile, TensorFlow, UnitProfile, WholeModel
+
+if TYPE_CHECKING:
+    from planner.runtime.verify_report import VerifyReport
 
 FINGERPRINT = "ab" * 32
 
@@ -74,4 +80,56 @@ def make_profile(
         units=units,
         tensors=tuple(flows),
         whole_model=WholeModel(tuple(sum(forward_s) * b for b in sizes), tuple(sum(backward) * b for b in sizes)),
+    )
+
+
+def calibration(**changes: object) -> Calibration:
+    """A CPU / gloo calibration of round numbers, ``changes`` replacing its fields."""
+    base = Calibration(
+        device_kind="cpu",
+        backend="gloo",
+        num_ranks=2,
+        threads_per_rank=1,
+        p2p_latency_s=1e-4,
+        p2p_bytes_per_s=1e9,
+        action_overhead_s={"gpipe": 1e-3, "1f1b": 1e-3, "interleaved-1f1b": 1e-3},
+        optimizer={"adam": OptimizerCost(per_param_s=1e-8, per_step_s=1e-3), "sgd": OptimizerCost(5e-9, 0.0)},
+        colocation_factor=1.0,
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def verify_report(plan, measured_s: float, compute_s: tuple[float, ...], tail_s: float) -> VerifyReport:
+    """A processes-mode report of ``plan`` measured at ``measured_s``, each rank's compute ``compute_s[r]``, every
+    rank's step tail ``tail_s`` (to refit a calibration from)."""
+    from planner.runtime.verify_report import RankTime, VerifyReport
+
+    ranks = tuple(
+        RankTime(
+            rank=r,
+            predicted_compute_s=plan.predicted.busy_s[r],
+            predicted_wait_s=0.0,
+            predicted_tail_s=plan.predicted.runtime.step_tail_s[r],
+            predicted_overhead_s=plan.predicted.overhead_s[r],
+            measured_compute_s=compute_s[r],
+            measured_wait_s=0.0,
+            measured_tail_s=tail_s,
+            measured_overhead_s=0.0,
+        )
+        for r in range(plan.num_ranks)
+    )
+    return VerifyReport(
+        mode="processes",
+        schedule=plan.schedule.value,
+        num_ranks=plan.num_ranks,
+        num_microbatches=plan.num_microbatches,
+        steps=3,
+        warmup=1,
+        tolerance=0.15,
+        predicted_iteration_s=plan.predicted.iteration_s,
+        measured_iteration_s=measured_s,
+        busy_s=(),
+        stages=(),
+        memory_kind="rss",
+        ranks=ranks,
     )

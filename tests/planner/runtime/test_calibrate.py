@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_calibration import calibration
 
 from cli import main
 from planner.calibration import shipped_calibration
@@ -13,11 +12,10 @@ from planner.cost import default_settings
 from planner.request import PlanRequest
 from planner.runtime.calibrate import CALIBRATED_SCHEDULES, _link, calibrate, fit_overhead
 from planner.runtime.tune import format_tune_table, refit_calibration, tune
-from planner.runtime.verify_report import RankTime, VerifyReport
 from planner.schedule.simulate import RuntimeTerms, simulate
 from planner.search import make_plans, plan_key
 from profiles.format import load_profile, save_profile
-from synthetic import make_profile
+from synthetic import calibration, make_profile, verify_report
 
 
 def test_link_fit_recovers_an_exact_alpha_beta_line() -> None:
@@ -41,38 +39,6 @@ def test_fit_overhead_inverts_the_simulator() -> None:
     assert fit_overhead(iteration(0.0) * 0.9, iteration) == 0.0  # faster than compute alone: nothing to add
 
 
-def _report(plan, measured_s: float, compute_s: tuple[float, ...], tail_s: float) -> VerifyReport:
-    ranks = tuple(
-        RankTime(
-            rank=r,
-            predicted_compute_s=plan.predicted.busy_s[r],
-            predicted_wait_s=0.0,
-            predicted_tail_s=plan.predicted.runtime.step_tail_s[r],
-            predicted_overhead_s=plan.predicted.overhead_s[r],
-            measured_compute_s=compute_s[r],
-            measured_wait_s=0.0,
-            measured_tail_s=tail_s,
-            measured_overhead_s=0.0,
-        )
-        for r in range(plan.num_ranks)
-    )
-    return VerifyReport(
-        mode="processes",
-        schedule=plan.schedule.value,
-        num_ranks=plan.num_ranks,
-        num_microbatches=plan.num_microbatches,
-        steps=3,
-        warmup=1,
-        tolerance=0.15,
-        predicted_iteration_s=plan.predicted.iteration_s,
-        measured_iteration_s=measured_s,
-        busy_s=(),
-        stages=(),
-        memory_kind="rss",
-        ranks=ranks,
-    )
-
-
 def test_refit_recovers_the_runtime_that_produced_the_measurements() -> None:
     profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
     start = calibration()
@@ -83,7 +49,7 @@ def test_refit_recovers_the_runtime_that_produced_the_measurements() -> None:
     runs = []
     for plan in plans:
         truth = plan.simulation(RuntimeTerms(true_overhead, (true_tail,) * plan.num_ranks, true_scale))
-        runs.append((plan, _report(plan, truth.iteration_s, truth.busy_s, true_tail)))
+        runs.append((plan, verify_report(plan, truth.iteration_s, truth.busy_s, true_tail)))
     refit = refit_calibration(start, runs)
     assert refit.colocation_factor == pytest.approx(true_scale, rel=1e-6)
     for plan in plans:
@@ -103,7 +69,7 @@ def test_refit_shifts_the_schedules_it_did_not_run_by_what_it_learned() -> None:
     plan = make_plans(profile, request, sha256="0" * 64, count=1)[0]
     tails = plan.predicted.runtime.step_tail_s
     truth = plan.simulation(RuntimeTerms(4e-3, tails, 1.0))
-    refit = refit_calibration(start, [(plan, _report(plan, truth.iteration_s, truth.busy_s, tails[0]))])
+    refit = refit_calibration(start, [(plan, verify_report(plan, truth.iteration_s, truth.busy_s, tails[0]))])
     assert refit.action_overhead_s["1f1b"] == pytest.approx(4e-3, rel=1e-6)
     assert refit.action_overhead_s["gpipe"] == pytest.approx(5e-3, rel=1e-6)
     assert refit.action_overhead_s["interleaved-1f1b"] == pytest.approx(8e-3, rel=1e-6)
@@ -114,7 +80,7 @@ def test_refit_from_replay_changes_nothing() -> None:
     start = calibration()
     request = PlanRequest(num_ranks=2, global_batch_size=2, settings=default_settings(profile, calibration=start))
     plan = make_plans(profile, request, sha256="0" * 64, count=1)[0]
-    report = replace(_report(plan, 1.0, (1.0, 1.0), 0.0), mode="replay", ranks=())
+    report = replace(verify_report(plan, 1.0, (1.0, 1.0), 0.0), mode="replay", ranks=())
     assert refit_calibration(start, [(plan, report)]) is start
 
 

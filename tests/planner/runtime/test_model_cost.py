@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_calibrate import _report
-from test_calibration import calibration
 
 from cli import main
 from planner.calibration import load_calibration, shipped_calibration
@@ -14,7 +12,7 @@ from planner.errors import UsageError
 from planner.runtime.model_cost import default_global_batch, learn_from_run, learning_plan
 from planner.schedule.simulate import RuntimeTerms
 from profiles.format import load_profile, save_profile
-from synthetic import make_profile
+from synthetic import calibration, make_profile, verify_report
 
 
 def test_the_run_it_learns_from_is_the_planners_1f1b_plan_for_the_calibrations_ranks() -> None:
@@ -32,13 +30,13 @@ def test_learning_from_a_run_shifts_every_schedule_and_names_the_model() -> None
     plan = learning_plan(profile, start, 4, sha256="0" * 64)
     tails = plan.predicted.runtime.step_tail_s
     truth = plan.simulation(RuntimeTerms(3e-3, tails, 1.0))  # each action costs 2 ms more than calibrated
-    learned = learn_from_run(start, profile, plan, _report(plan, truth.iteration_s, truth.busy_s, tails[0]))
+    learned = learn_from_run(start, profile, plan, verify_report(plan, truth.iteration_s, truth.busy_s, tails[0]))
     assert learned.action_overhead_s == pytest.approx({"gpipe": 4e-3, "1f1b": 3e-3, "interleaved-1f1b": 7e-3})
     note = learned.learned_model
     assert (note["name"], note["fingerprint"]) == (profile.model.name, profile.model.fingerprint)
     assert note["measured_s"] == truth.iteration_s and note["predicted_s"] == plan.predicted.iteration_s
     assert learned.source == "refit"
-    replayed = replace(_report(plan, 1.0, (1.0, 1.0), 0.0), mode="replay", ranks=())
+    replayed = replace(verify_report(plan, 1.0, (1.0, 1.0), 0.0), mode="replay", ranks=())
     with pytest.raises(UsageError, match="real processes"):
         learn_from_run(start, profile, plan, replayed)
 

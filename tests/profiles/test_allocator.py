@@ -34,7 +34,7 @@ _FAULTS_OF_LAST_ITERATION = textwrap.dedent(
 
 
 def _faults_of_last_iteration(keep: bool) -> int:
-    code = _FAULTS_OF_LAST_ITERATION.format(root=str(Path(__file__).resolve().parents[1]), keep=keep)
+    code = _FAULTS_OF_LAST_ITERATION.format(root=str(Path(__file__).resolve().parents[2]), keep=keep)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])
 

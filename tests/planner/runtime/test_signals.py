@@ -20,7 +20,7 @@ from planner.runtime.launch import FAULT_ENV
 from planner.runtime.verify import verify_plan
 from profiles.models import BUILTIN_MODELS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _descendants(pid: int) -> set[int]:
@@ -98,8 +98,10 @@ def test_sighup_is_handled_like_sigterm() -> None:
     # The subprocess test above covers the path from the signal to stopped ranks; SIGHUP takes the same one.
     from planner.commands.terminal import Signalled, signals_interrupt
 
+    # Whatever was in place before (SIG_DFL, or SIG_IGN under nohup) is what verify leaves behind.
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM)}
     with pytest.raises(Signalled) as caught, signals_interrupt():
         os.kill(os.getpid(), signal.SIGHUP)
         time.sleep(5)
     assert caught.value.signum == signal.SIGHUP and str(caught.value) == "SIGHUP"
-    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # restored after verify
+    assert {sig: signal.getsignal(sig) for sig in before} == before  # restored after verify

@@ -38,7 +38,8 @@ from synthetic import make_profile
 
 tomllib = pytest.importorskip("tomllib")  # the standard library's TOML reader, Python 3.11+
 
-# The units the built-in models are profiled as (README, "The model-spec protocol"; tests/test_models.py).
+# The units the built-in models are profiled as (README, "The model-spec protocol";
+# tests/profiles/models/test_builtin_models.py).
 GPT2_TINY = [
     "transformer.wte",
     "transformer.wpe",

@@ -22,7 +22,7 @@ from profiles.meta import materialise, move_to_meta, parameters_on_meta
 from profiles.profiler import profile_model
 from profiles.workload import load_workload
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FAST = {"repeats": 1, "max_repeats": 1, "warmup": 0, "progress": False, "min_time_s": 0.0}
 TINY_LLAMA = {
     "model_type": "llama",

@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 
 from planner.calibration import (
-    Calibration,
     OptimizerCost,
     calibration_from_dict,
     load_calibration,
@@ -22,22 +21,7 @@ from planner.request import PlanRequest
 from planner.schedule.orders import Schedule
 from planner.schedule.simulate import RuntimeTerms, simulate
 from planner.search import make_plan, make_plans, plan_key
-from synthetic import make_profile
-
-
-def calibration(**changes: object) -> Calibration:
-    base = Calibration(
-        device_kind="cpu",
-        backend="gloo",
-        num_ranks=2,
-        threads_per_rank=1,
-        p2p_latency_s=1e-4,
-        p2p_bytes_per_s=1e9,
-        action_overhead_s={"gpipe": 1e-3, "1f1b": 1e-3, "interleaved-1f1b": 1e-3},
-        optimizer={"adam": OptimizerCost(per_param_s=1e-8, per_step_s=1e-3), "sgd": OptimizerCost(5e-9, 0.0)},
-        colocation_factor=1.0,
-    )
-    return replace(base, **changes)  # type: ignore[arg-type]
+from synthetic import calibration, make_profile
 
 
 def test_round_trip(tmp_path) -> None:
