@@ -409,6 +409,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         write_line(f"{prefix}: interrupted")
         return 130
+    except BrokenPipeError:
+        # The reader went away (``pipeplan show P | head``): nothing left to say, and nothing to say it to.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except _ENVIRONMENT_ERRORS as exc:
         write_line(f"{prefix}: error: {type(exc).__name__}: {exc}")
         return EXIT_USAGE

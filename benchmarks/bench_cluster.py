@@ -25,9 +25,9 @@ from bench_planner_scale import synthetic_profile  # noqa: E402
 
 from planner.cluster import Cluster, plan_cluster  # noqa: E402
 from planner.cost import CostSettings  # noqa: E402
+from planner.formatting import format_table  # noqa: E402
 from planner.request import PlanRequest  # noqa: E402
 from planner.search import plan_key  # noqa: E402
-from planner.table import format_table  # noqa: E402
 
 CASES = (  # (units, devices, devices per node, global batch, device memory GiB)
     (100, 8, 4, 64, 80),

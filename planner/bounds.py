@@ -31,7 +31,7 @@ bubble of GPipe and 1F1B, as a bound no partition can beat.
    ``(P - 1)/(v M)``, where fact 2's relaxation leaves the looped schedules almost none. It needs the
    partition (which stage is a rank's first), so it is a partition floor only.
 
-``tests/test_bounds.py`` holds the floors under the simulation of every partition of small problems, under
+``tests/planner/test_bounds.py`` holds the floors under the simulation of every partition of small problems, under
 every schedule.
 """
 

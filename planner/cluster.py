@@ -339,7 +339,7 @@ def plan_cluster(
             guess = _guess_s(profile, replica) if bound < math.inf else math.inf
             candidates.append((guess, bound, order, layout, replica))
     # Branch and bound: a layout whose bound exceeds the best step found cannot win, or tie, so the
-    # answer is the exhaustive search's (tests/test_cluster.py holds them equal), whatever the order.
+    # answer is the exhaustive search's (tests/planner/test_cluster.py holds them equal), whatever the order.
     queue = iter(sorted(candidates, key=lambda c: (c[0], c[1], c[2])))
     running: dict[Future[Plan], tuple[int, Layout, PlanRequest, float]] = {}
     with _executor(jobs) as pool:

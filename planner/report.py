@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from planner.formatting import format_table, human_bytes, human_seconds
 from planner.plan import Plan
-from planner.table import format_table, human_bytes, human_seconds
 
 if TYPE_CHECKING:
     from planner.cluster import ClusterResult

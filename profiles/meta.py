@@ -85,7 +85,7 @@ def too_large(model: nn.Module, device: str, dtype: str) -> str:
     A loaded profile holds every weight and its gradient at once (activations come on top): when those
     two alone exceed the device's memory, only a meta profile can run.
     """
-    from profiles.report import human_bytes
+    from planner.formatting import human_bytes
 
     memory = _device_memory_bytes(device)
     count = sum({id(p): p.numel() for p in model.parameters()}.values())

@@ -2,33 +2,10 @@
 
 from __future__ import annotations
 
-from planner.table import format_table
+from planner.formatting import format_table, human_bytes, human_count, human_flops, human_seconds
 from profiles.format import Profile
 
-__all__ = ["format_profile_table", "human_bytes", "meta_line", "unit_sum_line"]
-
-
-def human_bytes(n: int | float) -> str:
-    """``1536`` -> ``1.5 KiB``."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def _human_count(n: int) -> str:
-    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if n >= div:
-            return f"{n / div:.2f}{suffix}"
-    return str(n)
-
-
-def _seconds(s: float) -> str:
-    if s < 1e-3:
-        return f"{s * 1e6:.0f} us"
-    return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
+__all__ = ["format_profile_table", "meta_line", "unit_sum_line"]
 
 
 def meta_line(profile: Profile) -> str:
@@ -59,15 +36,18 @@ def unit_sum_line(profile: Profile, size_index: int) -> str:
     units, whole = profile.unit_sum_s(size_index), profile.whole_s(size_index)
     b = profile.micro_batch_sizes[size_index]
     if profile.settings.get("meta"):  # whole_model holds the unit sum: nothing to compare (profile-format.md)
-        return f"b={b}: unit sum {_seconds(units)}; whole model not measured (a meta profile holds one unit at a time)"
+        return (
+            f"b={b}: unit sum {human_seconds(units)}; whole model not measured (a meta profile holds one unit at a "
+            "time)"
+        )
     path = profile.settings.get("whole_model_path")
-    line = f"b={b}: unit sum {_seconds(units)} vs whole model {_seconds(whole)}"
+    line = f"b={b}: unit sum {human_seconds(units)} vs whole model {human_seconds(whole)}"
     line += f" ({path}): {_percent(units, whole)}" if path else f": {_percent(units, whole)}"
     extra = profile.num_units - 1
     overhead = profile.overhead_s(size_index)
     if profile.piece_overhead is not None and extra > 0:
         net = units - extra * overhead
-        line += f"; less {extra} x piece overhead {_seconds(overhead)}: {_percent(net, whole)}"
+        line += f"; less {extra} x piece overhead {human_seconds(overhead)}: {_percent(net, whole)}"
     return line
 
 
@@ -81,18 +61,18 @@ def _table(rows: list[list[str]], right: set[int]) -> list[str]:
 
 
 def _unit_table(profile: Profile, j: int) -> list[str]:
-    rows = [["#", "unit", "type", "params", "fwd ms", "bwd ms", "GFLOPs(MAC)", "output", "saved"]]
+    rows = [["#", "unit", "type", "params", "forward", "backward", "FLOPs (MAC)", "output", "saved"]]
     for i, u in enumerate(profile.units):
-        params = _human_count(u.param_count) + (" (tied)" if u.tied_params else "")
+        params = human_count(u.param_count) + (" (tied)" if u.tied_params else "")
         rows.append(
             [
                 str(i),
                 u.name,
                 u.type,
                 params,
-                f"{u.forward_s[j] * 1e3:.2f}",
-                f"{u.backward_s[j] * 1e3:.2f}",
-                f"{u.flops[j] / 1e9:.4g}",
+                human_seconds(u.forward_s[j]),
+                human_seconds(u.backward_s[j]),
+                human_flops(u.flops[j]),
                 human_bytes(u.output_bytes[j]),
                 human_bytes(u.saved_bytes[j]),
             ]
@@ -101,7 +81,7 @@ def _unit_table(profile: Profile, j: int) -> list[str]:
 
 
 def _tensor_table(profile: Profile, j: int) -> list[str]:
-    rows = [["tensor", "from", "to", "dtype", "grad", "bytes", ""]]
+    rows = [["tensor", "from", "to", "dtype", "grad", "bytes", "skip"]]
     for t in profile.tensors:
         src = "input" if t.producer < 0 else str(t.producer)
         skip = "skip" if t.last_consumer > t.producer + 1 else ""
@@ -148,5 +128,5 @@ def format_profile_table(profile: Profile, micro_batch_size: int | None = None, 
         lines += ["", f"after a wait of {gaps} ms, the whole model's forward / backward took longer by:"]
         for j, b in enumerate(profile.micro_batch_sizes):
             pairs = zip(profile.resume.forward_s[j], profile.resume.backward_s[j], strict=True)
-            lines.append(f"b={b}: " + ", ".join(f"+{_seconds(f)} / +{_seconds(w)}" for f, w in pairs))
+            lines.append(f"b={b}: " + ", ".join(f"+{human_seconds(f)} / +{human_seconds(w)}" for f, w in pairs))
     return "\n".join(lines)

@@ -6,7 +6,7 @@ functions count too; ``importlib.import_module`` strings do not) must fall insid
 taken from what the code imported when it was written; an import outside it is a change of the layout,
 made here on purpose or not at all. The rules the table keeps (checked on the table itself below):
 
-- the base (``planner.errors``, ``planner.fileio``, ``planner.limits``, ``planner.table``) imports only itself;
+- the base (``planner.errors``, ``planner.fileio``, ``planner.limits``, ``planner.formatting``) imports only itself;
 - ``planner.schedule`` uses only the base, and no torch;
 - the plan (``planner/*.py``) uses the base, ``planner.schedule``, the solvers and the profile format, never
   ``planner.runtime``, and no torch;
@@ -28,7 +28,7 @@ PARTS = {
     "planner.errors": "planner base",
     "planner.fileio": "planner base",
     "planner.limits": "planner base",
-    "planner.table": "planner base",
+    "planner.formatting": "planner base",
     "planner.schedule": "planner.schedule",
     "planner.runtime": "planner.runtime",
     "planner": "planner",  # the plan: graph, cost, bounds, search, cluster, plan, report, export, calibration

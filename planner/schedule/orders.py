@@ -2,7 +2,7 @@
 
 The orders are rebuilt here in pure Python (no torch import) from torch 2.13's
 ``torch/distributed/pipelining/schedules.py``, so the planner and its solvers work without torch and
-stay stable across torch versions; ``tests/schedule/test_orders_torch.py`` asserts they equal torch's own
+stay stable across torch versions; ``tests/planner/schedule/test_orders_torch.py`` asserts they equal torch's own
 ``pipeline_order`` for many ``(ranks, virtual stages, micro-batches)``.
 
 Which torch class runs each schedule:

@@ -7,9 +7,10 @@ import os
 from collections.abc import Sequence
 
 from planner.fileio import check_output_path, write_atomic
+from planner.formatting import human_seconds
 from planner.schedule.simulate import SimulationResult, TimedAction
 
-__all__ = ["ascii_timeline", "render_png", "render_comparison_png", "format_seconds", "time_breakdown"]
+__all__ = ["ascii_timeline", "render_png", "render_comparison_png", "time_breakdown"]
 
 IDLE = "."
 _KIND_NAMES = {
@@ -27,20 +28,11 @@ _COLOURS = {"F": "#4C72B0", "B": "#C44E52", "I": "#DD8452", "W": "#55A868", "S":
 _OVERHEAD_COLOUR = "#555555"
 
 
-def format_seconds(seconds: float) -> str:
-    """``0.0123`` -> ``'12.3 ms'``; picks s, ms or us so that 3 significant digits show."""
-    if seconds >= 1.0 or seconds == 0:
-        return f"{seconds:.4g} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.4g} ms"
-    return f"{seconds * 1e6:.4g} us"
-
-
 def _summary(result: SimulationResult) -> str:
     stages = f", {result.num_stages} stages" if result.num_stages != result.num_ranks else ""
     return (
         f"{result.schedule.value}: P={result.num_ranks}{stages}, M={result.num_microbatches}, "
-        f"iteration {format_seconds(result.iteration_s)}, bubble {result.bubble_fraction:.1%}"
+        f"iteration {human_seconds(result.iteration_s)}, bubble {result.bubble_fraction:.1%}"
     )
 
 
@@ -53,7 +45,7 @@ def time_breakdown(result: SimulationResult) -> str:
         tail = result.step_tail_s[r] if result.step_tail_s else 0.0
         idle = result.iteration_s - result.busy_s[r] - overhead - tail - wait
         cells = (result.busy_s[r], overhead, wait, tail, max(0.0, idle))
-        lines.append(f"{r:>4} " + " ".join(f"{format_seconds(c):>10}" for c in cells))
+        lines.append(f"{r:>4} " + " ".join(f"{human_seconds(c):>10}" for c in cells))
     return "\n".join(lines)
 
 
@@ -80,7 +72,7 @@ def ascii_timeline(result: SimulationResult, width: int = 100) -> str:
         rows.append(f"rank {rank:>2} |{''.join(cells)}|")
     kinds = sorted({a.kind for a in result.actions}, key=_KIND_ORDER.index)
     legend = ", ".join(f"{k} = {_KIND_NAMES[k]}" for k in kinds)
-    footer = f"{legend}, digits = micro-batch, {IDLE} = idle; 1 cell = {format_seconds(cell_s)}"
+    footer = f"{legend}, digits = micro-batch, {IDLE} = idle; 1 cell = {human_seconds(cell_s)}"
     return "\n".join([_summary(result), *rows, footer])
 
 
