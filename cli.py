@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -91,7 +92,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     print(format_profile_table(profile))
     print(f"\nwrote {args.out}")
     ranks = args.ranks or 2
-    print(f"next: pipeplan plan {args.out} --stages {ranks} --global-batch B --out PLAN.json")
+    print(f"next: pipeplan plan {args.out} --ranks {ranks} --global-batch B --out PLAN.json")
     if not profile.settings.get("meta"):
         print(
             f"      (first, to predict this model's runs closely: pipeplan calibrate --ranks {ranks} --model "
@@ -103,7 +104,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 def _cmd_show(args: argparse.Namespace) -> int:
     from planner.commands.show import format_file
 
-    print(format_file(args.file))
+    print(format_file(args.file, args.micro_batch_size))
     return 0
 
 
@@ -158,7 +159,7 @@ def _plan_request(args: argparse.Namespace, profile: Profile) -> PlanRequest:
 
     return plan_request(
         profile,
-        stages=args.stages,
+        stages=args.ranks,
         global_batch=args.global_batch,
         cluster=getattr(args, "devices", None) is not None,
         memory_bytes=args.memory,
@@ -178,23 +179,42 @@ def _plan_request(args: argparse.Namespace, profile: Profile) -> PlanRequest:
     )
 
 
+_CLUSTER_ONLY = ("devices_per_node", "intra_node_bandwidth", "inter_node_bandwidth", "shard", "jobs")
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from planner.cluster import default_cluster, plan_cluster
     from planner.fileio import check_output_path
+    from planner.formatting import human_seconds
     from planner.plan import save_plan
     from planner.report import format_cluster, format_plan
     from planner.request import profile_sha256
-    from planner.search import make_plan
+    from planner.search import fewer_ranks_faster, make_plan
+    from planner.trainer_rules import check_trainer, for_trainer
     from profiles.format import load_profile
 
     check_output_path(args.out, inputs=[args.profile, *_calibration_inputs(args)])
+    if args.devices is None:
+        given = [f"--{k.replace('_', '-')}" for k in _CLUSTER_ONLY if getattr(args, k) not in (None, "none")]
+        if given:
+            raise UsageError(f"{', '.join(given)}: options of a cluster plan, which --devices N asks for")
     profile = load_profile(args.profile)
     request = _plan_request(args, profile)
+    if args.trainer:
+        request = for_trainer(profile, request, args.trainer)
     sha256 = profile_sha256(args.profile)
     if args.devices is None:
         plan = make_plan(profile, request, sha256=sha256, record_timing=args.record_timing)
+        if args.trainer:
+            check_trainer(plan, args.trainer)
         save_plan(plan, args.out)
         print(format_plan(plan))
+        faster = fewer_ranks_faster(profile, request, plan)
+        if faster is not None:
+            print(
+                f"note: {faster[0]} ranks predict {human_seconds(faster[1])} per iteration, faster than these "
+                f"{plan.num_ranks}: the work does not split that far; plan with --ranks {faster[0]}"
+            )
     else:
         cluster = default_cluster(
             profile.device.kind,
@@ -210,15 +230,21 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             request,
             cluster,
             sha256=sha256,
-            pipeline_degree=args.stages,
+            pipeline_degree=args.ranks,
             record_timing=args.record_timing,
             jobs=args.jobs or os.cpu_count() or 1,
         )
+        if args.trainer:
+            check_trainer(result.plan, args.trainer)
         save_plan(result.plan, args.out)
         print(format_cluster(result))
         print()
         print(format_plan(result.plan))
     print(f"\nwrote {args.out}")
+    print(f"next: pipeplan simulate {args.out} --out timeline.png   (see the bubble)")
+    print(f"      pipeplan verify {args.out} --model MODEL   (run it, compare with the prediction)")
+    if args.trainer:
+        print(f"      pipeplan export {args.out} --to {args.trainer}   (the trainer's configuration)")
     return 0
 
 
@@ -256,6 +282,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise UsageError("tune refits a calibration: give --calibration auto (the shipped one) or a file")
     profile = load_profile(args.profile)
     request = _plan_request(args, profile)
+    if args.trainer:
+        from planner.trainer_rules import for_trainer
+
+        request = for_trainer(profile, request, args.trainer)
     with tqdm(total=args.candidates + 1, disable=args.no_progress, file=sys.stderr, leave=False) as bar:
 
         def progress(text: str) -> None:
@@ -284,28 +314,50 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+_WHAT_IF = ("ranks", "micro_batches", "schedule", "virtual_stages", "stage_times", "backward_times", "weight_times")
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
+    from planner.compare import compare_plan
     from planner.fileio import check_output_path
     from planner.limits import check_simulation
     from planner.plan import load_plan
-    from planner.schedule.timeline import ascii_timeline, render_comparison_png, render_png, time_breakdown
+    from planner.schedule.timeline import (
+        ascii_timeline,
+        format_comparison,
+        picture_format,
+        render_comparison_png,
+        render_png,
+        time_breakdown,
+    )
     from planner.schedule.what_if import compare_schedules, what_if_pipeline
 
-    compare_png = (args.compare_png or "schedules.png") if args.compare else None
-    outputs = [out for out in (args.png, compare_png) if out is not None]
+    outputs = [out for out in (args.out, args.compare_out) if out is not None]
     for out in outputs:
         check_output_path(out, inputs=[args.plan])
+        picture_format(out)
     if len(outputs) == 2 and os.path.realpath(outputs[0]) == os.path.realpath(outputs[1]):
-        raise UsageError(f"--png and --compare-png both name {shorten(outputs[0])}: give two files")
+        raise UsageError(f"--out and --compare-out both name {shorten(outputs[0])}: give two files")
+    if args.compare_out and not args.compare:
+        raise UsageError("--compare-out draws the schedules of --compare: give --compare gpipe,1f1b,... too")
     compare = [Schedule.parse(name) for name in items(args.compare, 8)] if args.compare else []
+    given = [f"--{name.replace('_', '-')}" for name in _WHAT_IF if getattr(args, name) is not None]
+    if args.plan and (given or args.backward_ratio != 1.0):
+        raise UsageError(
+            f"{', '.join(given) or '--backward-ratio'}: what-if options, for a pipeline given by hand; a plan is "
+            "simulated as planned (to see it under other schedules: --compare gpipe,1f1b,...)"
+        )
     if args.plan:
-        pipeline = load_plan(args.plan).pipeline()
-    elif not args.stages or not args.microbatches:
-        raise UsageError("give a PLAN.json, or --stages and --microbatches for a what-if simulation")
+        plan = load_plan(args.plan)
+        pipeline = plan.pipeline()
+        check_simulation(pipeline.num_stages, pipeline.num_microbatches)
+        results = compare_plan(plan, compare) if compare else []
+    elif not args.ranks or not args.micro_batches:
+        raise UsageError("give a PLAN.json, or --ranks and --micro-batches for a what-if simulation")
     else:
         pipeline = what_if_pipeline(
-            args.stages,
-            args.microbatches,
+            args.ranks,
+            args.micro_batches,
             Schedule.parse(args.schedule or "1f1b"),
             virtual_stages=args.virtual_stages,
             stage_times=args.stage_times,
@@ -313,8 +365,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             weight_times=args.weight_times,
             backward_ratio=args.backward_ratio,
         )
-    check_simulation(pipeline.num_stages, pipeline.num_microbatches)
-    results = compare_schedules(pipeline, compare, args.virtual_stages) if compare else []
+        check_simulation(pipeline.num_stages, pipeline.num_microbatches)
+        results = compare_schedules(pipeline, compare, args.virtual_stages) if compare else []
     result = pipeline.simulate()
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
@@ -322,19 +374,20 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         print(ascii_timeline(result))
         print("\nwhere the time goes (per rank, one iteration):")
         print(time_breakdown(result))
-    if args.png:
-        render_png(result, args.png)
+    if args.out:
+        render_png(result, args.out)
         if not args.json:
-            print(f"wrote {args.png}")
-    if compare_png is not None:
-        render_comparison_png(results, compare_png)
+            print(f"wrote {args.out}")
+    if results and not args.json:
+        footing = "the plan's runtime terms" if args.plan else "compute and links only"
+        print(f"\nthe same stages under other schedules ({footing}):")
+        print(format_comparison(results))
+    if args.compare_out:
+        render_comparison_png(results, args.compare_out)
         if not args.json:
-            for r in results:
-                print(
-                    f"{r.schedule.value:>18}: iteration {r.iteration_s:.4g} s, bubble {r.bubble_fraction:.1%}, "
-                    f"peak in-flight {max(r.peak_in_flight)}"
-                )
-            print(f"wrote {compare_png}")
+            print(f"wrote {args.compare_out}")
+    if not args.json and args.plan:
+        print(f"next: pipeplan verify {args.plan} --model MODEL   (run it, compare with the prediction)")
     return 0
 
 
@@ -385,11 +438,23 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 _ENVIRONMENT_ERRORS = (OSError, OverflowError, RecursionError, MemoryError, UnicodeError)
 
 
+def _negative_values_attached(argv: Sequence[str]) -> list[str]:
+    """``--memory -1GiB`` as ``--memory=-1GiB``: argparse reads a value that starts with ``-`` as an option and
+    says "expected one argument"; attached, the option's own check says what is wrong with the value."""
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and re.match(r"^-[0-9.]", token):
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # torch 2.13's pipelining tracer warns about its own use of a deprecated pytree API; not the user's concern.
     warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec.*", category=FutureWarning)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_negative_values_attached(sys.argv[1:] if argv is None else argv))
     if not args.command:
         parser.print_help()
         return EXIT_USAGE

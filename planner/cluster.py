@@ -97,6 +97,14 @@ class Layout:
         return _slowest(cluster, pairs)
 
 
+def _nearest_divisors(wanted: int, devices: int) -> str:
+    """The divisors of ``devices`` just below and above ``wanted``: what a user who asked for ``wanted`` means."""
+    divisors = [d for d in range(1, devices + 1) if devices % d == 0]
+    below = max(d for d in divisors if d < wanted)
+    above = [d for d in divisors if d > wanted]
+    return f"{below} or {above[0]}" if above else str(below)
+
+
 def default_cluster(
     device_kind: str,
     num_devices: int,
@@ -302,7 +310,7 @@ def plan_cluster(
     """The fastest simulated ``pp x dp`` plan of ``request.global_batch_size`` samples on ``cluster``.
 
     ``request.num_ranks`` is ignored (the search sets it per layout); ``pipeline_degree`` fixes ``pp``
-    (``--stages`` with ``--devices``), which must then divide the devices. ``jobs`` > 1 searches that
+    (``--ranks`` with ``--devices``), which must then divide the devices. ``jobs`` > 1 searches that
     many layouts at once in worker processes; the plan is the same (only which layouts were pruned,
     rather than simulated, may differ).
 
@@ -313,8 +321,9 @@ def plan_cluster(
     if pipeline_degree is not None:
         if cluster.num_devices % pipeline_degree:
             raise UsageError(
-                f"--stages {pipeline_degree} does not divide --devices {cluster.num_devices}: a pp x dp mesh "
-                f"needs pp to divide the devices (e.g. --stages {math.gcd(pipeline_degree, cluster.num_devices)})"
+                f"--ranks {pipeline_degree} does not divide --devices {cluster.num_devices}: a pp x dp mesh "
+                f"needs pp to divide the devices (e.g. --ranks "
+                f"{_nearest_divisors(pipeline_degree, cluster.num_devices)})"
             )
         if pipeline_degree > profile.num_units:
             raise UsageError(f"cannot cut {profile.num_units} units into {pipeline_degree} stages")

@@ -174,7 +174,7 @@ class CostSettings:
         bytes_per_param("float32", self.optimizer)
 
     def capacity(self, profile: Profile, rank: int, num_ranks: int) -> float:
-        """Usable bytes on ``rank``: its memory less the headroom."""
+        """Usable bytes on ``rank``: its memory (default: the profiled device's) less the headroom."""
         if self.device_memory_bytes:
             if len(self.device_memory_bytes) not in (1, num_ranks):
                 raise UsageError(f"--device-memory has {len(self.device_memory_bytes)} values for {num_ranks} ranks")

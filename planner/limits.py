@@ -51,11 +51,11 @@ MAX_TENSORS = 16 * MAX_UNITS
 MAX_PROFILED_SIZES = 64
 """Micro-batch sizes in a profile."""
 MAX_RANKS = 64
-"""Pipeline ranks (devices): ``--stages``, ``--device-memory`` / ``--device-speeds`` entries."""
+"""Pipeline ranks (devices): ``--ranks``, ``--device-memory`` / ``--device-speeds`` entries."""
 MAX_DEVICES = 65536
 """Devices of a cluster plan (``--devices``): pipeline ranks x data-parallel replicas."""
 MAX_MICROBATCHES = 1024
-"""Micro-batches per iteration (``simulate --microbatches``, a plan's ``num_microbatches``)."""
+"""Micro-batches per iteration (``simulate --micro-batches``, a plan's ``num_microbatches``)."""
 MAX_GLOBAL_BATCH = 65536
 """Samples per iteration (``plan --global-batch``), and the largest micro-batch size."""
 MAX_PLAN_WORK = 4096
@@ -95,7 +95,7 @@ def check_plan_work(num_ranks: int, global_batch_size: int, micro_batch_sizes: S
         f"ranks x micro-batches ({num_ranks} x {m})",
         num_ranks * m,
         MAX_PLAN_WORK,
-        "pass a larger --micro-batch-size or use fewer --stages",
+        "pass a larger --micro-batch-size or use fewer --ranks",
     )
 
 

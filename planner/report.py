@@ -10,7 +10,7 @@ from planner.plan import Plan
 if TYPE_CHECKING:
     from planner.cluster import ClusterResult
 
-__all__ = ["format_plan", "format_cluster"]
+__all__ = ["format_plan", "format_cluster", "plan_notes"]
 
 
 def _unit_span(units: tuple[str, ...]) -> str:
@@ -74,19 +74,24 @@ def format_plan(plan: Plan) -> str:
             + ", ".join(human_seconds(t) for t in plan.predicted.runtime.step_tail_s)
         )
     lines.append(
-        f"predicted iteration {human_seconds(p.iteration_s)} (simulated; solver objective "
-        f"{human_seconds(p.formula_iteration_s)}), bubble {p.bubble_fraction:.1%}, {p.samples_per_s:.3g} samples/s"
+        f"predicted iteration {human_seconds(p.iteration_s)}, bubble {p.bubble_fraction:.1%}, "
+        f"{p.samples_per_s:.3g} samples/s: the schedule simulated action by action (what verify checks)"
     )
     if p.calibration == "none":
         lines.append("runtime terms: none (the textbook model: compute and links only)")
     else:
         lines.append(f"runtime terms (overhead per action, co-location, step tail) from calibration {p.calibration}")
     if capacity:
-        lines.append(f"usable memory per rank {human_bytes(min(capacity))} (device less headroom)")
-    optimal = "optimal" if plan.solver.optimal else "NOT proven optimal"
+        lines.append(f"usable memory per rank {human_bytes(min(capacity))} (its memory less headroom)")
+    proven = "optimal" if plan.solver.optimal else "NOT proven optimal"
+    count = plan.solver.candidates
     lines.append(
-        f"solver {plan.solver.name} ({optimal} for its objective), {plan.solver.candidates} candidates simulated"
+        f"solver {plan.solver.name}: boundaries {proven} for its objective, a bound without the schedule's order "
+        f"({human_seconds(p.formula_iteration_s)}); the simulator ranked {count} candidate"
+        + ("s" if count != 1 else "")
+        + " (micro-batching x schedule x best partitions)"
     )
+    lines += [f"note: {note}" for note in plan_notes(plan)]
     if plan.baselines:
         lines.append("")
         baseline_rows = []
@@ -106,6 +111,18 @@ def format_plan(plan: Plan) -> str:
             )
         )
     return "\n".join(lines)
+
+
+def plan_notes(plan: Plan) -> list[str]:
+    """What a user should know about a plan before running it."""
+    notes = []
+    if plan.num_microbatches < plan.num_ranks and plan.num_ranks > 1:
+        notes.append(
+            f"{plan.num_microbatches} micro-batches for {plan.num_ranks} ranks: every rank waits through most of the "
+            f"step (bubble {plan.predicted.bubble_fraction:.0%}); pipelines want at least as many micro-batches as "
+            f"ranks: a --global-batch of {plan.num_ranks * plan.micro_batch_size} or more, or fewer --ranks"
+        )
+    return notes
 
 
 def format_cluster(result: ClusterResult, *, top: int = 8) -> str:

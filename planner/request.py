@@ -1,6 +1,6 @@
 """A plan request: what the search is asked for, checked once where it enters, for the CLI and the Python API.
 
-:func:`plan_request` turns the options ``plan`` and ``tune`` take (``--stages``, ``--memory``, ``--pin``,
+:func:`plan_request` turns the options ``plan`` and ``tune`` take (``--ranks``, ``--memory``, ``--pin``,
 ``--calibration`` ...) into a :class:`PlanRequest`: it refuses conflicting or impossible options in terms of
 the options themselves (a pin that cannot hold reads as a pin, not as "no plan fits"), chooses the
 calibration, and warns when that calibration learned another model.
@@ -27,10 +27,12 @@ __all__ = ["PlanRequest", "plan_request", "check_pins", "pinned_units", "calibra
 @dataclass(frozen=True)
 class PlanRequest:
     num_ranks: int
-    """Pipeline ranks (devices): ``--stages``."""
+    """Pipeline ranks (devices): ``--ranks``."""
     global_batch_size: int
     schedule: Schedule | None = None
     """None: search every schedule (``auto``). A name is parsed once, here."""
+    auto_schedules: tuple[Schedule, ...] = ()
+    """The schedules ``auto`` chooses from (a trainer's, ``plan --for``); empty: every one torch ships."""
     micro_batch_size: int | None = None
     """None: search every profiled size that divides the global batch."""
     recompute: str = "auto"
@@ -47,11 +49,11 @@ class PlanRequest:
 
     def __post_init__(self) -> None:
         if self.num_ranks < 1:
-            raise UsageError(f"--stages must be >= 1, got {self.num_ranks}")
+            raise UsageError(f"--ranks must be >= 1, got {self.num_ranks}")
         if self.global_batch_size < 1:
             raise UsageError(f"--global-batch must be >= 1, got {self.global_batch_size}")
         # The bounds of planner.limits, checked where a request enters (README, "Limits").
-        check_at_most("--stages", self.num_ranks, MAX_RANKS)
+        check_at_most("--ranks", self.num_ranks, MAX_RANKS)
         check_at_most("--global-batch", self.global_batch_size, MAX_GLOBAL_BATCH)
         check_at_most("--micro-batch-size", self.micro_batch_size or 1, MAX_GLOBAL_BATCH)
         if self.recompute not in ("auto", "on", "off"):
@@ -101,7 +103,7 @@ def plan_request(
     chosen = None if schedule == "auto" else Schedule.parse(schedule)
     sizes = [micro_batch_size] if micro_batch_size is not None else profile.micro_batch_sizes
     if stages is None and not cluster:
-        raise UsageError("give --stages P (one pipeline of P ranks), or --devices N for a cluster plan")
+        raise UsageError("give --ranks P (one pipeline of P ranks), or --devices N for a cluster plan")
     if cluster and (pins or device_memory_bytes or device_speeds):
         raise UsageError("--pin, --device-memory and --device-speeds are per pipeline rank: use them without --devices")
     if not cluster:
@@ -111,6 +113,10 @@ def plan_request(
         assert stages is not None
         check_pins(profile, pins, stages, chosen)
     memory = (memory_bytes,) if memory_bytes is not None else device_memory_bytes
+    if memory is None and not cluster and profile.device.kind == "cpu":
+        assert stages is not None
+        # The ranks of one pipeline on a CPU are processes of one machine: they share its memory.
+        memory = (profile.device.memory_bytes // stages,)
     settings = default_settings(
         profile,
         optimizer=optimizer,
@@ -177,24 +183,28 @@ def check_pins(profile: Profile, pins: Sequence[tuple[str, int]], num_ranks: int
         if chosen.get(name, stage) != stage:
             raise UsageError(f"--pin {shorten(name, 60)} is given twice, to stage {chosen[name]} and to stage {stage}")
         chosen[name] = stage
-        k, stages = index[name], counts[0]
-        if any(stage < s and stage <= k and s - 1 - stage <= n - 1 - k for s in counts):
+        k = index[name]
+        # A stage counted from the end (-1: the last) is stage s + stage of s stages.
+        resolved = [(stage + s if stage < 0 else stage, s) for s in counts]
+        if any(0 <= at < s and at <= k and s - 1 - at <= n - 1 - k for at, s in resolved):
             continue
-        if stage >= max(counts):
-            why = f"stages are 0..{max(counts) - 1} for {num_ranks} ranks"
-        elif stage > k:
-            why = f"stages 0..{stage - 1} before it need a unit each, and only {k} units come before it"
+        at = stage + counts[0] if stage < 0 else stage
+        if at >= max(counts) or at < 0:
+            why = f"stages are 0..{max(counts) - 1} (or -1 for the last) for {num_ranks} ranks"
+        elif at > k:
+            why = f"stages 0..{at - 1} before it need a unit each, and only {k} units come before it"
         else:
             why = (
-                f"stages {stage + 1}..{stages - 1} after it need a unit each, and only {n - 1 - k} units come after it"
+                f"stages {at + 1}..{counts[0] - 1} after it need a unit each, and only {n - 1 - k} units come after it"
             )
         raise UsageError(f"--pin {shorten(name, 60)}={stage}: unit {k} of 0..{n - 1} cannot be on stage {stage}: {why}")
-    by_unit = sorted((index[name], stage, name) for name, stage in chosen.items())
+    # In model order, stages never go back (a stage counted from the end, as on one pipeline of counts[0]).
+    by_unit = sorted((index[name], stage + counts[0] if stage < 0 else stage, name) for name, stage in chosen.items())
     for (_, s1, n1), (_, s2, n2) in zip(by_unit, by_unit[1:], strict=False):
         if s2 < s1:
             raise UsageError(
-                f"--pin {shorten(n1, 40)}={s1} and --pin {shorten(n2, 40)}={s2} conflict: {shorten(n2, 40)} comes "
-                "later in the model, so its stage cannot be earlier"
+                f"--pin {shorten(n1, 40)}={chosen[n1]} and --pin {shorten(n2, 40)}={chosen[n2]} conflict: "
+                f"{shorten(n2, 40)} comes later in the model, so its stage cannot be earlier"
             )
 
 
@@ -202,7 +212,8 @@ def pinned_units(profile: Profile, request: PlanRequest, virtual_stages: int) ->
     """The request's pins as (unit index, stage) for a search with ``virtual_stages`` stages per rank."""
     names = [u.name for u in profile.units]
     pins = []
-    for name, stage in request.pinned:
+    for name, given in request.pinned:
+        stage = given + request.num_ranks * virtual_stages if given < 0 else given  # -1: the last stage
         if name not in names:
             raise UsageError(f"cannot pin unknown unit {name!r}")
         if not 0 <= stage < request.num_ranks * virtual_stages:

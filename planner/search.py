@@ -98,7 +98,8 @@ def _schedules(
     advantage is the split, and guessing it would decide the plan on a guess.
     """
     measured = all(u.has_split for u in profile.units)
-    wanted = _AUTO_SCHEDULES if request.schedule is None else (request.schedule,)
+    auto = request.auto_schedules or _AUTO_SCHEDULES
+    wanted = auto if request.schedule is None else (request.schedule,)
     options: list[tuple[Schedule, int]] = []
     for schedule in wanted:
         if request.schedule is None and schedule.splits_backward and not measured:
@@ -352,7 +353,7 @@ def _explain_infeasible(profile: Profile, request: PlanRequest) -> str:
     return (
         f"no plan fits {profile.num_units} units on {request.num_ranks} devices of {capacity / gib:.2f} GiB usable "
         f"(the largest unit, {unit}, needs {needs[worst] / gib:.2f} GiB; all units together "
-        f"{total:.2f} GiB with recomputation at micro-batch {b}): use more stages (--stages), "
+        f"{total:.2f} GiB with recomputation at micro-batch {b}): use more ranks (--ranks), "
         "--recompute on, a smaller --micro-batch-size, or --optimizer sgd"
     )
 
@@ -521,3 +522,21 @@ def make_plans(
     return plans
 
 
+
+
+FEWER_RANKS_BUBBLE = 0.4
+"""A plan idle this much of its step is checked against half as many ranks (:func:`fewer_ranks_faster`)."""
+
+
+def fewer_ranks_faster(profile: Profile, request: PlanRequest, plan: Plan) -> tuple[int, float] | None:
+    """``(ranks, iteration)`` of half as many ranks when that is faster than ``plan``, else None: more ranks
+    than micro-batches or than the work splits into only add bubble. Checked only for a plan idle more than
+    :data:`FEWER_RANKS_BUBBLE` of its step (one more search), without pins (they name stages)."""
+    fewer = request.num_ranks // 2
+    if fewer < 1 or request.pinned or plan.predicted.bubble_fraction <= FEWER_RANKS_BUBBLE:
+        return None
+    try:
+        other = make_plan(profile, replace(request, num_ranks=fewer), sha256=plan.profile_sha256)
+    except (PlanInfeasibleError, ScheduleError, UsageError):
+        return None
+    return (fewer, other.predicted.iteration_s) if other.predicted.iteration_s < plan.predicted.iteration_s else None

@@ -178,8 +178,10 @@ class Profile:
             return self.micro_batch_sizes.index(micro_batch_size)
         except ValueError:
             raise ProfileError(
-                f"micro-batch size {micro_batch_size} was not profiled "
-                f"(profiled: {', '.join(map(str, self.micro_batch_sizes))})"
+                f"micro-batch size {micro_batch_size} was not profiled (profiled: "
+                f"{', '.join(map(str, self.micro_batch_sizes))}): profile it, e.g. pipeplan profile "
+                f"{self.model.name} --micro-batch-sizes "
+                f"{','.join(map(str, sorted({*self.micro_batch_sizes, micro_batch_size})))} --out PROFILE.json"
             ) from None
 
     def unit_sum_s(self, size_index: int) -> float:

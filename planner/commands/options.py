@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Callable
 
@@ -28,7 +29,9 @@ class Parser(argparse.ArgumentParser):
     """argparse that reports a bad argument as one line (exit 2) instead of usage + message."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        write_line(f"pipeplan {self.prog.split()[-1]}: error: {shorten(message, 200)} (see --help)")
+        command = self.prog.split()[-1]
+        prefix = "pipeplan" if command == "pipeplan" else f"pipeplan {command}"
+        write_line(f"{prefix}: error: {shorten(message, 200)} (see --help)")
         self.exit(EXIT_USAGE)
 
 
@@ -100,13 +103,24 @@ def speed_list(text: str) -> tuple[float, ...]:
     return tuple(speed(t) for t in items(text, MAX_RANKS))
 
 
+MIN_DEVICE_BYTES = 2**20
+"""A bare number below this is not a device's memory: ``--memory 10`` is refused, not read as 10 bytes."""
+
+_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kKMGT]?)(i?)(B|b|bit|bps|Bps)?\s*(/s|ps)?\s*$")
+
+
 def memory(text: str) -> int:
+    """``80GiB``, ``16GB``, ``512MiB`` or a byte count of at least 1 MiB."""
     if len(text) > 40:
         raise bad(text, "is not a memory size: write e.g. 80GiB, 16GB or 1073741824")
+    if text.strip().startswith("-"):
+        raise bad(text, "must be a positive memory size, e.g. 80GiB")
     try:
         value = parse_bytes(text)
-    except (UsageError, OverflowError, ValueError) as exc:
-        raise argparse.ArgumentTypeError(shorten(str(exc), 120)) from None
+    except (UsageError, OverflowError, ValueError):
+        raise bad(text, "is not a memory size: write e.g. 80GiB, 16GB or 1073741824 (bytes)") from None
+    if text.strip().isdigit() and value < MIN_DEVICE_BYTES:
+        raise bad(text, f"bytes is not a device's memory: give a unit, e.g. {text.strip()}GiB or {text.strip()}GB")
     if value > MAX_JSON_INT:
         raise bad(text, "is over pipeplan's limit of 2**53 bytes (8 PiB)")
     return value
@@ -117,8 +131,21 @@ def memory_list(text: str) -> tuple[int, ...]:
 
 
 def bandwidth(text: str) -> float:
-    value = memory(text.strip().removesuffix("/s"))
-    return float(value)
+    """A link's bandwidth in bytes per second: ``25GB/s``, ``1.1GB/s``, ``100Gbps`` or ``100Gb/s`` (bits, / 8),
+    ``10GiB/s``; a bare number is refused (bytes or bits?)."""
+    match = _RATE.match(text) if len(text) <= 40 else None
+    if text.strip().startswith("-"):
+        raise bad(text, "must be a positive bandwidth, e.g. 25GB/s")
+    if not match or not match.group(4):
+        raise bad(text, "is not a bandwidth: write e.g. 25GB/s, 100Gbps or 450GB/s (bytes or bits per second)")
+    number, prefix, binary, unit = float(match.group(1)), match.group(2).upper(), match.group(3), match.group(4)
+    bits = unit in ("b", "bit", "bps")
+    value = number * (1024 if binary else 1000) ** " KMGT".index(prefix) / (8 if bits else 1)
+    if not (math.isfinite(value) and value >= 1.0):
+        raise bad(text, "must be at least 1 byte per second")
+    if value > MAX_JSON_INT:
+        raise bad(text, "is over pipeplan's limit of 2**53 bytes per second")
+    return value
 
 
 def auto_or_positive_int(text: str) -> int | None:
@@ -128,8 +155,8 @@ def auto_or_positive_int(text: str) -> int | None:
 def pin(text: str) -> tuple[str, int]:
     name, sep, stage = text.rpartition("=")
     if not sep or not name:
-        raise bad(text, "is not UNIT=STAGE, e.g. lm_head=3")
-    return name, int_in(0, MAX_UNITS, stage)
+        raise bad(text, "is not UNIT=STAGE, e.g. lm_head=3 (or lm_head=-1, the last stage)")
+    return name, int_in(-MAX_UNITS, MAX_UNITS, stage)
 
 
 def rename(text: str) -> tuple[str, str]:

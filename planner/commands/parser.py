@@ -30,7 +30,28 @@ from planner.limits import (
 )
 from planner.schedule.orders import Schedule
 
-__all__ = ["build_parser"]
+__all__ = ["build_parser", "HelpFormatter"]
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; every option's default appended to its help unless the help gives it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        quiet = (None, False, argparse.SUPPRESS)
+        if "default" in text or action.default in quiet or action.option_strings == [] or action.nargs == 0:
+            return text
+        shown = ",".join(map(str, action.default)) if isinstance(action.default, tuple) else action.default
+        return f"{text} (default: {str(shown).replace('%', '%%')})"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pipeplan")
+    except PackageNotFoundError:  # run from a checkout that was not installed
+        return "unknown"
 
 TOP = """\
 pipeplan: profile a PyTorch model once, get an exact pipeline-parallel plan, apply it with
@@ -40,13 +61,17 @@ torch.distributed.pipelining.
   pipeplan profile gpt2-small --out gpt2.profile.json      measure every unit on this device
   pipeplan calibrate --ranks 2 --model gpt2-small --profile gpt2.profile.json --out gpt2.calibration.json
                                                            learn what this model's actions pay in a pipeline
-  pipeplan plan gpt2.profile.json --stages 4 --global-batch 16 --out gpt2.plan.json
-  pipeplan simulate gpt2.plan.json --png timeline.png      see the bubble
+  pipeplan plan gpt2.profile.json --ranks 4 --global-batch 16 --out gpt2.plan.json
+                                                           the best plan for 4 ranks (devices)
+  pipeplan plan gpt2.profile.json --ranks 4 --global-batch 16 --for megatron --out gpt2.mlm.plan.json
+                                                           the best plan Megatron-Core can express
+  pipeplan simulate gpt2.plan.json --out timeline.png      see the bubble
   pipeplan verify gpt2.plan.json --model gpt2-small        run it, compare with the prediction
-  pipeplan tune gpt2.profile.json --model gpt2-small --stages 2 --global-batch 8 --out gpt2.plan.json
+  pipeplan tune gpt2.profile.json --model gpt2-small --ranks 2 --global-batch 8 --out gpt2.plan.json
                                                            run the best candidates, keep the fastest
   pipeplan show gpt2.plan.json                             reprint a profile or plan
-  pipeplan export gpt2.plan.json --to megatron             the plan as torchtitan/Megatron/DeepSpeed/accelerate config
+  pipeplan export gpt2.mlm.plan.json --to megatron         the plan as Megatron-Core flags (also torchtitan,
+                                                           DeepSpeed, accelerate)
 
 Run `pipeplan COMMAND --help` for each command's options.
 """
@@ -56,12 +81,22 @@ Run `pipeplan COMMAND --help` for each command's options.
 def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "cluster plans",
-        "With --devices N the plan is a pp x dp mesh: pp pipeline ranks (--stages fixes it) times dp replicas of\n"
+        "With --devices N the plan is a pp x dp mesh: pp pipeline ranks (--ranks fixes it) times dp replicas of\n"
         "the pipeline, each stage's gradients reduced over its replicas; --global-batch is the whole step's.",
     )
-    g.add_argument("--devices", type=int_range(1, MAX_DEVICES), default=None, metavar="N", help="devices to plan for")
     g.add_argument(
-        "--devices-per-node", type=int_range(1, MAX_DEVICES), default=None, metavar="G", help="default: all on one"
+        "--devices",
+        type=int_range(1, MAX_DEVICES),
+        default=None,
+        metavar="N",
+        help="devices to plan for: a pp x dp cluster plan (default: one pipeline of --ranks devices)",
+    )
+    g.add_argument(
+        "--devices-per-node",
+        type=int_range(1, MAX_DEVICES),
+        default=None,
+        metavar="G",
+        help="devices per node (default: all on one node)",
     )
     g.add_argument(
         "--intra-node-bandwidth",
@@ -81,7 +116,8 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         "--shard",
         choices=("none", "optimizer", "full"),
         default="none",
-        help="what the replicas split: nothing (DDP), optimizer state (ZeRO-1), everything (FSDP)",
+        help="what the replicas split: none = nothing (DDP), optimizer = optimizer state (ZeRO-1), full = "
+        "weights, gradients and optimizer state (FSDP)",
     )
     g.add_argument(
         "--jobs",
@@ -92,72 +128,99 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_search_arguments(p: argparse.ArgumentParser) -> None:
-    """The plan search's options, shared by ``plan`` and ``tune``."""
+def add_search_arguments(p: argparse.ArgumentParser, *, cluster: bool) -> None:
+    """The plan search's options, shared by ``plan`` and ``tune`` (``cluster``: ``plan``'s --devices exists)."""
     p.add_argument(
+        "--ranks",
         "--stages",
+        dest="ranks",
         type=int_range(1, MAX_RANKS),
         default=None,
-        help="pipeline ranks (devices), P; with --devices: the pipeline degree pp, fixed",
+        metavar="P",
+        help="pipeline ranks (devices), P; each holds one stage, or several under an interleaved schedule"
+        + ("; with --devices: the pipeline degree pp, fixed (default: searched)" if cluster else ""),
     )
     p.add_argument(
-        "--global-batch", type=int_range(1, MAX_GLOBAL_BATCH), required=True, help="samples per iteration, B = b x M"
+        "--global-batch",
+        type=int_range(1, MAX_GLOBAL_BATCH),
+        required=True,
+        metavar="B",
+        help="samples per iteration, B = micro-batch size b x micro-batch count M",
     )
     p.add_argument(
         "--memory",
         type=memory,
         default=None,
         metavar="80GiB",
-        help="memory of every device (default: the profiled device's), less 10%% headroom",
+        help="memory of every device (default: the profiled device's; on CPU, shared by the ranks of one "
+        "machine), less 10%% headroom",
     )
     p.add_argument(
         "--device-memory",
         type=memory_list,
         default=None,
         metavar="80GiB,40GiB,...",
-        help="memory per rank (heterogeneous devices)",
+        help="memory per rank, one value each (heterogeneous devices; default: --memory)",
     )
     p.add_argument(
         "--device-speeds",
         type=speed_list,
         default=None,
         metavar="1,1,0.5,...",
-        help="speed per rank relative to the profiled device (uses the ILP)",
+        help="speed per rank relative to the profiled device, one value each (uses the ILP; default: all 1)",
     )
     p.add_argument(
         "--bandwidth",
         type=bandwidth,
         default=None,
         metavar="25GB/s",
-        help="link bandwidth per pipeline hop (default: cpu 1.1GB/s, cuda 25GB/s)",
+        help="link bandwidth per pipeline hop, bytes or bits per second: 25GB/s, 100Gbps (default: the "
+        "calibration's measured link; without one, cpu 1.1GB/s, cuda 25GB/s)",
     )
     p.add_argument(
         "--latency",
         type=nonneg_float,
         default=None,
         metavar="SECONDS",
-        help="link latency per message (default: cpu 130e-6, cuda 10e-6)",
+        help="link latency per message, in seconds (default: the calibration's; without one, cpu 130e-6, "
+        "cuda 10e-6)",
     )
     p.add_argument(
         "--optimizer",
         choices=("sgd", "adam"),
         default="adam",
-        help="decides the optimizer state per parameter (default adam)",
+        help="the optimizer: decides the state kept per parameter and the step time (default adam)",
     )
     p.add_argument(
         "--schedule",
         choices=("auto", *(x.value for x in Schedule if x is not Schedule.NAIVE)),
         default="auto",
-        help="auto: search every schedule torch ships (the split-backward ones when the profile measured the split)",
+        help="the pipeline schedule (torch.distributed.pipelining's): auto searches every one (the split-backward "
+        "zero-bubble, zbv and dualpipev when the profile measured the split); gpipe: all forwards, then all "
+        "backwards; 1f1b: one forward, one backward; interleaved-1f1b and looped-bfs: several stages per rank; "
+        "zero-bubble, zbv, dualpipev: the weight gradient apart, filling the bubble (default auto)",
     )
-    p.add_argument("--micro-batch-size", type=auto_or_positive_int, default=None, metavar="auto|N")
+    p.add_argument(
+        "--micro-batch-size",
+        type=auto_or_positive_int,
+        default=None,
+        metavar="auto|N",
+        help="samples per micro-batch b; auto searches every profiled size that divides --global-batch "
+        "(default auto)",
+    )
     p.add_argument(
         "--recompute",
         choices=("auto", "on", "off"),
         default="auto",
         help="activation recomputation: chosen per stage (auto), on or off",
     )
-    p.add_argument("--solver", choices=("auto", "dp", "ilp"), default="auto")
+    p.add_argument(
+        "--solver",
+        choices=("auto", "dp", "ilp"),
+        default="auto",
+        help="the exact solver of the boundaries: dp (fast), ilp (pulp; needed for --pin, --device-speeds, "
+        "--max-units-per-stage); auto picks (default auto)",
+    )
     p.add_argument(
         "--calibration",
         default="auto",
@@ -166,18 +229,37 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
         "shipped for the profile's device (cpu: measured on gloo; cuda: estimated), none = compute and links only, "
         "or a file from `pipeplan calibrate` / `pipeplan tune` (default auto)",
     )
-    p.add_argument("--pin", type=pin, action="append", metavar="UNIT=STAGE", help="pin a unit to a stage (ILP)")
     p.add_argument(
-        "--max-units-per-stage", type=int_range(1, MAX_UNITS), default=None, help="cap units per stage (ILP)"
+        "--pin",
+        type=pin,
+        action="append",
+        metavar="UNIT=STAGE",
+        help="keep a unit on a stage, e.g. transformer.ln_f=3 (repeatable; uses the ILP; default: none)",
+    )
+    p.add_argument(
+        "--max-units-per-stage",
+        type=int_range(1, MAX_UNITS),
+        default=None,
+        help="at most this many units per stage (uses the ILP; default: no cap)",
     )
     p.add_argument("--time-limit", type=positive_float, default=60.0, help="ILP time limit in seconds (default 60)")
+    p.add_argument(
+        "--for",
+        dest="trainer",
+        choices=("torchtitan", "megatron", "deepspeed", "accelerate"),
+        default=None,
+        help="plan only what this trainer can run (its layout rules: e.g. Megatron keeps the embedding on the "
+        "first stage and the final norm and head on the last), so `pipeplan export --to` it takes the plan "
+        "(default: any plan torch runs)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     from profiles.models import BUILTIN_NAMES
 
-    fmt = argparse.RawDescriptionHelpFormatter
+    fmt = HelpFormatter
     parser = Parser(prog="pipeplan", description=TOP, formatter_class=fmt)
+    parser.add_argument("--version", action="version", version=f"pipeplan {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     p = sub.add_parser(
@@ -195,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
             "example:\n  pipeplan profile gpt2-small --micro-batch-sizes 1,2,4 --out gpt2.profile.json"
         ),
     )
-    p.add_argument("model", metavar="MODEL")
+    p.add_argument("model", metavar="MODEL", help="the model to profile (see above)")
     p.add_argument("--out", required=True, metavar="PROFILE.json", help="where to write the profile (atomically)")
     p.add_argument(
         "--micro-batch-sizes",
@@ -204,13 +286,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="1,2,4",
         help="micro-batch sizes to measure (default 1,2,4)",
     )
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to measure: this CPU or a GPU")
+    p.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), default="float32", help="the weights' and activations' dtype"
+    )
     p.add_argument(
         "--seq-len",
         type=int_range(1, 1 << 20),
         default=None,
-        help="sequence length of built-in language models and hf: configs",
+        help="sequence length in tokens of built-in language models and hf: configs (default: the model's, "
+        "128 for the built-ins)",
     )
     p.add_argument(
         "--task",
@@ -231,7 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="timed rounds at most: rounds go on until the medians of the unit sum and of the whole model "
         "move by 1%% or less (default 15)",
     )
-    p.add_argument("--warmup", type=int_range(0, MAX_REPEATS), default=1, help="untimed warm-up runs (default 1)")
+    p.add_argument(
+        "--warmup", type=int_range(0, MAX_REPEATS), default=1, help="untimed warm-up runs of each unit (default 1)"
+    )
     p.add_argument(
         "--min-time",
         type=nonneg_float,
@@ -251,14 +338,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=int_range(1, 4096),
         default=None,
-        help="CPU intra-op threads while measuring; match what each rank will get (cores / ranks per machine)",
+        help="CPU intra-op threads while measuring; match what each rank will get (cores / ranks per machine) "
+        "(default: all cores)",
     )
     threads.add_argument(
         "--ranks",
         type=int_range(1, MAX_RANKS),
         default=None,
         metavar="P",
-        help="profile with the threads each of P ranks on this machine will get: cores // P, as the runtime sets",
+        help="profile with the threads each of P ranks on this machine will get: cores // P, as the runtime sets "
+        "(default: all cores)",
     )
     p.add_argument(
         "--meta",
@@ -300,7 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ranks", type=int_range(1, MAX_RANKS), default=2, help="ranks to run, as in your pipeline (default 2)"
     )
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="calibrate gloo on this CPU or NCCL on GPUs"
+    )
     p.add_argument(
         "--repeats", type=int_range(1, MAX_REPEATS), default=15, help="timed repeats of each measurement (median)"
     )
@@ -320,15 +411,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CALIBRATION.json",
         help="with --model: refit this calibration ('auto': the shipped one) instead of measuring the machine first",
     )
-    p.add_argument("--out", required=True, metavar="CALIBRATION.json")
+    p.add_argument("--out", required=True, metavar="CALIBRATION.json", help="where to write the calibration")
 
     p = sub.add_parser(
         "show",
         help="print a profile or plan file as a table",
         formatter_class=fmt,
-        description="Reprint the table of a profile or a plan file.",
+        description="Reprint the table of a profile or a plan file.\n\nexample:\n  pipeplan show gpt2.profile.json "
+        "--micro-batch-size all",
     )
-    p.add_argument("file", metavar="FILE.json")
+    p.add_argument("file", metavar="FILE.json", help="a profile or a plan")
+    p.add_argument(
+        "--micro-batch-size",
+        default=None,
+        metavar="N|all",
+        help="a profile's table at this micro-batch size, or at every size (default: the smallest)",
+    )
 
     p = sub.add_parser(
         "plan",
@@ -340,12 +438,12 @@ def build_parser() -> argparse.ArgumentParser:
             "declared objective; the schedule simulator then scores the best partitions and the best\n"
             "simulated plan wins. Baselines (uniform, by parameters, by time) are scored the same way.\n\n"
             "example:\n"
-            "  pipeplan plan gpt2.profile.json --stages 4 --global-batch 16 --memory 16GiB --out gpt2.plan.json"
+            "  pipeplan plan gpt2.profile.json --ranks 4 --global-batch 16 --memory 16GiB --out gpt2.plan.json"
         ),
     )
-    p.add_argument("profile", metavar="PROFILE.json")
-    p.add_argument("--out", required=True, metavar="PLAN.json")
-    add_search_arguments(p)
+    p.add_argument("profile", metavar="PROFILE.json", help="a profile from `pipeplan profile`")
+    p.add_argument("--out", required=True, metavar="PLAN.json", help="where to write the plan (atomically)")
+    add_search_arguments(p, cluster=True)
     add_cluster_arguments(p)
     p.add_argument(
         "--record-timing",
@@ -364,12 +462,12 @@ def build_parser() -> argparse.ArgumentParser:
             "with it, and write the plan that measured fastest, with its measured numbers. The refit\n"
             "calibration is written beside it; give it to `pipeplan plan --calibration` next time.\n\n"
             "example:\n"
-            "  pipeplan tune gpt2.profile.json --model gpt2-small --stages 2 --global-batch 8 --out gpt2.plan.json"
+            "  pipeplan tune gpt2.profile.json --model gpt2-small --ranks 2 --global-batch 8 --out gpt2.plan.json"
         ),
     )
-    p.add_argument("profile", metavar="PROFILE.json")
+    p.add_argument("profile", metavar="PROFILE.json", help="a profile from `pipeplan profile`")
     p.add_argument("--model", required=True, metavar="MODEL", help="the model the profile was made for")
-    p.add_argument("--out", required=True, metavar="PLAN.json")
+    p.add_argument("--out", required=True, metavar="PLAN.json", help="where to write the fastest measured plan")
     p.add_argument(
         "--calibration-out",
         default=None,
@@ -384,11 +482,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="untimed steps per candidate (default 1; processes mode also warms up for at least 1 s)",
     )
-    p.add_argument("--mode", choices=("auto", "processes", "replay"), default="auto")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument(
+        "--mode",
+        choices=("auto", "processes", "replay"),
+        default="auto",
+        help="processes: one process per rank; replay: every stage in one process, in the schedule's order; auto: "
+        "processes when there is a core (or GPU) per rank (default auto)",
+    )
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="run the candidates on CPU or GPUs")
     p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds per candidate before it is stopped")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_search_arguments(p)
+    add_search_arguments(p, cluster=False)
 
     p = sub.add_parser(
         "export",
@@ -413,7 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
             "      --rename model.layers=layers --rename model.norm=norm --rename lm_head=output --out pp.toml"
         ),
     )
-    p.add_argument("plan", metavar="PLAN.json")
+    p.add_argument("plan", metavar="PLAN.json", help="a plan from `pipeplan plan`")
     p.add_argument(
         "--to", required=True, choices=("torchtitan", "megatron", "deepspeed", "accelerate"), help="the trainer"
     )
@@ -423,7 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="OLD=NEW",
         help="map a module-name prefix of the profiled model onto the trainer's model (repeatable; the longest "
-        "matching prefix wins; NEW may be empty to strip the prefix)",
+        "matching prefix wins; NEW may be empty to strip the prefix; default: the names as profiled)",
     )
     p.add_argument("--out", default=None, metavar="FILE", help="write to FILE (atomically) instead of stdout")
 
@@ -434,23 +538,59 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Simulate the schedule of a plan (or a what-if pipeline) action by action, print an ASCII timeline\n"
             "and optionally a Gantt chart PNG with the bubble visible.\n\n"
-            "examples:\n  pipeplan simulate gpt2.plan.json --png timeline.png\n"
-            "  pipeplan simulate --stages 4 --microbatches 8 --schedule gpipe --stage-times 1,1,2,1\n"
-            "  pipeplan simulate --stages 4 --microbatches 8 --compare gpipe,1f1b,interleaved-1f1b\n"
-            "  pipeplan simulate --stages 4 --microbatches 8 --schedule zero-bubble --stage-times 1 \\\n"
+            "With --compare, the same stages under other schedules, each with the runtime terms the plan was\n"
+            "predicted with (its calibration's overhead per action of that schedule): the plan's own schedule\n"
+            "reproduces the plan's predicted iteration.\n\n"
+            "examples:\n  pipeplan simulate gpt2.plan.json --out timeline.png\n"
+            "  pipeplan simulate gpt2.plan.json --compare gpipe,1f1b,zero-bubble --compare-out schedules.png\n"
+            "  pipeplan simulate --ranks 4 --micro-batches 8 --schedule gpipe --stage-times 1,1,2,1\n"
+            "  pipeplan simulate --ranks 4 --micro-batches 8 --compare gpipe,1f1b,interleaved-1f1b\n"
+            "  pipeplan simulate --ranks 4 --micro-batches 8 --schedule zero-bubble --stage-times 1 \\\n"
             "      --backward-times 1 --weight-times 1"
         ),
     )
-    p.add_argument("plan", nargs="?", metavar="PLAN.json")
-    p.add_argument("--png", default=None, metavar="timeline.png", help="write a Gantt chart")
-    p.add_argument("--json", action="store_true", help="print the numbers as JSON")
-    p.add_argument("--compare", default=None, metavar="gpipe,1f1b,...", help="side-by-side picture of schedules")
-    p.add_argument("--compare-png", default=None, metavar="schedules.png")
-    p.add_argument("--stages", type=int_range(1, MAX_RANKS), default=None, help="what-if: ranks")
+    p.add_argument("plan", nargs="?", metavar="PLAN.json", help="a plan (or none, for a what-if: the options below)")
     p.add_argument(
-        "--microbatches", type=int_range(1, MAX_MICROBATCHES), default=None, help="what-if: micro-batches M"
+        "--out",
+        "--png",
+        dest="out",
+        default=None,
+        metavar="timeline.png",
+        help="write a Gantt chart: .png, .svg or .pdf by the file's suffix (default: none)",
     )
-    p.add_argument("--schedule", default=None, choices=[x.value for x in Schedule], help="what-if: the schedule")
+    p.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    p.add_argument(
+        "--compare",
+        default=None,
+        metavar="gpipe,1f1b,...",
+        help="the same stages under each of these schedules, on the plan's footing (default: none)",
+    )
+    p.add_argument(
+        "--compare-out",
+        "--compare-png",
+        dest="compare_out",
+        default=None,
+        metavar="schedules.png",
+        help="with --compare: write the schedules' Gantt charts stacked, .png, .svg or .pdf (default: none)",
+    )
+    p.add_argument(
+        "--ranks", "--stages", dest="ranks", type=int_range(1, MAX_RANKS), default=None, help="what-if: ranks P"
+    )
+    p.add_argument(
+        "--micro-batches",
+        "--microbatches",
+        dest="micro_batches",
+        type=int_range(1, MAX_MICROBATCHES),
+        default=None,
+        help="what-if: micro-batches M",
+    )
+    p.add_argument(
+        "--schedule",
+        default=None,
+        choices=[x.value for x in Schedule],
+        help="what-if: the schedule; naive runs one micro-batch through the stages in turn, no pipelining, "
+        "the baseline the bubble is measured against (default 1f1b)",
+    )
     p.add_argument(
         "--virtual-stages",
         type=int_range(1, 16),
@@ -459,26 +599,33 @@ def build_parser() -> argparse.ArgumentParser:
         "zbv and dualpipev always run 2",
     )
     p.add_argument(
-        "--stage-times", type=float_list, default=None, metavar="1,1,2,1", help="forward time per stage (or one)"
+        "--stage-times",
+        type=float_list,
+        default=None,
+        metavar="1,1,2,1",
+        help="what-if: forward seconds per stage, or one value for every stage (default: 1 each)",
     )
     p.add_argument(
         "--backward-times",
         type=float_list,
         default=None,
-        help="backward time per stage; with --weight-times, its input-gradient part B (the full backward is B + W)",
+        metavar="SECONDS,...",
+        help="what-if: backward seconds per stage; with --weight-times, its input-gradient part B (the full "
+        "backward is B + W) (default: --backward-ratio x forward)",
     )
     p.add_argument(
         "--weight-times",
         type=float_list,
         default=None,
-        help="weight-gradient time W per stage: split-backward schedules (zero-bubble, zbv, dualpipev) run it apart; "
-        "absent, the backward stays unsplit",
+        metavar="SECONDS,...",
+        help="what-if: weight-gradient seconds W per stage: split-backward schedules (zero-bubble, zbv, dualpipev) "
+        "run it apart (default: none, the backward stays unsplit)",
     )
     p.add_argument(
         "--backward-ratio",
         type=positive_float,
         default=1.0,
-        help="backward = ratio x forward when --backward-times is not given (default 1)",
+        help="what-if: backward = ratio x forward when --backward-times is not given (default 1)",
     )
 
     p = sub.add_parser(
@@ -493,7 +640,7 @@ def build_parser() -> argparse.ArgumentParser:
             "example:\n  pipeplan verify gpt2.plan.json --model gpt2-small --steps 5 --out report.json"
         ),
     )
-    p.add_argument("plan", metavar="PLAN.json")
+    p.add_argument("plan", metavar="PLAN.json", help="a plan from `pipeplan plan`")
     p.add_argument("--model", required=True, metavar="MODEL", help="the model the plan was made for")
     p.add_argument(
         "--steps",
@@ -505,16 +652,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--warmup",
         type=int_range(0, MAX_STEPS),
-        default=2,
-        help="untimed steps first (default 2); processes mode also warms up for at least 1 s, as a fresh rank's "
+        default=1,
+        help="untimed steps first (default 1); processes mode also warms up for at least 1 s, as a fresh rank's "
         "first steps run slow",
     )
-    p.add_argument("--tolerance", type=positive_float, default=0.15, help="allowed iteration-time error (0.15 = 15%%)")
-    p.add_argument("--mode", choices=("auto", "processes", "replay"), default="auto")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument(
+        "--tolerance",
+        type=positive_float,
+        default=0.15,
+        help="the largest iteration-time error that passes, as a fraction: 0.15 = 15%% (default 0.15)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("auto", "processes", "replay"),
+        default="auto",
+        help="processes: one process per rank (gloo or NCCL); replay: every stage in one process, in the "
+        "schedule's order, its times through the simulator; auto: processes when there is a core (or GPU) per "
+        "rank (default auto)",
+    )
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="run on this CPU (gloo) or GPUs (NCCL)")
     p.add_argument("--check-numerics", action="store_true", help="compare loss and gradients with one process")
     p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before every rank is stopped")
-    p.add_argument("--out", default=None, metavar="report.json")
+    p.add_argument(
+        "--out", default=None, metavar="report.json", help="also write the report as JSON (default: print only)"
+    )
     p.add_argument(
         "--verbose",
         action="store_true",

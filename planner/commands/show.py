@@ -12,12 +12,24 @@ from profiles.report import format_profile_table
 __all__ = ["format_file"]
 
 
-def format_file(path: str) -> str:
+def format_file(path: str, micro_batch_size: str | None = None) -> str:
     """A profile or a plan file as its table (``pipeplan show``); anything else is refused."""
     data = read_json(path, UsageError, "JSON")
     kind = data.get("format") if isinstance(data, dict) else None
     if kind == PLAN_FORMAT:
+        if micro_batch_size is not None:
+            raise UsageError("--micro-batch-size picks a profile's table; a plan has one micro-batch size")
         return format_plan(load_plan(path))
     if kind == PROFILE_FORMAT:
-        return format_profile_table(load_profile(path))
+        profile = load_profile(path)
+        if micro_batch_size == "all":
+            return format_profile_table(profile, all_sizes=True)
+        if micro_batch_size is not None and not micro_batch_size.isdigit():
+            raise UsageError(f"--micro-batch-size {micro_batch_size!r}: give a profiled size or 'all'")
+        size = int(micro_batch_size) if micro_batch_size is not None else None
+        if size is not None and size not in profile.micro_batch_sizes:
+            raise UsageError(
+                f"micro-batch size {size} was not profiled (sizes: {', '.join(map(str, profile.micro_batch_sizes))})"
+            )
+        return format_profile_table(profile, size)
     raise UsageError(f"{path} is neither a pipeplan profile nor a plan (format {kind!r})")

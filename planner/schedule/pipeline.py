@@ -93,15 +93,20 @@ class Pipeline:
             weights.append(b * share)
         return replace(self, backward_s=backward, input_s=tuple(inputs), weight_s=tuple(weights))
 
-    def as_schedule(self, schedule: Schedule, virtual_stages: int | None = None) -> Pipeline:
-        """The same per-rank work under another schedule, without runtime terms (what a schedule alone
-        changes). With one stage per rank, a multi-stage schedule cuts each rank's stage into ``v`` equal
-        chunks placed as torch places them (looped or V); chunks inside a rank have no transfer time, so
-        the given links no longer apply."""
+    def as_schedule(
+        self, schedule: Schedule, virtual_stages: int | None = None, *, action_overhead_s: float | None = None
+    ) -> Pipeline:
+        """The same per-rank work under another schedule. With one stage per rank, a multi-stage schedule cuts
+        each rank's stage into ``v`` equal chunks placed as torch places them (looped or V); chunks inside a
+        rank have no transfer time, so the given links no longer apply. Runtime terms stay (every rank holds
+        the same units, so its step tail is the same), with the schedule's own ``action_overhead_s`` if given."""
         v = schedule.default_virtual_stages if virtual_stages is None or schedule.v_shape else virtual_stages
         if not schedule.multi_stage:
             v = 1
-        moved = replace(self, schedule=schedule, runtime=None)
+        runtime = self.runtime
+        if runtime is not None and action_overhead_s is not None:
+            runtime = replace(runtime, action_overhead_s=action_overhead_s)
+        moved = replace(self, schedule=schedule, runtime=runtime)
         if self.num_stages != self.num_ranks or v == 1:
             return moved
         chunks = stage_to_rank(schedule, self.num_ranks * v, self.num_ranks)

@@ -6,11 +6,19 @@ import io
 import os
 from collections.abc import Sequence
 
+from planner.errors import UsageError, shorten
 from planner.fileio import check_output_path, write_atomic
-from planner.formatting import human_seconds
+from planner.formatting import format_table, human_seconds
 from planner.schedule.simulate import SimulationResult, TimedAction
 
-__all__ = ["ascii_timeline", "render_png", "render_comparison_png", "time_breakdown"]
+__all__ = [
+    "ascii_timeline",
+    "render_png",
+    "render_comparison_png",
+    "time_breakdown",
+    "format_comparison",
+    "picture_format",
+]
 
 IDLE = "."
 _KIND_NAMES = {
@@ -47,6 +55,15 @@ def time_breakdown(result: SimulationResult) -> str:
         cells = (result.busy_s[r], overhead, wait, tail, max(0.0, idle))
         lines.append(f"{r:>4} " + " ".join(f"{human_seconds(c):>10}" for c in cells))
     return "\n".join(lines)
+
+
+def format_comparison(results: Sequence[SimulationResult]) -> str:
+    """One row per schedule: iteration, bubble, and the most micro-batches of activations any stage holds."""
+    rows = [
+        [r.schedule.value, human_seconds(r.iteration_s), f"{r.bubble_fraction:.1%}", str(max(r.peak_in_flight))]
+        for r in results
+    ]
+    return format_table(["schedule", "iteration", "bubble", "peak in-flight"], rows, align="<>>>")
 
 
 def ascii_timeline(result: SimulationResult, width: int = 100) -> str:
@@ -143,11 +160,26 @@ def _legend(ax: object, results: Sequence[SimulationResult]) -> None:
     )
 
 
+PICTURE_FORMATS = ("png", "svg", "pdf")
+"""What a chart may be written as, chosen by the file's suffix."""
+
+
+def picture_format(path: str | os.PathLike[str]) -> str:
+    """The format a chart file's suffix names; anything else is refused before any work is done."""
+    suffix = os.path.splitext(os.fspath(path))[1].lower().lstrip(".")
+    if suffix not in PICTURE_FORMATS:
+        raise UsageError(
+            f"{shorten(os.fspath(path))}: a chart is written as {', '.join('.' + f for f in PICTURE_FORMATS)} "
+            "(by the file's suffix)"
+        )
+    return suffix
+
+
 def _save(fig: object, path: str | os.PathLike[str]) -> None:
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)  # type: ignore[attr-defined]
+    fig.savefig(buf, format=picture_format(path), dpi=110)  # type: ignore[attr-defined]
     plt.close(fig)  # type: ignore[arg-type]
     write_atomic(path, buf.getvalue())
 
@@ -178,6 +210,7 @@ def render_png(result: SimulationResult, path: str | os.PathLike[str], title: st
     Written atomically (temp file in the same folder, then renamed).
     """
     check_output_path(path)
+    picture_format(path)
     fig, (ax,) = _figure([result.num_ranks])
     _draw(ax, result)
     _legend(ax, [result])
@@ -195,6 +228,7 @@ def render_comparison_png(results: Sequence[SimulationResult], path: str | os.Pa
     if not results:
         raise ValueError("render_comparison_png needs at least one result")
     check_output_path(path)
+    picture_format(path)
     fig, axes = _figure([r.num_ranks for r in results])
     longest = max(r.iteration_s for r in results)
     for i, (ax, result) in enumerate(zip(axes, results, strict=True)):

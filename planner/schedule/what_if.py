@@ -1,9 +1,9 @@
-"""What-if pipelines: per-stage times given by hand (``pipeplan simulate --stages P --microbatches M``), and
+"""What-if pipelines: per-stage times given by hand (``pipeplan simulate --ranks P --micro-batches M``), and
 the same pipeline under other schedules (``--compare``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from planner.errors import UsageError
 from planner.limits import check_simulation
@@ -72,12 +72,21 @@ def what_if_pipeline(
 
 
 def compare_schedules(
-    pipeline: Pipeline, schedules: Sequence[Schedule], virtual_stages: int | None = None
+    pipeline: Pipeline,
+    schedules: Sequence[Schedule],
+    virtual_stages: int | None = None,
+    overhead_of: Callable[[Schedule], float | None] | None = None,
 ) -> list[SimulationResult]:
-    """``pipeline``'s per-rank work simulated under each of ``schedules`` (``Pipeline.as_schedule``)."""
+    """``pipeline``'s per-rank work simulated under each of ``schedules`` (``Pipeline.as_schedule``), with its
+    runtime terms and, where ``overhead_of`` knows it, each schedule's own overhead per action; the pipeline's
+    own schedule is simulated as it is."""
     check_simulation(max(pipeline.num_stages, pipeline.num_ranks * (virtual_stages or 2)), pipeline.num_microbatches)
     results = []
     for schedule in schedules:
+        if schedule is pipeline.schedule and virtual_stages is None:
+            results.append(pipeline.simulate())
+            continue
         v = stages_per_rank(schedule, virtual_stages) if schedule.multi_stage else 1
-        results.append(pipeline.as_schedule(schedule, v).simulate())
+        overhead = overhead_of(schedule) if overhead_of is not None else None
+        results.append(pipeline.as_schedule(schedule, v, action_overhead_s=overhead).simulate())
     return results

@@ -146,14 +146,20 @@ def test_show_rejects_other_json(tmp_path, capsys):
     assert_fails(capsys, ["show", other], "neither a pipeplan profile nor a plan")
 
 
+def _compared(out: str) -> dict[str, str]:
+    """The comparison table's iteration per schedule: rows ``NAME  22.0 s  ...`` after its header."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("schedule  "))
+    rows = [line.split() for line in lines[start + 2 :] if line.strip()]
+    return {row[0]: " ".join(row[1:3]) for row in rows if len(row) >= 3 and row[2] in ("s", "ms", "us")}
+
+
 def test_simulate_compare_interleaves_each_rank_into_chunks(tmp_path, capsys):
     png = tmp_path / "cmp.png"
-    argv = ["simulate", "--stages", "4", "--microbatches", "8", "--compare", "1f1b,interleaved-1f1b"]
-    assert main([*argv, "--compare-png", str(png)]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    argv = ["simulate", "--ranks", "4", "--micro-batches", "8", "--compare", "1f1b,interleaved-1f1b"]
+    assert main([*argv, "--compare-out", str(png)]) == 0
     # f = b = 1 per rank: 1F1B 2(M + P - 1) = 22; interleaved v=2 halves the fill: 2(M + (P - 1)/v) = 19.
-    assert any("1f1b: iteration 22 s" in line and "interleaved" not in line for line in lines)
-    assert any("interleaved-1f1b: iteration 19 s" in line for line in lines)
+    assert _compared(capsys.readouterr().out) == {"1f1b": "22.0 s", "interleaved-1f1b": "19.0 s"}
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -172,12 +178,15 @@ def test_simulate_what_if_with_weight_times(capsys, schedule, expected):
 def test_simulate_compare_splits_each_rank_into_a_v(capsys, tmp_path):
     argv = ["simulate", "--stages", "4", "--microbatches", "8", "--stage-times", "1", "--backward-times", "1"]
     argv += ["--weight-times", "1", "--compare", "1f1b,zero-bubble,zbv,dualpipev"]
-    argv += ["--compare-png", str(tmp_path / "c.png")]
+    argv += ["--compare-out", str(tmp_path / "c.png")]
     assert main(argv) == 0
-    out = capsys.readouterr().out
+    compared = _compared(capsys.readouterr().out)
     # The same per-rank work: ZB-H1 27 (bubble (P - 1)(F + B - W) = 3), the V schedules 25.5.
-    for name, iteration in (("zero-bubble", "27 s"), ("zbv", "25.5 s"), ("dualpipev", "25.5 s")):
-        assert any(line.strip().startswith(f"{name}: iteration {iteration}") for line in out.splitlines()), out
+    assert {k: compared[k] for k in ("zero-bubble", "zbv", "dualpipev")} == {
+        "zero-bubble": "27.0 s",
+        "zbv": "25.5 s",
+        "dualpipev": "25.5 s",
+    }
 
 
 def test_simulate_v_schedule_takes_two_stages_per_rank(capsys):

@@ -217,7 +217,7 @@ def test_cli_plans_a_cluster_and_says_what_it_tried(tmp_path, capsys) -> None:
     ("extra", "message"),
     [
         (["--devices", 6, "--stages", 4], "does not divide --devices 6"),
-        ([], "give --stages P"),
+        ([], "give --ranks P"),
         (["--devices", 4, "--pin", "layers.0=0"], "per pipeline rank"),
         (["--devices", 4, "--shard", "zero2"], "invalid choice"),
     ],
