@@ -12,16 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from planner.commands.options import EXIT_USAGE, items, write_line
+from planner.commands.checks import refuse_idle_options
+from planner.commands.options import EXIT_USAGE, items, negative_values_attached, write_line
 from planner.commands.parser import build_parser
-from planner.commands.terminal import Signalled, library_words, signals_interrupt
+from planner.commands.terminal import Signalled, library_words, quiet_torch, signals_interrupt
 from planner.errors import PipeplanError, PipeplanWarning, UsageError, shorten
 from planner.schedule.orders import Schedule
 
@@ -48,16 +47,6 @@ def _calibration_inputs(args: argparse.Namespace) -> list[str]:
 def _beside(path: str, suffix: str) -> str:
     """``gpt2.plan.json`` -> ``gpt2.plan.calibration.json``."""
     return str(path).removesuffix(".json") + suffix
-
-
-@contextmanager
-def _quiet_torch() -> Iterator[None]:
-    """torch's deprecation and resource warnings are not the user's concern, and would follow the error line."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
-        warnings.filterwarnings("ignore", module=r"torch(\..*)?$")
-        yield
 
 
 # --- commands ---------------------------------------------------------------------------------------------
@@ -124,7 +113,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     check_output_path(args.out, inputs=[p for p in inputs if p])
     profile = load_profile(args.profile) if args.profile is not None else None
     run = None
-    with signals_interrupt(), _quiet_torch():
+    with signals_interrupt(), quiet_torch():
         if args.start is None:
             calibration = calibrate(args.ranks, device=args.device, repeats=args.repeats, timeout_s=args.timeout)
         elif args.start == "auto":
@@ -179,9 +168,6 @@ def _plan_request(args: argparse.Namespace, profile: Profile) -> PlanRequest:
     )
 
 
-_CLUSTER_ONLY = ("devices_per_node", "intra_node_bandwidth", "inter_node_bandwidth", "shard", "jobs")
-
-
 def _cmd_plan(args: argparse.Namespace) -> int:
     from planner.cluster import default_cluster, plan_cluster
     from planner.fileio import check_output_path
@@ -194,10 +180,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from profiles.format import load_profile
 
     check_output_path(args.out, inputs=[args.profile, *_calibration_inputs(args)])
-    if args.devices is None:
-        given = [f"--{k.replace('_', '-')}" for k in _CLUSTER_ONLY if getattr(args, k) not in (None, "none")]
-        if given:
-            raise UsageError(f"{', '.join(given)}: options of a cluster plan, which --devices N asks for")
+    refuse_idle_options(args)
     profile = load_profile(args.profile)
     request = _plan_request(args, profile)
     if args.trainer:
@@ -314,9 +297,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-_WHAT_IF = ("ranks", "micro_batches", "schedule", "virtual_stages", "stage_times", "backward_times", "weight_times")
-
-
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from planner.compare import compare_plan
     from planner.fileio import check_output_path
@@ -338,15 +318,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         picture_format(out)
     if len(outputs) == 2 and os.path.realpath(outputs[0]) == os.path.realpath(outputs[1]):
         raise UsageError(f"--out and --compare-out both name {shorten(outputs[0])}: give two files")
-    if args.compare_out and not args.compare:
-        raise UsageError("--compare-out draws the schedules of --compare: give --compare gpipe,1f1b,... too")
+    refuse_idle_options(args)
     compare = [Schedule.parse(name) for name in items(args.compare, 8)] if args.compare else []
-    given = [f"--{name.replace('_', '-')}" for name in _WHAT_IF if getattr(args, name) is not None]
-    if args.plan and (given or args.backward_ratio != 1.0):
-        raise UsageError(
-            f"{', '.join(given) or '--backward-ratio'}: what-if options, for a pipeline given by hand; a plan is "
-            "simulated as planned (to see it under other schedules: --compare gpipe,1f1b,...)"
-        )
     if args.plan:
         plan = load_plan(args.plan)
         pipeline = plan.pipeline()
@@ -402,7 +375,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     warning = threads_warning(plan, args.mode, args.device)
     if warning:
         warnings.warn(warning, PipeplanWarning, stacklevel=1)
-    with signals_interrupt(), _quiet_torch():
+    with signals_interrupt(), quiet_torch():
         report = verify_plan(
             plan,
             args.model,
@@ -438,23 +411,11 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 _ENVIRONMENT_ERRORS = (OSError, OverflowError, RecursionError, MemoryError, UnicodeError)
 
 
-def _negative_values_attached(argv: Sequence[str]) -> list[str]:
-    """``--memory -1GiB`` as ``--memory=-1GiB``: argparse reads a value that starts with ``-`` as an option and
-    says "expected one argument"; attached, the option's own check says what is wrong with the value."""
-    out: list[str] = []
-    for token in argv:
-        if out and out[-1].startswith("--") and "=" not in out[-1] and re.match(r"^-[0-9.]", token):
-            out[-1] = f"{out[-1]}={token}"
-        else:
-            out.append(token)
-    return out
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     # torch 2.13's pipelining tracer warns about its own use of a deprecated pytree API; not the user's concern.
     warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec.*", category=FutureWarning)
     parser = build_parser()
-    args = parser.parse_args(_negative_values_attached(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(negative_values_attached(sys.argv[1:] if argv is None else argv))
     if not args.command:
         parser.print_help()
         return EXIT_USAGE

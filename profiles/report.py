@@ -114,9 +114,11 @@ def format_profile_table(profile: Profile, micro_batch_size: int | None = None, 
     meta = meta_line(profile)
     if meta:
         lines.append(meta)
+    others = [b for b in profile.micro_batch_sizes if b not in sizes]
     for b in sizes:
         j = profile.size_index(b)
-        lines += ["", f"micro-batch size {b}:"]
+        also = f" (also profiled: {', '.join(map(str, others))}; show --micro-batch-size N|all)" if others else ""
+        lines += ["", f"micro-batch size {b}{also}:"]
         lines += _unit_table(profile, j)
         if profile.tensors:
             lines += ["", f"tensors crossing units (micro-batch size {b}):"]

@@ -7,7 +7,7 @@ import argparse
 import math
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from planner.cost import parse_bytes
 from planner.errors import MAX_MESSAGE_CHARS, UsageError, shorten
@@ -167,3 +167,13 @@ def rename(text: str) -> tuple[str, str]:
     return old, new
 
 
+def negative_values_attached(argv: Sequence[str]) -> list[str]:
+    """``--memory -1GiB`` as ``--memory=-1GiB``: argparse reads a value that starts with ``-`` as an option and
+    says "expected one argument"; attached, the option's own check says what is wrong with the value."""
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and re.match(r"^-[0-9.]", token):
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from planner.errors import PipeplanWarning
 
-__all__ = ["Signalled", "signals_interrupt", "library_words"]
+__all__ = ["Signalled", "signals_interrupt", "library_words", "quiet_torch"]
 
 
 class Signalled(KeyboardInterrupt):
@@ -79,3 +79,13 @@ def library_words() -> Iterator[None]:
             logger.removeHandler(handler)
             logger.setLevel(level)
             logger.propagate = propagate
+
+
+@contextmanager
+def quiet_torch() -> Iterator[None]:
+    """torch's deprecation and resource warnings are not the user's concern, and would follow the error line."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", module=r"torch(\..*)?$")
+        yield

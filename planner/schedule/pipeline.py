@@ -96,10 +96,11 @@ class Pipeline:
     def as_schedule(
         self, schedule: Schedule, virtual_stages: int | None = None, *, action_overhead_s: float | None = None
     ) -> Pipeline:
-        """The same per-rank work under another schedule. With one stage per rank, a multi-stage schedule cuts
-        each rank's stage into ``v`` equal chunks placed as torch places them (looped or V); chunks inside a
-        rank have no transfer time, so the given links no longer apply. Runtime terms stay (every rank holds
-        the same units, so its step tail is the same), with the schedule's own ``action_overhead_s`` if given."""
+        """The same per-rank work under another schedule: each rank's stages as one, cut into the schedule's
+        ``v`` equal chunks placed as torch places them (looped or V); chunks inside a rank have no transfer
+        time, so the given links no longer apply (stages already placed as the schedule places them stay).
+        Runtime terms stay (every rank holds the same units, so its step tail is the same), with the
+        schedule's own ``action_overhead_s`` if given."""
         v = schedule.default_virtual_stages if virtual_stages is None or schedule.v_shape else virtual_stages
         if not schedule.multi_stage:
             v = 1
@@ -107,16 +108,38 @@ class Pipeline:
         if runtime is not None and action_overhead_s is not None:
             runtime = replace(runtime, action_overhead_s=action_overhead_s)
         moved = replace(self, schedule=schedule, runtime=runtime)
-        if self.num_stages != self.num_ranks or v == 1:
+        same_stages = self.num_stages == self.num_ranks * v
+        if same_stages and (v == 1 or self.placement == stage_to_rank(schedule, self.num_stages, self.num_ranks)):
+            return moved
+        if self.num_stages != self.num_ranks:
+            # Other stages per rank, or the same count placed otherwise: the rank's work is what carries over.
+            moved = replace(self._one_stage_per_rank(), schedule=schedule, runtime=runtime)
+        if v == 1:
             return moved
         chunks = stage_to_rank(schedule, self.num_ranks * v, self.num_ranks)
         cut = lambda values: tuple(values[chunks[s]] / v for s in range(len(chunks))) if values else ()  # noqa: E731
         return replace(
             moved,
-            forward_s=cut(self.forward_s),
-            backward_s=cut(self.backward_s),
-            input_s=cut(self.input_s),
-            weight_s=cut(self.weight_s),
+            forward_s=cut(moved.forward_s),
+            backward_s=cut(moved.backward_s),
+            input_s=cut(moved.input_s),
+            weight_s=cut(moved.weight_s),
+            comm_forward_s=(),
+            comm_backward_s=(),
+        )
+
+    def _one_stage_per_rank(self) -> Pipeline:
+        """Each rank's stages as one (their times summed); the links between them no longer apply."""
+        placement = self.placement
+        merged = lambda values: tuple(  # noqa: E731
+            sum(t for t, r in zip(values, placement, strict=True) if r == rank) for rank in range(self.num_ranks)
+        ) if values else ()
+        return replace(
+            self,
+            forward_s=merged(self.forward_s),
+            backward_s=merged(self.backward_s),
+            input_s=merged(self.input_s),
+            weight_s=merged(self.weight_s),
             comm_forward_s=(),
             comm_backward_s=(),
         )

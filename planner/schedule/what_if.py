@@ -22,6 +22,8 @@ def stages_per_rank(schedule: Schedule, given: int | None) -> int:
             raise UsageError(f"--virtual-stages {given}: schedule {schedule.value} runs exactly 2 stages per rank")
         return 2
     if not schedule.multi_stage:
+        if given not in (None, 1):
+            raise UsageError(f"--virtual-stages {given}: schedule {schedule.value} runs one stage per rank")
         return 1
     return schedule.default_virtual_stages if given is None else given
 
