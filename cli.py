@@ -217,15 +217,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             record_timing=args.record_timing,
             jobs=args.jobs or os.cpu_count() or 1,
         )
+        plan = result.plan
         if args.trainer:
-            check_trainer(result.plan, args.trainer)
-        save_plan(result.plan, args.out)
+            check_trainer(plan, args.trainer)
+        save_plan(plan, args.out)
         print(format_cluster(result))
         print()
-        print(format_plan(result.plan))
+        print(format_plan(plan))
     print(f"\nwrote {args.out}")
     print(f"next: pipeplan simulate {args.out} --out timeline.png   (see the bubble)")
-    print(f"      pipeplan verify {args.out} --model MODEL   (run it, compare with the prediction)")
+    print(f"      pipeplan verify {args.out} --model {plan.model_name}   (run it, compare with the prediction)")
     if args.trainer:
         print(f"      pipeplan export {args.out} --to {args.trainer}   (the trainer's configuration)")
     return 0
@@ -360,7 +361,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"wrote {args.compare_out}")
     if not args.json and args.plan:
-        print(f"next: pipeplan verify {args.plan} --model MODEL   (run it, compare with the prediction)")
+        print(f"next: pipeplan verify {args.plan} --model {plan.model_name}   (run it, compare with the prediction)")
     return 0
 
 
