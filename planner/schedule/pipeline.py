@@ -7,7 +7,7 @@ holds them once, checked together, with the schedule, the rank count and the run
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from planner.errors import UsageError
@@ -68,14 +68,7 @@ class Pipeline:
         ``RuntimeTerms.at_speed`` for theirs)."""
         if speed == 1.0:
             return self
-        scale = lambda values: tuple(v * speed for v in values)  # noqa: E731
-        return replace(
-            self,
-            forward_s=scale(self.forward_s),
-            backward_s=scale(self.backward_s),
-            input_s=scale(self.input_s),
-            weight_s=scale(self.weight_s),
-        )
+        return self._restaged(lambda times: tuple(t * speed for t in times), keep_links=True)
 
     def with_runtime(self, runtime: RuntimeTerms | None) -> Pipeline:
         return replace(self, runtime=runtime)
@@ -117,31 +110,34 @@ class Pipeline:
         if v == 1:
             return moved
         chunks = stage_to_rank(schedule, self.num_ranks * v, self.num_ranks)
-        cut = lambda values: tuple(values[chunks[s]] / v for s in range(len(chunks))) if values else ()  # noqa: E731
-        return replace(
-            moved,
-            forward_s=cut(moved.forward_s),
-            backward_s=cut(moved.backward_s),
-            input_s=cut(moved.input_s),
-            weight_s=cut(moved.weight_s),
-            comm_forward_s=(),
-            comm_backward_s=(),
-        )
+        return moved._restaged(lambda times: tuple(times[rank] / v for rank in chunks), keep_links=False)
 
     def _one_stage_per_rank(self) -> Pipeline:
         """Each rank's stages as one (their times summed); the links between them no longer apply."""
         placement = self.placement
-        merged = lambda values: tuple(  # noqa: E731
-            sum(t for t, r in zip(values, placement, strict=True) if r == rank) for rank in range(self.num_ranks)
-        ) if values else ()
+
+        def merged(times: tuple[float, ...]) -> tuple[float, ...]:
+            return tuple(sum(t for t, r in zip(times, placement, strict=True) if r == k) for k in range(self.num_ranks))
+
+        return self._restaged(merged, keep_links=False)
+
+    def _restaged(
+        self, per_stage: Callable[[tuple[float, ...]], tuple[float, ...]], *, keep_links: bool
+    ) -> Pipeline:
+        """The per-stage times (F, B, I, W; an empty list stays empty) through ``per_stage``; the links between
+        stages kept, or dropped where the stages are no longer the ones they joined."""
+
+        def apply(times: tuple[float, ...]) -> tuple[float, ...]:
+            return per_stage(times) if times else ()
+
+        links = {} if keep_links else {"comm_forward_s": (), "comm_backward_s": ()}
         return replace(
             self,
-            forward_s=merged(self.forward_s),
-            backward_s=merged(self.backward_s),
-            input_s=merged(self.input_s),
-            weight_s=merged(self.weight_s),
-            comm_forward_s=(),
-            comm_backward_s=(),
+            forward_s=apply(self.forward_s),
+            backward_s=apply(self.backward_s),
+            input_s=apply(self.input_s),
+            weight_s=apply(self.weight_s),
+            **links,
         )
 
     def simulate(self, orders: Sequence[Sequence[Step]] | None = None) -> SimulationResult:
