@@ -252,6 +252,7 @@ def plan_pipeline(profile: Profile, plan: Plan, settings: CostSettings) -> Pipel
     runtime terms come from ``settings``. ``tune`` and the fidelity benchmark use it to hold several
     models of cost against the same measured run.
     """
+    profile = profile.for_ranks(plan.num_ranks)
     names = [u.name for u in profile.units]
     try:
         boundaries = tuple(names.index(s.units[0]) for s in plan.stages)

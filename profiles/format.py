@@ -9,7 +9,7 @@ See docs/profile-format.md.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -29,6 +29,7 @@ __all__ = [
     "WholeModel",
     "PieceOverhead",
     "Resume",
+    "ThreadScaling",
     "Profile",
     "load_profile",
     "save_profile",
@@ -156,6 +157,29 @@ class Resume:
 
 
 @dataclass(frozen=True)
+class ThreadScaling:
+    """A CPU profile's times at other intra-op thread counts (profiles/threads.py): per count in ``threads``,
+    the whole model's forward + backward there / as profiled (``factor[i][j]``, size j), and the speed
+    reference's time there (``reference_s[i]``)."""
+
+    threads: tuple[int, ...]
+    factor: tuple[tuple[float, ...], ...]
+    reference_s: tuple[float, ...]
+
+
+def _interpolated(scaling: ThreadScaling, threads: int) -> tuple[tuple[float, ...], float]:
+    """The factors per size and the reference time at ``threads``: measured, or linear between the two
+    measured counts around it (the nearest one outside them)."""
+    points = sorted(zip(scaling.threads, scaling.factor, scaling.reference_s, strict=True))
+    below = [p for p in points if p[0] <= threads] or points[:1]
+    above = [p for p in points if p[0] >= threads] or points[-1:]
+    (t0, f0, r0), (t1, f1, r1) = below[-1], above[0]
+    w = 0.0 if t1 == t0 else (threads - t0) / (t1 - t0)
+    w = min(1.0, max(0.0, w))
+    return tuple(a + w * (b - a) for a, b in zip(f0, f1, strict=True)), r0 + w * (r1 - r0)
+
+
+@dataclass(frozen=True)
 class Profile:
     model: ModelInfo
     device: DeviceInfo
@@ -168,6 +192,8 @@ class Profile:
     """Optional (profiles made before it lack it)."""
     resume: Resume | None = None
     """Optional: absent in meta profiles and in profiles made before it (the simulator then adds nothing)."""
+    thread_scaling: ThreadScaling | None = None
+    """Optional: CPU profiles made with it; :meth:`at_threads` reads it."""
 
     @property
     def num_units(self) -> int:
@@ -195,10 +221,52 @@ class Profile:
         o = self.piece_overhead
         return 0.0 if o is None else o.forward_s[size_index] + o.backward_s[size_index]
 
+    @property
+    def threads(self) -> int | None:
+        """The intra-op threads the units were timed with (CPU profiles), None where not recorded."""
+        threads = self.settings.get("threads")
+        return threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None
+
+    def for_ranks(self, num_ranks: int) -> Profile:
+        """This profile as each of ``num_ranks`` ranks on the profiled machine computes: a CPU rank gets
+        ``cores // num_ranks`` intra-op threads (planner/runtime/launch.py), and :meth:`at_threads` times them."""
+        if self.thread_scaling is None:
+            return self
+        return self.at_threads(max(1, max(self.thread_scaling.threads) // num_ranks))
+
+    def at_threads(self, threads: int) -> Profile:
+        """This profile as if timed with ``threads`` intra-op threads: every unit's and the whole model's times
+        scaled by the measured ratio at each size (between two measured counts, interpolated), and the speed
+        reference as timed there. Unchanged where the profile was timed so or measured no ratios (a GPU
+        profile, one made before them)."""
+        scaling = self.thread_scaling
+        if scaling is None or threads == self.threads:
+            return self
+        factor, reference = _interpolated(scaling, threads)
+
+        def scaled(values: tuple[float, ...] | None) -> tuple[float, ...] | None:
+            return None if values is None else tuple(v * f for v, f in zip(values, factor, strict=True))
+
+        units = tuple(
+            replace(
+                u,
+                forward_s=scaled(u.forward_s),
+                backward_s=scaled(u.backward_s),
+                backward_input_s=scaled(u.backward_input_s),
+                backward_weight_s=scaled(u.backward_weight_s),
+            )
+            for u in self.units
+        )
+        whole = WholeModel(scaled(self.whole_model.forward_s), scaled(self.whole_model.backward_s))  # type: ignore[arg-type]
+        settings = {**self.settings, "threads": threads, "timed_threads": self.threads}
+        if reference > 0:
+            settings["reference_s"] = reference
+        return replace(self, units=units, whole_model=whole, settings=settings)
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         settings = data.pop("settings")
-        for key in ("piece_overhead", "resume"):
+        for key in ("piece_overhead", "resume", "thread_scaling"):
             if data[key] is None:  # an optional field: absent, as in profiles made before it
                 del data[key]
         for unit in data["units"]:
@@ -288,6 +356,15 @@ def _check_meaning(data: dict[str, Any]) -> None:
                 raise _fail(f"resume.{key} must hold one value per gap for each micro-batch size")
             if any(t > MAX_SECONDS for row in rows for t in row):
                 raise _fail(f"resume.{key} holds a time over pipeplan's limit of {MAX_SECONDS:.0e} s")
+    if "thread_scaling" in data:
+        scaling = data["thread_scaling"]
+        counts = scaling["threads"]
+        if len(set(counts)) != len(counts) or len(scaling["reference_s"]) != len(counts):
+            raise _fail("thread_scaling.threads must be distinct, with one reference_s each")
+        if len(scaling["factor"]) != len(counts) or any(len(row) != n_sizes for row in scaling["factor"]):
+            raise _fail("thread_scaling.factor must hold one value per micro-batch size for each thread count")
+        if any(f > 1e6 for row in scaling["factor"] for f in row):
+            raise _fail("thread_scaling.factor holds a ratio over 1e6")
 
 
 def _validate(data: Any) -> None:
@@ -337,7 +414,7 @@ def profile_from_dict(data: Any) -> Profile:
         for t in data["tensors"]
     )
     m, d, w, o = data["model"], data["device"], data["whole_model"], data.get("piece_overhead")
-    r = data.get("resume")
+    r, ts = data.get("resume"), data.get("thread_scaling")
     return Profile(
         model=ModelInfo(m["name"], m["fingerprint"], m["param_count"], m.get("param_bytes", 0)),
         device=DeviceInfo(d["kind"], d["name"], d["memory_bytes"], d["dtype"], d["torch_version"]),
@@ -355,6 +432,13 @@ def profile_from_dict(data: Any) -> Profile:
             tuple(map(float, r["gaps_s"])),
             tuple(tuple(map(float, row)) for row in r["forward_s"]),
             tuple(tuple(map(float, row)) for row in r["backward_s"]),
+        ),
+        thread_scaling=None
+        if ts is None
+        else ThreadScaling(
+            tuple(ts["threads"]),
+            tuple(tuple(map(float, row)) for row in ts["factor"]),
+            tuple(map(float, ts["reference_s"])),
         ),
     )
 

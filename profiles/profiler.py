@@ -28,6 +28,7 @@ from profiles.format import (
     Profile,
     Resume,
     TensorFlow,
+    ThreadScaling,
     UnitProfile,
     WholeModel,
 )
@@ -44,6 +45,7 @@ from profiles.rounds import (
     overhead_piece,
     whole_piece,
 )
+from profiles.threads import measure_reference_at, measure_thread_scaling, rank_thread_counts
 from profiles.units import choose_units, expert_layout
 from profiles.workload import (
     Workload,
@@ -185,6 +187,7 @@ class SizeTiming:
     overhead: PieceMeasurement
     rounds: int
     resume: tuple[tuple[float, ...], tuple[float, ...]]
+    thread_factors: tuple[float, ...] = ()
 
 
 def _time_size(
@@ -198,6 +201,7 @@ def _time_size(
     bar: Any,
     timing: Timing,
     reference: SpeedReference,
+    thread_counts: tuple[int, ...] = (),
 ) -> SizeTiming:
     """Time the units, the whole model and the overhead piece at one micro-batch size, round-robin; and the
     speed reference once per round (profiles/reference.py)."""
@@ -259,7 +263,19 @@ def _time_size(
         raise ProfilingError(
             f"measuring the model after a wait at micro-batch size {b} failed: {type(exc).__name__}: {exc}"
         ) from None
-    return SizeTiming(done.medians[:n], whole_timed, done.medians[-1], done.rounds, resume)
+    factors: tuple[float, ...] = ()
+    if thread_counts:
+        bar.set_description(f"b={b} at {', '.join(map(str, thread_counts))} threads")
+        factors = measure_thread_scaling(
+            pieces[whole_index],
+            device=dev,
+            loss_fn=workload.loss_fn,
+            target=target,
+            step_s=whole_timed.forward_s + whole_timed.backward_s,
+            thread_counts=thread_counts,
+            min_time_s=min(0.5, timing.min_time_s),
+        )
+    return SizeTiming(done.medians[:n], whole_timed, done.medians[-1], done.rounds, resume, factors)
 
 
 def _edge_key(edge: Edge) -> tuple[int, tuple[int, ...], str]:
@@ -296,6 +312,9 @@ def _measure_loaded(
     fallback_reason = ""
     reference = SpeedReference(dev)
     reference.warm_up()
+    # A CPU rank of a P-rank pipeline gets cores // P threads: the profile carries its times at each such count.
+    counts = rank_thread_counts(os.cpu_count() or 1) if dev.type == "cpu" else ()
+    factors: list[tuple[float, ...]] = []
     try:
         for b in sizes:
             inputs, target = _batch(workload, b, dev, torch_dtype)
@@ -304,7 +323,8 @@ def _measure_loaded(
             mode, fallback_reason = cap.mode, fallback_reason or reason
             if ownership is None:
                 ownership = param_ownership(model, cap)
-            timed = _time_size(cap, model, inputs, target, workload, dev, b, bar, timing, reference)
+            timed = _time_size(cap, model, inputs, target, workload, dev, b, bar, timing, reference, counts)
+            factors.append(timed.thread_factors)
             per_size.append(timed.units)
             whole.append(timed.whole)
             overhead.append(timed.overhead)
@@ -319,6 +339,7 @@ def _measure_loaded(
             flops.append(counted)
             edges_by_size.append(cap.edges)
             del cap
+        thread_reference = measure_reference_at(dev, counts, rounds=15 if timing.min_time_s > 0 else 3)
     finally:
         bar.close()
     assert ownership is not None and mode is not None
@@ -334,6 +355,9 @@ def _measure_loaded(
         export_error=fallback_reason,
         reference_s=reference.median_s,
         resume=tuple(resumes),
+        thread_factors=tuple(factors) if counts else None,
+        thread_counts=counts,
+        thread_reference_s=thread_reference,
     )
 
 
@@ -564,6 +588,13 @@ def profile_model(
         resume=None
         if measured.resume is None
         else Resume(RESUME_GAPS_S, tuple(f for f, _ in measured.resume), tuple(b for _, b in measured.resume)),
+        thread_scaling=None
+        if measured.thread_factors is None
+        else ThreadScaling(
+            measured.thread_counts,
+            tuple(zip(*measured.thread_factors, strict=True)),
+            measured.thread_reference_s,
+        ),
         settings=settings,
     )
     if on_meta:

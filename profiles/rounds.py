@@ -105,6 +105,12 @@ class Measurements:
     resume: tuple[tuple[tuple[float, ...], tuple[float, ...]], ...] | None = None
     """Per size, the whole model's (forward, backward) extras after each idle gap (profiles/resume.py); None
     for a meta profile."""
+    thread_factors: tuple[tuple[float, ...], ...] | None = None
+    """Per size, the whole model at each of ``thread_counts`` / as profiled (profiles/threads.py); None off a
+    CPU and for a meta profile."""
+    thread_counts: tuple[int, ...] = ()
+    thread_reference_s: tuple[float, ...] = ()
+    """The speed reference at each of ``thread_counts``."""
 
 
 def whole_piece(model: nn.Module, inputs: tuple, capture: Capture, units: Sequence[str]) -> Piece:

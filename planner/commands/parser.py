@@ -346,8 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int_range(1, MAX_RANKS),
         default=None,
         metavar="P",
-        help="profile with the threads each of P ranks on this machine will get: cores // P, as the runtime sets "
-        "(default: all cores)",
+        help="time the units with the threads each of P ranks on this machine will get, cores // P, as the runtime "
+        "sets (default: all cores; a CPU profile also records the whole model at every rank count's threads, "
+        "and a plan for P ranks uses those)",
     )
     p.add_argument(
         "--meta",

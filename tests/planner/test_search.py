@@ -277,3 +277,21 @@ def test_the_profile_resume_curve_enters_calibrated_plans_and_the_floors_still_h
     assert plan_key(plan) == plan_key(everything[0])
     textbook = make_plan(profile, PlanRequest(request.num_ranks, 8, settings=FAST_LINK), sha256=SHA)
     assert textbook.predicted.runtime.resume == ()
+
+
+def test_a_cpu_plan_is_made_with_the_threads_each_rank_will_have() -> None:
+    from dataclasses import replace
+
+    from profiles.format import ThreadScaling
+
+    base = make_profile([1.0, 2.0, 1.0, 2.0], sizes=(1,))
+    scaling = ThreadScaling((2, 1), factor=((1.0,), (1.7,)), reference_s=(0.004, 0.006))
+    profile = replace(base, thread_scaling=scaling, settings={**base.settings, "threads": 2, "reference_s": 0.004})
+    request = PlanRequest(num_ranks=2, global_batch_size=4, schedule="gpipe", recompute="off")
+    plan = make_plan(profile, request, sha256="0" * 64)
+    alone = make_plan(base, request, sha256="0" * 64)
+    # Each of 2 ranks on the 2-core profiling machine gets 1 thread: every stage 1.7x the 2-thread times.
+    assert [s.forward_s for s in plan.stages] == pytest.approx([1.7 * s.forward_s for s in alone.stages])
+    assert plan.device["threads"] == 1 and plan.device["reference_s"] == 0.006
+    one = make_plan(profile, replace(request, num_ranks=1), sha256="0" * 64)
+    assert one.device["threads"] == 2 and one.stages[0].forward_s == pytest.approx(6.0)

@@ -161,3 +161,26 @@ def test_misaligned_piece_overhead_is_rejected(profile: Profile) -> None:
     data = _mutate(replace(profile, piece_overhead=PieceOverhead((1e-4,), (5e-5,))), lambda d: None)
     with pytest.raises(ProfileError, match=r"piece_overhead\.forward_s is not aligned with micro_batch_sizes"):
         profile_from_dict(data)
+
+
+def test_a_profile_at_the_threads_each_rank_gets() -> None:
+    from dataclasses import replace
+
+    from profiles.format import ThreadScaling
+    from synthetic import make_profile
+
+    base = make_profile([1.0, 2.0], sizes=(1, 2))
+    scaling = ThreadScaling((8, 4, 1), factor=((1.0, 1.0), (1.5, 1.2), (3.0, 2.0)), reference_s=(1.0, 1.4, 2.0))
+    profile = replace(base, thread_scaling=scaling, settings={**base.settings, "threads": 8, "reference_s": 1.0})
+    assert profile.at_threads(8) is profile
+    four = profile.for_ranks(2)  # 8 cores // 2 ranks
+    assert four.threads == 4 and four.settings["reference_s"] == 1.4 and four.settings["timed_threads"] == 8
+    assert four.units[1].forward_s == (2.0 * 1.5, 4.0 * 1.2)
+    whole = base.whole_model.forward_s
+    assert four.whole_model.forward_s == (whole[0] * 1.5, whole[1] * 1.2)
+    two = profile.at_threads(2)  # between 1 and 4 threads: a third of the way from 1's factors to 4's
+    assert two.units[0].forward_s == pytest.approx((1.0 * 2.5, 2.0 * (2.0 - 0.8 / 3)))
+    assert two.settings["reference_s"] == pytest.approx(2.0 - 0.6 / 3)
+    assert profile.for_ranks(64).threads == 1 and profile.for_ranks(64).units[0].backward_s == (2.0 * 3.0, 4.0 * 2.0)
+    again = profile_from_dict(json.loads(json.dumps(profile.to_dict())))
+    assert again.thread_scaling == scaling and again.for_ranks(2).units == four.units

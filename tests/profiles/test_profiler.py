@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -311,3 +312,18 @@ def test_the_speed_reference_is_the_same_layer_and_input_everywhere() -> None:
     times = [a.time_once() for _ in range(3)]
     assert a.samples == times and all(t > 0 for t in times) and a.median_s == sorted(times)[1]
     assert all(p.grad is None for p in a.layer.parameters())  # no gradient piles up from one timing to the next
+
+
+def test_a_cpu_profile_carries_its_times_at_each_ranks_threads() -> None:
+    from profiles.threads import rank_thread_counts
+
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+    workload = Workload(model, lambda b: (torch.randn(b, 16), torch.randn(b, 16)), nn.functional.mse_loss)
+    profile = profile_model(workload, micro_batch_sizes=(1, 2), units=["0", "1", "2"], **FAST)
+    scaling = profile.thread_scaling
+    assert scaling is not None and scaling.threads == rank_thread_counts(os.cpu_count() or 1)
+    profiled = scaling.threads.index(profile.threads)
+    assert scaling.factor[profiled] == (1.0, 1.0) and all(f > 0 for row in scaling.factor for f in row)
+    assert len(scaling.reference_s) == len(scaling.threads) and all(r > 0 for r in scaling.reference_s)
+    assert rank_thread_counts(16) == (16, 8, 4, 2, 1) and rank_thread_counts(6) == (6, 3, 1)
+    assert rank_thread_counts(1) == (1,)

@@ -1,0 +1,118 @@
+"""How a CPU profile's times change with the threads a rank gets, so that a plan for P ranks uses them.
+
+On a CPU each of P ranks on one machine runs with ``cores // P`` intra-op threads (planner/runtime/launch.py),
+while a profile is timed with however many threads its process had. The same unit timed with 2 threads and
+with 1 differed by about 1.7x on the 2-core development VM, so a profile made with both cores predicted every
+stage of a 2-rank pipeline 30-40 % fast (gpt2-tiny, ``pipeplan verify`` with default flags, 2026-12-01).
+
+The profiler therefore also times the whole model, and the speed reference, at every thread count a rank of
+this machine can get (``cores // P`` for P = 1, 2, 4, ...), interleaved with the profiled count in one run
+(a ratio measured in one run holds while the machine's speed moves), and records the ratio per micro-batch
+size. ``Profile.at_threads`` scales the units by it: one factor for every unit, since the units run the same
+kernels as the model they make up.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from profiles.dataflow import Piece, needs_grad
+from profiles.measure import fresh_args, sync_device
+from profiles.reference import SpeedReference
+
+__all__ = ["rank_thread_counts", "measure_thread_scaling", "measure_reference_at", "MAX_STEP_S"]
+
+MAX_STEP_S = 2.0
+"""A whole-model step longer than this is timed fewer times (3 rounds): its ratio needs no more."""
+_MIN_ROUNDS = 3
+_MIN_TIME_S = 0.5
+_MAX_ROUNDS = 20
+
+
+def rank_thread_counts(cores: int, max_ranks: int = 64) -> tuple[int, ...]:
+    """The intra-op threads a rank of a P-rank pipeline on ``cores`` cores gets, for P = 1, 2, 4, ...:
+    ``cores // P`` (at least 1), largest first."""
+    counts, ranks = [], 1
+    while ranks <= max_ranks:
+        counts.append(max(1, cores // ranks))
+        if counts[-1] == 1:
+            break
+        ranks *= 2
+    return tuple(sorted(set(counts), reverse=True))
+
+
+@contextmanager
+def _threads(count: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def measure_thread_scaling(
+    piece: Piece,
+    *,
+    device: torch.device,
+    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None,
+    target: torch.Tensor | None,
+    step_s: float,
+    thread_counts: Sequence[int],
+    min_time_s: float = _MIN_TIME_S,
+) -> tuple[float, ...]:
+    """Per count in ``thread_counts``: ``piece``'s forward + backward with that many threads / with the threads
+    it has now (medians over rounds that visit every count in turn; 1.0 for the current count)."""
+    profiled = torch.get_num_threads()
+    args = fresh_args(piece)
+
+    def step() -> float:
+        sync_device(device)
+        started = time.perf_counter()
+        out = piece.module(*args, **piece.kwargs)
+        if loss_fn is not None:
+            roots, grads = [loss_fn(out, target)], [None]
+        else:
+            roots = [t for t in tree_leaves(out) if needs_grad(t)]
+            grads = [torch.ones_like(t) for t in roots]
+        if roots:
+            torch.autograd.backward(roots, grads)
+        sync_device(device)
+        return time.perf_counter() - started
+
+    counts = [profiled, *(c for c in thread_counts if c != profiled)]
+    samples: dict[int, list[float]] = {c: [] for c in counts}
+    for count in counts:  # one untimed step at each count: thread pools resize on first use
+        with _threads(count):
+            step()
+    enough = _MIN_ROUNDS if step_s > MAX_STEP_S else _MAX_ROUNDS
+    started, rounds = time.perf_counter(), 0
+    while rounds < enough and (rounds < _MIN_ROUNDS or time.perf_counter() - started < min_time_s):
+        for count in counts:
+            with _threads(count):
+                samples[count].append(step())
+        rounds += 1
+    base = statistics.median(samples[profiled])
+    return tuple(statistics.median(samples[c]) / base if c != profiled else 1.0 for c in thread_counts)
+
+
+def measure_reference_at(device: torch.device, thread_counts: Sequence[int], rounds: int = 15) -> tuple[float, ...]:
+    """The speed reference's median at each of ``thread_counts`` (interleaved rounds), so that a run on ranks
+    with those threads compares with the profile at equal threads."""
+    references = {c: SpeedReference(device) for c in thread_counts}
+    for count, reference in references.items():
+        with _threads(count):
+            reference.warm_up()
+    for _ in range(rounds):
+        for count, reference in references.items():
+            with _threads(count):
+                reference.time_once()
+    medians = [references[c].median_s for c in thread_counts]
+    return tuple(float(m) if m is not None else 0.0 for m in medians)
