@@ -29,6 +29,8 @@ __all__ = [
     "megatron_worker",
 ]
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
 DEBUGMODEL_LAYERS = 6
 """torchtitan's llama3 ``debugmodel``: 6 decoder layers, dim 256, vocabulary 2,048, untied."""
 
@@ -106,11 +108,15 @@ def llama3_debugmodel_cpu():
     return config
 
 
-def torchtitan_worker(device: int, rank: int, world: int, base: Sequence[str], cases: Sequence[dict]) -> dict:
-    """Each case's flags through torchtitan's ``ConfigManager`` (on every process), then, for the cases
-    marked ``run``, its ``ParallelDims`` mesh, ``_pipeline_module_split`` and ``_build_pipeline_schedule`` on
-    the llama3 debug model, and one step: the modules each stage keeps and the loss against the unsplit model.
-    """
+def torchtitan_worker(device: int, rank: int, world: int, cases: Sequence[dict]) -> dict:
+    """Each case's ``argv`` through torchtitan's ``ConfigManager`` (on every process); for the cases marked
+    ``tying``, the model config's ``update_from_config``, where torchtitan refuses weight tying under a pipeline,
+    as given and tied; for those marked ``run``, its ``ParallelDims`` mesh, ``_pipeline_module_split`` and
+    ``_build_pipeline_schedule`` on the llama3 debug model, and one step: the modules each stage keeps and the
+    loss against the unsplit model."""
+    import copy
+    import sys
+
     import torch.distributed as dist
     import torch.nn.functional as F
     import torchtitan.distributed.parallel_dims
@@ -121,11 +127,12 @@ def torchtitan_worker(device: int, rank: int, world: int, base: Sequence[str], c
     # torchtitan 0.3 takes "cuda" where it finds no accelerator (tools/utils.py, get_device_info): its mesh is
     # put on the CPU instead; its layout, which is what the test reads, does not depend on the device.
     torchtitan.distributed.parallel_dims.device_type = "cpu"
+    sys.path.insert(0, str(EXAMPLES.parent))  # --module examples.torchtitan..., as from the repository's root
 
     results: list[dict] = []
     initialized = False
     for case in cases:
-        config = ConfigManager().parse_args([*base, *case["flags"]])
+        config = ConfigManager().parse_args(list(case["argv"]))
         p, t = config.parallelism, config.training
         checkpointing = config.activation_checkpoint  # activation-checkpoint:none leaves None; :full a FullAC.Config
         parsed = {
@@ -140,7 +147,17 @@ def torchtitan_worker(device: int, rank: int, world: int, base: Sequence[str], c
             "cuda_graphs_off": t.disable_cuda_graphs,
             "activation_checkpoint": None if checkpointing is None else type(checkpointing).__qualname__,
         }
-        if not case["run"]:
+        if case.get("tying"):
+            model_config = config.model_spec.model
+            model_config.update_from_config(config=config)
+            tied = copy.deepcopy(model_config)
+            tied.enable_weight_tying = True
+            try:
+                tied.update_from_config(config=config)
+                parsed["tied_refused"] = ""
+            except NotImplementedError as exc:
+                parsed["tied_refused"] = str(exc)
+        if not case.get("run"):
             results.append({"parsed": parsed})
             continue
         if not initialized:
@@ -218,29 +235,25 @@ def _kept(part: torch.nn.Module) -> list[str]:
 
 # --- DeepSpeed 0.19 ---------------------------------------------------------------------------------------
 
-DEEPSPEED_UNITS = ("embed", *(f"layers.{i}" for i in range(6)), "head")
-"""The units of the model the DeepSpeed test plans: one DeepSpeed layer each."""
-
-
-def _deepspeed_layers() -> list[torch.nn.Module]:
-    torch.manual_seed(0)
-    blocks = [torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh()) for _ in range(6)]
-    return [torch.nn.Linear(8, 16), *blocks, torch.nn.Linear(16, 4)]
-
-
-def _deepspeed_batches(replica: int, micro_batch: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(2000 + replica)
-    return [(torch.randn(micro_batch, 8, generator=g), torch.randn(micro_batch, 4, generator=g)) for _ in range(count)]
+DEEPSPEED_MODEL = f"{EXAMPLES / 'custom_model.py'}:workload"
+DEEPSPEED_UNITS = ("embed", *(f"blocks.{i}" for i in range(6)), "norm", "head")
+"""The units of examples/custom_model.py, which examples/deepspeed/train.py trains: one DeepSpeed layer each."""
 
 
 def deepspeed_worker(device: int, rank: int, world: int, snippets: Sequence[str]) -> dict:
-    """Each export's snippet executed, its ``PlannedPipelineModule`` built on its ``PLAN_TOPOLOGY`` and
-    ``deepspeed.initialize``d with ``PLAN_DS_CONFIG``, and one ``train_batch``: the layers this rank holds,
-    its (pipe, data) coordinates, and the loss against the unsplit layers on every replica's batches."""
+    """Each export's snippet executed, then what examples/deepspeed/train.py does with it: its
+    ``PlannedPipelineModule`` over the model's units on ``PLAN_TOPOLOGY``, ``deepspeed.initialize`` with
+    ``PLAN_DS_CONFIG``, and one ``train_batch`` of this replica's batches. Returns the layers this rank holds,
+    its (pipe, data) coordinates, and the loss against the unsplit model on every replica's batches."""
     os.environ["DS_ACCELERATOR"] = "cpu"
+    import runpy
+
     import deepspeed
     import deepspeed.ops
 
+    from profiles.workload import load_workload
+
+    example = runpy.run_path(str(EXAMPLES / "deepspeed" / "train.py"))
     # DeepSpeed's CPU backend would first compile its shared-memory collectives (about 90 s of C++ on this
     # machine); without them it uses torch.distributed's, as it does wherever the op is not available.
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
@@ -249,29 +262,20 @@ def deepspeed_worker(device: int, rank: int, world: int, snippets: Sequence[str]
     for text in snippets:
         plan: dict[str, Any] = {}
         exec(compile(text, "<deepspeed export>", "exec"), plan)
-        model = plan["PlannedPipelineModule"](
-            layers=_deepspeed_layers(),
-            topology=plan["PLAN_TOPOLOGY"],
-            loss_fn=torch.nn.MSELoss(),
-            activation_checkpoint_interval=plan["PLAN_ACTIVATION_CHECKPOINT_INTERVAL"],
-        )
+        work = load_workload(DEEPSPEED_MODEL)
+        model = example["planned_module"](plan, work.model, work.loss_fn)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
         config = {"zero_allow_untested_optimizer": True, "steps_per_print": 10**9, **plan["PLAN_DS_CONFIG"]}
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         coord = plan["PLAN_TOPOLOGY"].get_coord(rank)
-        ds = plan["PLAN_DS_CONFIG"]
-        micro, steps = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
-        loss = engine.train_batch(iter(_deepspeed_batches(coord.data, micro, steps)))
-        reference_model = torch.nn.Sequential(*_deepspeed_layers())
-        dp = plan["PLAN_TOPOLOGY"].get_dim("data")
+        loss = engine.train_batch(iter(example["replica_batches"](plan, work.make_batch, coord.data)))
+        reference = load_workload(DEEPSPEED_MODEL)
         with torch.no_grad():
-            reference = torch.stack(
-                [
-                    torch.nn.functional.mse_loss(reference_model(x), y)
-                    for replica in range(dp)
-                    for x, y in _deepspeed_batches(replica, micro, steps)
-                ]
-            ).mean()
+            losses = [
+                reference.loss_fn(reference.model(x), y)
+                for replica in range(plan["PLAN_TOPOLOGY"].get_dim("data"))
+                for x, y in example["replica_batches"](plan, reference.make_batch, replica)
+            ]
         results.append(
             {
                 "rank": rank,
@@ -279,7 +283,7 @@ def deepspeed_worker(device: int, rank: int, world: int, snippets: Sequence[str]
                 "data": coord.data,
                 "holds": list(plan["PLAN_UNITS"][model._local_start : model._local_stop]),
                 "loss": float(loss),
-                "reference_loss": float(reference),
+                "reference_loss": float(torch.stack(losses).mean()),
                 "zero_stage": engine.zero_optimization_stage(),
                 "train_batch_size": engine.train_batch_size(),
             }
@@ -324,17 +328,18 @@ def _gpt2() -> torch.nn.Module:
     return GPT2LMHeadModel(config).eval()
 
 
-def accelerate_worker(device: int, rank: int, world: int, snippet: str, tokens: int) -> dict:
-    """The export's snippet run as its comments say: ``PartialState(cpu=True)``, ``example_input`` one sample,
-    then one call with ``NUM_CHUNKS`` samples; the units whose weights this process's stage holds, and (last
-    process) the logits against the unsplit model's."""
+def accelerate_worker(device: int, rank: int, world: int, export_path: str, tokens: int) -> dict:
+    """What examples/accelerate/infer.py does with the export: ``PartialState(cpu=True)``, the export run on
+    the model with one sample, then one call of ``NUM_CHUNKS`` samples. Returns the units whose weights this
+    process's stage holds, and (last process) the logits against the unsplit model's."""
+    import runpy
+
     from accelerate import PartialState
 
+    example = runpy.run_path(str(EXAMPLES / "accelerate" / "infer.py"))
     PartialState(cpu=True)
     ids = torch.randint(0, 128, (64, tokens), generator=torch.Generator().manual_seed(3000))
-    scope: dict[str, Any] = {"model": _gpt2(), "example_input": ids[:1]}
-    exec(compile(snippet, "<accelerate export>", "exec"), scope)
-    model, chunks = scope["model"], scope["NUM_CHUNKS"]
+    model, chunks = example["prepared"](export_path, _gpt2(), ids[:1])
     batch = ids[:chunks]
     stage = model.pippy_stage._stage
     holds = sorted({u for name, _ in stage.submod.named_parameters() for u in GPT2_UNITS if name.startswith(u + ".")})

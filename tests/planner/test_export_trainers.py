@@ -3,25 +3,35 @@
 - torchtitan 0.3.0: every export, split as a shell splits it, through ``ConfigManager.parse_args``; then its
   ``ParallelDims`` mesh, ``_pipeline_module_split`` and ``_build_pipeline_schedule`` on its llama3 debug model and
   one step on gloo, for 1F1B, GPipe, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble and
-  DualPipeV on 2 processes, 4 stages on 4, and pp 2 x dp 2 launched with the export's ``RANK``: the modules
-  each stage keeps, the pipeline rank and replica of each device, and the loss against the unsplit model.
-- DeepSpeed 0.19.8: each export's snippet run as written -- ``PlannedPipelineModule`` on ``PLAN_TOPOLOGY``,
-  ``deepspeed.initialize`` with ``PLAN_DS_CONFIG``, one ``train_batch`` -- on 4 gloo processes: pp 2 x dp 2 with
-  ZeRO-1 and each pipeline on consecutive ranks, pp 2 x dp 2 the other way round, and 4 stages with activation
-  checkpointing.
-- accelerate 1.15.0: the snippet as its comments say, on 2 processes: the units each stage holds and the logits.
+  DualPipeV on 2 processes, 4 stages on 4, and pp 2 x dp 2 launched as examples/torchtitan/train.sh launches it
+  (its command line recorded by a stand-in torchrun, its RANK rewrite applied): the modules each stage keeps,
+  the pipeline rank and replica of each device, the loss against the unsplit model; and the untied Llama 3.2
+  config of examples/torchtitan/config_registry.py against torchtitan's refusal of tied weights.
+- DeepSpeed 0.19.8: each export's snippet used as examples/deepspeed/train.py uses it -- ``PlannedPipelineModule``
+  over examples/custom_model.py on ``PLAN_TOPOLOGY``, ``deepspeed.initialize`` with ``PLAN_DS_CONFIG``, one
+  ``train_batch`` -- on 4 gloo processes: pp 2 x dp 2 with ZeRO-1 and each pipeline on consecutive ranks,
+  pp 2 x dp 2 the other way round, and 4 stages with activation checkpointing.
+- accelerate 1.15.0: the export run by examples/accelerate/infer.py's ``prepared`` on 2 processes: the units
+  each stage holds, and the logits of a call of ``NUM_CHUNKS`` samples.
 - Megatron-Core: every export's layout through its ``PipelineParallelLayerLayout`` and ``RankGenerator``
   (megatron-core 0.16.1 on Python 3.11, whose layout file is the same as 0.19.2's); ``parse_args`` and
-  ``validate_args`` where megatron.training installs (megatron-core 0.19, Python >= 3.12).
+  ``validate_args`` where megatron.training installs (megatron-core 0.19, Python >= 3.12); and the command line
+  examples/megatron/pretrain.sh builds.
 
 A test skips, saying why, only where its trainer does not import. The trainers run in processes of their own
-(tests/trainer_runs.py). Megatron-Core's model and schedules need CUDA, so no Megatron step runs here.
+(tests/trainer_runs.py). Not run here: torchtitan's own training loop (in 0.3.0 it calls ``schedule.step`` with
+per-micro-batch lists that torch 2.13 does not take, and its language models' flex attention has no backward
+on CPU), and Megatron-Core's model and schedules (CUDA).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import trainer_runs
@@ -29,7 +39,7 @@ from export_plans import GPT2_TINY, hand_plan, on_mesh, shell_words
 from trainer_runs import DEBUGMODEL_LAYERS, DEEPSPEED_UNITS, spawn
 
 from planner.export import export_plan, megatron_layers, rank_of_device
-from planner.plan import Plan
+from planner.plan import Plan, save_plan
 from planner.request import PlanRequest
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule
 from planner.search import make_plan
@@ -39,6 +49,7 @@ from synthetic import make_profile
 LLAMA = ["model.embed_tokens", *(f"model.layers.{i}" for i in range(DEBUGMODEL_LAYERS)), "model.norm", "lm_head"]
 TORCHTITAN_RENAMES = [("model.embed_tokens", "tok_embeddings"), ("model.layers", "layers"), ("model.norm", "norm")]
 TORCHTITAN_BASE = ["--module", "trainer_runs", "--config", "llama3_debugmodel_cpu", "--training.seq_len", "16"]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _needs(module: str, why: str) -> None:
@@ -67,9 +78,35 @@ def _quarters(units: list[str]) -> list[list[str]]:
 
 def _torchtitan_cases(plans: list[tuple[Plan, bool]]) -> list[dict]:
     return [
-        {"flags": shell_words(export_plan(plan, "torchtitan", TORCHTITAN_RENAMES).text()), "run": run}
+        {
+            "argv": [*TORCHTITAN_BASE, *shell_words(export_plan(plan, "torchtitan", TORCHTITAN_RENAMES).text())],
+            "run": run,
+        }
         for plan, run in plans
     ]
+
+
+def _recorded_launch(tmp_path: Path, script: str, *args: str, env: dict[str, str] | None = None) -> dict:
+    """What ``examples/<script>`` hands torchrun, recorded by a stand-in ``torchrun`` (and the ``pipeplan`` of
+    this checkout) first on PATH: its arguments, and PLAN_RANKS from its environment."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    record = tmp_path / "torchrun.json"
+    stand_ins = {
+        "torchrun": "import json, os, sys\n"
+        f"json.dump({{'argv': sys.argv[1:], 'ranks': os.environ.get('PLAN_RANKS')}}, open({str(record)!r}, 'w'))\n",
+        "pipeplan": "import sys\nfrom cli import main\nsys.exit(main())\n",
+    }
+    for name in ("torchrun", "pipeplan"):
+        path = bin_dir / name
+        path.write_text(f"#!{sys.executable}\n{stand_ins[name]}")
+        path.chmod(0o755)
+    python = bin_dir / "python"  # this interpreter (a link would lose its virtual environment)
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    environment = {**os.environ, **(env or {}), "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    subprocess.run(["bash", str(ROOT / "examples" / script), *args], env=environment, check=True, timeout=120)
+    return json.loads(record.read_text())
 
 
 def _check_torchtitan(plan: Plan, results: list[dict], index: int) -> None:
@@ -120,12 +157,12 @@ def test_torchtitan_splits_and_steps_every_schedule_as_planned() -> None:
         (hand_plan([LLAMA[:5], LLAMA[5:]], recompute=(0,)), False),
         *((_planned(2, schedule, seed), False) for seed, schedule in enumerate([None, Schedule.ZBV])),
     ]
-    results = spawn(trainer_runs.torchtitan_worker, 2, TORCHTITAN_BASE, _torchtitan_cases(plans))
+    results = spawn(trainer_runs.torchtitan_worker, 2, _torchtitan_cases(plans))
     for index, (plan, _) in enumerate(plans):
         _check_torchtitan(plan, results, index)
 
 
-def test_torchtitan_runs_4_stages_and_a_cluster_plan_on_4_processes() -> None:
+def test_torchtitan_runs_4_stages_and_a_cluster_plan_on_4_processes(tmp_path) -> None:
     _needs("torchtitan", "torchtitan 0.3.0 wants Python >= 3.10 and torch's pipelining")
     cluster = on_mesh(hand_plan([LLAMA[:4], LLAMA[4:]], micro_batch_size=2, num_microbatches=2), 2)
     plans = [
@@ -133,12 +170,35 @@ def test_torchtitan_runs_4_stages_and_a_cluster_plan_on_4_processes() -> None:
         (hand_plan(_quarters(LLAMA), recompute=(0, 1, 2, 3)), True),
         (on_mesh(hand_plan([LLAMA[:4], LLAMA[4:]]), 2, placement="replicas-in-node", shard="full"), False),
     ]
-    # Each device's process gets the RANK the export says to give it (pipeline-in-node: not the device's own).
-    ranks = rank_of_device(cluster)
-    assert ranks == (0, 2, 1, 3)
-    results = spawn(trainer_runs.torchtitan_worker, 4, TORCHTITAN_BASE, _torchtitan_cases(plans), ranks=ranks)
+    cases = _torchtitan_cases(plans)
+    # examples/torchtitan/train.sh's command line for the cluster plan: torchrun's arguments after the bash
+    # that rewrites RANK, and the ranks it rewrites to, which every process below is given.
+    plan_file = tmp_path / "cluster.plan.json"
+    save_plan(cluster, plan_file)
+    launch = _recorded_launch(
+        tmp_path, "torchtitan/train.sh", str(plan_file), *TORCHTITAN_BASE[1:4:2], "--training.seq_len", "16"
+    )
+    ranks = tuple(int(r) for r in launch["ranks"].split())
+    assert ranks == rank_of_device(cluster) == (0, 2, 1, 3)  # pipeline-in-node: not the devices' own
+    assert launch["argv"][:4] == ["--nproc-per-node", "4", "--no-python", "bash"]
+    argv = launch["argv"][launch["argv"].index("bash", 4) + 1 :]
+    assert argv == cases[0]["argv"]  # the flags as the export prints them, after the user's
+    cases.append({"argv": argv, "run": False})
+    # A tied Llama 3.2 config torchtitan refuses under a pipeline, and examples/torchtitan's untied one.
+    untied = [
+        "--module",
+        "examples.torchtitan.config_registry",
+        "--config",
+        "llama3_2_3b_untied",
+        *cases[0]["argv"][4:],
+    ]
+    cases.append({"argv": untied, "run": False, "tying": True})
+    results = spawn(trainer_runs.torchtitan_worker, 4, cases, ranks=ranks)
     for index, (plan, _) in enumerate(plans):
         _check_torchtitan(plan, results, index)
+    _check_torchtitan(cluster, results, len(plans))
+    for result in results:
+        assert result["cases"][-1]["parsed"]["tied_refused"] == "Weight tying is not supported with Pipeline Parallel."
 
 
 # --- DeepSpeed 0.19.8 -------------------------------------------------------------------------------------
@@ -171,11 +231,13 @@ def test_deepspeed_initializes_and_trains_pp_x_dp_plans() -> None:
 # --- accelerate 1.15.0 ------------------------------------------------------------------------------------
 
 
-def test_accelerate_runs_the_export_as_its_comments_say() -> None:
+def test_accelerate_runs_the_export_as_its_comments_say(tmp_path) -> None:
     _needs("accelerate", "accelerate 1.15.0")
     _needs("transformers", "the GPT-2 the plan is for")
     plan = hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]], micro_batch_size=2, num_microbatches=4)
-    results = spawn(trainer_runs.accelerate_worker, 2, export_plan(plan, "accelerate").text(), 8)
+    export = tmp_path / "gpt2_accelerate.py"
+    export.write_text(export_plan(plan, "accelerate").text())
+    results = spawn(trainer_runs.accelerate_worker, 2, str(export), 8)
     for rank, result in enumerate(results):
         assert result["stage"] == rank and result["num_chunks"] == plan.num_microbatches
         assert result["holds"] == sorted(plan.stages[rank].units)
@@ -233,6 +295,26 @@ def test_megatron_core_builds_each_stage_of_every_export_as_planned() -> None:
         # Megatron's pipeline groups: each the devices of one replica's pipeline, in stage order.
         pipelines = [list(row) for row in plan.mesh.devices] if plan.mesh is not None else [list(range(plan.num_ranks))]
         assert sorted(case["pipelines"]) == sorted(pipelines)
+
+
+def test_megatron_example_hands_pretrain_gpt_the_export_as_printed(tmp_path) -> None:
+    plan = _megatron_plans()[4]  # pp 2 x dp 2, each pipeline on consecutive devices, ZeRO-1
+    plan_file = tmp_path / "p.plan.json"
+    save_plan(plan, plan_file)
+    launch = _recorded_launch(
+        tmp_path, "megatron/pretrain.sh", str(plan_file), "--hidden-size", "64", env={"MEGATRON": "/opt/Megatron-LM"}
+    )
+    words = shell_words(export_plan(plan, "megatron").text())
+    assert launch["argv"] == [
+        "--nproc-per-node",
+        "4",
+        "/opt/Megatron-LM/pretrain_gpt.py",
+        "--hidden-size",
+        "64",
+        *words,
+    ]
+    assert words[words.index("--pipeline-model-parallel-layout") + 1] == "Et*4|t*4L"  # unquoted, as argparse gets it
+    assert words[-2:] == ["--use-distributed-optimizer", "--use-tp-pp-dp-mapping"]
 
 
 def test_megatron_arguments_accept_every_export() -> None:
