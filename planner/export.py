@@ -729,7 +729,7 @@ class DeepSpeedExport:
             f"PLAN_UNITS = [\n{names}]",
             "# Stage s holds layers[PLAN_PARTS[s]:PLAN_PARTS[s + 1]].",
             f"PLAN_PARTS = {list(self.parts)}",
-            f"# {self.num_stages} pipeline stages x {self.data_parallel_size} data-parallel replicas, {order}.",
+            f"# {self.num_stages} pipeline stage(s) x {self.data_parallel_size} data-parallel replica(s), {order}.",
             f"PLAN_TOPOLOGY = {self.topology()}",
             "# ds_config entries: DeepSpeed checks train_batch_size = micro-batch x steps x data-parallel size.",
             f"PLAN_DS_CONFIG = {json.dumps(self.ds_config())}",
