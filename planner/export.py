@@ -285,10 +285,6 @@ def _flag_text(comments: Sequence[str], flags: Sequence[str]) -> str:
     return "\n".join([*_comment(comments), *body]) + "\n"
 
 
-def _world(plan: Plan) -> int:
-    return plan.mesh.used_devices if plan.mesh is not None else plan.num_ranks
-
-
 def _data_parallel_note(plan: Plan) -> str:
     if plan.mesh is None:
         return f"one pipeline: launch {plan.num_ranks} processes (data-parallel degree 1)"
@@ -409,15 +405,14 @@ def _torchtitan(plan: Plan, renames: Sequence[tuple[str, str]], version: str) ->
                     f"torchtitan reads a model part as comma-joined names, and stage {index} holds "
                     f"{shorten(repr(name), 60)}: rename it with --rename OLD=NEW"
                 )
-    world = _world(plan)
     dp = plan.mesh.dp if plan.mesh is not None else 1
     sharded = plan.mesh is not None and plan.mesh.shard != "none"
     recompute = [s.recompute for s in plan.stages]
     ranks = rank_of_device(plan)
     schedule = TORCH_SCHEDULE_CLASS[plan.schedule].removeprefix("Schedule")
     notes = [
-        f"append to: torchrun --nproc-per-node {world} -m torchtitan.train --module MODULE --config CONFIG "
-        "(torchtitan 0.3 reads no TOML); activation-checkpoint:... stays last: no --section.key may follow it",
+        "append to: torchrun ... -m torchtitan.train --module MODULE --config CONFIG (torchtitan 0.3 reads no "
+        "TOML); activation-checkpoint:... stays last: no --section.key may follow it",
         "each part lists FQNs of the model torchtitan builds: _split_module sets every top-level module a part "
         "does not name to None, and drops a name the model lacks without an error",
     ]
