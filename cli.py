@@ -239,7 +239,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     if args.out:
         check_output_path(args.out, inputs=[args.plan])
-    config = export_plan(load_plan(args.plan), args.to, renames=args.rename or ())
+    config = export_plan(load_plan(args.plan), args.to, renames=args.rename or (), trainer_version=args.trainer_version)
     if args.out:
         write_atomic(args.out, config.text().encode())
         print(f"wrote {args.out}")

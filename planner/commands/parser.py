@@ -19,6 +19,7 @@ from planner.commands.options import (
     rename,
     speed_list,
 )
+from planner.export import RELEASES
 from planner.limits import (
     MAX_DEVICES,
     MAX_GLOBAL_BATCH,
@@ -501,8 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=fmt,
         description=(
             "Write what each trainer takes for the plan's stages (docs/export.md):\n"
-            "  torchtitan  [parallelism] module_fqns_per_model_part, pipeline_parallel_degree, schedule and\n"
-            "              micro-batch size (TOML)\n"
+            "  torchtitan  --parallelism.module_fqns_per_model_part, the pipeline degree, schedule, batch sizes\n"
+            "              and --training.disable_cuda_graphs (torchtitan 0.3's command-line overrides)\n"
             "  megatron    --pipeline-model-parallel-layout 'Et*2|t*2L' with --pipeline-model-parallel-size,\n"
             "              --num-layers and batch sizes (flags); E = units before the first decoder layer,\n"
             "              t = each decoder layer (units PREFIX.N), L = units after the last one (norm, head)\n"
@@ -515,7 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
             "examples:\n"
             "  pipeplan export gpt2.plan.json --to megatron\n"
             "  pipeplan export llama.plan.json --to torchtitan --rename model.embed_tokens=tok_embeddings \\\n"
-            "      --rename model.layers=layers --rename model.norm=norm --rename lm_head=output --out pp.toml"
+            "      --rename model.layers=layers --rename model.norm=norm --out pp.flags"
         ),
     )
     p.add_argument("plan", metavar="PLAN.json", help="a plan from `pipeplan plan`")
@@ -531,6 +532,15 @@ def build_parser() -> argparse.ArgumentParser:
         "matching prefix wins; NEW may be empty to strip the prefix; default: the names as profiled)",
     )
     p.add_argument("--out", default=None, metavar="FILE", help="write to FILE (atomically) instead of stdout")
+    p.add_argument(
+        "--trainer-version",
+        default=None,
+        metavar="VERSION",
+        help="the trainer's release to write for; a release outside the series an export is for is refused "
+        "(default: the release each was run against: "
+        + "; ".join(f"{r.package} {r.current}, for {r.series_text}" for r in RELEASES.values())
+        + ")",
+    )
 
     p = sub.add_parser(
         "simulate",

@@ -1,53 +1,40 @@
-"""pipeplan export: each trainer's output checked against that trainer's own format rules.
+"""pipeplan export: each trainer's output checked against that trainer's own format rules, without the trainer.
 
 - Megatron: the layout string is parsed back with Megatron's grammar (re-implemented below from
   megatron/core/transformer/pipeline_parallel_layer_layout.py: commas dropped, ``(..)*n`` then ``x*n`` unrolled,
   ``|`` between stages) and checked as ``validate_layer_layout`` does, plus stage by stage against the plan.
-- torchtitan: the TOML is read with tomllib; the parts cover every unit once, in order, each a name
-  ``pipeline_module_split`` can keep; the schedule name is one torch's ``get_schedule_class`` accepts.
+- torchtitan: the flags, split as a shell splits them, cover every unit once, in order, each a name
+  ``_split_module`` can keep; the schedule name is one torch's ``get_schedule_class`` accepts.
 - DeepSpeed: the snippet runs against a stand-in ``PipelineModule`` whose ``__init__`` calls
   ``_partition_layers`` as DeepSpeed's does; every rank's bounds are the plan's stage.
 - accelerate: the snippet runs against a stand-in ``prepare_pippy``; the split points are the plan's.
 
 Plans come from the planner itself (``make_plan`` on profiles with the built-in models' unit names) or, for
 the refusals, are written by hand and passed through the plan reader, so every plan is one a user can have.
+The same exports fed to the trainers themselves: tests/planner/test_export_trainers.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import re
 import sys
 import types
 
 import pytest
+from export_plans import GPT2_TINY, LLAMA_SMALL, hand_plan, on_mesh, shell_words
 
 from cli import main
 from cli_checks import assert_fails
-from planner.cost import MemoryBreakdown
 from planner.errors import ExportError, UsageError
-from planner.export import Trainer, apply_renames, export_plan, megatron_layers
-from planner.plan import Plan, SolverInfo, StagePlan, plan_from_dict, save_plan
-from planner.prediction import Prediction
+from planner.export import RELEASES, Trainer, apply_renames, export_plan, megatron_layers, rank_of_device
+from planner.plan import Plan, save_plan
 from planner.request import PlanRequest
-from planner.schedule.orders import Schedule, stage_to_rank
+from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule
 from planner.search import make_plan
 from synthetic import make_profile
 
-tomllib = pytest.importorskip("tomllib")  # the standard library's TOML reader, Python 3.11+
-
-# The units the built-in models are profiled as (README, "The model-spec protocol";
-# tests/profiles/models/test_builtin_models.py).
-GPT2_TINY = [
-    "transformer.wte",
-    "transformer.wpe",
-    *(f"transformer.h.{i}" for i in range(4)),
-    "transformer.ln_f",
-    "lm_head",
-]
-LLAMA_SMALL = ["model.embed_tokens", *(f"model.layers.{i}" for i in range(8)), "model.norm", "lm_head"]
 MLP = ["layers.0", "layers.1", "layers.2", "layers.3", "head"]
 UNET = ["enc.0", "enc.1", "enc.2", "mid", "dec.0", "dec.1", "dec.2", "head"]
 
@@ -59,36 +46,6 @@ def _planned(names, forward_s, *, ranks=2, schedule=None, batch=8) -> Plan:
     profile = dataclasses.replace(profile, units=units)
     request = PlanRequest(num_ranks=ranks, global_batch_size=batch, schedule=schedule)
     return make_plan(profile, request, sha256="0" * 64)
-
-
-def _hand_plan(stages, *, ranks=None, schedule=Schedule.ONE_F_ONE_B, recompute=()) -> Plan:
-    """A plan cutting the units as ``stages`` lists them, through the reader (so it is a valid plan)."""
-    n = len(stages)
-    ranks = ranks or n
-    memory = MemoryBreakdown(params=0, grads=0, optimizer=0, activations=0, transient=0, peak=0)
-    placement = stage_to_rank(schedule, n, ranks)
-    plan = Plan(
-        model_name="hand",
-        model_fingerprint="ab" * 32,
-        profile_sha256="0" * 64,
-        num_stages=n,
-        num_ranks=ranks,
-        schedule=schedule,
-        virtual_stages=n // ranks,
-        micro_batch_size=1,
-        num_microbatches=8,
-        global_batch_size=8,
-        stages=tuple(
-            StagePlan(s, placement[s], tuple(units), s in recompute, 1e-3, 2e-3, 0, 1, memory)
-            for s, units in enumerate(stages)
-        ),
-        split_points=tuple(units[0] for units in stages[1:]),
-        predicted=Prediction(
-            iteration_s=1.0, formula_iteration_s=1.0, bubble_fraction=0.0, samples_per_s=8.0, bottleneck_stage=0
-        ),
-        solver=SolverInfo(name="hand", objective="none", optimal=False),
-    )
-    return plan_from_dict(json.loads(json.dumps(plan.to_dict())))
 
 
 # --- Megatron's grammar -----------------------------------------------------------------------------------
@@ -139,7 +96,7 @@ def test_the_grammar_reads_megatrons_own_example() -> None:
 
 
 def test_megatron_layout_of_a_two_stage_gpt2() -> None:
-    plan = _hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]])
+    plan = hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]])
     config = export_plan(plan, "megatron")
     assert config.pipeline_model_parallel_layout == "Et*2|t*2L"
     assert (config.num_layers, config.virtual_stages_per_rank) == (4, 1)
@@ -147,7 +104,7 @@ def test_megatron_layout_of_a_two_stage_gpt2() -> None:
 
 
 def test_megatron_interleaved_layout_has_pp_times_vpp_stages() -> None:
-    plan = _hand_plan(
+    plan = hand_plan(
         [LLAMA_SMALL[:2], LLAMA_SMALL[2:4], LLAMA_SMALL[4:7], LLAMA_SMALL[7:]],
         ranks=2,
         schedule=Schedule.INTERLEAVED_1F1B,
@@ -160,7 +117,7 @@ def test_megatron_interleaved_layout_has_pp_times_vpp_stages() -> None:
 
 def test_megatron_counts_a_layer_profiled_as_several_units_once() -> None:
     units = ["wte", "h.0.attn", "h.0.mlp", "h.1.attn", "h.1.mlp", "ln_f"]
-    plan = _hand_plan([units[:3], units[3:]])
+    plan = hand_plan([units[:3], units[3:]])
     config = export_plan(plan, "megatron")
     assert config.pipeline_model_parallel_layout == "Et|tL" and config.num_layers == 2
     check_megatron(plan, config.text())
@@ -191,13 +148,13 @@ def test_planner_plans_export_or_are_refused_for_a_true_reason(seed: int) -> Non
 
 
 def test_megatron_refuses_a_cut_inside_the_embedding() -> None:
-    plan = _hand_plan([GPT2_TINY[:1], GPT2_TINY[1:5], GPT2_TINY[5:]])
+    plan = hand_plan([GPT2_TINY[:1], GPT2_TINY[1:5], GPT2_TINY[5:]])
     with pytest.raises(ExportError, match=r"cuts inside the embedding .* before transformer.wpe .*--pin transformer"):
         export_plan(plan, "megatron")
 
 
 def test_megatron_refuses_a_cut_between_final_norm_and_head() -> None:
-    plan = _hand_plan([GPT2_TINY[:7], GPT2_TINY[7:]])
+    plan = hand_plan([GPT2_TINY[:7], GPT2_TINY[7:]])
     with pytest.raises(ExportError, match=r"final norm and head .* before lm_head .*--pin transformer.ln_f=1"):
         export_plan(plan, "megatron")
 
@@ -205,7 +162,7 @@ def test_megatron_refuses_a_cut_between_final_norm_and_head() -> None:
 def test_megatron_refuses_a_cut_inside_a_decoder_layer() -> None:
     units = ["wte", "h.0.attn", "h.0.mlp", "h.1.attn", "h.1.mlp", "ln_f"]
     with pytest.raises(ExportError, match=r"inside decoder layer 0 .* before h.0.mlp"):
-        export_plan(_hand_plan([units[:2], units[2:]]), "megatron")
+        export_plan(hand_plan([units[:2], units[2:]]), "megatron")
 
 
 @pytest.mark.parametrize(
@@ -221,7 +178,7 @@ def test_megatron_refuses_a_cut_inside_a_decoder_layer() -> None:
     ],
 )
 def test_megatron_refuses_what_is_not_a_decoder_stack(units, message) -> None:
-    plan = _hand_plan([units[:2], units[2:]])
+    plan = hand_plan([units[:2], units[2:]])
     if message is None:
         check_megatron(plan, export_plan(plan, "megatron").text())
         return
@@ -230,7 +187,7 @@ def test_megatron_refuses_what_is_not_a_decoder_stack(units, message) -> None:
 
 
 def test_megatron_notes_a_schedule_it_does_not_run() -> None:
-    plan = _hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]], schedule=Schedule.GPIPE)
+    plan = hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]], schedule=Schedule.GPIPE)
     text = export_plan(plan, "megatron").text()
     assert "Megatron runs 1F1B with this layout, not the plan's gpipe" in text
     check_megatron(plan, text)
@@ -239,50 +196,86 @@ def test_megatron_notes_a_schedule_it_does_not_run() -> None:
 # --- torchtitan -------------------------------------------------------------------------------------------
 
 
+def torchtitan_flags(text: str) -> dict[str, list[str]]:
+    """The export's words as torchtitan's parser groups them: each ``--section.key`` with its values; the
+    activation-checkpoint subcommand under its own name."""
+    flags: dict[str, list[str]] = {}
+    key = None
+    for word in shell_words(text):
+        if word.startswith("--") or word.startswith("activation-checkpoint:"):
+            key = word
+            flags[key] = []
+        else:
+            assert key is not None, word
+            flags[key].append(word)
+    return flags
+
+
 def check_torchtitan(plan: Plan, text: str, names=None) -> None:
     from torch.distributed.pipelining.schedules import get_schedule_class
 
-    config = tomllib.loads(text)
-    p = config["parallelism"]
-    parts = p["module_fqns_per_model_part"]
-    assert len(parts) == plan.num_stages and p["pipeline_parallel_degree"] == plan.num_ranks
+    flags = torchtitan_flags(text)
+    assert list(flags)[-1].startswith("activation-checkpoint:")  # tyro takes no --section.key after it
+    assert flags["--training.disable_cuda_graphs"] == []  # torchtitan 0.3 refuses a pipeline without it
+    parts = [part.split(",") for part in flags["--parallelism.module_fqns_per_model_part"]]
+    assert len(parts) == plan.num_stages and flags["--parallelism.pipeline_parallel_degree"] == [str(plan.num_ranks)]
     flat = [name for part in parts for name in part]
     assert len(flat) == len(set(flat)) == sum(len(s.units) for s in plan.stages)  # every module once
     assert [len(part) for part in parts] == [len(s.units) for s in plan.stages]  # in order, stage by stage
-    # pipeline_module_split keeps top-level modules and items NAME.KEY of top-level containers only.
+    # _split_module keeps top-level modules and items NAME.KEY of top-level containers only.
     assert all(name.count(".") <= 1 for name in flat)
-    assert (
-        get_schedule_class(p["pipeline_parallel_schedule"]).__name__
-        == {
-            Schedule.GPIPE: "ScheduleGPipe",
-            Schedule.ONE_F_ONE_B: "Schedule1F1B",
-            Schedule.INTERLEAVED_1F1B: "ScheduleInterleaved1F1B",
-            Schedule.ZERO_BUBBLE: "ScheduleInterleavedZeroBubble",
-        }[plan.schedule]
-    )
-    assert config["training"]["local_batch_size"] // p["pipeline_parallel_microbatch_size"] == plan.num_microbatches
+    (schedule,) = flags["--parallelism.pipeline_parallel_schedule"]
+    assert get_schedule_class(schedule).__name__ == TORCH_SCHEDULE_CLASS[plan.schedule]
+    (local,) = flags["--training.local_batch_size"]
+    (micro,) = flags["--parallelism.pipeline_parallel_microbatch_size"]
+    assert int(local) // int(micro) == plan.num_microbatches and int(micro) == plan.micro_batch_size
+    dp = plan.mesh.dp if plan.mesh is not None else 1
+    (replicate,) = flags["--parallelism.data_parallel_replicate_degree"]
+    (shard,) = flags["--parallelism.data_parallel_shard_degree"]
+    assert int(replicate) * int(shard) == dp
+    assert flags["--training.global_batch_size"] == [str(dp * plan.global_batch_size)]
+    if names is not None:
+        assert [u for part in parts for u in part] == [
+            n.removeprefix("transformer.").removeprefix("model.") for n in names
+        ]
+
+
+TORCHTITAN_LLAMA = [("model.embed_tokens", "tok_embeddings"), ("model.layers", "layers"), ("model.norm", "norm")]
+"""docs/export.md's renames from transformers' Llama onto torchtitan's (whose head is lm_head in both)."""
 
 
 def test_torchtitan_parts_of_a_llama_plan_with_torchtitans_names() -> None:
-    plan = _hand_plan([LLAMA_SMALL[:4], LLAMA_SMALL[4:8], LLAMA_SMALL[8:]], ranks=3)
-    renames = [
-        ("model.embed_tokens", "tok_embeddings"),
-        ("model.layers", "layers"),
-        ("model.norm", "norm"),
-        ("lm_head", "output"),
-    ]
-    config = export_plan(plan, "torchtitan", renames)
+    plan = hand_plan([LLAMA_SMALL[:4], LLAMA_SMALL[4:8], LLAMA_SMALL[8:]], ranks=3)
+    config = export_plan(plan, "torchtitan", TORCHTITAN_LLAMA)
     assert config.module_fqns_per_model_part == (
         ("tok_embeddings", "layers.0", "layers.1", "layers.2"),
         ("layers.3", "layers.4", "layers.5", "layers.6"),
-        ("layers.7", "norm", "output"),
+        ("layers.7", "norm", "lm_head"),
     )
-    assert config.pipeline_parallel_schedule == "1F1B"
+    assert config.pipeline_parallel_schedule == "1F1B" and config.activation_checkpoint == "none"
+    assert "--parallelism.module_fqns_per_model_part tok_embeddings,layers.0,layers.1,layers.2 " in config.text()
+    assert "not those of torchtitan's decoders" not in config.text()
     check_torchtitan(plan, config.text())
 
 
+def test_torchtitan_says_when_names_are_not_its_decoders() -> None:
+    plan = hand_plan([LLAMA_SMALL[:4], LLAMA_SMALL[4:]])
+    renames = [*TORCHTITAN_LLAMA, ("lm_head", "output")]  # the head's name before torchtitan 0.3
+    text = export_plan(plan, "torchtitan", renames).text()
+    assert "not those of torchtitan's decoders (tok_embeddings, layers.N, norm, lm_head)" in text
+    check_torchtitan(plan, text)
+
+
+def test_torchtitan_sets_activation_checkpointing_from_the_plan() -> None:
+    units = [LLAMA_SMALL[:5], LLAMA_SMALL[5:]]
+    for recompute, choice, noted in (((), "none", False), ((0, 1), "full", False), ((1,), "full", True)):
+        text = export_plan(hand_plan(units, recompute=recompute), "torchtitan", TORCHTITAN_LLAMA).text()
+        assert text.rstrip().endswith(f"activation-checkpoint:{choice}")
+        assert ("recomputes activations on stages 1 only" in text) == noted
+
+
 def test_torchtitan_refuses_names_nested_deeper_than_it_splits() -> None:
-    plan = _hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]])
+    plan = hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]])
     with pytest.raises(ExportError, match=r"stage 0 holds transformer.h.0: map the names .* --rename"):
         export_plan(plan, "torchtitan")
 
@@ -300,22 +293,24 @@ def test_renames_take_the_longest_prefix_on_a_dot_boundary() -> None:
 
 
 class _Topology:
-    def __init__(self, stages: int, rank: int) -> None:
-        self.stages, self.rank = stages, rank
+    """DeepSpeed's PipeDataParallelTopology / ProcessTopology as far as the subclass reads them."""
+
+    def __init__(self, *, axes=("pipe", "data"), dims=None, num_pp=None, num_dp=None) -> None:
+        self.axes, self.dims = list(axes), list(dims) if dims is not None else [num_pp, num_dp]
 
     def get_dim(self, name: str) -> int:
-        assert name == "pipe"
-        return self.stages
+        return self.dims[self.axes.index(name)]
 
     def get_coord(self, rank: int) -> types.SimpleNamespace:
-        return types.SimpleNamespace(pipe=rank)
+        inner = self.dims[1]
+        return types.SimpleNamespace(**{self.axes[0]: rank // inner, self.axes[1]: rank % inner})
 
 
 class _PipelineModule:
     """DeepSpeed's PipelineModule.__init__ as far as partitioning goes (deepspeed/runtime/pipe/module.py)."""
 
-    def __init__(self, layers, num_stages, rank, partition_method="parameters") -> None:
-        self._topo = _Topology(num_stages, rank)
+    def __init__(self, layers, rank, topology, partition_method="parameters") -> None:
+        self._topo = topology
         self.global_rank = rank
         self._layer_specs = list(layers)
         self._local_start, self._local_stop = 0, None
@@ -335,24 +330,80 @@ def _run_snippet(text: str, monkeypatch, module: str, **attributes) -> dict:
     return namespace
 
 
+def _deepspeed_snippet(text: str, monkeypatch) -> dict:
+    def process_topology(axes, dims):
+        return _Topology(axes=axes, dims=dims)
+
+    def pipe_data_parallel_topology(num_pp, num_dp):
+        return _Topology(num_pp=num_pp, num_dp=num_dp)
+
+    fakes = {
+        "deepspeed.runtime.pipe.topology": {
+            "ProcessTopology": process_topology,
+            "PipeDataParallelTopology": pipe_data_parallel_topology,
+        },
+        "deepspeed.pipe": {"PipelineModule": _PipelineModule},
+    }
+    for module, attributes in fakes.items():
+        fake = types.ModuleType(module)
+        for key, value in attributes.items():
+            setattr(fake, key, value)
+        monkeypatch.setitem(sys.modules, module, fake)
+    namespace: dict = {}
+    exec(compile(text, "<deepspeed snippet>", "exec"), namespace)
+    return namespace
+
+
 def test_deepspeed_subclass_bounds_each_rank_to_the_plans_stage(monkeypatch) -> None:
     plan = _planned(GPT2_TINY, [0.1, 0.05, 1, 1.5, 1, 1, 0.05, 2], ranks=3, schedule=Schedule.ONE_F_ONE_B)
     config = export_plan(plan, "deepspeed")
-    ns = _run_snippet(config.text(), monkeypatch, "deepspeed.pipe", PipelineModule=_PipelineModule)
+    ns = _deepspeed_snippet(config.text(), monkeypatch)
     assert ns["PLAN_UNITS"] == GPT2_TINY and config.parts[-1] == len(GPT2_TINY)
+    assert ns["PLAN_DS_CONFIG"] == {
+        "train_batch_size": plan.global_batch_size,
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.num_microbatches,
+        "zero_optimization": {"stage": 0},
+    }
     start = 0
     for s in plan.stages:
-        module = ns["PlannedPipelineModule"](layers=GPT2_TINY, num_stages=plan.num_stages, rank=s.index)
+        module = ns["PlannedPipelineModule"](layers=GPT2_TINY, rank=s.index, topology=ns["PLAN_TOPOLOGY"])
         assert module.parts == list(config.parts)
         assert GPT2_TINY[module._local_start : module._local_stop] == list(s.units)
         assert module._local_start == start
         start = module._local_stop
     with pytest.raises(ValueError, match="the plan cuts 8 layers into 3 stages"):
-        ns["PlannedPipelineModule"](layers=GPT2_TINY[:-1], num_stages=3, rank=0)
+        ns["PlannedPipelineModule"](layers=GPT2_TINY[:-1], rank=0, topology=ns["PLAN_TOPOLOGY"])
+
+
+@pytest.mark.parametrize(("placement", "shard"), [("pipeline-in-node", "optimizer"), ("replicas-in-node", "none")])
+def test_deepspeed_batch_and_topology_of_a_cluster_plan(monkeypatch, placement: str, shard: str) -> None:
+    plan = on_mesh(
+        hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]], micro_batch_size=2, num_microbatches=4),
+        2,
+        placement=placement,
+        shard=shard,
+    )
+    ns = _deepspeed_snippet(export_plan(plan, "deepspeed").text(), monkeypatch)
+    ds = ns["PLAN_DS_CONFIG"]
+    # DeepSpeed's pipeline engine asserts train_batch_size == micro-batch x steps x data-parallel size.
+    assert ds["train_batch_size"] == 2 * 4 * 2 == plan.mesh.global_batch_size
+    assert ds["zero_optimization"] == {"stage": 1 if shard == "optimizer" else 0}
+    topology = ns["PLAN_TOPOLOGY"]
+    for device in range(4):
+        replica, stage_rank = plan.mesh.coordinates(device)
+        coord = topology.get_coord(device)
+        assert (coord.pipe, coord.data) == (stage_rank, replica)
+
+
+def test_deepspeed_refuses_zero_beyond_stage_1() -> None:
+    plan = on_mesh(hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]]), 2, shard="full")
+    with pytest.raises(ExportError, match=r"ZeRO stage 1 at most .*\(--shard full\)"):
+        export_plan(plan, "deepspeed")
 
 
 def test_deepspeed_and_accelerate_refuse_interleaved_stages() -> None:
-    plan = _hand_plan(
+    plan = hand_plan(
         [LLAMA_SMALL[:3], LLAMA_SMALL[3:6], LLAMA_SMALL[6:8], LLAMA_SMALL[8:]],
         ranks=2,
         schedule=Schedule.INTERLEAVED_1F1B,
@@ -373,24 +424,36 @@ def test_accelerate_splits_before_the_plans_split_points(monkeypatch) -> None:
         calls.append((split_points, num_chunks))
         return model
 
+    fake = types.ModuleType("accelerate")
+    fake.prepare_pippy = prepare_pippy
+    monkeypatch.setitem(sys.modules, "accelerate", fake)
     text = export_plan(plan, "accelerate").text()
-    _run_snippet(f"model = object()\nexample_input = 0\n{text}", monkeypatch, "accelerate", prepare_pippy=prepare_pippy)
+    exec(compile(f"model = object()\nexample_input = 0\n{text}", "<accelerate snippet>", "exec"), {})
     assert calls == [(list(plan.split_points), plan.num_microbatches)]
-    assert "accelerate launch --num_processes 4" in text
+    assert "torchrun --nproc-per-node 4" in text and "inference only" in text
+
+
+def test_accelerate_says_its_micro_batch_is_1() -> None:
+    plan = on_mesh(hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]], micro_batch_size=2, num_microbatches=4), 2)
+    config = export_plan(plan, "accelerate")
+    assert config.num_chunks == 4 and config.num_processes == 2
+    text = config.text()
+    assert "the plan's micro-batch of 2 does not carry over: a call takes 1 x 4 samples, not 2 x 4" in text
+    assert "the plan's 2 replicas are 2 launches of 2 processes" in text
 
 
 # --- all trainers, and the command ------------------------------------------------------------------------
 
 
 def test_naive_schedule_is_not_exported() -> None:
-    plan = _hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]], schedule=Schedule.NAIVE)
+    plan = hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]], schedule=Schedule.NAIVE)
     for trainer in Trainer:
         with pytest.raises(ExportError, match="naive"):
             export_plan(plan, trainer)
 
 
 def test_recomputation_is_noted_not_dropped() -> None:
-    plan = _hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]], recompute=(0,))
+    plan = hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]], recompute=(0,))
     for trainer in (Trainer.TORCHTITAN, Trainer.MEGATRON, Trainer.DEEPSPEED):  # accelerate: inference, no backward
         renames = [("transformer", "")] if trainer is Trainer.TORCHTITAN else []
         assert "recomputes activations on stages 0 only" in export_plan(plan, trainer, renames).text()
@@ -398,19 +461,23 @@ def test_recomputation_is_noted_not_dropped() -> None:
 
 def test_cli_prints_to_stdout_and_writes_atomically(tmp_path, capsys) -> None:
     plan_file = tmp_path / "p.plan.json"
-    save_plan(_hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]]), plan_file)
+    save_plan(hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]]), plan_file)
     assert main(["export", str(plan_file), "--to", "megatron"]) == 0
     printed = capsys.readouterr().out
     assert '--pipeline-model-parallel-layout "Et*2|t*2L"' in printed
-    out = tmp_path / "pp.toml"
-    assert main(["export", str(plan_file), "--to", "torchtitan", "--rename", "transformer=", "--out", str(out)]) == 0
+    assert "# for megatron-core 0.19.2 (this export is for 0.16.x to 0.19.x" in printed
+    out = tmp_path / "pp.flags"
+    argv = ["export", str(plan_file), "--to", "torchtitan", "--rename", "transformer=", "--out", str(out)]
+    assert main([*argv, "--trainer-version", "0.3.1"]) == 0
     assert capsys.readouterr().out == f"wrote {out}\n"
-    assert tomllib.loads(out.read_text())["parallelism"]["module_fqns_per_model_part"][0][:3] == ["wte", "wpe", "h.0"]
+    text = out.read_text()
+    assert "# for torchtitan 0.3.1 (this export is for 0.3.x" in text
+    assert torchtitan_flags(text)["--parallelism.module_fqns_per_model_part"][0].split(",")[:3] == ["wte", "wpe", "h.0"]
 
 
 def test_cli_refusals_are_one_line(tmp_path, capsys, existing) -> None:
     plan_file = tmp_path / "p.plan.json"
-    save_plan(_hand_plan([GPT2_TINY[:1], GPT2_TINY[1:]]), plan_file)
+    save_plan(hand_plan([GPT2_TINY[:1], GPT2_TINY[1:]]), plan_file)
     assert_fails(
         capsys, ["export", plan_file, "--to", "megatron", "--out", existing], "cuts inside the embedding", existing
     )
@@ -419,6 +486,91 @@ def test_cli_refusals_are_one_line(tmp_path, capsys, existing) -> None:
     assert_fails(capsys, ["export", plan_file, "--to", "torchtitan", "--rename", "=x"], "is not OLD=NEW")
     assert_fails(capsys, ["export", plan_file, "--to", "nemo"], "invalid choice")
     assert_fails(capsys, ["export", plan_file, "--to", "megatron", "--out", plan_file], "is this command's input")
+    assert_fails(
+        capsys, ["export", plan_file, "--to", "torchtitan", "--trainer-version", "0.2.2"], "read a TOML job config"
+    )
+
+
+# --- releases and rank order ------------------------------------------------------------------------------
+
+
+def test_each_export_names_and_checks_its_trainer_release() -> None:
+    plan = hand_plan([LLAMA_SMALL[:5], LLAMA_SMALL[5:]])
+    for trainer, release in RELEASES.items():
+        renames = TORCHTITAN_LLAMA if trainer is Trainer.TORCHTITAN else []
+        config = export_plan(plan, trainer, renames)
+        assert config.trainer_version == release.current
+        assert f"# for {release.package} {release.current} (this export is for {release.series_text}" in config.text()
+    assert export_plan(plan, "megatron", trainer_version="0.16.1").trainer_version == "0.16.1"
+    assert export_plan(plan, "accelerate", trainer_version="v1.2").trainer_version == "1.2"
+    assert export_plan(plan, "deepspeed", trainer_version="0.19.9rc1").trainer_version == "0.19.9rc1"
+    for trainer, version, message in [
+        ("torchtitan", "0.2.2", "torchtitan 0.2.2 is not a release this export is for (0.3.x; run against 0.3.0)"),
+        ("megatron", "0.15.0", "megatron-core 0.15.0 is not a release this export is for (0.16.x to 0.19.x"),
+        ("megatron", "0.2", "megatron-core 0.2 is not"),
+        ("deepspeed", "0.18.9", "_partition_layers, a private method"),
+        ("accelerate", "2.0.0", "accelerate 2.0.0 is not"),
+        ("deepspeed", "latest", "--trainer-version 'latest' is not a version"),
+    ]:
+        with pytest.raises(UsageError, match=re.escape(message)):
+            export_plan(plan, trainer, TORCHTITAN_LLAMA if trainer == "torchtitan" else [], trainer_version=version)
+
+
+def _shell_arithmetic(expression: str, rank: int) -> int:
+    """``$(( ... ))`` of non-negative integers, as bash computes it."""
+    body = re.fullmatch(r"\$\(\((.*)\)\)", expression)[1]
+    return eval(body.replace("RANK", str(rank)).replace("/", "//"))  # digits, RANK and + * / % ( ) only
+
+
+@pytest.mark.parametrize(("pp", "dp"), [(2, 2), (4, 2), (2, 3)])
+def test_pipeline_in_node_plans_tell_each_trainer_how_to_place_ranks(pp: int, dp: int) -> None:
+    bounds = [0, *range(3, 3 + 2 * (pp - 1), 2), len(LLAMA_SMALL)]
+    names = [LLAMA_SMALL[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    inner = on_mesh(hand_plan(names, num_microbatches=2 * pp), dp)
+    outer = on_mesh(hand_plan(names, num_microbatches=2 * pp), dp, placement="replicas-in-node")
+    ranks = rank_of_device(inner)
+    # torchtitan, DeepSpeed and Megatron run replica r's pipeline rank s on rank s x dp + r.
+    for device, rank in enumerate(ranks):
+        replica, stage_rank = inner.mesh.coordinates(device)
+        assert rank == stage_rank * dp + replica
+    assert rank_of_device(outer) == () and rank_of_device(hand_plan(names)) == ()
+    text = export_plan(inner, "torchtitan", TORCHTITAN_LLAMA).text()
+    expression = re.search(r"export RANK=(\$\(\(.*?\)\));", text)[1]
+    assert [_shell_arithmetic(expression, device) for device in range(pp * dp)] == list(ranks)
+    assert "export RANK" not in export_plan(outer, "torchtitan", TORCHTITAN_LLAMA).text()
+    assert export_plan(inner, "megatron").flags()[-1] == "--use-tp-pp-dp-mapping"
+    assert "--use-tp-pp-dp-mapping" not in export_plan(outer, "megatron").flags()
+    assert export_plan(inner, "deepspeed").topology() == f'ProcessTopology(axes=["data", "pipe"], dims=[{dp}, {pp}])'
+    assert export_plan(outer, "deepspeed").topology() == f"PipeDataParallelTopology(num_pp={pp}, num_dp={dp})"
+
+
+def test_megatron_takes_a_cluster_plans_batch_and_sharding() -> None:
+    plan = on_mesh(
+        hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]], micro_batch_size=2, num_microbatches=4),
+        2,
+        placement="replicas-in-node",
+        shard="optimizer",
+    )
+    flags = export_plan(plan, "megatron").flags()
+    assert "--global-batch-size 16" in flags and "--micro-batch-size 2" in flags
+    assert flags[-1] == "--use-distributed-optimizer"
+
+
+def test_megatron_refuses_interleaved_micro_batches_it_cannot_group() -> None:
+    units = [LLAMA_SMALL[:2], *([u] for u in LLAMA_SMALL[2:8]), LLAMA_SMALL[8:]]
+    assert len(units) == 8
+    for m in (4, 8, 12):  # groups of pp = 4
+        plan = hand_plan(units, ranks=4, schedule=Schedule.INTERLEAVED_1F1B, num_microbatches=m)
+        assert export_plan(plan, "megatron").virtual_stages_per_rank == 2
+    plan = hand_plan(units, ranks=4, schedule=Schedule.INTERLEAVED_1F1B, num_microbatches=6)
+    with pytest.raises(ExportError, match="groups of pp .* 6 micro-batches on pp 4"):
+        export_plan(plan, "megatron")
+
+
+def test_megatron_says_pp_2_interleaved_needs_p2p_overlap() -> None:
+    units = [LLAMA_SMALL[:3], LLAMA_SMALL[3:6], LLAMA_SMALL[6:8], LLAMA_SMALL[8:]]
+    text = export_plan(hand_plan(units, ranks=2, schedule=Schedule.INTERLEAVED_1F1B), "megatron").text()
+    assert "no --no-overlap-p2p-communication" in text
 
 
 def test_docstring_examples() -> None:

@@ -1,0 +1,96 @@
+"""Plans written by hand for the export tests (tests/planner/test_export*.py), each passed through the plan
+reader, so that every one is a plan a user can have; and the cluster meshes pipeplan places them on."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from collections.abc import Sequence
+
+from planner.cost import MemoryBreakdown
+from planner.plan import Mesh, Plan, SolverInfo, StagePlan, plan_from_dict
+from planner.prediction import Prediction
+from planner.schedule.orders import Schedule, stage_to_rank
+
+__all__ = ["GPT2_TINY", "LLAMA_SMALL", "hand_plan", "on_mesh", "shell_words"]
+
+# The units the built-in models are profiled as (README, "The model-spec protocol";
+# tests/profiles/models/test_builtin_models.py).
+GPT2_TINY = [
+    "transformer.wte",
+    "transformer.wpe",
+    *(f"transformer.h.{i}" for i in range(4)),
+    "transformer.ln_f",
+    "lm_head",
+]
+LLAMA_SMALL = ["model.embed_tokens", *(f"model.layers.{i}" for i in range(8)), "model.norm", "lm_head"]
+
+
+def hand_plan(
+    stages: Sequence[Sequence[str]],
+    *,
+    ranks: int | None = None,
+    schedule: Schedule = Schedule.ONE_F_ONE_B,
+    recompute: Sequence[int] = (),
+    micro_batch_size: int = 1,
+    num_microbatches: int = 8,
+) -> Plan:
+    """A plan cutting the units as ``stages`` lists them, placed as torch places ``schedule``'s stages."""
+    n = len(stages)
+    ranks = ranks or n
+    memory = MemoryBreakdown(params=0, grads=0, optimizer=0, activations=0, transient=0, peak=0)
+    placement = stage_to_rank(schedule, n, ranks)
+    plan = Plan(
+        model_name="hand",
+        model_fingerprint="ab" * 32,
+        profile_sha256="0" * 64,
+        num_stages=n,
+        num_ranks=ranks,
+        schedule=schedule,
+        virtual_stages=n // ranks,
+        micro_batch_size=micro_batch_size,
+        num_microbatches=num_microbatches,
+        global_batch_size=micro_batch_size * num_microbatches,
+        stages=tuple(
+            StagePlan(s, placement[s], tuple(units), s in recompute, 1e-3, 2e-3, 0, 1, memory)
+            for s, units in enumerate(stages)
+        ),
+        split_points=tuple(units[0] for units in stages[1:]),
+        predicted=Prediction(
+            iteration_s=1.0, formula_iteration_s=1.0, bubble_fraction=0.0, samples_per_s=8.0, bottleneck_stage=0
+        ),
+        solver=SolverInfo(name="hand", objective="none", optimal=False),
+    )
+    return plan_from_dict(json.loads(json.dumps(plan.to_dict())))
+
+
+def on_mesh(plan: Plan, dp: int, *, placement: str = "pipeline-in-node", shard: str = "none") -> Plan:
+    """``plan`` as one replica of a cluster plan of ``dp`` replicas, placed as pipeplan's cluster search places
+    them (planner/cluster.py, ``Layout.device``), through the plan reader."""
+    pp = plan.num_ranks
+    if placement == "pipeline-in-node":
+        devices = tuple(tuple(r * pp + s for s in range(pp)) for r in range(dp))
+    else:
+        devices = tuple(tuple(s * dp + r for s in range(pp)) for r in range(dp))
+    mesh = Mesh(
+        pp=pp,
+        dp=dp,
+        placement=placement,
+        shard=shard,
+        num_devices=pp * dp,
+        devices_per_node=pp * dp,
+        global_batch_size=dp * plan.global_batch_size,
+        devices=devices,
+        hop_bytes_per_s=1e9,
+        hop_latency_s=1e-4,
+        ring_bytes_per_s=1e9,
+        ring_latency_s=1e-4,
+    )
+    return plan_from_dict(json.loads(json.dumps(dataclasses.replace(plan, mesh=mesh).to_dict())))
+
+
+def shell_words(text: str) -> list[str]:
+    """The words a POSIX shell makes of an export pasted after a command: comment lines dropped,
+    backslash-newline continuations joined, quotes removed."""
+    return shlex.split(text.replace("\\\n", " "), comments=True)
