@@ -200,11 +200,9 @@ def partition_pipeline(
     )
 
 
-
 def partition_peak_memory(problem: PartitionProblem, solution: PartitionSolution) -> float:
     units = solution.stage_units(problem.num_units)
     return max(stage_cost(problem, s, r[0], r[-1], solution.recompute[s]).memory_bytes for s, r in enumerate(units))
-
 
 
 def prediction_of(
@@ -270,7 +268,7 @@ def plan_pipeline(profile: Profile, plan: Plan, settings: CostSettings) -> Pipel
         in_flight=in_flight_per_stage(plan.schedule, plan.num_stages, plan.num_microbatches, plan.num_ranks),
         stage_rank=stage_rank,
         recompute_choices=(False, True),
-        split_backward=plan.schedule.splits_backward,
+        schedule=plan.schedule,
     )
     recompute = tuple(s.recompute for s in plan.stages)
     objective, bottleneck = evaluate(problem, boundaries, recompute)

@@ -36,7 +36,7 @@ from solvers.baselines import balanced_by_params, balanced_by_time, uniform_by_c
 from solvers.dp import solve_dp
 from solvers.even import balance_ranks, solve_even
 from solvers.ilp import solve_ilp
-from solvers.problem import PartitionProblem, PartitionSolution, evaluate, stage_cost
+from solvers.problem import Moment, PartitionProblem, PartitionSolution, evaluate, stage_cost, stage_moments
 
 __all__ = [
     "PlanRequest",
@@ -221,19 +221,37 @@ def _partitions(
     return solutions
 
 
-def _in_flight(problem: PartitionProblem) -> tuple[int, ...]:
-    return problem.in_flight or (problem.num_microbatches,) * problem.num_stages
+_Held = tuple[tuple[Moment, ...], ...]
+
+
+def _held(problem: PartitionProblem) -> _Held:
+    return tuple(stage_moments(problem, s) for s in range(problem.num_stages))
+
+
+def _holds_no_more(theirs: _Held, mine: _Held) -> bool:
+    """Whether every stage's every moment of ``theirs`` is covered by one of ``mine`` (holds at most as much
+    whatever the sizes: no more micro-batches waiting or split, no gradients or re-materialisation extra)."""
+
+    def covers(a: Moment, b: Moment) -> bool:
+        return (
+            a.split >= b.split
+            and a.waiting + a.split >= b.waiting + b.split
+            and a.grads >= b.grads
+            and a.acting >= b.acting
+        )
+
+    return all(all(any(covers(a, b) for a in ours) for b in them) for them, ours in zip(theirs, mine, strict=True))
 
 
 def _reused(
-    solved: list[tuple[tuple[int, ...], list[PartitionSolution]]], problem: PartitionProblem
+    solved: list[tuple[_Held, list[PartitionSolution]]], problem: PartitionProblem
 ) -> list[PartitionSolution] | None:
-    """Partitions found for the same problem holding no more micro-batches on any stage, when every one of
+    """Partitions found for the same problem holding no more on any stage at any moment, when every one of
     them also fits ``problem``'s memory (None: solve it). Its feasible set is a subset of theirs, so their
     optimum, lying in it, is its optimum; and where theirs had none, it has none."""
-    held = _in_flight(problem)
-    for in_flight, solutions in solved:
-        if any(a > b for a, b in zip(in_flight, held, strict=True)):
+    held = _held(problem)
+    for theirs, solutions in solved:
+        if not _holds_no_more(theirs, held):
             continue
         if all(evaluate(problem, s.boundaries, s.recompute)[0] < math.inf for s in solutions):
             return list(solutions)
@@ -259,7 +277,7 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
     fastest = math.inf if prune_above_s is None else prune_above_s
     # Problems that differ only in the micro-batches held (interleaved 1F1B and looped BFS at the same v
     # place stages alike): their partitions, by in-flight counts held, each solved once where it can be.
-    solved: dict[PartitionProblem, list[tuple[tuple[int, ...], list[PartitionSolution]]]] = {}
+    solved: dict[PartitionProblem, list[tuple[_Held, list[PartitionSolution]]]] = {}
     placed: list[tuple[tuple[int, int], Candidate]] = []
 
     def cannot_win(floor_s: float) -> bool:
@@ -291,13 +309,13 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
             recompute_choices=_recompute_choices(request),
             pinned=pinned_units(profile, request, v) if request.pinned else (),
             max_units_per_stage=request.max_units_per_stage,
-            split_backward=schedule.splits_backward,
+            schedule=schedule,
         )
-        shape = replace(problem, in_flight=())
+        shape = replace(problem, in_flight=(), moments=())
         solutions = _reused(solved.get(shape, []), problem)
         if solutions is None:
             solutions = _partitions(problem, request, stage_rank, v)
-            solved.setdefault(shape, []).append((_in_flight(problem), solutions))
+            solved.setdefault(shape, []).append((_held(problem), solutions))
         if not solutions:
             found.infeasible.append(f"b={b} {schedule.value} v={v}")
             continue
@@ -333,6 +351,7 @@ def _explain_infeasible(profile: Profile, request: PlanRequest) -> str:
         in_flight=in_flight_per_stage(Schedule.ONE_F_ONE_B, request.num_ranks, m, request.num_ranks),
         stage_rank=tuple(range(request.num_ranks)),
         recompute_choices=(True,),
+        schedule=Schedule.ONE_F_ONE_B,
     )
     # The last stage holds the fewest micro-batches under 1F1B: the most lenient place for any unit.
     last = request.num_ranks - 1
@@ -404,6 +423,7 @@ def _baselines(profile: Profile, best: Candidate, request: PlanRequest) -> list[
         in_flight=in_flight_per_stage(schedule, p, best.num_microbatches, p),
         stage_rank=tuple(range(p)),
         recompute_choices=(request.recompute == "on",),
+        schedule=schedule,
     )
     recompute = problem.recompute_choices * p
     times = [f + b for f, b in zip(costs.forward_s, costs.backward_s, strict=True)]
@@ -519,5 +539,3 @@ def make_plans(
         if len(plans) == count:
             break
     return plans
-
-

@@ -143,12 +143,33 @@ def test_near_best_prefers_evenly_used_ranks():
 
 
 def test_split_schedules_count_the_gradients_kept_for_w():
+    # Past I a micro-batch holds its activations and the 64 bytes of gradients I keeps for W, until W (the last
+    # stage no longer its 1024-byte output): at each backward action's start, the stage holds its waiting
+    # micro-batches and those past I.
+    from planner.cost import schedule_moments
+
     profile = make_profile([1.0] * 4, weight_share=0.5, saved_bytes=[1000] * 4)
     zb = _plan(profile, num_ranks=2, global_batch_size=4, recompute="off", schedule="zero-bubble")
     one = _plan(profile, num_ranks=2, global_batch_size=4, recompute="off", schedule="1f1b")
-    # 64 bytes kept per unit and micro-batch at size 1, for every micro-batch in flight (upper bound).
+    moments = schedule_moments(zb.schedule, zb.num_stages, zb.num_microbatches, zb.num_ranks)
     for z in zb.stages:
-        assert z.memory_bytes.activations == (1000 + 64) * len(z.units) * z.in_flight
+        kept = 0 if z.index == 0 else 64  # the first stage runs no I: its micro-batches keep nothing for W
+        kept -= 1024 if z.index == zb.num_stages - 1 else 0
+        weights, grads = 4000 * len(z.units), 4000 * len(z.units)
+        held = 1000 * len(z.units)
+        state = weights + grads + 8000 * len(z.units)
+        expected = max(
+            state - (0 if m.grads else grads) + m.waiting * held + m.split * (held + kept) + 2048
+            for m in moments[z.index]
+        )
+        assert z.memory_bytes.peak == expected + z.memory_bytes.buffers
+        assert z.memory_bytes.activations == max(
+            (
+                m.waiting * held + m.split * (held + kept)
+                for m in moments[z.index]
+                if m.grads == (z.memory_bytes.grads > 0)
+            ),
+        )
     for o in one.stages:
         assert o.memory_bytes.activations == 1000 * len(o.units) * o.in_flight
 
@@ -204,7 +225,7 @@ def test_a_looser_problems_partitions_serve_only_where_they_fit():
     from dataclasses import replace
 
     from planner.search import _reused
-    from solvers.problem import PartitionProblem, PartitionSolution
+    from solvers.problem import Moment, PartitionProblem, PartitionSolution
 
     problem = PartitionProblem(
         forward_s=(1.0, 1.0, 1.0, 1.0),
@@ -217,11 +238,20 @@ def test_a_looser_problems_partitions_serve_only_where_they_fit():
     )
     even = PartitionSolution((0, 2), (False, False), 18.0, 6.0, solver="dp")  # stage 1 holds 20 B x 3 = 60 B
     first = PartitionSolution((0, 1), (False, False), 30.0, 9.0, solver="dp")  # stage 1 holds 30 B x 3 = 90 B
-    assert _reused([((1, 1), [even])], problem) == [even]
-    assert _reused([((1, 1), [even, first])], problem) is None  # one does not fit: solve it afresh
-    assert _reused([((1, 4), [even])], problem) is None  # held more on stage 1: its optimum may be too tight
-    assert _reused([((1, 1), [])], problem) == []  # the looser problem had no partition: neither has this
-    assert _reused([((1, 1), [even])], replace(problem, in_flight=(1, 4))) is None  # 80 B > 60 B
+
+    def held(*waiting: int) -> tuple[tuple[Moment, ...], ...]:
+        return tuple((Moment(w),) for w in waiting)
+
+    assert _reused([(held(1, 1), [even])], problem) == [even]
+    assert _reused([(held(1, 1), [even, first])], problem) is None  # one does not fit: solve it afresh
+    assert _reused([(held(1, 4), [even])], problem) is None  # held more on stage 1: its optimum may be too tight
+    assert _reused([(held(1, 1), [])], problem) == []  # the looser problem had no partition: neither has this
+    assert _reused([(held(1, 1), [even])], replace(problem, in_flight=(1, 4))) is None  # 80 B > 60 B
+    # A moment with the gradients present holds more than one without them, whatever the sizes.
+    no_grads = ((Moment(1, 0, False),), (Moment(3, 0, False),))
+    with_grads = ((Moment(1, 0, True),), (Moment(3, 0, True),))
+    assert _reused([(no_grads, [even])], problem) == [even]
+    assert _reused([(with_grads, [even])], replace(problem, moments=no_grads)) is None
 
 
 def test_a_cpu_plan_records_the_threads_its_profile_was_measured_with():
