@@ -20,6 +20,7 @@ from planner.cost import (
     unit_costs,
 )
 from planner.errors import PlanInfeasibleError, ScheduleError, SearchPrunedError, UsageError
+from planner.formatting import human_bytes
 from planner.plan import BaselinePlan, Plan, SolverInfo, build_plan
 from planner.prediction import (
     partition_peak_memory,
@@ -337,14 +338,14 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
     return found
 
 
-def _explain_infeasible(profile: Profile, request: PlanRequest) -> str:
-    """Say which unit is the hardest to place, by how much it misses, and what would help."""
+def _least_memory_problem(profile: Profile, request: PlanRequest) -> tuple[PartitionProblem, int]:
+    """The search's most lenient problem for memory: the smallest micro-batch size, 1F1B (the fewest
+    micro-batches held of every schedule on one stage per rank), recomputation on every stage."""
     b = min(_micro_batch_sizes(profile, request))
-    costs = unit_costs(profile, b)
     m = request.global_batch_size // b
     problem = build_problem(
         profile,
-        costs,
+        unit_costs(profile, b),
         request.settings,
         num_stages=request.num_ranks,
         num_microbatches=m,
@@ -353,26 +354,55 @@ def _explain_infeasible(profile: Profile, request: PlanRequest) -> str:
         recompute_choices=(True,),
         schedule=Schedule.ONE_F_ONE_B,
     )
-    # The last stage holds the fewest micro-batches under 1F1B: the most lenient place for any unit.
-    last = request.num_ranks - 1
-    needs = [stage_cost(problem, last, u, u, True).memory_bytes for u in range(profile.num_units)]
+    return problem, b
+
+
+def smallest_plan_bytes(problem: PartitionProblem) -> float:
+    """The least memory per device any partition of ``problem`` needs (its fullest stage), to 0.5 %: the
+    capacity, found by bisection, under which the DP first finds a partition."""
+    p = problem.num_stages
+    single = [
+        max(stage_cost(problem, s, u, u, r).memory_bytes for s in range(p) for r in problem.recompute_choices)
+        for u in range(problem.num_units)
+    ]
+    low, high = max(min(single), 1.0), max(sum(single), 1.0)
+
+    def fits(capacity: float) -> bool:
+        try:
+            solve_dp(replace(problem, capacity_bytes=(capacity,) * p, speed=(), pinned=(), max_units_per_stage=None))
+        except PlanInfeasibleError:
+            return False
+        return True
+
+    while not fits(high):
+        high *= 2
+    while high - low > 0.005 * high:
+        mid = (low + high) / 2
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high
+
+
+def _explain_infeasible(profile: Profile, request: PlanRequest) -> str:
+    """One line: what the smallest plan needs per device against what is usable, and what would help."""
+    problem, b = _least_memory_problem(profile, request)
+    p = request.num_ranks
+    capacity = min(problem.capacity_bytes)
+    needs = [stage_cost(problem, p - 1, u, u, True).memory_bytes for u in range(profile.num_units)]
     worst = max(range(profile.num_units), key=needs.__getitem__)
-    capacity = problem.capacity_bytes[last]
-    gib = 1024**3
     unit = profile.units[worst].name
     if needs[worst] > capacity:
         return (
-            f"no plan fits: unit {unit} alone needs {needs[worst] / gib:.2f} GiB even with recomputation at "
-            f"micro-batch {b}, over the {capacity / gib:.2f} GiB usable per device by "
-            f"{(needs[worst] - capacity) / gib:.2f} GiB; use a device with more memory, --optimizer sgd, "
+            f"no plan fits: unit {unit} alone needs {human_bytes(needs[worst])} even with recomputation at "
+            f"micro-batch {b}, over the {human_bytes(capacity)} usable per device by "
+            f"{human_bytes(needs[worst] - capacity)}; use a device with more memory, --optimizer sgd, "
             "or split that unit (--units)"
         )
-    total = sum(needs) / gib
+    least = smallest_plan_bytes(problem)
     return (
-        f"no plan fits {profile.num_units} units on {request.num_ranks} devices of {capacity / gib:.2f} GiB usable "
-        f"(the largest unit, {unit}, needs {needs[worst] / gib:.2f} GiB; all units together "
-        f"{total:.2f} GiB with recomputation at micro-batch {b}): use more stages (--stages), "
-        "--recompute on, a smaller --micro-batch-size, or --optimizer sgd"
+        f"no plan fits {profile.num_units} units on {p} devices of {human_bytes(capacity)} usable: the smallest "
+        f"plan (1F1B, micro-batch {b}, recomputation on every stage) needs {human_bytes(least)} on its fullest "
+        f"device (the largest unit, {unit}, {human_bytes(needs[worst])}); use more stages (--stages), "
+        "a device with more memory, or --optimizer sgd"
     )
 
 

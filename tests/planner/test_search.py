@@ -7,6 +7,7 @@ from planner.errors import PlanInfeasibleError, UsageError
 from planner.request import PlanRequest
 from planner.schedule.simulate import simulate
 from planner.search import make_plan
+from solvers.problem import stage_cost
 from synthetic import make_profile
 
 SHA = "00" * 32
@@ -64,6 +65,36 @@ def test_memory_forces_recomputation():
     assert all(s.memory_bytes.peak <= 90_000_000 for s in plan.stages)
     with pytest.raises(PlanInfeasibleError, match="no plan fits"):
         _plan(profile, num_ranks=2, global_batch_size=8, schedule="gpipe", recompute="off", settings=settings)
+
+
+def test_no_plan_fits_says_what_the_smallest_plan_needs():
+    # Four equal units of 1 MB of state (Adam, 16 B x 62,500 parameters) on 2 devices: the smallest plan holds
+    # two units a device. Usable memory a little below it: no plan; the message gives its need in MiB.
+    from planner.formatting import human_bytes
+    from planner.search import _least_memory_problem, smallest_plan_bytes
+
+    profile = make_profile([1.0] * 4, param_counts=[62_500] * 4, saved_bytes=[1000] * 4)
+    request = PlanRequest(num_ranks=2, global_batch_size=4, settings=FAST_LINK)
+    problem, _ = _least_memory_problem(profile, request)
+    exact = min(
+        max(stage_cost(problem, 0, 0, k - 1, True).memory_bytes, stage_cost(problem, 1, k, 3, True).memory_bytes)
+        for k in range(1, 4)
+    )
+    least = smallest_plan_bytes(problem)
+    assert exact <= least <= exact * 1.005
+    settings = CostSettings(link_bytes_per_s=1e15, link_latency_s=0.0, device_memory_bytes=(int(exact / 0.9 * 0.97),))
+    with pytest.raises(PlanInfeasibleError) as caught:
+        _plan(profile, num_ranks=2, global_batch_size=4, settings=settings)
+    message = str(caught.value)
+    assert (
+        f"the smallest plan (1F1B, micro-batch 1, recomputation on every stage) needs {human_bytes(least)}" in message
+    )
+    assert "MiB usable" in message and "GiB" not in message
+    # Usable memory just above it: that plan exists.
+    roomy = CostSettings(link_bytes_per_s=1e15, link_latency_s=0.0, device_memory_bytes=(int(least / 0.9 * 1.01),))
+    plan = _plan(profile, num_ranks=2, global_batch_size=4, settings=roomy)
+    usable = plan.constraints["capacity_bytes"][0]
+    assert all(s.memory_bytes.peak * len(plan.stages_of_rank(s.rank)) <= usable for s in plan.stages)
 
 
 def test_a_unit_that_cannot_fit_anywhere_is_named():
