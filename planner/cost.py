@@ -377,24 +377,23 @@ def state_bytes_per_param(profile: Profile, settings: CostSettings) -> float:
 
 def _with_gathers(
     profile: Profile, costs: UnitCosts, settings: CostSettings
-) -> tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...]]:
-    """Per unit ``(forward_s, backward_s, transient_bytes)``, with full sharding's collectives.
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per unit ``(forward_s, backward_s)``, with full sharding's collectives.
 
     Under ``full`` (FSDP's defaults: reshard after forward, reduce-scatter after each backward) every
     micro-batch gathers a unit's weights before its forward and again before its backward, and
-    reduce-scatters its gradients after; none of it is assumed hidden behind compute. The gathered
-    weights and unreduced gradients of one unit are working memory.
+    reduce-scatters its gradients after; none of it is assumed hidden behind compute. (Its memory is the
+    runtime's, which keeps a stage gathered all step: :func:`_state_parts`.)
     """
     dp = settings.data_parallel
     if dp is None or dp.shard != "full" or dp.replicas == 1:
-        return costs.forward_s, costs.backward_s, costs.transient_bytes
+        return costs.forward_s, costs.backward_s
     weights, grads, _ = bytes_per_param(profile.device.dtype, settings.optimizer)
     gather = [dp.gather_s(n * weights) for n in costs.param_count]
     scatter = [dp.gather_s(n * grads) for n in costs.param_count]
     forward = tuple(f + g for f, g in zip(costs.forward_s, gather, strict=True))
     backward = tuple(b + g + r for b, g, r in zip(costs.backward_s, gather, scatter, strict=True))
-    transient = tuple(t + n * (weights + grads) for t, n in zip(costs.transient_bytes, costs.param_count, strict=True))
-    return forward, backward, transient
+    return forward, backward
 
 
 def schedule_moments(
@@ -459,7 +458,15 @@ def _state_parts(profile: Profile, settings: CostSettings, params: int, tensors:
     weights, grads, optimizer = (round(params * b / d) for b, d in zip(per_param, divisors, strict=True))
     if settings.optimizer == "adam":
         optimizer += 4 * tensors
-    buckets = grads if dp is not None and dp.replicas > 1 and dp.shard != "full" else 0
+    buckets = 0
+    if dp is not None and dp.replicas > 1 and dp.shard == "full":
+        # torch's PipelineStage keeps an FSDP stage's parameters gathered from its first forward to the step's
+        # end and accumulates its gradients unsharded (``backward_maybe_with_nosync``: no reshard, no gradient
+        # sync until ``perform_reduce_grad``): the shard and the whole weights, the whole gradients.
+        weights += params * per_param[0]
+        grads = params * per_param[1]
+    elif dp is not None and dp.replicas > 1:
+        buckets = grads
     return weights, grads, optimizer, buckets
 
 
@@ -487,7 +494,8 @@ def build_problem(
     """
     num_ranks = max(stage_rank) + 1
     per_rank = [stage_rank.count(r) for r in range(num_ranks)]
-    forward, backward, transient = _with_gathers(profile, costs, settings)
+    forward, backward = _with_gathers(profile, costs, settings)
+    transient = costs.transient_bytes
     tensors = costs.param_tensor_count or (0,) * len(costs.param_count)
     parts = [_state_parts(profile, settings, n, k) for n, k in zip(costs.param_count, tensors, strict=True)]
     split = schedule.splits_backward if schedule is not None else split_backward

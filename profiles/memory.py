@@ -88,7 +88,8 @@ def tensor_storages(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
     """The storages behind ``tensor``: its own, or a wrapper subclass's inner tensors' (a DTensor's shard)."""
     if hasattr(tensor, "__tensor_flatten__"):
         names, _ = tensor.__tensor_flatten__()
-        return [s for name in names for s in tensor_storages(getattr(tensor, name))]
+        inner = [getattr(tensor, name) for name in names]
+        return [s for t in inner if isinstance(t, torch.Tensor) for s in tensor_storages(t)]
     if tensor.device.type == "meta":
         return []
     try:

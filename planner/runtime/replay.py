@@ -266,11 +266,11 @@ def _replay(
                 kind = "F"
             elif step.kind == "B" or (step.kind == "I" and stages.whole_in_input[s]):
                 with act(s, "transient"):
+                    # The outputs stay referenced through the backward, as in torch's backward_one_chunk.
                     out, args = stages.fwd.pop((s, mb))
                     roots, grads = _backward_pairs(stages, s, mb, out)
-                    del out
                     _, dt = _timed(lambda: torch.autograd.backward(roots, grads if s < n - 1 else None), dev)  # noqa: B023
-                    del roots, grads
+                    del out, roots, grads
                     stages.hand_back(s, mb, args)
                 kind = "B"
             elif step.kind == "I":
