@@ -84,6 +84,18 @@ class _Entry:
         """The weak reference whose callback uncounts the storage (kept here, alive as long as the entry)."""
 
 
+_CUDA_BLOCK_BYTES = 512
+"""The CUDA caching allocator's smallest block: every allocation rounds up to a multiple of it (as torch's
+``MemTracker`` counts, from c10/cuda/CUDACachingAllocator.cpp ``kMinBlockSize``)."""
+
+
+def _allocated_bytes(storage: torch.UntypedStorage) -> int:
+    nbytes = storage.nbytes()
+    if storage.device.type == "cuda":
+        return -(-nbytes // _CUDA_BLOCK_BYTES) * _CUDA_BLOCK_BYTES
+    return nbytes
+
+
 def tensor_storages(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
     """The storages behind ``tensor``: its own, or a wrapper subclass's inner tensors' (a DTensor's shard)."""
     if hasattr(tensor, "__tensor_flatten__"):
@@ -158,7 +170,7 @@ class LiveBytes(TorchDispatchMode):
         entry = self._entries.get(storage)
         if entry is not None:
             return entry
-        entry = _Entry(owner, category, storage.nbytes())
+        entry = _Entry(owner, category, _allocated_bytes(storage))
         entry.ref = weakref.ref(storage, functools.partial(self._freed, entry))
         self._entries[storage] = entry
         if entry.nbytes:
@@ -266,9 +278,9 @@ class LiveBytes(TorchDispatchMode):
             # FSDP frees and re-materialises its unsharded parameters by resizing their storages in place.
             out = original(storage, size)
             entry = self._entries.get(storage)
-            if entry is not None and entry.nbytes != storage.nbytes():
-                delta = storage.nbytes() - entry.nbytes
-                entry.nbytes = storage.nbytes()
+            if entry is not None and entry.nbytes != _allocated_bytes(storage):
+                delta = _allocated_bytes(storage) - entry.nbytes
+                entry.nbytes = _allocated_bytes(storage)
                 self._change(entry, delta)
             return out
 
