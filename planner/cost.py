@@ -244,6 +244,9 @@ class UnitCosts:
     """Per unit, the working memory of its W (profile ``weight_transient_bytes``); empty where unmeasured."""
     output_bytes: int = 0
     """The model's output per micro-batch (the last unit's ``output_bytes``)."""
+    relays: tuple[tuple[int, int, int], ...] = ()
+    """``(producer, last consumer, bytes)`` of the tensors that need a gradient and skip a unit: what a stage
+    between the two passes on (planner/runtime/apply.py relays them, a copy per micro-batch)."""
 
     @cached_property
     def work(self) -> UnitWork:
@@ -304,6 +307,11 @@ def _unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
         input_transient_bytes=_per_size(units, "input_transient_bytes", k),
         weight_transient_bytes=_per_size(units, "weight_transient_bytes", k),
         output_bytes=units[-1].output_bytes[k],
+        relays=tuple(
+            (t.producer, t.last_consumer, t.bytes[k])
+            for t in profile.tensors
+            if t.needs_grad and t.producer >= 0 and t.last_consumer - t.producer > 1
+        ),
         param_tensor_count=tuple(u.param_tensor_count for u in units),
     )
 
@@ -409,9 +417,17 @@ def schedule_moments(
         first_split = s == 0 and schedule.splits_backward
         # A recomputing stage's I runs its whole backward; the first stage's I is empty and its W the whole one.
         converted = {
-            Moment(m.waiting + m.split, 0, m.grads, m.kind in "BI", {"I": "W", "W": "B"}.get(m.kind, m.kind))
+            Moment(
+                m.waiting + m.split,
+                0,
+                m.grads,
+                m.kind in "BI",
+                {"I": "W", "W": "B"}.get(m.kind, m.kind),
+                m.sent_grads,
+                m.sent_outputs,
+            )
             if first_split
-            else Moment(m.waiting, m.split, m.grads, m.kind in "BI", m.kind)
+            else Moment(m.waiting, m.split, m.grads, m.kind in "BI", m.kind, m.sent_grads, m.sent_outputs)
             for m in moments
         }
         out.append(tuple(sorted(converted)))
@@ -528,6 +544,7 @@ def build_problem(
         step_bytes=steps,
         step_bytes_add=add,
         local_inputs=tuple(s > 0 and stage_rank[s - 1] == stage_rank[s] for s in range(num_stages)),
+        relays=costs.relays,
         input_transient_bytes=costs.input_transient_bytes,
         weight_transient_bytes=costs.weight_transient_bytes,
         final_output_bytes=costs.output_bytes,

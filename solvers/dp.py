@@ -112,6 +112,12 @@ class _Band:
         self.stage_input = stage_input
         self.in_grad = model.stage_in_grad[ic]
         self.split_held = self.split - np.where(j == n - 1, float(model.problem.final_output_bytes), 0.0)
+        # What sends hold per sent gradient (the stage's input's) and per sent output (its own).
+        self.sent_grad = np.where(ic == 0, 0.0, self.in_grad)
+        self.sent_output = np.broadcast_to(np.where(j == n - 1, 0.0, model.out_held[:, None]), stage_input.shape)
+        self.relayed = np.zeros(stage_input.shape)
+        for producer, consumer, nbytes in model.problem.relays:
+            self.relayed += np.where((ic > producer) & (j < consumer), float(nbytes), 0.0)
         self.out_grad = np.broadcast_to(model.out_grad[:, None], stage_input.shape)
         if model.buffer_mb:
             self.held1 = np.broadcast_to(model.out_held[:, None], stage_input.shape)
@@ -126,15 +132,20 @@ class _Band:
         moments, cap, local_in, local_out = kind
         if math.isinf(cap):
             return self.valid & (self.model.allow1 if recompute else self.model.allow0)
-        held, remat = (self.held1, self.remat1) if recompute else (self.saved, 0.0)
-        received = (self.in_grad if local_in else self.stage_input) + (0.0 if local_out else self.out_grad)
-        buffers = self.model.buffer_mb * received
+        # A stage handing its output over on its rank holds it no more (solvers.problem.stage_memory_peak).
+        handed = self.sent_output if local_out else 0.0
+        held, remat = (self.held1 - handed, self.remat1) if recompute else (self.saved + self.relayed - handed, 0.0)
+        sent_grad = 0.0 if local_in else self.sent_grad
+        sent_output = 0.0 if local_out else self.sent_output
+        buffers = self.model.buffer_mb * (self.stage_input + self.out_grad)
         memory = self.state + buffers + self.step
         base = self.state + buffers
         for m in moments:
             past_input = 0.0 if recompute else m.split * (held + self.split_held)
             activations = m.waiting * held + past_input + (remat if m.acting else 0.0)
-            here = base - (0.0 if m.grads else self.grads) + activations + self.transient[acting_kind(m, recompute)]
+            sends = m.sent_grads * sent_grad + m.sent_outputs * sent_output
+            here = base - (0.0 if m.grads else self.grads) + activations + sends
+            here = here + self.transient[acting_kind(m, recompute)]
             memory = np.maximum(memory, here)
         allowed = self.model.allow1 if recompute else self.model.allow0
         return self.valid & allowed & (memory <= cap)

@@ -128,6 +128,7 @@ def _memory_rows(
     member: Callable[[int, int], list[tuple[float, _Term]]],
     summed: Callable[[tuple, int, float], list[tuple[float, _Term]]],
     starts: Callable[[list[float], int, float], list[tuple[float, _Term]]],
+    y: dict[tuple[int, int], _Term],
 ) -> None:
     """Stage ``s`` fits in ``cap``: one row for the step's tail and one per moment and recompute choice, the
     terms of :func:`solvers.problem.stage_memory_peak`, linear in the assignment (rows scaled by ``cap``)."""
@@ -157,12 +158,23 @@ def _memory_rows(
     saved = summed(problem.saved_bytes, s, scale)
     split = summed(problem.split_held_bytes, s, scale)
     local_in, local_out = local_cuts(problem, s)
-    if local_in:  # the input's gradients handed back, where its receive buffers would be
-        buffers = [(problem.buffer_microbatches * c, t) for c, t in starts(cut_grads, s, scale)]
-    else:
-        buffers = stage_input(problem.buffer_microbatches)
-    if not local_out:
-        buffers += [(problem.buffer_microbatches * c, t) for c, t in stage_end(cut_grads, 0.0)]
+    buffers = stage_input(problem.buffer_microbatches)
+    buffers += [(problem.buffer_microbatches * c, t) for c, t in stage_end(cut_grads, 0.0)]
+    # A stage handing its output over on its rank holds it no more (solvers.problem.stage_memory_peak).
+    handed = [(-c, t) for c, t in stage_end(cut_bytes, 0.0)] if local_out else []
+    # What sends hold: the stage's input's gradients and its outputs (solvers.problem.stage_memory_peak).
+    sent_grad = [] if (local_in or s == 0) else starts(cut_grads, s, scale)
+    sent_output = [] if local_out else stage_end(cut_bytes, 0.0)
+    # A tensor relayed through the stage (made before it, read after it): max(0, made before - read within),
+    # the product of the two for binaries, linear since it enters only with positive coefficients.
+    relayed: list[tuple[float, _Term]] = []
+    for k, (producer, consumer, nbytes) in enumerate(problem.relays):
+        if s == 0 or consumer >= n:
+            continue
+        z = _var(prob, f"z_{k}_{s}", lowBound=0)
+        prob.addConstraint(_expr([(1.0, z), (-1.0, y[producer, s - 1]), (1.0, y[consumer, s])]) >= 0)
+        relayed.append((nbytes / scale, z))
+    relayed_all = sum(b for _, _, b in problem.relays) / scale
     # The last stage lets the model's output go at I (split_held for it is less that output).
     split_held = split + ([(-problem.final_output_bytes / scale, 1)] if s == p - 1 else [])
     transient = {
@@ -199,11 +211,14 @@ def _memory_rows(
     row(state + buffers + step, None, top)
     for m in stage_moments(problem, s):
         no_grads = [] if m.grads else [(-c, t) for c, t in grads]
+        sends = [(m.sent_grads * c, t) for c, t in sent_grad] + [(m.sent_outputs * c, t) for c, t in sent_output]
+        most_sent = (m.sent_grads * max(cut_grads, default=0) + m.sent_outputs * max(cut_bytes, default=0)) / scale
         if False in choices:
-            base = state + buffers + transient[acting_kind(m, False)]
-            lhs = base + no_grads + [((m.waiting + m.split) * c, t) for c, t in saved]
+            base = state + buffers + sends + transient[acting_kind(m, False)]
+            lhs = base + no_grads + [((m.waiting + m.split) * c, t) for c, t in saved + relayed + handed]
             lhs += [(m.split * c, t) for c, t in split_held]
-            row(lhs, False, top + (m.waiting + m.split) * saved_all + m.split * split_all)
+            bound = top + most_sent + (m.waiting + m.split) * (saved_all + relayed_all) + m.split * split_all
+            row(lhs, False, bound)
         if True in choices:
             # A recomputing stage runs its whole backward in I: nothing past it is held.
             remat = list(saved)
@@ -213,10 +228,10 @@ def _memory_rows(
                     remat.append((-problem.output_held_bytes / scale, 1))
             else:
                 held = stage_input(1)
-            base = state + buffers + transient[acting_kind(m, True)]
-            lhs = base + no_grads + [(m.waiting * c, t) for c, t in held]
+            base = state + buffers + sends + transient[acting_kind(m, True)]
+            lhs = base + no_grads + [(m.waiting * c, t) for c, t in held + handed]
             lhs += [(int(m.acting) * c, t) for c, t in remat]
-            row(lhs, True, top + m.waiting * most_held + saved_all)
+            row(lhs, True, top + most_sent + m.waiting * most_held + saved_all)
 
 
 def _check(problem: PartitionProblem) -> None:
@@ -341,7 +356,7 @@ def solve_ilp(problem: PartitionProblem, time_limit_s: float = 60.0, backend: st
             objective_terms += starts(comm, s, scale_s)
         cap = problem.capacity_bytes[s] if problem.capacity_bytes else math.inf
         if not math.isinf(cap):
-            _memory_rows(prob, problem, s, r, cap, member, summed, starts)
+            _memory_rows(prob, problem, s, r, cap, member, summed, starts, y)
     prob += _expr(objective_terms)
     # A valid cut: speed-weighted stage times add up to at least the whole model's compute.
     prob += bottleneck >= (math.fsum(fwd) + math.fsum(bwd)) / scale_s / sum(speed)

@@ -20,6 +20,7 @@ and chooses recomputation ``r_s`` (activation checkpointing). With ``M`` micro-b
 
       pipeline_s = state_s - (0 if grads else grads_s) + buffers_s + T_s
                    + waiting * held_s + split * (held_s + split_s) + (remat_s if acting)
+                   + sent_grads * in_grad_s + sent_outputs * out_s
       tail_s     = state_s + buffers_s + step_s
 
   with ``state_s`` the weight+gradient+optimizer bytes of its units (``param_state_bytes``), ``grads_s`` the
@@ -32,12 +33,14 @@ and chooses recomputation ``r_s`` (activation checkpointing). With ``M`` micro-b
   tensors, which the loss keeps outside the recomputed part); ``split_s`` what the input-gradient action keeps
   for the weight-gradient action (``split_held_bytes``; a recomputing stage runs its whole backward in I and
   holds nothing past it); a stage whose input comes from the stage before it on the same rank
-  (``local_inputs``) has no receive buffers for that cut (but holds the gradients it hands back as long as
-  they would be), nor has that stage for its output's gradient; ``T_s`` is the acting action's (B, I or W:
+  (``local_inputs``) gets the tensors handed over in place of its receive buffers, which keep them (so the
+  stage before it holds its output no more) and sends nothing across it; ``T_s`` is the acting action's (B, I or W:
   ``transient_bytes``, ``input_transient_bytes``, ``weight_transient_bytes``); past I the last stage no
-  longer holds the model's output (``final_output_bytes``); and ``step_s`` the optimizer step's temporaries
-  (``step_bytes``, their largest unit or their sum). With the defaults (one moment of ``in_flight[s]``
-  micro-batches, no receive buffers, nothing split or stepped) it is the textbook
+  longer holds the model's output (``final_output_bytes``); a send holds ``sent_grads`` input gradients and
+  ``sent_outputs`` outputs of earlier micro-batches (planner/schedule/memory.py); a non-recomputing stage that
+  passes on tensors made before it and read after it holds a copy of each (``relays``); and ``step_s`` the
+  optimizer step's temporaries (``step_bytes``, their largest unit or their sum). With the defaults (one moment
+  of ``in_flight[s]`` micro-batches, no receive buffers, nothing split, sent or stepped) it is the textbook
 
       params_s + transient_s + (a_s * in_flight_s  if not r_s else  in_s * in_flight_s + a_s).
 
@@ -65,6 +68,7 @@ __all__ = [
     "local_cuts",
     "transient_arrays",
     "acting_kind",
+    "relayed_bytes",
     "INFEASIBLE",
 ]
 
@@ -131,6 +135,11 @@ class PartitionProblem:
     final_output_bytes: int = 0
     """The model's output (the last unit's), which the last stage lets go at its input-gradient action: a
     micro-batch past I holds it no more."""
+    relays: tuple[tuple[int, int, int], ...] = ()
+    """``(producer, last consumer, bytes)`` of tensors that need a gradient and skip units (a UNet's skips): a
+    stage that neither makes nor last reads one passes it on, a copy per micro-batch held like its activations
+    (planner/runtime/apply.py ``StageModule``: a relayed input is a view, and the split backward detaches outputs
+    in place, which a view refuses)."""
     local_inputs: tuple[bool, ...] = ()
     """Per stage: its input comes from the stage before it on the same rank (the turn of a V), handed over in
     memory: neither keeps receive buffers for that cut. Empty = none."""
@@ -196,6 +205,10 @@ class Moment(NamedTuple):
     """Whether the acting micro-batch is re-materialised here under recomputation (B and I, not W)."""
     kind: str = "B"
     """The acting action: B (full backward), I (input gradient) or W (weight gradient): whose working memory."""
+    sent_grads: int = 0
+    """Input gradients of earlier micro-batches that a send still holds (the stage's input's size each)."""
+    sent_outputs: int = 0
+    """Outputs of micro-batches past their backward that a send still holds (the stage's output's size each)."""
 
 
 @dataclass(frozen=True)
@@ -250,6 +263,11 @@ def stage_moments(problem: PartitionProblem, stage: int) -> tuple[Moment, ...]:
     return (Moment(problem.in_flight[stage] if problem.in_flight else problem.num_microbatches),)
 
 
+def relayed_bytes(problem: PartitionProblem, first: int, last: int) -> int:
+    """Bytes a stage of units ``first..last`` passes on per micro-batch (``relays`` made before it, read after)."""
+    return sum(b for producer, consumer, b in problem.relays if producer < first and consumer > last)
+
+
 def acting_kind(moment: Moment, recompute: bool) -> str:
     """Whose working memory a moment's action has: a recomputing stage's I runs its whole backward (B)."""
     return "B" if recompute and moment.kind == "I" else moment.kind
@@ -289,22 +307,26 @@ def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: i
     last_unit = last == problem.num_units - 1
     out_grad = 0 if last_unit else _at(problem.cut_grad_bytes, last)
     local_in, local_out = local_cuts(problem, stage)
-    # Across a cut on one rank torch hands the tensors over: no receive buffers; the input's gradients this
-    # stage hands back wait as the previous stage's receive buffers would, and are counted here.
-    received = (_at(problem.cut_grad_bytes, first - 1) if local_in else stage_input) + (0 if local_out else out_grad)
-    buffers = problem.buffer_microbatches * received
+    # Across a cut on one rank torch hands the tensors over in place of the receive buffers, which keep them
+    # (set_local_fwd_input / set_local_bwd_input): as many, held by the stage that receives them.
+    buffers = problem.buffer_microbatches * (stage_input + out_grad)
+    # What a send still holds: an input gradient per sent one, an output per one past its backward.
+    sent_grad = 0 if first == 0 or local_in else _at(problem.cut_grad_bytes, first - 1)
+    sent_output = 0 if last_unit or local_out else _at(problem.cut_bytes, last)
     # Past I, the last stage no longer holds the model's output (torch detaches it; nothing saved it).
     split_held = split - (problem.final_output_bytes if last_unit else 0)
+    # A stage handing its output over on its rank holds it no more: the next stage's buffers do.
+    handed = _at(problem.cut_bytes, last) if local_out and not last_unit else 0
     if not recompute:
-        held, remat = saved, 0
+        held, remat = saved + relayed_bytes(problem, first, last) - handed, 0
     elif not problem.buffer_microbatches:
-        held, remat = stage_input, saved
+        held, remat = stage_input - handed, saved
     elif last_unit:
         # The loss runs after the checkpointed stage: its output and the loss's saved tensors are held, not
         # re-materialised.
         held, remat = problem.output_held_bytes, saved - problem.output_held_bytes
     else:
-        held, remat = _at(problem.cut_bytes, last), saved
+        held, remat = _at(problem.cut_bytes, last) - handed, saved
     step = problem.step_bytes[first : last + 1] if problem.step_bytes else (0,)
     tail = StageMemory(state, grads, buffers, 0, sum(step) if problem.step_bytes_add else max(step))
     best = tail
@@ -313,7 +335,10 @@ def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: i
         past_input = 0 if recompute else m.split * (held + split_held)
         activations = m.waiting * held + past_input + (remat if m.acting else 0)
         kept = grads if m.grads else 0
-        here = StageMemory(state - grads + kept, kept, buffers, activations, transient[acting_kind(m, recompute)])
+        sends = m.sent_grads * sent_grad + m.sent_outputs * sent_output
+        here = StageMemory(
+            state - grads + kept, kept, buffers + sends, activations, transient[acting_kind(m, recompute)]
+        )
         if here.total_bytes > best.total_bytes:
             best = here
     return best

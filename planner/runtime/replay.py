@@ -28,7 +28,7 @@ from torch import nn
 from planner.errors import ExecutionError
 from planner.plan import Plan
 from planner.runtime.apply import microbatch_inputs, schedule_microbatches, split_stages, tied_parameter_groups
-from planner.schedule.orders import Step, rank_orders
+from planner.schedule.orders import Schedule, Step, rank_orders
 from profiles.memory import LiveBytes, MemorySample
 from profiles.reference import SpeedReference
 from profiles.workload import Workload, as_tuple
@@ -155,6 +155,14 @@ class _Stages:
         self.split: dict[tuple[int, int], tuple[Any, tuple[Any, ...], Any]] = {}
         self.loss: dict[int, torch.Tensor] = {}
         self.whole_in_input = [plan.schedule.splits_backward and st.recompute for st in plan.stages]
+        # What torch's sends still hold (planner/schedule/memory.py): the multi-stage runtime waits for every
+        # send at the end of the step, GPipe for its backward sends after its last backward, 1F1B for each
+        # before its next forward (or, in its cool-down, after its next backward).
+        self.sent: list[list[Any]] = [[] for _ in range(self.n)]
+        self.keeps_outputs = plan.schedule.multi_stage
+        self.one_pending = plan.schedule is Schedule.ONE_F_ONE_B
+        self.handed: Callable[[Any, int], None] = lambda tensors, owner: None
+        """Told of tensors handed to a stage across a cut on one rank (the memory tracker makes them its buffers)."""
 
     def buffers(self) -> list[torch.Tensor]:
         """Every receive buffer (for the memory tracker)."""
@@ -168,7 +176,10 @@ class _Stages:
             return self.mb_inputs[mb]
         sent = tuple(v for v in as_tuple(self.fwd[s - 1, mb][0]) if isinstance(v, torch.Tensor))
         if self.local[s]:
-            return tuple(_leaf(v) for v in sent)
+            # torch's set_local_fwd_input: the tensors take the receive buffers' place, kept until replaced.
+            self.recv[s][mb] = tuple(_leaf(v) for v in sent)
+            self.handed(self.recv[s][mb], s)
+            return self.recv[s][mb]
         if mb not in self.recv[s]:
             self.recv[s][mb] = tuple(torch.empty_like(v) for v in sent)
         bufs = self.recv[s][mb]
@@ -176,6 +187,20 @@ class _Stages:
             for b, v in zip(bufs, sent, strict=True):
                 b.copy_(v)
         return tuple(b.requires_grad_(v.requires_grad) for b, v in zip(bufs, sent, strict=True))
+
+    def forwarded(self, s: int) -> None:
+        """Before a forward: 1F1B has waited for the stage's last backward send."""
+        if self.one_pending:
+            self.sent[s].clear()
+
+    def finished(self, s: int, out: Any) -> None:
+        """A micro-batch's backward is done: the multi-stage runtime's send of its output still holds it."""
+        if self.keeps_outputs and s < self.n - 1 and not self.local[s + 1]:
+            self.sent[s].append(out)
+
+    def step_ended(self) -> None:
+        for sent in self.sent:
+            sent.clear()
 
     def received_grads(self, s: int, mb: int) -> list[torch.Tensor | None]:
         return self.grad_recv[s][mb]
@@ -190,8 +215,12 @@ class _Stages:
         if s == 0:
             return
         if self.local[s]:
-            self.grad_recv[s - 1][mb] = grads
+            self.grad_recv[s - 1][mb] = grads  # set_local_bwd_input: in place of the receive buffers
+            self.handed([g for g in grads if g is not None], s - 1)
             return
+        if self.one_pending:
+            self.sent[s].clear()  # the previous backward's send, waited once this backward is done
+        self.sent[s].append(grads)
         if mb not in self.grad_recv[s - 1]:
             self.grad_recv[s - 1][mb] = [None if g is None else torch.empty_like(g) for g in grads]
         for b, g in zip(self.grad_recv[s - 1][mb], grads, strict=True):
@@ -250,6 +279,7 @@ def _replay(
         for step in order:
             s, mb = step.stage, step.microbatch
             if step.kind == "F":
+                stages.forwarded(s)
                 with act(s, "activations"):
                     args = stages.forward(s, mb)
                     # The last stage's forward includes the loss, as the profile's last unit and torch's schedule
@@ -270,6 +300,7 @@ def _replay(
                     out, args = stages.fwd.pop((s, mb))
                     roots, grads = _backward_pairs(stages, s, mb, out)
                     _, dt = _timed(lambda: torch.autograd.backward(roots, grads if s < n - 1 else None), dev)  # noqa: B023
+                    stages.finished(s, out)
                     del out, roots, grads
                     stages.hand_back(s, mb, args)
                 kind = "B"
@@ -296,9 +327,12 @@ def _replay(
                     groups, args, pending = stages.split.pop((s, mb), (None, (), None))
                     if groups is not None:
                         _, dt = _timed(lambda: stage_backward_weight(modules[s].parameters(), groups), dev)  # noqa: B023
+                        if pending is not None:
+                            stages.finished(s, pending[0])
                     elif pending is not None:
                         roots, grads = pending
                         _, dt = _timed(lambda: torch.autograd.backward(roots, grads if s < n - 1 else None), dev)  # noqa: B023
+                        stages.finished(s, roots)
                         stages.hand_back(s, mb, args)
                         del roots, grads
                     else:
@@ -313,6 +347,7 @@ def _replay(
         if times is not None:
             for (s, _), dt in sorted(backward_s.items()):
                 times["B"][s].append(dt)
+        stages.step_ended()
         if not tail:
             return torch.stack(losses).mean()
         # The step's tail, untimed: the tied copies summed, the optimizer stepped, the gradients let go.
@@ -346,6 +381,7 @@ def _replay(
         reference.time_once()
     tracker = _tracker(plan, modules, stages, optimizer, batch, target)
     act = tracker.acting
+    stages.handed = lambda tensors, owner: [tracker.classify(t, "buffers", owner) for t in tensors]
     with tracker:
         one_step(None)
     return ReplayResult(

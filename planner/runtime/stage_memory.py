@@ -10,7 +10,8 @@ What is counted, and as what, is :mod:`profiles.memory`'s; what exists before th
 each stage's parameters (weights) and gradients, the optimizer's state, torch's receive buffers of every
 micro-batch (``PipelineStage.args_recv_info`` / ``grad_recv_info``, made once when the schedule first runs),
 the step's batch on the ranks that read it, and what the replicas' gradient reduction holds (DDP's buckets,
-which the dispatcher never sees: they are made in C++ when DDP is built).
+which the dispatcher never sees: they are made in C++ when DDP is built). A tensor torch hands from one stage to
+the next on the same rank becomes the receiving stage's buffer, as it takes that buffer's place.
 """
 
 from __future__ import annotations
@@ -74,7 +75,25 @@ def _acting_stages(run: PipelineRun, tracker: LiveBytes) -> Iterator[None]:
         saved.append((obj, method, obj.__dict__.get(method)))
         setattr(obj, method, acting)
 
+    def receive(obj: Any, method: str, owner: int) -> None:
+        """Across a cut on one rank torch hands the tensors over in place of the receiving stage's buffers,
+        which keep them: from then on they are that stage's buffers."""
+        original = getattr(obj, method, None)
+        if original is None:
+            return
+
+        def handed(values: Any, mb: int) -> Any:
+            for t in values if isinstance(values, (tuple, list)) else (values,):
+                if isinstance(t, torch.Tensor):
+                    tracker.classify(t, "buffers", owner)
+            return original(values, mb)
+
+        saved.append((obj, method, obj.__dict__.get(method)))
+        setattr(obj, method, handed)
+
     for stage, s in zip(run.stages, run.stage_indices, strict=True):
+        receive(stage, "set_local_fwd_input", s)
+        receive(stage, "set_local_bwd_input", s)
         wrap(stage, "forward_one_chunk", s, "activations")
         wrap(stage, "backward_one_chunk", s, "transient")
         wrap(stage, "backward_weight_one_chunk", s, "transient")

@@ -15,7 +15,12 @@ A moment counts, for one stage at the start of one backward action (B, I or W, i
 - ``split``: micro-batches whose input gradient (I) has run and whose weight gradient (W) has not (the acting
   one among them for W): each holds its activations, kept by the graph, and the gradients I keeps for W;
 - ``grads``: whether the stage's weight gradients exist (a B or W ran before in the step);
-- ``kind``: the acting action's kind (a recomputing stage re-runs its forward inside B and I).
+- ``kind``: the acting action's kind (a recomputing stage re-runs its forward inside B and I);
+- ``sent_grads``, ``sent_outputs``: input gradients and outputs of micro-batches past their backward that a
+  send still holds. torch's multi-stage runtime (``_PipelineScheduleRuntime``) waits for every send at the end
+  of the step, so every input gradient sent (after B or I) and every output sent whose backward is done (after
+  B or W) stays; GPipe waits for its backward sends after its last backward; 1F1B waits for each before its next
+  forward, and in its cool-down (backward after backward) after the next backward (torch 2.13 schedules.py).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class MemoryMoment:
     split: int
     grads: bool
     kind: str
+    sent_grads: int = 0
+    sent_outputs: int = 0
 
     def covers(self, other: MemoryMoment) -> bool:
         """Whether this moment holds at least as much as ``other`` whatever the sizes (a split micro-batch holds at
@@ -42,13 +49,15 @@ class MemoryMoment:
             self.waiting + self.split >= other.waiting + other.split
             and self.split >= other.split
             and self.grads >= other.grads
+            and self.sent_grads >= other.sent_grads
+            and self.sent_outputs >= other.sent_outputs
             and (self.kind in "BI" or other.kind == "W")
         )
 
 
 def _pareto(moments: set[MemoryMoment]) -> tuple[MemoryMoment, ...]:
     kept = [m for m in moments if not any(o != m and o.covers(m) for o in moments)]
-    return tuple(sorted(kept, key=lambda m: (m.waiting, m.split, m.grads, m.kind)))
+    return tuple(sorted(kept, key=lambda m: (m.waiting, m.split, m.grads, m.kind, m.sent_grads, m.sent_outputs)))
 
 
 @lru_cache(maxsize=64)
@@ -58,22 +67,38 @@ def memory_moments(
     """Per stage, the moments at which it may peak (none dominated by another; see the module docstring)."""
     waiting = [0] * num_stages
     split = [0] * num_stages
+    done = [0] * num_stages
     grads = [False] * num_stages
+    previous = [""] * num_stages
     found: list[set[MemoryMoment]] = [set() for _ in range(num_stages)]
     for order in rank_orders(sched, num_stages, num_microbatches, num_ranks):
         for step in order:
             s = step.stage
             if step.kind == "F":
                 waiting[s] += 1
+                previous[s] = "F"
                 continue
-            found[s].add(MemoryMoment(waiting[s], split[s], grads[s], step.kind))
+            sent_grads, sent_outputs = _held_by_sends(sched, done[s], split[s], previous[s])
+            found[s].add(MemoryMoment(waiting[s], split[s], grads[s], step.kind, sent_grads, sent_outputs))
             if step.kind == "B":
                 waiting[s] -= 1
+                done[s] += 1
                 grads[s] = True
             elif step.kind == "I":
                 waiting[s] -= 1
                 split[s] += 1
             else:
                 split[s] -= 1
+                done[s] += 1
                 grads[s] = True
+            previous[s] = step.kind
     return tuple(_pareto(f) for f in found)
+
+
+def _held_by_sends(sched: Schedule, done: int, split: int, previous: str) -> tuple[int, int]:
+    """``(input gradients, outputs)`` of finished micro-batches that a send still holds (module docstring)."""
+    if sched.multi_stage:
+        return done + split, done
+    if sched is Schedule.ONE_F_ONE_B:
+        return int(previous == "B"), 0
+    return done, 0

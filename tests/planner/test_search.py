@@ -183,24 +183,29 @@ def test_split_schedules_count_the_gradients_kept_for_w():
     zb = _plan(profile, num_ranks=2, global_batch_size=4, recompute="off", schedule="zero-bubble")
     one = _plan(profile, num_ranks=2, global_batch_size=4, recompute="off", schedule="1f1b")
     moments = schedule_moments(zb.schedule, zb.num_stages, zb.num_microbatches, zb.num_ranks)
+    last = zb.num_stages - 1
     for z in zb.stages:
         kept = 0 if z.index == 0 else 64  # the first stage runs no I: its micro-batches keep nothing for W
-        kept -= 1024 if z.index == zb.num_stages - 1 else 0
+        kept -= 1024 if z.index == last else 0
         weights, grads = 4000 * len(z.units), 4000 * len(z.units)
         held = 1000 * len(z.units)
         state = weights + grads + 8000 * len(z.units)
+        # Receive buffers of 4 micro-batches: the 1024-byte input, the output's 1024-byte gradient; and what
+        # the runtime's sends still hold (an input gradient, an output) of the micro-batches sent.
+        received = 4 * (1024 + (1024 if z.index < last else 0))
+        sent_grad, sent_out = (1024 if z.index > 0 else 0), (1024 if z.index < last else 0)
         expected = max(
-            state - (0 if m.grads else grads) + m.waiting * held + m.split * (held + kept) + 2048
+            state
+            - (0 if m.grads else grads)
+            + m.waiting * held
+            + m.split * (held + kept)
+            + 2048
+            + received
+            + m.sent_grads * sent_grad
+            + m.sent_outputs * sent_out
             for m in moments[z.index]
         )
-        assert z.memory_bytes.peak == expected + z.memory_bytes.buffers
-        assert z.memory_bytes.activations == max(
-            (
-                m.waiting * held + m.split * (held + kept)
-                for m in moments[z.index]
-                if m.grads == (z.memory_bytes.grads > 0)
-            ),
-        )
+        assert z.memory_bytes.peak == expected
     for o in one.stages:
         assert o.memory_bytes.activations == 1000 * len(o.units) * o.in_flight
 

@@ -62,7 +62,13 @@ def _runtime_memory(rng: random.Random, n: int, p: int, m: int, params: tuple[in
     """The runtime's memory terms, drawn (solvers/problem.py ``stage_memory_peak``)."""
 
     def moment() -> Moment:
-        return Moment(rng.randint(0, m), rng.randint(0, 2), rng.random() < 0.6, rng.random() < 0.7, rng.choice("BIW"))
+        counts = (rng.randint(0, m), rng.randint(0, 2))
+        flags = (rng.random() < 0.6, rng.random() < 0.7, rng.choice("BIW"))
+        return Moment(*counts, *flags, rng.randint(0, 3), rng.randint(0, 2))
+
+    def relay() -> tuple[int, int, int]:
+        producer = rng.randrange(n)
+        return producer, rng.randint(producer + 1, n + 1), rng.randint(1, 60)
 
     def per_unit(high: int) -> tuple[int, ...]:
         return tuple(rng.randint(0, high) for _ in range(n)) if rng.random() < 0.7 else ()
@@ -80,6 +86,7 @@ def _runtime_memory(rng: random.Random, n: int, p: int, m: int, params: tuple[in
         "weight_transient_bytes": per_unit(50),
         "final_output_bytes": rng.randint(0, 30),
         "local_inputs": tuple(s > 0 and rng.random() < 0.3 for s in range(p)),
+        "relays": tuple(relay() for _ in range(rng.randint(0, 3))) if n > 1 else (),
     }
 
 

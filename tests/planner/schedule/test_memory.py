@@ -9,18 +9,33 @@ from planner.schedule.orders import Schedule, stage_to_rank
 from planner.schedule.simulate import in_flight_per_stage
 
 
-def test_gpipe_peaks_at_its_first_backward_or_its_second() -> None:
-    # Every forward first: M waiting without gradients, then M - 1 with them.
-    first, second = MemoryMoment(4, 0, False, "B"), MemoryMoment(3, 0, True, "B")
-    assert memory_moments(Schedule.GPIPE, 2, 4, 2) == ((second, first), (second, first))
+def test_gpipe_peaks_at_its_first_backward_or_a_later_one() -> None:
+    # Every forward first: M waiting without gradients; then one fewer at each backward, with the gradients, and
+    # one more input gradient held by a send (GPipe waits for its backward sends after its last backward).
+    stage = (
+        MemoryMoment(1, 0, True, "B", sent_grads=3),
+        MemoryMoment(2, 0, True, "B", sent_grads=2),
+        MemoryMoment(3, 0, True, "B", sent_grads=1),
+        MemoryMoment(4, 0, False, "B"),
+    )
+    assert memory_moments(Schedule.GPIPE, 2, 4, 2) == (stage, stage)
 
 
 def test_1f1b_holds_p_minus_s_micro_batches_at_each_backward() -> None:
+    # In its steady state a send is waited for before the next forward; in the cool-down, after the next backward.
     assert memory_moments(Schedule.ONE_F_ONE_B, 3, 6, 3) == (
-        (MemoryMoment(3, 0, True, "B"),),
-        (MemoryMoment(2, 0, True, "B"),),
+        (MemoryMoment(2, 0, True, "B", sent_grads=1), MemoryMoment(3, 0, True, "B")),
+        (MemoryMoment(1, 0, True, "B", sent_grads=1), MemoryMoment(2, 0, True, "B")),
         (MemoryMoment(1, 0, True, "B"),),
     )
+
+
+def test_the_multi_stage_runtime_holds_every_send_until_the_step_ends() -> None:
+    # torch's _PipelineScheduleRuntime waits for its sends at the end of the step: at the last backward of a
+    # stage, the input gradients and outputs of every micro-batch before it are still held.
+    moments = memory_moments(Schedule.INTERLEAVED_1F1B, 4, 4, 2)
+    last_backward = max(moments[1], key=lambda m: m.sent_grads)
+    assert (last_backward.waiting, last_backward.sent_grads, last_backward.sent_outputs) == (1, 3, 3)
 
 
 @pytest.mark.parametrize(
