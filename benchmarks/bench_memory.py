@@ -272,24 +272,32 @@ def cluster(args: argparse.Namespace, out: Path) -> list[Row]:
     return rows
 
 
-def _held_and_time(run: Callable[[], Any], x: Any) -> tuple[int, float]:
-    """What one forward leaves alive (live tensor bytes, the input excluded) and the median of 7 forward +
-    backward times."""
+def _held(run: Callable[[], Any], module: Any, inputs: list[Any]) -> int:
+    """What one forward leaves alive until its backward: live tensor bytes, the inputs and the weights excluded
+    (registered first: a view of a weight is no new storage)."""
     from profiles.memory import LiveBytes
 
     tracker = LiveBytes(default_owner=0)
-    tracker.register([x], 0, "buffers")
+    tracker.register([*module.parameters(), *module.buffers()], 0, "weights")
+    tracker.register(inputs, 0, "buffers")
     with tracker:
+        before = tracker.live(0).total_bytes
         out = run()
-        held = tracker.live(0).total_bytes - x.untyped_storage().nbytes()
+        held = tracker.live(0).total_bytes - before
     out.sum().backward()
-    del out
-    times = []
-    for _ in range(7):
-        started = time.perf_counter()
-        run().sum().backward()
-        times.append(time.perf_counter() - started)
-    return held, statistics.median(times)
+    return held
+
+
+def _interleaved_medians(runs: list[Callable[[], Any]], rounds: int = 9) -> list[float]:
+    """Median forward + backward time of each run, timed in turn round after round: a shared machine's speed
+    moves from one second to the next, and round-robin rounds see the same moments."""
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(rounds):
+        for k, run in enumerate(runs):
+            started = time.perf_counter()
+            run().sum().backward()
+            times[k].append(time.perf_counter() - started)
+    return [statistics.median(t) for t in times]
 
 
 def selective(args: argparse.Namespace) -> None:
@@ -300,12 +308,14 @@ def selective(args: argparse.Namespace) -> None:
     trade-off is measured instead, with torch's own selective checkpointing
     (``torch.utils.checkpoint.create_selective_checkpoint_contexts``): the outputs of the matrix products are
     saved, every other operator (layer norm, softmax, GELU, additions) is recomputed. Per micro-batch: what the
-    block holds from its forward to its backward, and the median forward + backward time of 7 (one thread).
+    block holds from its forward to its backward, and the median forward + backward time of 9 rounds, the three
+    timed in turn (one thread).
     """
     import torch
     from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-    from profiles.models.hf import gpt2_small, llama_small
+    from planner.runtime.apply import split_stages
+    from profiles.workload import as_tuple, load_workload
 
     torch.set_num_threads(1)
     matmuls = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
@@ -313,36 +323,42 @@ def selective(args: argparse.Namespace) -> None:
     def policy(ctx: object, op: object, *a: object, **k: object) -> CheckpointPolicy:
         return CheckpointPolicy.MUST_SAVE if op in matmuls else CheckpointPolicy.PREFER_RECOMPUTE
 
-    def first(out: Any) -> Any:
-        return out[0] if isinstance(out, tuple) else out
-
-    llama = llama_small().model.model
-    blocks = [
-        ("gpt2-small block", gpt2_small().model.transformer.h[0], 768, False),
-        ("llama-small layer", llama.layers[0], 512, True),
-    ]
     rows = []
-    for name, block, width, rotary in blocks:
-        x = torch.randn(1, 128, width, requires_grad=True)
-        extra = {"position_embeddings": llama.rotary_emb(x, torch.arange(128)[None])} if rotary else {}
+    # The block as the runtime runs it: the traced piece of a stage holding it (planner/runtime/apply.py).
+    for spec, block, after in (
+        ("gpt2-small", "transformer.h.1", "transformer.h.2"),
+        ("llama-small", "model.layers.1", "model.layers.2"),
+    ):
+        workload = load_workload(spec)
+        ids, _ = workload.make_batch(1)
+        stages = split_stages(workload.model, as_tuple(ids), [block, after], [False, False, False])
+        carried = as_tuple(stages[0](*as_tuple(ids)))
+        stage = stages[1]
+        args = [carried[i].detach().requires_grad_(carried[i].requires_grad) for i in stage.arg_sources]
+        piece = stage.inner
         variants = {
-            "none": partial(block, x, **extra),
-            "whole block": partial(checkpoint, block, x, use_reentrant=False, **extra),
+            "none": partial(piece, *args),
+            "whole block": partial(checkpoint, piece, *args, use_reentrant=False),
             "selective (matmuls saved)": partial(
                 checkpoint,
-                block,
-                x,
+                piece,
+                *args,
                 use_reentrant=False,
                 context_fn=partial(create_selective_checkpoint_contexts, policy),
-                **extra,
             ),
         }
-        base_s = 0.0
-        for label, run in variants.items():
-            held, median = _held_and_time(lambda run=run: first(run()), x)
-            base_s = base_s or median
-            extra_time = f"{(median / base_s - 1) * 100:+.0f}%"
-            rows.append([f"{name} (b=1, 128 tokens)", label, human_bytes(held), f"{median * 1e3:.1f} ms", extra_time])
+
+        def first(out: Any) -> Any:
+            return out[0] if isinstance(out, tuple) else out
+
+        runs = [lambda run=run: first(run()) for run in variants.values()]
+        held = [_held(run, piece, args) for run in runs]
+        medians = _interleaved_medians(runs)
+        for label, nbytes, median in zip(variants, held, medians, strict=True):
+            extra_time = f"{(median / medians[0] - 1) * 100:+.0f}%"
+            rows.append(
+                [f"{spec} {block} (b=1, 128 tokens)", label, human_bytes(nbytes), f"{median * 1e3:.1f} ms", extra_time]
+            )
     print(format_table(["block", "recomputation", "held per micro-batch", "fwd+bwd", "time"], rows, align="<<>>>"))
 
 
