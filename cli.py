@@ -387,6 +387,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             check_numerics=args.check_numerics,
             timeout_s=args.timeout,
             device=args.device,
+            memory_tolerance=args.memory_tolerance,
         )
     print(format_report(report))
     if args.out:

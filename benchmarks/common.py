@@ -68,6 +68,7 @@ def make_setting(
         in_flight=in_flight_per_stage(schedule, num_stages, num_microbatches, num_stages),
         stage_rank=stage_to_rank(schedule, num_stages, num_stages),
         recompute_choices=recompute_choices,
+        schedule=schedule,
     )
     return Setting(profile, costs, problem, schedule, micro_batch_size, num_stages, num_microbatches)
 

@@ -41,9 +41,11 @@ from profiles.workload import load_workload  # noqa: E402
 
 
 def _resident_prediction_bytes(plan) -> int:
-    """What replay holds at its peak: every stage's weights, gradients and activations, one transient."""
+    """What replay holds at its peak: every stage's weights, gradients, optimizer state (replay steps the
+    optimizer), activations and receive buffers, one transient."""
     stages = plan.stages
-    held = sum(s.memory_bytes.params + s.memory_bytes.grads + s.memory_bytes.activations for s in stages)
+    parts = ("params", "grads", "optimizer", "activations", "buffers")
+    held = sum(getattr(s.memory_bytes, part) for s in stages for part in parts)
     return held + max(s.memory_bytes.transient for s in stages)
 
 

@@ -15,8 +15,10 @@ from planner.bounds import UnitWork
 from planner.calibration import Calibration, ring_s
 from planner.errors import UsageError
 from planner.graph import build_graph, cut_bytes, cut_grad_bytes
-from profiles.format import Profile
-from solvers.problem import PartitionProblem
+from planner.schedule.memory import memory_moments
+from planner.schedule.orders import Schedule
+from profiles.format import Profile, UnitProfile
+from solvers.problem import Moment, PartitionProblem, stage_memory_peak
 
 __all__ = [
     "Optimizer",
@@ -29,6 +31,7 @@ __all__ = [
     "UnitCosts",
     "unit_costs",
     "build_problem",
+    "schedule_moments",
     "stage_memory",
     "step_tails",
     "SHARDING",
@@ -42,6 +45,7 @@ SHARDING = ("none", "optimizer", "full")
 """``none``: DDP (every replica keeps everything); ``optimizer``: ZeRO-1 (optimizer state split over the
 replicas); ``full``: FSDP / ZeRO-3 (weights, gradients and optimizer state split, weights gathered per use)."""
 
+
 @dataclass(frozen=True)
 class MemoryBreakdown:
     params: int
@@ -53,8 +57,10 @@ class MemoryBreakdown:
     transient: int
     """Working memory of the largest unit's forward+backward."""
     peak: int
-    """Sum of the above: what the stage needs at its peak."""
-
+    """Sum of the parts: what the stage needs at its peak."""
+    buffers: int = 0
+    """Communication buffers and the step's batch: torch's receive buffers of every micro-batch, gradient
+    buckets of the replicas' reduction (absent in plans made before it was modelled: 0)."""
 
 
 # One-way link per pipeline hop: (bytes/s, latency s).
@@ -70,11 +76,12 @@ Optimizer = str  # "sgd" | "adam"
 
 # Bytes per parameter (weights, gradients, optimizer state), after ZeRO (Rajbhandari et al., SC 2020, Sec. 3.1):
 # fp32 Adam keeps m and v (8 B); mixed precision keeps 16-bit weights and gradients plus an fp32 master copy,
-# m and v (12 B). Plain SGD keeps nothing in fp32 and the fp32 master copy in mixed precision.
+# m and v (12 B). SGD is the one the runtime steps (planner/runtime/rank_timing.py ``make_optimizer``): with
+# momentum, one fp32 buffer (4 B), beside the fp32 master copy in mixed precision.
 _BYTES_PER_PARAM: dict[tuple[bool, str], tuple[int, int, int]] = {
-    (False, "sgd"): (4, 4, 0),
+    (False, "sgd"): (4, 4, 4),
     (False, "adam"): (4, 4, 8),
-    (True, "sgd"): (2, 2, 4),
+    (True, "sgd"): (2, 2, 8),
     (True, "adam"): (2, 2, 12),
 }
 
@@ -224,6 +231,22 @@ class UnitCosts:
     """Per unit, the weight-gradient part W (``stage_backward_weight``); empty as above."""
     weight_grad_bytes: tuple[int, ...] = ()
     """Per unit, the gradients I keeps alive until W (profile ``weight_grad_bytes``); empty if unmeasured."""
+    held_bytes: tuple[int, ...] = ()
+    """Per unit, what one micro-batch's forward leaves alive until its backward (profile ``held_bytes``; its
+    ``saved_bytes`` where unmeasured). Empty: ``saved_bytes``."""
+    largest_param_bytes: tuple[int, ...] = ()
+    """Per unit, its largest parameter tensor (profile ``largest_param_bytes``; 0 where unmeasured)."""
+    param_tensor_count: tuple[int, ...] = ()
+    """Per unit, parameter tensors its stage holds (tied copies included)."""
+    input_transient_bytes: tuple[int, ...] = ()
+    """Per unit, the working memory of its I (profile ``input_transient_bytes``); empty where unmeasured."""
+    weight_transient_bytes: tuple[int, ...] = ()
+    """Per unit, the working memory of its W (profile ``weight_transient_bytes``); empty where unmeasured."""
+    output_bytes: int = 0
+    """The model's output per micro-batch (the last unit's ``output_bytes``)."""
+    relays: tuple[tuple[int, int, int], ...] = ()
+    """``(producer, last consumer, bytes)`` of the tensors that need a gradient and skip a unit: what a stage
+    between the two passes on (planner/runtime/apply.py relays them, a copy per micro-batch)."""
 
     @cached_property
     def work(self) -> UnitWork:
@@ -236,12 +259,11 @@ class UnitCosts:
         """As :attr:`work` with the backward split into I and W where measured."""
         return UnitWork.of(self.forward_s, self.backward_s, self.input_s, self.weight_s) if self.weight_s else self.work
 
-    def held_bytes(self, split_backward: bool) -> tuple[int, ...]:
-        """Per unit, what one in-flight micro-batch holds: its saved activations, plus under a split
-        backward the gradients kept for W (counted for every in-flight micro-batch: an upper bound)."""
-        if not split_backward or not self.weight_grad_bytes:
-            return self.saved_bytes
-        return tuple(a + g for a, g in zip(self.saved_bytes, self.weight_grad_bytes, strict=True))
+    @property
+    def activation_bytes(self) -> tuple[int, ...]:
+        """Per unit, what one micro-batch holds from its forward to its backward: :attr:`held_bytes` where
+        measured, else the saved activations."""
+        return self.held_bytes or self.saved_bytes
 
 
 _RECENT_COSTS: dict[tuple[int, int], tuple[Profile, UnitCosts]] = {}
@@ -265,9 +287,8 @@ def _unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
     k = profile.size_index(micro_batch_size)
     graph = build_graph(profile)
     units = profile.units
-    # Without an allocator peak (CPU), a unit's working memory is estimated as its output plus that
-    # output's gradient: the two tensors alive at the boundary of its forward and backward.
-    transient = tuple(u.peak_bytes[k] if u.peak_bytes is not None else 2 * u.output_bytes[k] for u in units)
+    transient = tuple(_unit_transient(u, k) for u in units)
+    held = all(u.held_bytes is not None for u in units)
     split = all(u.has_split for u in units)
     return UnitCosts(
         forward_s=tuple(u.forward_s[k] for u in units),
@@ -281,7 +302,35 @@ def _unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
         input_s=tuple(u.backward_input_s[k] for u in units) if split else (),  # type: ignore[index]
         weight_s=tuple(u.backward_weight_s[k] for u in units) if split else (),  # type: ignore[index]
         weight_grad_bytes=tuple(u.weight_grad_bytes[k] if u.weight_grad_bytes else 0 for u in units) if split else (),
+        held_bytes=tuple(u.held_bytes[k] for u in units) if held else (),  # type: ignore[index]
+        largest_param_bytes=tuple(u.largest_param_bytes for u in units),
+        input_transient_bytes=_per_size(units, "input_transient_bytes", k),
+        weight_transient_bytes=_per_size(units, "weight_transient_bytes", k),
+        output_bytes=units[-1].output_bytes[k],
+        relays=tuple(
+            (t.producer, t.last_consumer, t.bytes[k])
+            for t in profile.tensors
+            if t.needs_grad and t.producer >= 0 and t.last_consumer - t.producer > 1
+        ),
+        param_tensor_count=tuple(u.param_tensor_count for u in units),
     )
+
+
+def _per_size(units: tuple[UnitProfile, ...], name: str, k: int) -> tuple[int, ...]:
+    """An optional per-size unit field at one size for every unit, or empty when any unit lacks it."""
+    values = [getattr(u, name) for u in units]
+    return () if any(v is None for v in values) else tuple(v[k] for v in values)
+
+
+def _unit_transient(unit: UnitProfile, k: int) -> int:
+    """A unit's backward working memory: measured by live tensor bytes (profile ``transient_bytes``); in
+    profiles made before, the CUDA allocator's peak of its forward+backward, or on CPU its output plus that
+    output's gradient (the two tensors alive at the boundary of its forward and backward)."""
+    if unit.transient_bytes is not None:
+        return unit.transient_bytes[k]
+    if unit.peak_bytes is not None:
+        return unit.peak_bytes[k]
+    return 2 * unit.output_bytes[k]
 
 
 def split_backward_times(
@@ -299,13 +348,19 @@ def split_backward_times(
     its forward inside I, the first backward pass. The first stage is different: torch's
     ``PipelineStage.backward_one_chunk`` skips I for it (its input needs no gradient) and
     ``backward_weight_one_chunk`` runs the stage's whole backward as W, so there I = 0 and W = its full
-    backward ``backward_s[0]``.
+    backward ``backward_s[0]``. A recomputing stage runs its whole backward, the re-run forward included, in I
+    and nothing in W (planner/runtime/apply.py ``_backward_whole``: torch's split re-materialises a checkpointed
+    stage once per parameter group).
     """
     if not costs.weight_s:
         return [], []
     inputs, weights = [], []
     for s, units in enumerate(stage_units):
         scale = speed[s] if speed else 1.0
+        if recompute[s]:
+            inputs.append(backward_s[s])
+            weights.append(0.0)
+            continue
         if s == 0:
             inputs.append(0.0)
             weights.append(backward_s[0])
@@ -330,24 +385,105 @@ def state_bytes_per_param(profile: Profile, settings: CostSettings) -> float:
 
 def _with_gathers(
     profile: Profile, costs: UnitCosts, settings: CostSettings
-) -> tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...]]:
-    """Per unit ``(forward_s, backward_s, transient_bytes)``, with full sharding's collectives.
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per unit ``(forward_s, backward_s)``, with full sharding's collectives.
 
     Under ``full`` (FSDP's defaults: reshard after forward, reduce-scatter after each backward) every
     micro-batch gathers a unit's weights before its forward and again before its backward, and
-    reduce-scatters its gradients after; none of it is assumed hidden behind compute. The gathered
-    weights and unreduced gradients of one unit are working memory.
+    reduce-scatters its gradients after; none of it is assumed hidden behind compute. (Its memory is the
+    runtime's, which keeps a stage gathered all step: :func:`_state_parts`.)
     """
     dp = settings.data_parallel
     if dp is None or dp.shard != "full" or dp.replicas == 1:
-        return costs.forward_s, costs.backward_s, costs.transient_bytes
+        return costs.forward_s, costs.backward_s
     weights, grads, _ = bytes_per_param(profile.device.dtype, settings.optimizer)
     gather = [dp.gather_s(n * weights) for n in costs.param_count]
     scatter = [dp.gather_s(n * grads) for n in costs.param_count]
     forward = tuple(f + g for f, g in zip(costs.forward_s, gather, strict=True))
     backward = tuple(b + g + r for b, g, r in zip(costs.backward_s, gather, scatter, strict=True))
-    transient = tuple(t + n * (weights + grads) for t, n in zip(costs.transient_bytes, costs.param_count, strict=True))
-    return forward, backward, transient
+    return forward, backward
+
+
+def schedule_moments(
+    schedule: Schedule, num_stages: int, num_microbatches: int, num_ranks: int
+) -> tuple[tuple[Moment, ...], ...]:
+    """Per stage, the moments at which it may peak under ``schedule`` (planner/schedule/memory.py), as the solvers
+    weigh them. A recomputing stage re-materialises its forward in B and I (it runs its whole backward in I,
+    planner/runtime/apply.py ``_backward_whole``); the first stage under a split backward runs no I otherwise
+    (its input needs no gradient: torch's ``backward_one_chunk`` skips it), so there a micro-batch past I holds
+    what a waiting one does."""
+    out = []
+    for s, moments in enumerate(memory_moments(schedule, num_stages, num_microbatches, num_ranks)):
+        first_split = s == 0 and schedule.splits_backward
+        # A recomputing stage's I runs its whole backward; the first stage's I is empty and its W the whole one.
+        converted = {
+            Moment(
+                m.waiting + m.split,
+                0,
+                m.grads,
+                m.kind in "BI",
+                {"I": "W", "W": "B"}.get(m.kind, m.kind),
+                m.sent_grads,
+                m.sent_outputs,
+            )
+            if first_split
+            else Moment(m.waiting, m.split, m.grads, m.kind in "BI", m.kind, m.sent_grads, m.sent_outputs)
+            for m in moments
+        }
+        out.append(tuple(sorted(converted)))
+    return tuple(out)
+
+
+def _step_bytes(profile: Profile, costs: UnitCosts, settings: CostSettings) -> tuple[tuple[int, ...], bool]:
+    """Per unit, what the step's tail allocates for it, and whether a stage's is its units' sum.
+
+    The optimizer's temporaries: torch's Adam on a CPU updates one parameter at a time (the single-tensor
+    path: ``foreach`` defaults to off on a CPU), and ``exp_avg_sq.sqrt() / bias_correction2_sqrt`` holds two
+    temporaries of the parameter's size, so a stage's is twice its largest parameter; on CUDA the ``foreach``
+    path takes each ``sqrt`` of the whole list at once: one fp32 copy of the stage's parameters. SGD with
+    momentum updates in place. A tied weight's copy is summed with its owner's through a buffer of the
+    gradient's size (planner/runtime/apply.py ``_sum_across``), before the optimizer step.
+    """
+    _, grad_b, _ = bytes_per_param(profile.device.dtype, settings.optimizer)
+    foreach = profile.device.kind == "cuda"
+    if settings.optimizer != "adam":
+        optimizer = [0] * len(costs.param_count)
+    elif foreach:
+        optimizer = [4 * n for n in costs.param_count]
+    else:
+        optimizer = [2 * b for b in costs.largest_param_bytes]
+    tied = [u.tied_param_count * grad_b if u.tied_params else 0 for u in profile.units]
+    for u, unit in enumerate(profile.units):
+        if unit.tied_params and unit.tied_param_count:
+            owner = _tie_owner(profile, u)
+            tied[owner] = max(tied[owner], unit.tied_param_count * grad_b)
+    if foreach:
+        return tuple(o + t for o, t in zip(optimizer, tied, strict=True)), True
+    return tuple(max(o, t) for o, t in zip(optimizer, tied, strict=True)), False
+
+
+def _state_parts(profile: Profile, settings: CostSettings, params: int, tensors: int) -> tuple[int, int, int, int]:
+    """``(weights, grads, optimizer, buckets)`` bytes of ``params`` parameters in ``tensors`` tensors on one device.
+
+    Adam keeps a 4-byte ``step`` per parameter tensor beside m and v; DDP (a cluster plan replicating without
+    sharding the weights) reduces the gradients through buckets as large as they are, kept from step to step.
+    """
+    per_param = bytes_per_param(profile.device.dtype, settings.optimizer)
+    dp = settings.data_parallel
+    divisors = dp.state_divisors() if dp else (1, 1, 1)
+    weights, grads, optimizer = (round(params * b / d) for b, d in zip(per_param, divisors, strict=True))
+    if settings.optimizer == "adam":
+        optimizer += 4 * tensors
+    buckets = 0
+    if dp is not None and dp.replicas > 1 and dp.shard == "full":
+        # torch's PipelineStage keeps an FSDP stage's parameters gathered from its first forward to the step's
+        # end and accumulates its gradients unsharded (``backward_maybe_with_nosync``: no reshard, no gradient
+        # sync until ``perform_reduce_grad``): the shard and the whole weights, the whole gradients.
+        weights += params * per_param[0]
+        grads = params * per_param[1]
+    elif dp is not None and dp.replicas > 1:
+        buckets = grads
+    return weights, grads, optimizer, buckets
 
 
 def build_problem(
@@ -363,16 +499,24 @@ def build_problem(
     pinned: tuple[tuple[int, int], ...] = (),
     max_units_per_stage: int | None = None,
     split_backward: bool = False,
+    schedule: Schedule | None = None,
 ) -> PartitionProblem:
     """The partition problem of ``num_stages`` stages placed on ranks by ``stage_rank``.
 
     A rank holding ``v`` stages (interleaved schedules) gives each ``1/v`` of its capacity, so any
-    partition the solver accepts fits on the rank as a whole.
+    partition the solver accepts fits on the rank as a whole. With ``schedule``, each stage's memory is its
+    peak over that schedule's moments (:func:`schedule_moments`); without, over one moment of ``in_flight``
+    micro-batches with the gradients present.
     """
     num_ranks = max(stage_rank) + 1
     per_rank = [stage_rank.count(r) for r in range(num_ranks)]
-    state = state_bytes_per_param(profile, settings)
-    forward, backward, transient = _with_gathers(profile, costs, settings)
+    forward, backward = _with_gathers(profile, costs, settings)
+    transient = costs.transient_bytes
+    tensors = costs.param_tensor_count or (0,) * len(costs.param_count)
+    parts = [_state_parts(profile, settings, n, k) for n, k in zip(costs.param_count, tensors, strict=True)]
+    split = schedule.splits_backward if schedule is not None else split_backward
+    steps, add = _step_bytes(profile, costs, settings)
+    activations = costs.activation_bytes
     return PartitionProblem(
         forward_s=forward,
         backward_s=backward,
@@ -382,8 +526,8 @@ def build_problem(
         cut_backward_s=tuple(_transfer_s(b, settings) for b in costs.cut_grad_bytes),
         cut_bytes=costs.cut_bytes,
         input_bytes=costs.input_bytes,
-        param_state_bytes=tuple(round(n * state) for n in costs.param_count),
-        saved_bytes=costs.held_bytes(split_backward),
+        param_state_bytes=tuple(sum(p) for p in parts),
+        saved_bytes=activations,
         transient_bytes=transient,
         in_flight=in_flight,
         capacity_bytes=tuple(settings.capacity(profile, r, num_ranks) / per_rank[r] for r in stage_rank),
@@ -391,31 +535,44 @@ def build_problem(
         speed=tuple(settings.speed(r, num_ranks) for r in stage_rank) if settings.device_speeds else (),
         pinned=pinned,
         max_units_per_stage=max_units_per_stage,
+        moments=schedule_moments(schedule, num_stages, num_microbatches, num_ranks) if schedule is not None else (),
+        grad_bytes=tuple(p[1] for p in parts),
+        split_held_bytes=costs.weight_grad_bytes if split and costs.weight_grad_bytes else (),
+        buffer_microbatches=num_microbatches,
+        cut_grad_bytes=costs.cut_grad_bytes,
+        output_held_bytes=activations[-1],
+        step_bytes=steps,
+        step_bytes_add=add,
+        local_inputs=tuple(s > 0 and stage_rank[s - 1] == stage_rank[s] for s in range(num_stages)),
+        relays=costs.relays,
+        input_transient_bytes=costs.input_transient_bytes,
+        weight_transient_bytes=costs.weight_transient_bytes,
+        final_output_bytes=costs.output_bytes,
     )
 
 
 def stage_memory(
     profile: Profile,
-    costs: UnitCosts,
     settings: CostSettings,
+    problem: PartitionProblem,
+    costs: UnitCosts,
+    stage: int,
     first: int,
     last: int,
-    *,
-    in_flight: int,
     recompute: bool,
-    split_backward: bool = False,
 ) -> MemoryBreakdown:
-    """Memory of a stage holding units ``first..last``: the same terms as ``solvers.problem.stage_cost``."""
-    weights, grads, optim = bytes_per_param(profile.device.dtype, settings.optimizer)
-    divisors = settings.data_parallel.state_divisors() if settings.data_parallel else (1, 1, 1)
-    params = sum(costs.param_count[first : last + 1])
-    saved = sum(costs.held_bytes(split_backward)[first : last + 1])
-    stage_input = costs.input_bytes if first == 0 else costs.cut_bytes[first - 1]
-    activations = stage_input * in_flight + saved if recompute else saved * in_flight
-    transient = max(_with_gathers(profile, costs, settings)[2][first : last + 1])
-    state = [round(params * b / d) for b, d in zip((weights, grads, optim), divisors, strict=True)]
-    parts = (*state, activations, transient)
-    return MemoryBreakdown(*parts, peak=sum(parts))
+    """Memory of stage ``stage`` holding units ``first..last`` at its peak, by part: the solvers' own formula
+    (``solvers.problem.stage_memory_peak``), its state split into weights, gradients, optimizer state and the
+    gradient buckets (reported with the buffers)."""
+    peak = stage_memory_peak(problem, stage, first, last, recompute)
+    tensors = costs.param_tensor_count or (0,) * len(costs.param_count)
+    units = range(first, last + 1)
+    per_unit = [_state_parts(profile, settings, costs.param_count[u], tensors[u]) for u in units]
+    weights, grads, optimizer, buckets = (sum(part) for part in zip(*per_unit, strict=True))
+    grads = grads if peak.grads_bytes else 0
+    buffers = round(peak.buffers_bytes) + buckets
+    parts = (weights, grads, optimizer, round(peak.activations_bytes), round(peak.transient_bytes))
+    return MemoryBreakdown(*parts, peak=sum(parts) + buffers, buffers=buffers)
 
 
 def _gradient_sync_s(dp: DataParallel | None, weight_bytes: float, grad_bytes: float) -> float:

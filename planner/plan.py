@@ -48,6 +48,7 @@ __all__ = [
     "build_plan",
 ]
 
+
 @dataclass(frozen=True)
 class StagePlan:
     index: int
@@ -279,14 +280,7 @@ def build_plan(
                 send_bytes=costs.cut_bytes[last] if last < problem.num_units - 1 else 0,
                 in_flight=problem.in_flight[s],
                 memory_bytes=stage_memory(
-                    profile,
-                    costs,
-                    request.settings,
-                    first,
-                    last,
-                    in_flight=problem.in_flight[s],
-                    recompute=solution.recompute[s],
-                    split_backward=best.schedule.splits_backward,
+                    profile, request.settings, problem, costs, s, first, last, solution.recompute[s]
                 ),
                 input_s=inputs[s] if inputs else None,
                 weight_s=weights[s] if weights else None,
@@ -356,7 +350,6 @@ def plan_constraints(profile: Profile, request: PlanRequest) -> dict[str, object
         "top_k": request.top_k,
         "calibration": s.calibration_label,
     }
-
 
 
 def _mesh_dict(mesh: Mesh) -> dict[str, Any]:

@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from planner.cost import (
     CostSettings,
+    MemoryBreakdown,
     UnitCosts,
     build_problem,
     split_backward_times,
+    stage_memory,
     step_tails,
     tail_groups,
     unit_costs,
@@ -32,6 +34,7 @@ __all__ = [
     "prediction_of",
     "predict_plan",
     "plan_pipeline",
+    "plan_memory",
     "repredicted_plan",
     "partition_pipeline",
     "partition_runtime_terms",
@@ -200,11 +203,9 @@ def partition_pipeline(
     )
 
 
-
 def partition_peak_memory(problem: PartitionProblem, solution: PartitionSolution) -> float:
     units = solution.stage_units(problem.num_units)
     return max(stage_cost(problem, s, r[0], r[-1], solution.recompute[s]).memory_bytes for s, r in enumerate(units))
-
 
 
 def prediction_of(
@@ -245,13 +246,11 @@ def predict_plan(profile: Profile, plan: Plan, settings: CostSettings) -> Simula
     return plan_pipeline(profile, plan, settings).simulate()
 
 
-def plan_pipeline(profile: Profile, plan: Plan, settings: CostSettings) -> Pipeline:
-    """An existing plan's partition as a pipeline under other settings (e.g. another calibration).
-
-    The plan's schedule, micro-batching, boundaries and recomputation are kept; the cost model and the
-    runtime terms come from ``settings``. ``tune`` and the fidelity benchmark use it to hold several
-    models of cost against the same measured run.
-    """
+def _plan_problem(
+    profile: Profile, plan: Plan, settings: CostSettings
+) -> tuple[UnitCosts, PartitionProblem, tuple[int, ...]]:
+    """An existing plan's partition problem under ``settings``, and its boundaries (a CPU profile at the
+    threads each of the plan's ranks has)."""
     profile = profile.for_ranks(plan.num_ranks)
     names = [u.name for u in profile.units]
     try:
@@ -261,7 +260,6 @@ def plan_pipeline(profile: Profile, plan: Plan, settings: CostSettings) -> Pipel
             f"the plan's units are not the profile's (plan for {plan.model_name}, profile of {profile.model.name})"
         ) from None
     costs = unit_costs(profile, plan.micro_batch_size)
-    stage_rank = stage_to_rank(plan.schedule, plan.num_stages, plan.num_ranks)
     problem = build_problem(
         profile,
         costs,
@@ -269,10 +267,32 @@ def plan_pipeline(profile: Profile, plan: Plan, settings: CostSettings) -> Pipel
         num_stages=plan.num_stages,
         num_microbatches=plan.num_microbatches,
         in_flight=in_flight_per_stage(plan.schedule, plan.num_stages, plan.num_microbatches, plan.num_ranks),
-        stage_rank=stage_rank,
+        stage_rank=stage_to_rank(plan.schedule, plan.num_stages, plan.num_ranks),
         recompute_choices=(False, True),
-        split_backward=plan.schedule.splits_backward,
+        schedule=plan.schedule,
     )
+    return costs, problem, boundaries
+
+
+def plan_memory(profile: Profile, plan: Plan, settings: CostSettings) -> tuple[MemoryBreakdown, ...]:
+    """Each stage's memory at its peak for an existing plan's partition under ``settings`` (the cost model as it
+    stands, e.g. for a plan written by hand or made by an older pipeplan)."""
+    costs, problem, boundaries = _plan_problem(profile, plan, settings)
+    ends = (*boundaries[1:], problem.num_units)
+    return tuple(
+        stage_memory(profile, settings, problem, costs, s, first, end - 1, plan.stages[s].recompute)
+        for s, (first, end) in enumerate(zip(boundaries, ends, strict=True))
+    )
+
+
+def plan_pipeline(profile: Profile, plan: Plan, settings: CostSettings) -> Pipeline:
+    """An existing plan's partition as a pipeline under other settings (e.g. another calibration).
+
+    The plan's schedule, micro-batching, boundaries and recomputation are kept; the cost model and the
+    runtime terms come from ``settings``. ``tune`` and the fidelity benchmark use it to hold several
+    models of cost against the same measured run.
+    """
+    costs, problem, boundaries = _plan_problem(profile, plan, settings)
     recompute = tuple(s.recompute for s in plan.stages)
     objective, bottleneck = evaluate(problem, boundaries, recompute)
     solution = PartitionSolution(boundaries, recompute, objective, bottleneck, solver="given")

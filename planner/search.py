@@ -20,6 +20,7 @@ from planner.cost import (
     unit_costs,
 )
 from planner.errors import PlanInfeasibleError, ScheduleError, SearchPrunedError, UsageError
+from planner.formatting import human_bytes
 from planner.plan import BaselinePlan, Plan, SolverInfo, build_plan
 from planner.prediction import (
     partition_peak_memory,
@@ -36,7 +37,7 @@ from solvers.baselines import balanced_by_params, balanced_by_time, uniform_by_c
 from solvers.dp import solve_dp
 from solvers.even import balance_ranks, solve_even
 from solvers.ilp import solve_ilp
-from solvers.problem import PartitionProblem, PartitionSolution, evaluate, stage_cost
+from solvers.problem import Moment, PartitionProblem, PartitionSolution, evaluate, stage_cost, stage_moments
 
 __all__ = [
     "PlanRequest",
@@ -222,19 +223,37 @@ def _partitions(
     return solutions
 
 
-def _in_flight(problem: PartitionProblem) -> tuple[int, ...]:
-    return problem.in_flight or (problem.num_microbatches,) * problem.num_stages
+_Held = tuple[tuple[Moment, ...], ...]
+
+
+def _held(problem: PartitionProblem) -> _Held:
+    return tuple(stage_moments(problem, s) for s in range(problem.num_stages))
+
+
+def _holds_no_more(theirs: _Held, mine: _Held) -> bool:
+    """Whether every stage's every moment of ``theirs`` is covered by one of ``mine`` (holds at most as much
+    whatever the sizes: no more micro-batches waiting or split, no gradients or re-materialisation extra)."""
+
+    def covers(a: Moment, b: Moment) -> bool:
+        return (
+            a.split >= b.split
+            and a.waiting + a.split >= b.waiting + b.split
+            and a.grads >= b.grads
+            and a.acting >= b.acting
+        )
+
+    return all(all(any(covers(a, b) for a in ours) for b in them) for them, ours in zip(theirs, mine, strict=True))
 
 
 def _reused(
-    solved: list[tuple[tuple[int, ...], list[PartitionSolution]]], problem: PartitionProblem
+    solved: list[tuple[_Held, list[PartitionSolution]]], problem: PartitionProblem
 ) -> list[PartitionSolution] | None:
-    """Partitions found for the same problem holding no more micro-batches on any stage, when every one of
+    """Partitions found for the same problem holding no more on any stage at any moment, when every one of
     them also fits ``problem``'s memory (None: solve it). Its feasible set is a subset of theirs, so their
     optimum, lying in it, is its optimum; and where theirs had none, it has none."""
-    held = _in_flight(problem)
-    for in_flight, solutions in solved:
-        if any(a > b for a, b in zip(in_flight, held, strict=True)):
+    held = _held(problem)
+    for theirs, solutions in solved:
+        if not _holds_no_more(theirs, held):
             continue
         if all(evaluate(problem, s.boundaries, s.recompute)[0] < math.inf for s in solutions):
             return list(solutions)
@@ -260,7 +279,7 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
     fastest = math.inf if prune_above_s is None else prune_above_s
     # Problems that differ only in the micro-batches held (interleaved 1F1B and looped BFS at the same v
     # place stages alike): their partitions, by in-flight counts held, each solved once where it can be.
-    solved: dict[PartitionProblem, list[tuple[tuple[int, ...], list[PartitionSolution]]]] = {}
+    solved: dict[PartitionProblem, list[tuple[_Held, list[PartitionSolution]]]] = {}
     placed: list[tuple[tuple[int, int], Candidate]] = []
 
     def cannot_win(floor_s: float) -> bool:
@@ -292,13 +311,13 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
             recompute_choices=_recompute_choices(request),
             pinned=pinned_units(profile, request, v) if request.pinned else (),
             max_units_per_stage=request.max_units_per_stage,
-            split_backward=schedule.splits_backward,
+            schedule=schedule,
         )
-        shape = replace(problem, in_flight=())
+        shape = replace(problem, in_flight=(), moments=())
         solutions = _reused(solved.get(shape, []), problem)
         if solutions is None:
             solutions = _partitions(problem, request, stage_rank, v)
-            solved.setdefault(shape, []).append((_in_flight(problem), solutions))
+            solved.setdefault(shape, []).append((_held(problem), solutions))
         if not solutions:
             found.infeasible.append(f"b={b} {schedule.value} v={v}")
             continue
@@ -320,41 +339,71 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
     return found
 
 
-def _explain_infeasible(profile: Profile, request: PlanRequest) -> str:
-    """Say which unit is the hardest to place, by how much it misses, and what would help."""
+def _least_memory_problem(profile: Profile, request: PlanRequest) -> tuple[PartitionProblem, int]:
+    """The search's most lenient problem for memory: the smallest micro-batch size, 1F1B (the fewest
+    micro-batches held of every schedule on one stage per rank), recomputation on every stage."""
     b = min(_micro_batch_sizes(profile, request))
-    costs = unit_costs(profile, b)
     m = request.global_batch_size // b
     problem = build_problem(
         profile,
-        costs,
+        unit_costs(profile, b),
         request.settings,
         num_stages=request.num_ranks,
         num_microbatches=m,
         in_flight=in_flight_per_stage(Schedule.ONE_F_ONE_B, request.num_ranks, m, request.num_ranks),
         stage_rank=tuple(range(request.num_ranks)),
         recompute_choices=(True,),
+        schedule=Schedule.ONE_F_ONE_B,
     )
-    # The last stage holds the fewest micro-batches under 1F1B: the most lenient place for any unit.
-    last = request.num_ranks - 1
-    needs = [stage_cost(problem, last, u, u, True).memory_bytes for u in range(profile.num_units)]
+    return problem, b
+
+
+def smallest_plan_bytes(problem: PartitionProblem) -> float:
+    """The least memory per device any partition of ``problem`` needs (its fullest stage), to 0.5 %: the
+    capacity, found by bisection, under which the DP first finds a partition."""
+    p = problem.num_stages
+    single = [
+        max(stage_cost(problem, s, u, u, r).memory_bytes for s in range(p) for r in problem.recompute_choices)
+        for u in range(problem.num_units)
+    ]
+    low, high = max(min(single), 1.0), max(sum(single), 1.0)
+
+    def fits(capacity: float) -> bool:
+        try:
+            solve_dp(replace(problem, capacity_bytes=(capacity,) * p, speed=(), pinned=(), max_units_per_stage=None))
+        except PlanInfeasibleError:
+            return False
+        return True
+
+    while not fits(high):
+        high *= 2
+    while high - low > 0.005 * high:
+        mid = (low + high) / 2
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high
+
+
+def _explain_infeasible(profile: Profile, request: PlanRequest) -> str:
+    """One line: what the smallest plan needs per device against what is usable, and what would help."""
+    problem, b = _least_memory_problem(profile, request)
+    p = request.num_ranks
+    capacity = min(problem.capacity_bytes)
+    needs = [stage_cost(problem, p - 1, u, u, True).memory_bytes for u in range(profile.num_units)]
     worst = max(range(profile.num_units), key=needs.__getitem__)
-    capacity = problem.capacity_bytes[last]
-    gib = 1024**3
     unit = profile.units[worst].name
     if needs[worst] > capacity:
         return (
-            f"no plan fits: unit {unit} alone needs {needs[worst] / gib:.2f} GiB even with recomputation at "
-            f"micro-batch {b}, over the {capacity / gib:.2f} GiB usable per device by "
-            f"{(needs[worst] - capacity) / gib:.2f} GiB; use a device with more memory, --optimizer sgd, "
+            f"no plan fits: unit {unit} alone needs {human_bytes(needs[worst])} even with recomputation at "
+            f"micro-batch {b}, over the {human_bytes(capacity)} usable per device by "
+            f"{human_bytes(needs[worst] - capacity)}; use a device with more memory, --optimizer sgd, "
             "or split that unit (--units)"
         )
-    total = sum(needs) / gib
+    least = smallest_plan_bytes(problem)
     return (
-        f"no plan fits {profile.num_units} units on {request.num_ranks} devices of {capacity / gib:.2f} GiB usable "
-        f"(the largest unit, {unit}, needs {needs[worst] / gib:.2f} GiB; all units together "
-        f"{total:.2f} GiB with recomputation at micro-batch {b}): use more ranks (--ranks), "
-        "--recompute on, a smaller --micro-batch-size, or --optimizer sgd"
+        f"no plan fits {profile.num_units} units on {p} devices of {human_bytes(capacity)} usable: the smallest "
+        f"plan (1F1B, micro-batch {b}, recomputation on every stage) needs {human_bytes(least)} on its fullest "
+        f"device (the largest unit, {unit}, {human_bytes(needs[worst])}); use more ranks (--ranks), "
+        "a device with more memory, or --optimizer sgd"
     )
 
 
@@ -405,6 +454,7 @@ def _baselines(profile: Profile, best: Candidate, request: PlanRequest) -> list[
         in_flight=in_flight_per_stage(schedule, p, best.num_microbatches, p),
         stage_rank=tuple(range(p)),
         recompute_choices=(request.recompute == "on",),
+        schedule=schedule,
     )
     recompute = problem.recompute_choices * p
     times = [f + b for f, b in zip(costs.forward_s, costs.backward_s, strict=True)]
@@ -521,10 +571,6 @@ def make_plans(
         if len(plans) == count:
             break
     return plans
-
-
-
-
 FEWER_RANKS_BUBBLE = 0.4
 """A plan idle this much of its step is checked against half as many ranks (:func:`fewer_ranks_faster`)."""
 

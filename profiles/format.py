@@ -91,6 +91,19 @@ class UnitProfile:
     """W, torch's ``stage_backward_weight`` after I (weight gradients). Optional, as above."""
     weight_grad_bytes: tuple[int, ...] | None = None
     """Gradients I keeps alive for W beyond the saved activations (which the kept graph also holds)."""
+    held_bytes: tuple[int, ...] | None = None
+    """Live tensor bytes a forward leaves alive until its backward: saved tensors and outputs, each storage once,
+    inputs and parameters excluded (with the loss for the last unit). Optional: None in profiles made before."""
+    transient_bytes: tuple[int, ...] | None = None
+    """The backward's peak of live tensor bytes above what was live when it began (gradients in flight, weight
+    gradients before they are accumulated, temporaries), in the steady state of a training step. Optional."""
+    input_transient_bytes: tuple[int, ...] | None = None
+    """As ``transient_bytes`` for the input-gradient action I of a split backward (``stage_backward_input``)."""
+    weight_transient_bytes: tuple[int, ...] | None = None
+    """As ``transient_bytes`` for the weight-gradient action W after it (``stage_backward_weight``)."""
+    largest_param_bytes: int = 0
+    """Bytes of the unit's largest parameter tensor (optional, 0 when absent): a CPU optimizer step's temporaries
+    are made one parameter at a time."""
 
     @property
     def has_split(self) -> bool:
@@ -276,7 +289,15 @@ class Profile:
         return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, **data, "settings": settings}
 
 
-_OPTIONAL_PER_SIZE = ("backward_input_s", "backward_weight_s", "weight_grad_bytes")
+_OPTIONAL_PER_SIZE = (
+    "backward_input_s",
+    "backward_weight_s",
+    "weight_grad_bytes",
+    "held_bytes",
+    "transient_bytes",
+    "input_transient_bytes",
+    "weight_transient_bytes",
+)
 """Per-size unit fields that version 1 gained later: absent in older profiles, ignored by older readers."""
 
 
@@ -374,6 +395,10 @@ def _validate(data: Any) -> None:
     _check_meaning(data)
 
 
+def _ints(values: list[int] | None) -> tuple[int, ...] | None:
+    return None if values is None else tuple(int(x) for x in values)
+
+
 def _floats(values: list[float] | None) -> tuple[float, ...] | None:
     return None if values is None else tuple(float(x) for x in values)
 
@@ -399,6 +424,11 @@ def profile_from_dict(data: Any) -> Profile:
             backward_input_s=_floats(u.get("backward_input_s")),
             backward_weight_s=_floats(u.get("backward_weight_s")),
             weight_grad_bytes=None if u.get("weight_grad_bytes") is None else tuple(u["weight_grad_bytes"]),
+            held_bytes=None if u.get("held_bytes") is None else tuple(u["held_bytes"]),
+            transient_bytes=None if u.get("transient_bytes") is None else tuple(u["transient_bytes"]),
+            input_transient_bytes=_ints(u.get("input_transient_bytes")),
+            weight_transient_bytes=_ints(u.get("weight_transient_bytes")),
+            largest_param_bytes=u.get("largest_param_bytes", 0),
         )
         for u in data["units"]
     )

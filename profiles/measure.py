@@ -33,12 +33,28 @@ from profiles.dataflow import Piece, needs_grad, tensor_bytes
 
 __all__ = [
     "PieceMeasurement",
+    "TrackedMemory",
     "measure_piece",
     "count_flops",
     "saved_tensor_bytes",
     "peak_rss_bytes",
     "rank_threads",
 ]
+
+
+@dataclass(frozen=True)
+class TrackedMemory:
+    """A piece's memory by live tensor bytes (:func:`tracked_memory`), in bytes."""
+
+    held_bytes: int
+    """What a forward leaves alive until the backward: saved tensors and outputs, each storage once, inputs
+    and parameters excluded (the loss's too, for the last unit)."""
+    transient_bytes: int
+    """The backward's peak above what was live when it began."""
+    input_transient_bytes: int
+    """The same for I (``stage_backward_input``), above what was live when it began."""
+    weight_transient_bytes: int
+    """The same for W (``stage_backward_weight``), above what was live when it began (after I)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +72,8 @@ class PieceMeasurement:
     weight_grad_bytes: int = 0
     """Gradients ``stage_backward_input`` keeps for W (at the parameter groups' boundaries), W's own memory
     on top of the saved activations, which the kept graph also holds until W."""
+    memory: TrackedMemory | None = None
+    """Its memory in a pipeline stage's steady state (:func:`tracked_memory`); None when not measured."""
 
 
 def sync_device(device: torch.device) -> None:
@@ -162,11 +180,14 @@ def measure_piece(
     warmup: int,
     loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
     target: torch.Tensor | None = None,
+    track_memory: bool = True,
 ) -> PieceMeasurement:
     """Time forward and backward of ``piece`` on its captured inputs; median of ``repeats``.
 
     With ``loss_fn`` the backward starts from ``loss_fn(output, target)`` (the last pipeline stage
     computes the loss); otherwise from fixed random gradients on the float outputs that need grad.
+    With ``track_memory`` one more iteration, untimed, measures :attr:`PieceMeasurement.held_bytes` and
+    :attr:`PieceMeasurement.backward_transient_bytes` (:func:`tracked_memory`).
     """
     args = fresh_args(piece)
     module, kwargs = piece.module, piece.kwargs
@@ -187,27 +208,39 @@ def measure_piece(
         if roots:
             torch.autograd.backward(roots, root_grads)
 
-    def split_backward(roots: list[torch.Tensor], root_grads: list[torch.Tensor | None]) -> tuple[float, float, int]:
-        from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    grad_inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
 
-        if not roots:
-            return 0.0, 0.0, 0
-        inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-        sync_device(device)
-        t0 = time.perf_counter()
-        if not inputs:
-            backward(roots, root_grads)
-            sync_device(device)
-            return 0.0, time.perf_counter() - t0, 0
+    def input_backward(roots: list[torch.Tensor], root_grads: list[torch.Tensor | None]) -> Any:
+        """I: torch's ``stage_backward_input``; its parameter groups for W (None: no input needs a gradient,
+        and W runs the whole backward, as torch's first stage does)."""
+        from torch.distributed.pipelining._backward import stage_backward_input
+
+        if not grad_inputs or not roots:
+            return None
         # stage_backward_input detaches its outputs in place, which torch refuses for a view.
         roots = [r.clone() if r._is_view() else r for r in roots]
+        return stage_backward_input(roots, root_grads, grad_inputs, module.parameters())[1]
+
+    def weight_backward(roots: list[torch.Tensor], root_grads: list[torch.Tensor | None], groups: Any) -> None:
+        """W: torch's ``stage_backward_weight`` from I's groups, or the whole backward without them."""
+        from torch.distributed.pipelining._backward import stage_backward_weight
+
+        if groups is None:
+            backward(roots, root_grads)
+        else:
+            stage_backward_weight(module.parameters(), groups)
+
+    def split_backward(roots: list[torch.Tensor], root_grads: list[torch.Tensor | None]) -> tuple[float, float, int]:
+        if not roots:
+            return 0.0, 0.0, 0
+        sync_device(device)
         t0 = time.perf_counter()
-        _, groups = stage_backward_input(roots, root_grads, inputs, module.parameters())
+        groups = input_backward(roots, root_grads)
         sync_device(device)
         t1 = time.perf_counter()
-        kept_grads = [g for group in groups for grads in group.get("grads") or () for g in grads or ()]
+        kept_grads = [g for group in groups or () for grads in group.get("grads") or () for g in grads or ()]
         kept = sum(tensor_bytes(g) for g in kept_grads if g is not None)
-        stage_backward_weight(module.parameters(), groups)
+        weight_backward(roots, root_grads, groups)
         sync_device(device)
         return t1 - t0, time.perf_counter() - t1, kept
 
@@ -254,6 +287,12 @@ def measure_piece(
         input_times.append(i_s)
         weight_times.append(w_s)
     del _out
+    memory: TrackedMemory | None = None
+    if track_memory:
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                a.grad = None  # a pipeline stage's input gradient is new for every micro-batch
+        memory = tracked_memory(module, args, grads or [], forward, backward, input_backward, weight_backward)
     clear_grads()
     return PieceMeasurement(
         forward_s=statistics.median(forward_times),
@@ -264,7 +303,62 @@ def measure_piece(
         backward_input_s=statistics.median(input_times) if roots else 0.0,
         backward_weight_s=statistics.median(weight_times) if roots else 0.0,
         weight_grad_bytes=kept_bytes,
+        memory=memory,
     )
+
+
+def tracked_memory(
+    module: nn.Module,
+    args: tuple[Any, ...],
+    root_grads: list[torch.Tensor],
+    forward: Callable[[], tuple[list[torch.Tensor], list[torch.Tensor | None], Any]],
+    backward: Callable[[list[torch.Tensor], list[torch.Tensor | None]], None],
+    input_backward: Callable[[list[torch.Tensor], list[torch.Tensor | None]], Any],
+    weight_backward: Callable[[list[torch.Tensor], list[torch.Tensor | None], Any], None],
+) -> TrackedMemory:
+    """A piece's memory in the steady state a pipeline stage is in, by live tensor bytes
+    (:class:`profiles.memory.LiveBytes`, the tracker verify measures stages with): one forward and backward,
+    then one forward and its backward split into I and W.
+
+    Before them, the parameters have their gradients (accumulated by the iterations before), and the inputs
+    and the gradients the backward starts from exist: all held by the stage anyway. ``held``: what the forward
+    leaves alive (saved tensors and outputs, the loss's for the last unit). Each transient: the action's peak
+    above what was live when it began: the gradients flowing through the unit, its input's gradient, the weight
+    gradients before they are added to those accumulated, and the operators' temporaries.
+    """
+    from profiles.memory import LiveBytes
+
+    tracker = LiveBytes(default_owner=0)
+    tracker.register(module.parameters(), 0, "weights")
+    tracker.register(module.buffers(), 0, "weights")
+    tracker.register((p.grad for p in module.parameters() if p.grad is not None), 0, "grads")
+    tracker.register((a for a in args if isinstance(a, torch.Tensor)), 0, "buffers")
+    tracker.register(root_grads, 0, "buffers")
+
+    def grow(action: Callable[..., Any], *action_args: Any) -> tuple[Any, int]:
+        """Run ``action`` as a backward; its result and its peak above the live bytes before it."""
+        before = tracker.live(0).total_bytes
+        tracker.reset_peaks()
+        with tracker.acting(0, "transient"):
+            result = action(*action_args)
+        return result, tracker.peak(0).total_bytes - before
+
+    with tracker:
+        start = tracker.live(0).total_bytes
+        with tracker.acting(0, "activations"):
+            first = forward()
+        held = tracker.live(0).total_bytes - start
+        _, transient = grow(backward, first[0], first[1])
+        del first
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                a.grad = None
+        with tracker.acting(0, "activations"):
+            second = forward()
+        groups, input_transient = grow(input_backward, second[0], second[1])
+        _, weight_transient = grow(weight_backward, second[0], second[1], groups)
+        del second, groups
+    return TrackedMemory(held, transient, input_transient, weight_transient)
 
 
 def peak_rss_bytes() -> int:

@@ -171,6 +171,7 @@ def _measure_piece(
             warmup=timing.warmup if r == 0 else 0,
             loss_fn=loss[0] if loss else None,
             target=loss[1] if loss else None,
+            track_memory=r == 0,  # bytes do not vary: the first round's stand (rounds.py)
         )
         tick()
         return result

@@ -10,7 +10,7 @@ import platform
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,6 +226,7 @@ def _time_size(
                 warmup=timing.warmup if r == 0 else 0,
                 loss_fn=workload.loss_fn if with_loss else None,
                 target=target if with_loss else None,
+                track_memory=r == 0 and i < n,  # bytes do not vary: the first round's stand (rounds.py)
             )
         except Exception as exc:
             raise ProfilingError(
@@ -373,6 +374,16 @@ def _whole_model(measured: Measurements, n_sizes: int) -> WholeModel:
         tuple(sum(m.forward_s for m in measured.units[j]) for j in range(n_sizes)),
         tuple(sum(m.backward_s for m in measured.units[j]) for j in range(n_sizes)),
     )
+
+
+def _all_measured(values: Iterable[int | None]) -> tuple[int, ...] | None:
+    """A per-size memory figure, or None when any size lacks it."""
+    got = tuple(values)
+    return None if any(v is None for v in got) else tuple(int(v) for v in got)  # type: ignore[arg-type]
+
+
+def _largest_param_bytes(module: nn.Module) -> int:
+    return max((p.numel() * p.element_size() for p in module.parameters()), default=0)
 
 
 def profile_model(
@@ -525,6 +536,11 @@ def profile_model(
             backward_input_s=tuple(m[i].backward_input_s for m in per_size),
             backward_weight_s=tuple(m[i].backward_weight_s for m in per_size),
             weight_grad_bytes=tuple(m[i].weight_grad_bytes for m in per_size),
+            held_bytes=_all_measured(m[i].memory and m[i].memory.held_bytes for m in per_size),
+            transient_bytes=_all_measured(m[i].memory and m[i].memory.transient_bytes for m in per_size),
+            input_transient_bytes=_all_measured(m[i].memory and m[i].memory.input_transient_bytes for m in per_size),
+            weight_transient_bytes=_all_measured(m[i].memory and m[i].memory.weight_transient_bytes for m in per_size),
+            largest_param_bytes=_largest_param_bytes(model.get_submodule(name)),
         )
         for i, name in enumerate(unit_names)
     )

@@ -9,14 +9,15 @@ Deep Learning", OSDI 2022), Sec. 5.2, Eq. 2-3. The objective of :func:`solvers.p
 is exact when ``t_max`` ranges over the candidate bottlenecks (every stage compute time that can
 occur). For a fixed ``t_max`` the inner minimum ``g(t_max)`` is a DP over (stage index, last unit),
 where stage ``s`` may hold units ``i..j`` only if its compute is ``<= t_max`` and it fits in memory
-*as stage s* (memory depends on ``s`` through ``in_flight[s]`` and ``capacity_bytes[s]``).
+*as stage s* (memory depends on ``s`` through its moments, ``in_flight[s]``, and ``capacity_bytes[s]``).
 
 Speed (1,000 units x 64 stages well under a second):
 
 - the inner DP is vectorised with numpy: for a bound ``t_max`` the starts ``i`` allowed for an end
   ``j`` form a band (prefix sums of compute are monotone), so each stage is one ``n x W`` array;
-- memory feasibility is precomputed once as "largest ``in_flight`` this stage shape tolerates", an
-  integer per (shape, capacity); a stage then costs one comparison per shape;
+- memory feasibility is precomputed once per kind of stage (its moments and capacity) as a mask over the
+  stage shapes, with :func:`solvers.problem.stage_memory_peak`'s formula on arrays; a stage then costs one
+  lookup per shape;
 - instead of scanning every candidate bound in ascending order with Alpa's early stop
   ``(M-1) * t_max + LB >= best``, the candidates are searched by branch and bound: ``g`` is a
   non-increasing step function of ``t_max``, so an interval of candidates whose ends have equal
@@ -45,12 +46,22 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from planner.errors import PlanInfeasibleError, UsageError
-from solvers.problem import PartitionProblem, PartitionSolution, evaluate
+from solvers.problem import (
+    Moment,
+    PartitionProblem,
+    PartitionSolution,
+    acting_kind,
+    evaluate,
+    local_cuts,
+    stage_moments,
+    transient_arrays,
+)
 
 __all__ = ["solve_dp"]
 
-_NEVER = -1  # "no in_flight fits": compared against in_flight >= 1
-_ALWAYS = 1 << 40  # "any in_flight fits"
+_Kind = tuple[tuple[Moment, ...], float, bool, bool]
+"""What a stage's memory depends on besides its units: its moments, its capacity, and whether its input and its
+output are handed over in memory (no receive buffers there)."""
 
 
 @dataclass(frozen=True)
@@ -66,54 +77,85 @@ class _Found:
         return self.sum_s + (num_microbatches - 1) * self.bottleneck_s
 
 
-def _max_in_flight(slack: np.ndarray, per: np.ndarray) -> np.ndarray:
-    """Largest integer q >= 0 with ``per * q <= slack`` elementwise (``_NEVER`` if none, capped)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.floor(np.where(per > 0, slack / np.where(per > 0, per, 1.0), np.inf))
-    q = np.where(slack >= 0, np.minimum(q, _ALWAYS), _NEVER)
-    q = np.where(np.isnan(q), _NEVER, q).astype(np.int64)
-    # floor(slack / per) may be off by one in floating point; settle it with the product itself.
-    up = (q >= 0) & (q < _ALWAYS) & (per * (q + 1) <= slack)
-    q = q + up
-    down = (q > 0) & (q < _ALWAYS) & (per * q > slack)
-    return q - down
-
-
 class _Band:
     """Per-shape arrays for stages that end at unit ``j`` and start at ``i = j - W + 1 + w``."""
 
     def __init__(self, model: _Model, width: int) -> None:
         n = model.n
         self.width = width
+        self.model = model
         j = np.arange(n)[:, None]
         i = j - width + 1 + np.arange(width)[None, :]
-        valid = i >= 0
-        ic = np.where(valid, i, 0)
+        self.valid = i >= 0
+        ic = np.where(self.valid, i, 0)
         c0 = model.pfb[j + 1] - model.pfb[ic]
         c1 = c0 + (model.pf[j + 1] - model.pf[ic])
-        self.c0 = np.where(valid & model.allow0, c0, np.inf)
-        self.c1 = np.where(valid & model.allow1, c1, np.inf)
+        self.c0 = np.where(self.valid & model.allow0, c0, np.inf)
+        self.c1 = np.where(self.valid & model.allow1, c1, np.inf)
         comm = model.comm[ic]
         self.c0k = self.c0 + comm
         self.c1k = self.c1 + comm
-        params = model.pp[j + 1] - model.pp[ic]
-        saved = model.ps[j + 1] - model.ps[ic]
-        transient = np.maximum.accumulate(model.transient[ic][:, ::-1], axis=1)[:, ::-1]
-        base = params + transient
+        # The terms of solvers.problem.stage_memory_peak, per shape.
+        self.state = model.pp[j + 1] - model.pp[ic]
+        self.grads = model.pg[j + 1] - model.pg[ic]
+        self.saved = model.ps[j + 1] - model.ps[ic]
+        self.split = model.pw[j + 1] - model.pw[ic]
+        self.transient = {
+            kind: np.maximum.accumulate(values[ic][:, ::-1], axis=1)[:, ::-1]
+            for kind, values in model.transient.items()
+        }
+        if model.step_add:
+            self.step = model.pt[j + 1] - model.pt[ic]
+        else:
+            self.step = np.maximum.accumulate(model.step[ic][:, ::-1], axis=1)[:, ::-1]
         stage_input = model.stage_input[ic]
-        # q[cap][shape]: the largest in_flight with which the shape fits under that capacity.
-        self.q0: dict[float, np.ndarray] = {}
-        self.q1: dict[float, np.ndarray] = {}
-        for cap in model.capacities:
-            if math.isinf(cap):
-                self.q0[cap] = np.full(base.shape, _ALWAYS, dtype=np.int64)
-                self.q1[cap] = np.full(base.shape, _ALWAYS, dtype=np.int64)
-            else:
-                self.q0[cap] = _max_in_flight(cap - base, saved)
-                self.q1[cap] = _max_in_flight(cap - base - saved, stage_input)
-            # Shapes that do not exist or whose recompute flag is not allowed never fit.
-            self.q0[cap][~(valid & model.allow0)] = _NEVER
-            self.q1[cap][~(valid & model.allow1)] = _NEVER
+        self.stage_input = stage_input
+        self.in_grad = model.stage_in_grad[ic]
+        self.split_held = self.split - np.where(j == n - 1, float(model.problem.final_output_bytes), 0.0)
+        # What sends hold per sent gradient (the stage's input's) and per sent output (its own).
+        self.sent_grad = np.where(ic == 0, 0.0, self.in_grad)
+        self.sent_output = np.broadcast_to(np.where(j == n - 1, 0.0, model.out_held[:, None]), stage_input.shape)
+        self.relayed = np.zeros(stage_input.shape)
+        for producer, consumer, nbytes in model.problem.relays:
+            self.relayed += np.where((ic > producer) & (j < consumer), float(nbytes), 0.0)
+        self.out_grad = np.broadcast_to(model.out_grad[:, None], stage_input.shape)
+        if model.buffer_mb:
+            self.held1 = np.broadcast_to(model.out_held[:, None], stage_input.shape)
+            # The last unit's loss runs after the checkpointed stage: not re-materialised.
+            self.remat1 = self.saved - np.where(j == n - 1, float(model.problem.output_held_bytes), 0.0)
+        else:
+            self.held1, self.remat1 = stage_input, self.saved
+        self.fit0: dict[_Kind, np.ndarray] = {}
+        self.fit1: dict[_Kind, np.ndarray] = {}
+
+    def _fits(self, kind: _Kind, recompute: bool) -> np.ndarray:
+        moments, cap, local_in, local_out = kind
+        if math.isinf(cap):
+            return self.valid & (self.model.allow1 if recompute else self.model.allow0)
+        # A stage handing its output over on its rank holds it no more (solvers.problem.stage_memory_peak).
+        handed = self.sent_output if local_out else 0.0
+        held, remat = (self.held1 - handed, self.remat1) if recompute else (self.saved + self.relayed - handed, 0.0)
+        sent_grad = 0.0 if local_in else self.sent_grad
+        sent_output = 0.0 if local_out else self.sent_output
+        buffers = self.model.buffer_mb * (self.stage_input + self.out_grad)
+        memory = self.state + buffers + self.step
+        base = self.state + buffers
+        for m in moments:
+            past_input = 0.0 if recompute else m.split * (held + self.split_held)
+            activations = m.waiting * held + past_input + (remat if m.acting else 0.0)
+            sends = m.sent_grads * sent_grad + m.sent_outputs * sent_output
+            here = base - (0.0 if m.grads else self.grads) + activations + sends
+            here = here + self.transient[acting_kind(m, recompute)]
+            memory = np.maximum(memory, here)
+        allowed = self.model.allow1 if recompute else self.model.allow0
+        return self.valid & allowed & (memory <= cap)
+
+    def fits(self, kind: _Kind, recompute: bool) -> np.ndarray:
+        """Which shapes fit a stage of ``kind`` (with or without recomputation); computed once per kind."""
+        table = self.fit1 if recompute else self.fit0
+        if kind not in table:
+            table[kind] = self._fits(kind, recompute)
+        return table[kind]
 
 
 class _Model:
@@ -135,6 +177,12 @@ class _Model:
             "saved_bytes",
             "transient_bytes",
             "in_flight",
+            "grad_bytes",
+            "split_held_bytes",
+            "cut_grad_bytes",
+            "step_bytes",
+            "input_transient_bytes",
+            "weight_transient_bytes",
         ):
             if any(v < 0 for v in getattr(problem, name)):
                 raise UsageError(f"{name} must be >= 0 for the DP solver, got {min(getattr(problem, name))}")
@@ -149,16 +197,27 @@ class _Model:
 
         self.comm = np.concatenate(([0.0], per_cut(problem.cut_forward_s) + per_cut(problem.cut_backward_s)))
         self.stage_input = np.concatenate(([float(problem.input_bytes)], per_cut(problem.cut_bytes)))
+        self.stage_in_grad = np.concatenate(([0.0], per_cut(problem.cut_grad_bytes)))
         self.pp = np.concatenate(([0.0], np.cumsum(per_unit(problem.param_state_bytes))))
         self.ps = np.concatenate(([0.0], np.cumsum(per_unit(problem.saved_bytes))))
-        self.transient = per_unit(problem.transient_bytes)
+        self.transient = {kind: per_unit(values) for kind, values in transient_arrays(problem).items()}
+        self.pg = np.concatenate(([0.0], np.cumsum(per_unit(problem.grad_bytes))))
+        self.pw = np.concatenate(([0.0], np.cumsum(per_unit(problem.split_held_bytes))))
+        self.step = per_unit(problem.step_bytes)
+        self.pt = np.concatenate(([0.0], np.cumsum(self.step)))
+        self.step_add = problem.step_bytes_add
+        self.buffer_mb = float(problem.buffer_microbatches)
+        # Per last unit j: the gradient of its output a stage ending there receives, and what it holds per
+        # micro-batch under recomputation (its output; the loss's for the last unit).
+        self.out_grad = np.concatenate((per_cut(problem.cut_grad_bytes), [0.0]))
+        self.out_held = np.concatenate((per_cut(problem.cut_bytes), [float(problem.output_held_bytes)]))
         self.allow0 = False in problem.recompute_choices
         self.allow1 = True in problem.recompute_choices
-        self.in_flight = tuple(problem.in_flight) if problem.in_flight else (self.m,) * p
+        self.moments = tuple(stage_moments(problem, s) for s in range(p))
         self.capacity = tuple(float(c) for c in problem.capacity_bytes) if problem.capacity_bytes else (math.inf,) * p
-        self.capacities = tuple(sorted(set(self.capacity)))
-        # Stages that share (in_flight, capacity) share their cost array.
-        self.stage_kind = [(self.in_flight[s], self.capacity[s]) for s in range(p)]
+        # Stages that share (moments, capacity) share their cost array.
+        self.stage_kind: list[_Kind] = [(self.moments[s], self.capacity[s], *local_cuts(problem, s)) for s in range(p)]
+        self.kinds = tuple(dict.fromkeys(self.stage_kind))
         self.band: _Band | None = None
         self.width_mem = self._memory_width()
         self.cache: dict[float, _Found | None] = {}
@@ -168,9 +227,12 @@ class _Model:
         cap = max(self.capacity) * (1 + 1e-9)
         if math.isinf(cap):
             return self.n
-        # Without recompute a stage holds params + in_flight * saved, with it at least params + saved.
-        per_mb = min(self.in_flight) if not self.allow1 else min(1, min(self.in_flight))
-        prefix = self.pp + per_mb * self.ps
+        # A stage holds at least its state without gradients, and without recompute the micro-batches of its
+        # fullest moment; with it, the one re-materialised (where a moment re-materialises one).
+        fullest = min(max(m.waiting + m.split for m in moments) for moments in self.moments)
+        acting = min(max(int(m.acting) for m in moments) for moments in self.moments)
+        per_mb = fullest if not self.allow1 else min(acting, fullest)
+        prefix = (self.pp - self.pg) + per_mb * self.ps
         starts = np.searchsorted(prefix, prefix[1:] - cap, side="left")
         return int(min(self.n, np.max(np.arange(1, self.n + 1) - starts) + 1))
 
@@ -194,11 +256,10 @@ class _Model:
         """Sorted distinct stage compute times in ``[low, high]`` that some stage can hold in memory."""
         band = self.ensure_band(self.width_for(high))
         found = []
-        least = min(self.in_flight)
-        for c, q in ((band.c0, band.q0), (band.c1, band.q1)):
+        for recompute, c in ((False, band.c0), (True, band.c1)):
             fits = np.zeros(c.shape, dtype=bool)
-            for cap in self.capacities:
-                fits |= q[cap] >= least
+            for kind in self.kinds:
+                fits |= band.fits(kind, recompute)
             found.append(c[fits & (c >= low) & (c <= high)])
         return np.unique(np.concatenate(found))
 
@@ -225,16 +286,15 @@ class _Model:
             return None
         # A stage's cost of each shape (recompute only where the plain stage does not fit, inf where neither
         # fits or exceeds t_max), per kind of stage and only on the rows its stages use.
-        kind_rows: dict[tuple[int, float], tuple[int, int]] = {}
+        kind_rows: dict[_Kind, tuple[int, int]] = {}
         for kind, (lo, hi) in zip(self.stage_kind, spans, strict=True):
             low, high = kind_rows.get(kind, (lo, hi))
             kind_rows[kind] = (min(low, lo), max(high, hi))
-        costs: dict[tuple[int, float], tuple[int, np.ndarray]] = {}
+        costs: dict[_Kind, tuple[int, np.ndarray]] = {}
         for kind, (lo, hi) in kind_rows.items():
-            in_flight, cap = kind
             r = slice(lo, hi + 1)
-            fit0 = (c0[r] <= t_max) & (band.q0[cap][r, cols] >= in_flight)
-            fit1 = (c1[r] <= t_max) & (band.q1[cap][r, cols] >= in_flight)
+            fit0 = (c0[r] <= t_max) & band.fits(kind, False)[r, cols]
+            fit1 = (c1[r] <= t_max) & band.fits(kind, True)[r, cols]
             costs[kind] = (lo, np.where(fit0, c0k[r], np.where(fit1, c1k[r], np.inf)))
         # padded[width - 1 + i] is the least sum of the stages so far that end just before unit i: before the
         # first stage only i = 0 (nothing placed) is finite, after it i = 0 never is. One view for every
@@ -261,8 +321,7 @@ class _Model:
             j = n - 1
             for s in range(p - 1, -1, -1):
                 w = int(args[s, j])
-                in_flight, cap = self.stage_kind[s]
-                recompute = not (c0[j, w] <= t_max and band.q0[cap][j, band.width - width + w] >= in_flight)
+                recompute = not (c0[j, w] <= t_max and band.fits(self.stage_kind[s], False)[j, band.width - width + w])
                 bottleneck = max(bottleneck, float(c1[j, w] if recompute else c0[j, w]))
                 starts.append(j - width + 1 + w)
                 flags.append(recompute)

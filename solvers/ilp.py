@@ -29,12 +29,21 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import pulp
 
 from planner.errors import PlanInfeasibleError, SolverError, UsageError
-from solvers.problem import PartitionProblem, PartitionSolution, evaluate, stage_cost
+from solvers.problem import (
+    PartitionProblem,
+    PartitionSolution,
+    acting_kind,
+    evaluate,
+    local_cuts,
+    stage_cost,
+    stage_moments,
+    transient_arrays,
+)
 
 __all__ = ["solve_ilp", "BACKENDS"]
 
@@ -90,6 +99,139 @@ def _expr(terms: Iterable[tuple[float, _Term]], constant: float = 0.0) -> pulp.L
         else:
             coefs[term] = coefs.get(term, 0.0) + coef
     return pulp.LpAffineExpression(list(coefs.items()), constant=constant)
+
+
+def _largest(
+    prob: pulp.LpProblem,
+    name: str,
+    values: tuple[int, ...],
+    s: int,
+    scale: float,
+    member: Callable[[int, int], list[tuple[float, _Term]]],
+) -> list[tuple[float, _Term]]:
+    """A variable at least the largest ``values[u]`` of stage ``s``'s units (0 terms when all are 0)."""
+    if not values or max(values) <= 0:
+        return []
+    peak = _var(prob, name, lowBound=0)
+    for u, v in enumerate(values):
+        if v:
+            prob += _expr([(1.0, peak)] + [(-v / scale * c, t) for c, t in member(u, s)]) >= 0
+    return [(1.0, peak)]
+
+
+def _memory_rows(
+    prob: pulp.LpProblem,
+    problem: PartitionProblem,
+    s: int,
+    r: _Term,
+    cap: float,
+    member: Callable[[int, int], list[tuple[float, _Term]]],
+    summed: Callable[[tuple, int, float], list[tuple[float, _Term]]],
+    starts: Callable[[list[float], int, float], list[tuple[float, _Term]]],
+    y: dict[tuple[int, int], _Term],
+) -> None:
+    """Stage ``s`` fits in ``cap``: one row for the step's tail and one per moment and recompute choice, the
+    terms of :func:`solvers.problem.stage_memory_peak`, linear in the assignment (rows scaled by ``cap``)."""
+    n, p = problem.num_units, problem.num_stages
+    scale = cap if cap > 0 else 1.0
+    choices = set(problem.recompute_choices)
+
+    def at_cut(values: tuple, k: int) -> float:
+        return float(values[k]) if values else 0.0
+
+    cut_bytes = [at_cut(problem.cut_bytes, k) for k in range(n - 1)]
+    cut_grads = [at_cut(problem.cut_grad_bytes, k) for k in range(n - 1)]
+
+    def stage_input(per_mb: float) -> list[tuple[float, _Term]]:
+        if s == 0:
+            return [(per_mb * problem.input_bytes / scale, 1)]
+        return [(per_mb * c, t) for c, t in starts(cut_bytes, s, scale)]
+
+    def stage_end(values: list[float], last_value: float) -> list[tuple[float, _Term]]:
+        """Linear ``values[j]`` of the unit ``j`` where stage ``s`` ends (``last_value`` for the model's last)."""
+        if s == p - 1:
+            return [(last_value / scale, 1)]
+        return starts(values, s + 1, scale)
+
+    state = summed(problem.param_state_bytes, s, scale)
+    grads = summed(problem.grad_bytes, s, scale)
+    saved = summed(problem.saved_bytes, s, scale)
+    split = summed(problem.split_held_bytes, s, scale)
+    local_in, local_out = local_cuts(problem, s)
+    buffers = stage_input(problem.buffer_microbatches)
+    buffers += [(problem.buffer_microbatches * c, t) for c, t in stage_end(cut_grads, 0.0)]
+    # A stage handing its output over on its rank holds it no more (solvers.problem.stage_memory_peak).
+    handed = [(-c, t) for c, t in stage_end(cut_bytes, 0.0)] if local_out else []
+    # What sends hold: the stage's input's gradients and its outputs (solvers.problem.stage_memory_peak).
+    sent_grad = [] if (local_in or s == 0) else starts(cut_grads, s, scale)
+    sent_output = [] if local_out else stage_end(cut_bytes, 0.0)
+    # A tensor relayed through the stage (made before it, read after it): max(0, made before - read within),
+    # the product of the two for binaries, linear since it enters only with positive coefficients.
+    relayed: list[tuple[float, _Term]] = []
+    for k, (producer, consumer, nbytes) in enumerate(problem.relays):
+        if s == 0 or consumer >= n:
+            continue
+        z = _var(prob, f"z_{k}_{s}", lowBound=0)
+        prob.addConstraint(_expr([(1.0, z), (-1.0, y[producer, s - 1]), (1.0, y[consumer, s])]) >= 0)
+        relayed.append((nbytes / scale, z))
+    relayed_all = sum(b for _, _, b in problem.relays) / scale
+    # The last stage lets the model's output go at I (split_held for it is less that output).
+    split_held = split + ([(-problem.final_output_bytes / scale, 1)] if s == p - 1 else [])
+    transient = {
+        kind: _largest(prob, f"h{kind}_{s}", values, s, scale, member)
+        for kind, values in transient_arrays(problem).items()
+    }
+    if problem.step_bytes_add:
+        step = summed(problem.step_bytes, s, scale)
+    else:
+        step = _largest(prob, f"o_{s}", problem.step_bytes, s, scale, member)
+    # Big-M for a row that holds only under one recompute choice: a bound on its left side.
+    top = (
+        sum(problem.param_state_bytes)
+        + max((max(v, default=0) for v in transient_arrays(problem).values()), default=0)
+        + max(problem.step_bytes, default=0) * (n if problem.step_bytes_add else 1)
+        + problem.buffer_microbatches * (max([problem.input_bytes, *cut_bytes]) + max(cut_grads, default=0))
+    ) / scale
+    saved_all = sum(problem.saved_bytes) / scale
+    split_all = sum(problem.split_held_bytes) / scale
+    most_held = max([problem.input_bytes, *cut_bytes, problem.output_held_bytes]) / scale
+
+    def row(lhs: list[tuple[float, _Term]], when: bool | None, bound: float) -> None:
+        """``lhs <= 1`` (the capacity, scaled), always (``when`` None) or only where ``r == when``."""
+        if isinstance(r, int) or when is None:
+            if when is None or bool(r) == when:
+                prob.addConstraint(_expr(lhs) <= 1.0)
+            return
+        big = max(0.0, bound - 1.0)
+        if when:
+            prob.addConstraint(_expr(lhs + [(big, r)]) <= 1.0 + big)
+        else:
+            prob.addConstraint(_expr(lhs + [(-big, r)]) <= 1.0)
+
+    row(state + buffers + step, None, top)
+    for m in stage_moments(problem, s):
+        no_grads = [] if m.grads else [(-c, t) for c, t in grads]
+        sends = [(m.sent_grads * c, t) for c, t in sent_grad] + [(m.sent_outputs * c, t) for c, t in sent_output]
+        most_sent = (m.sent_grads * max(cut_grads, default=0) + m.sent_outputs * max(cut_bytes, default=0)) / scale
+        if False in choices:
+            base = state + buffers + sends + transient[acting_kind(m, False)]
+            lhs = base + no_grads + [((m.waiting + m.split) * c, t) for c, t in saved + relayed + handed]
+            lhs += [(m.split * c, t) for c, t in split_held]
+            bound = top + most_sent + (m.waiting + m.split) * (saved_all + relayed_all) + m.split * split_all
+            row(lhs, False, bound)
+        if True in choices:
+            # A recomputing stage runs its whole backward in I: nothing past it is held.
+            remat = list(saved)
+            if problem.buffer_microbatches:
+                held = stage_end(cut_bytes, problem.output_held_bytes)
+                if s == p - 1:
+                    remat.append((-problem.output_held_bytes / scale, 1))
+            else:
+                held = stage_input(1)
+            base = state + buffers + sends + transient[acting_kind(m, True)]
+            lhs = base + no_grads + [(m.waiting * c, t) for c, t in held + handed]
+            lhs += [(int(m.acting) * c, t) for c, t in remat]
+            row(lhs, True, top + most_sent + m.waiting * most_held + saved_all)
 
 
 def _check(problem: PartitionProblem) -> None:
@@ -191,9 +333,7 @@ def solve_ilp(problem: PartitionProblem, time_limit_s: float = 60.0, backend: st
     bottleneck = _var(prob, "T", lowBound=0)
     choices = set(problem.recompute_choices)
     objective_terms: list[tuple[float, _Term]] = [((m - 1), bottleneck)]
-    in_flight = problem.in_flight or (m,) * p
     comm = [at(problem.cut_forward_s, k) + at(problem.cut_backward_s, k) for k in range(n - 1)]
-    cut_bytes = [float(at(problem.cut_bytes, k)) for k in range(n - 1)]
     for s in range(p):
         prob += _expr([(1, y[u, s]) for u in range(n)] + [(-1, y[u, s - 1]) for u in range(n)]) >= 1
         if problem.max_units_per_stage is not None:
@@ -216,42 +356,7 @@ def solve_ilp(problem: PartitionProblem, time_limit_s: float = 60.0, backend: st
             objective_terms += starts(comm, s, scale_s)
         cap = problem.capacity_bytes[s] if problem.capacity_bytes else math.inf
         if not math.isinf(cap):
-            scale_b = cap if cap > 0 else 1.0
-            held = summed(problem.param_state_bytes, s, scale_b)
-            saved = summed(problem.saved_bytes, s, scale_b)
-            if problem.transient_bytes and max(problem.transient_bytes) > 0:
-                peak = _var(prob, f"h_{s}", lowBound=0)
-                for u in range(n):
-                    if problem.transient_bytes[u]:
-                        prob += (
-                            _expr(
-                                [(1.0, peak)]
-                                + [(-problem.transient_bytes[u] / scale_b * c, t) for c, t in member(u, s)]
-                            )
-                            >= 0
-                        )
-                held.append((1.0, peak))
-            top = (sum(problem.param_state_bytes) + max(problem.transient_bytes, default=0)) / scale_b
-            saved_all = sum(problem.saved_bytes) / scale_b
-            if False in choices:
-                lhs = held + [(in_flight[s] * c, t) for c, t in saved]
-                big = max(0.0, top + in_flight[s] * saved_all - cap / scale_b)
-                if not isinstance(r, int):
-                    prob += _expr(lhs + [(-big, r)]) <= cap / scale_b
-                elif not r:
-                    prob += _expr(lhs) <= cap / scale_b
-            if True in choices:
-                if s == 0:
-                    inputs: list[tuple[float, _Term]] = [(in_flight[s] * problem.input_bytes / scale_b, 1)]
-                else:
-                    inputs = [(in_flight[s] * c, t) for c, t in starts(cut_bytes, s, scale_b)]
-                lhs = held + saved + inputs
-                most_in = max([problem.input_bytes, *cut_bytes]) / scale_b
-                big = max(0.0, top + saved_all + in_flight[s] * most_in - cap / scale_b)
-                if not isinstance(r, int):
-                    prob += _expr(lhs + [(big, r)]) <= cap / scale_b + big
-                elif r:
-                    prob += _expr(lhs) <= cap / scale_b
+            _memory_rows(prob, problem, s, r, cap, member, summed, starts, y)
     prob += _expr(objective_terms)
     # A valid cut: speed-weighted stage times add up to at least the whole model's compute.
     prob += bottleneck >= (math.fsum(fwd) + math.fsum(bwd)) / scale_s / sum(speed)

@@ -14,25 +14,63 @@ and chooses recomputation ``r_s`` (activation checkpointing). With ``M`` micro-b
   the fill/drain latency of one micro-batch through every stage, plus ``M - 1`` further micro-batches
   at the bottleneck's rate. It is the textbook pipeline formula; the planner re-scores its best
   candidates with the event simulator of the chosen schedule (docs/cost-model.md);
-- memory of stage ``s`` (bytes) ::
+- memory of stage ``s`` (bytes): the larger of the pipeline's peak, taken over the moments at which the
+  stage may peak (``moments[s]``: the start of each backward action, with the micro-batches it then holds;
+  planner/schedule/memory.py), and the step's tail ::
 
-      params_s + transient_s + (a_s * in_flight_s  if not r_s else
-                                in_s * in_flight_s + a_s)
+      pipeline_s = state_s - (0 if grads else grads_s) + buffers_s + T_s
+                   + waiting * held_s + split * (held_s + split_s) + (remat_s if acting)
+                   + sent_grads * in_grad_s + sent_outputs * out_s
+      tail_s     = state_s + buffers_s + step_s
 
-  with ``params_s`` the weight+gradient+optimizer bytes of its units, ``a_s`` their saved activation
-  bytes per micro-batch, ``in_s`` its input bytes (kept per micro-batch under recomputation; the
-  ``+ a_s`` is the one micro-batch re-materialised during its backward) and ``transient_s`` the
-  largest transient of its units. Feasible iff ``memory_s <= capacity_s``.
+  with ``state_s`` the weight+gradient+optimizer bytes of its units (``param_state_bytes``), ``grads_s`` the
+  gradients among them (absent before the step's first backward), ``buffers_s = buffer_microbatches *
+  (in_s + out_grad_s)`` the receive buffers of every micro-batch (its input, and its output's gradient),
+  ``T_s`` the largest working memory of its units' backward (``transient_bytes``), ``held_s`` what a
+  micro-batch holds from its forward to its backward: the saved activations ``a_s`` (``saved_bytes``), or
+  under recomputation its output (``out_s``; its input while the receive buffers are not modelled), with
+  ``remat_s = a_s`` re-materialised while it is recomputed (less, on the last stage, the output and the loss's
+  tensors, which the loss keeps outside the recomputed part); ``split_s`` what the input-gradient action keeps
+  for the weight-gradient action (``split_held_bytes``; a recomputing stage runs its whole backward in I and
+  holds nothing past it); a stage whose input comes from the stage before it on the same rank
+  (``local_inputs``) gets the tensors handed over in place of its receive buffers, which keep them (so the
+  stage before it holds its output no more) and sends nothing across it; ``T_s`` is the acting action's (B, I or W:
+  ``transient_bytes``, ``input_transient_bytes``, ``weight_transient_bytes``); past I the last stage no
+  longer holds the model's output (``final_output_bytes``); a send holds ``sent_grads`` input gradients and
+  ``sent_outputs`` outputs of earlier micro-batches (planner/schedule/memory.py); a non-recomputing stage that
+  passes on tensors made before it and read after it holds a copy of each (``relays``); and ``step_s`` the
+  optimizer step's temporaries (``step_bytes``, their largest unit or their sum). With the defaults (one moment
+  of ``in_flight[s]`` micro-batches, no receive buffers, nothing split, sent or stepped) it is the textbook
+
+      params_s + transient_s + (a_s * in_flight_s  if not r_s else  in_s * in_flight_s + a_s).
+
+  Feasible iff ``memory_s <= capacity_s``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from planner.errors import UsageError
 
-__all__ = ["PartitionProblem", "PartitionSolution", "StageCost", "evaluate", "stage_cost", "INFEASIBLE"]
+__all__ = [
+    "PartitionProblem",
+    "PartitionSolution",
+    "Moment",
+    "StageMemory",
+    "StageCost",
+    "evaluate",
+    "stage_cost",
+    "stage_memory_peak",
+    "stage_moments",
+    "local_cuts",
+    "transient_arrays",
+    "acting_kind",
+    "relayed_bytes",
+    "INFEASIBLE",
+]
 
 INFEASIBLE = math.inf
 
@@ -71,6 +109,40 @@ class PartitionProblem:
     """ILP only. (unit, stage) pairs that must hold."""
     max_units_per_stage: int | None = None
     """ILP only. Upper bound on units in any stage."""
+    moments: tuple[tuple[Moment, ...], ...] = ()
+    """Per stage: the moments at which it may peak (:class:`Moment`). Empty = one moment per stage, ``in_flight[s]``
+    micro-batches waiting, gradients present, the acting one re-materialised under recomputation."""
+    grad_bytes: tuple[int, ...] = ()
+    """Per unit: the part of ``param_state_bytes`` that gradients are, absent before a step's first backward."""
+    split_held_bytes: tuple[int, ...] = ()
+    """Per unit: what the input-gradient action keeps for the weight-gradient action, per micro-batch. Empty = 0."""
+    buffer_microbatches: int = 0
+    """Receive buffers kept per stage: this many micro-batches of its input and of its output's gradient (torch
+    2.13 keeps one per micro-batch). 0: not modelled, and a recomputing stage holds its input per micro-batch."""
+    cut_grad_bytes: tuple[int, ...] = ()
+    """Per cut k: bytes of the gradients sent back across it (what the stage before it receives)."""
+    output_held_bytes: int = 0
+    """What the last stage holds per micro-batch under recomputation: its output and the loss's saved tensors."""
+    step_bytes: tuple[int, ...] = ()
+    """Per unit: the optimizer step's temporaries (and a tied weight's exchange buffer). Empty = 0."""
+    step_bytes_add: bool = False
+    """Whether a stage's step temporaries are its units' sum (a foreach optimizer) rather than their largest."""
+    input_transient_bytes: tuple[int, ...] = ()
+    """Per unit: the working memory of its I (input-gradient action), for moments acting with I. Empty:
+    ``transient_bytes``."""
+    weight_transient_bytes: tuple[int, ...] = ()
+    """Per unit: the working memory of its W (weight-gradient action). Empty: ``transient_bytes``."""
+    final_output_bytes: int = 0
+    """The model's output (the last unit's), which the last stage lets go at its input-gradient action: a
+    micro-batch past I holds it no more."""
+    relays: tuple[tuple[int, int, int], ...] = ()
+    """``(producer, last consumer, bytes)`` of tensors that need a gradient and skip units (a UNet's skips): a
+    stage that neither makes nor last reads one passes it on, a copy per micro-batch held like its activations
+    (planner/runtime/apply.py ``StageModule``: a relayed input is a view, and the split backward detaches outputs
+    in place, which a view refuses)."""
+    local_inputs: tuple[bool, ...] = ()
+    """Per stage: its input comes from the stage before it on the same rank (the turn of a V), handed over in
+    memory: neither keeps receive buffers for that cut. Empty = none."""
 
     def __post_init__(self) -> None:
         n, p = len(self.forward_s), self.num_stages
@@ -80,17 +152,31 @@ class PartitionProblem:
             raise UsageError(f"cannot cut {n} units into {p} non-empty stages")
         if self.num_microbatches < 1:
             raise UsageError(f"num_microbatches must be >= 1, got {self.num_microbatches}")
-        for name in ("cut_forward_s", "cut_backward_s", "cut_bytes"):
+        for name in ("cut_forward_s", "cut_backward_s", "cut_bytes", "cut_grad_bytes"):
             if getattr(self, name) and len(getattr(self, name)) != n - 1:
                 raise UsageError(f"{name} needs {n - 1} values (one per cut), got {len(getattr(self, name))}")
-        for name in ("param_state_bytes", "saved_bytes", "transient_bytes"):
+        for name in ("cut_grad_bytes",):
+            if getattr(self, name) and len(getattr(self, name)) != n - 1:
+                raise UsageError(f"{name} needs {n - 1} values (one per cut), got {len(getattr(self, name))}")
+        for name in (
+            "param_state_bytes",
+            "saved_bytes",
+            "transient_bytes",
+            "grad_bytes",
+            "split_held_bytes",
+            "step_bytes",
+        ):
             if getattr(self, name) and len(getattr(self, name)) != n:
                 raise UsageError(f"{name} needs {n} values (one per unit), got {len(getattr(self, name))}")
-        for name in ("in_flight", "capacity_bytes", "speed"):
+        for name in ("in_flight", "capacity_bytes", "speed", "moments", "local_inputs"):
             if getattr(self, name) and len(getattr(self, name)) != p:
                 raise UsageError(f"{name} needs {p} values (one per stage), got {len(getattr(self, name))}")
         if not self.recompute_choices:
             raise UsageError("recompute_choices must not be empty")
+        if any(not stage or any(m.waiting < 0 or m.split < 0 for m in stage) for stage in self.moments):
+            raise UsageError("every stage needs at least one moment, with non-negative micro-batch counts")
+        if self.buffer_microbatches < 0:
+            raise UsageError(f"buffer_microbatches must be >= 0, got {self.buffer_microbatches}")
 
     @property
     def num_units(self) -> int:
@@ -104,6 +190,41 @@ class PartitionProblem:
             and not self.pinned
             and (self.max_units_per_stage is None)
         )
+
+
+class Moment(NamedTuple):
+    """A moment at which a stage may peak (planner/schedule/memory.py): the start of one backward action."""
+
+    waiting: int
+    """Micro-batches forwarded whose backward has not begun (the acting one among them for B and I)."""
+    split: int = 0
+    """Micro-batches between their input-gradient and weight-gradient actions."""
+    grads: bool = True
+    """Whether the stage's gradients exist (a backward computed them earlier in the step)."""
+    acting: bool = True
+    """Whether the acting micro-batch is re-materialised here under recomputation (B and I, not W)."""
+    kind: str = "B"
+    """The acting action: B (full backward), I (input gradient) or W (weight gradient): whose working memory."""
+    sent_grads: int = 0
+    """Input gradients of earlier micro-batches that a send still holds (the stage's input's size each)."""
+    sent_outputs: int = 0
+    """Outputs of micro-batches past their backward that a send still holds (the stage's output's size each)."""
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """A stage's memory at its peak, by part (bytes)."""
+
+    state_bytes: float
+    """Weights, optimizer state and the gradients present (``grads_bytes``)."""
+    grads_bytes: float
+    buffers_bytes: float
+    activations_bytes: float
+    transient_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.state_bytes + self.buffers_bytes + self.activations_bytes + self.transient_bytes
 
 
 @dataclass(frozen=True)
@@ -135,6 +256,94 @@ def _at(values: tuple[float, ...] | tuple[int, ...], k: int) -> float:
     return values[k] if values else 0
 
 
+def stage_moments(problem: PartitionProblem, stage: int) -> tuple[Moment, ...]:
+    """The moments of ``stage``: ``problem.moments[stage]``, or the default one."""
+    if problem.moments:
+        return problem.moments[stage]
+    return (Moment(problem.in_flight[stage] if problem.in_flight else problem.num_microbatches),)
+
+
+def relayed_bytes(problem: PartitionProblem, first: int, last: int) -> int:
+    """Bytes a stage of units ``first..last`` passes on per micro-batch (``relays`` made before it, read after)."""
+    return sum(b for producer, consumer, b in problem.relays if producer < first and consumer > last)
+
+
+def acting_kind(moment: Moment, recompute: bool) -> str:
+    """Whose working memory a moment's action has: a recomputing stage's I runs its whole backward (B)."""
+    return "B" if recompute and moment.kind == "I" else moment.kind
+
+
+def transient_arrays(problem: PartitionProblem) -> dict[str, tuple[int, ...]]:
+    """Per acting kind (B, I, W), the per-unit working memory the solvers take the stage's largest of."""
+    return {
+        "B": problem.transient_bytes,
+        "I": problem.input_transient_bytes or problem.transient_bytes,
+        "W": problem.weight_transient_bytes or problem.transient_bytes,
+    }
+
+
+def local_cuts(problem: PartitionProblem, stage: int) -> tuple[bool, bool]:
+    """Whether ``stage``'s input, and its output, are handed over in memory (no receive buffers there)."""
+    if not problem.local_inputs:
+        return False, False
+    after = stage + 1 < problem.num_stages and problem.local_inputs[stage + 1]
+    return problem.local_inputs[stage], after
+
+
+def _span(values: tuple[float, ...] | tuple[int, ...], first: int, last: int) -> float:
+    return sum(values[first : last + 1]) if values else 0
+
+
+def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: int, recompute: bool) -> StageMemory:
+    """Memory of stage ``stage`` holding units ``first..last`` at its peak, by part (module docstring)."""
+    state = _span(problem.param_state_bytes, first, last)
+    grads = _span(problem.grad_bytes, first, last)
+    saved = _span(problem.saved_bytes, first, last)
+    split = _span(problem.split_held_bytes, first, last)
+    transient = {
+        kind: max(values[first : last + 1]) if values else 0 for kind, values in transient_arrays(problem).items()
+    }
+    stage_input = problem.input_bytes if first == 0 else _at(problem.cut_bytes, first - 1)
+    last_unit = last == problem.num_units - 1
+    out_grad = 0 if last_unit else _at(problem.cut_grad_bytes, last)
+    local_in, local_out = local_cuts(problem, stage)
+    # Across a cut on one rank torch hands the tensors over in place of the receive buffers, which keep them
+    # (set_local_fwd_input / set_local_bwd_input): as many, held by the stage that receives them.
+    buffers = problem.buffer_microbatches * (stage_input + out_grad)
+    # What a send still holds: an input gradient per sent one, an output per one past its backward.
+    sent_grad = 0 if first == 0 or local_in else _at(problem.cut_grad_bytes, first - 1)
+    sent_output = 0 if last_unit or local_out else _at(problem.cut_bytes, last)
+    # Past I, the last stage no longer holds the model's output (torch detaches it; nothing saved it).
+    split_held = split - (problem.final_output_bytes if last_unit else 0)
+    # A stage handing its output over on its rank holds it no more: the next stage's buffers do.
+    handed = _at(problem.cut_bytes, last) if local_out and not last_unit else 0
+    if not recompute:
+        held, remat = saved + relayed_bytes(problem, first, last) - handed, 0
+    elif not problem.buffer_microbatches:
+        held, remat = stage_input - handed, saved
+    elif last_unit:
+        # The loss runs after the checkpointed stage: its output and the loss's saved tensors are held, not
+        # re-materialised.
+        held, remat = problem.output_held_bytes, saved - problem.output_held_bytes
+    else:
+        held, remat = _at(problem.cut_bytes, last) - handed, saved
+    step = problem.step_bytes[first : last + 1] if problem.step_bytes else (0,)
+    tail = StageMemory(state, grads, buffers, 0, sum(step) if problem.step_bytes_add else max(step))
+    best = tail
+    for m in stage_moments(problem, stage):
+        # A recomputing stage runs its whole backward in I (nothing is left for W to hold).
+        past_input = 0 if recompute else m.split * (held + split_held)
+        activations = m.waiting * held + past_input + (remat if m.acting else 0)
+        kept = grads if m.grads else 0
+        sends = m.sent_grads * sent_grad + m.sent_outputs * sent_output
+        here = StageMemory(
+            state - grads + kept, kept, buffers + sends, activations, transient[acting_kind(m, recompute)]
+        )
+        if here.total_bytes > best.total_bytes:
+            best = here
+    return best
+
+
 def stage_cost(problem: PartitionProblem, stage: int, first: int, last: int, recompute: bool) -> StageCost:
     """Cost of stage ``stage`` holding units ``first..last`` (inclusive)."""
     fwd = math.fsum(problem.forward_s[first : last + 1])
@@ -142,13 +351,7 @@ def stage_cost(problem: PartitionProblem, stage: int, first: int, last: int, rec
     speed = problem.speed[stage] if problem.speed else 1.0
     compute = (fwd + bwd + (fwd if recompute else 0.0)) / speed
     comm = 0.0 if first == 0 else _at(problem.cut_forward_s, first - 1) + _at(problem.cut_backward_s, first - 1)
-    params = sum(problem.param_state_bytes[first : last + 1]) if problem.param_state_bytes else 0
-    saved = sum(problem.saved_bytes[first : last + 1]) if problem.saved_bytes else 0
-    transient = max(problem.transient_bytes[first : last + 1]) if problem.transient_bytes else 0
-    stage_input = problem.input_bytes if first == 0 else _at(problem.cut_bytes, first - 1)
-    in_flight = problem.in_flight[stage] if problem.in_flight else problem.num_microbatches
-    activations = stage_input * in_flight + saved if recompute else saved * in_flight
-    memory = params + transient + activations
+    memory = stage_memory_peak(problem, stage, first, last, recompute).total_bytes
     capacity = problem.capacity_bytes[stage] if problem.capacity_bytes else math.inf
     return StageCost(compute, comm, memory, memory <= capacity)
 

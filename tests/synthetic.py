@@ -43,6 +43,7 @@ def make_profile(
     memory_bytes: int = 64 * 1024**3,
     scale_with_size: bool = True,
     weight_share: float | None = None,
+    largest_param_bytes: Sequence[int] | None = None,
 ) -> Profile:
     """A profile whose unit k has forward ``forward_s[k] * b`` at micro-batch size b (when scaling).
 
@@ -68,6 +69,7 @@ def make_profile(
             flops=tuple(1000 * b for b in sizes),
             output_bytes=tuple(activation_bytes * b for b in sizes),
             saved_bytes=tuple(saved[k] * b for b in sizes),
+            largest_param_bytes=largest_param_bytes[k] if largest_param_bytes is not None else 0,
             **(_split(backward[k], weight_share if k else 1.0, per_size) if weight_share is not None else {}),
         )
         for k in range(n)

@@ -692,4 +692,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="when a rank fails, print its full traceback (from the rank's process) before the one-line error",
     )
+    p.add_argument(
+        "--memory-tolerance",
+        type=positive_float,
+        default=0.10,
+        help="allowed error of each stage's measured memory peak against its prediction (default 0.10 = 10%%); "
+        "a stage over it, or over the memory the plan gave it, fails the verdict",
+    )
     return parser

@@ -24,7 +24,8 @@ import torch
 from planner.plan import Plan
 from planner.runtime.apply import apply_plan
 from planner.runtime.launch import each_rank_in_turn
-from profiles.measure import peak_rss_bytes
+from planner.runtime.stage_memory import track_rank_memory
+from profiles.memory import MemorySample
 from profiles.reference import SpeedReference
 from profiles.workload import as_tuple, load_workload
 
@@ -85,14 +86,21 @@ class RankResult:
     own_s: tuple[float, ...]
     """Per timed step: from the opening barrier to this rank's optimizer step's end (the closing barrier
     only waits for the slowest rank)."""
-    peak_memory_bytes: int
-    """The CUDA allocator's peak of this rank's device, or the process's resident peak on CPU."""
     reference_s: float | None
     """The speed reference's median (profiles/reference.py), timed after each timed step with each rank alone."""
     loss: float | None = None
     """The numerics step's loss; None without numerics, or on a rank that does not compute it."""
     grads: dict[str, torch.Tensor] | None = None
     """The numerics step's gradients by parameter FQN (whole CPU tensors); None without numerics."""
+    stage_memory: tuple[MemorySample, ...] = ()
+    """Per stage (in :attr:`stage_indices` order): its peak of live tensor bytes in one step, by category
+    (:mod:`planner.runtime.stage_memory`)."""
+    rank_memory: MemorySample | None = None
+    """The rank's peak: all its stages at once."""
+    device_allocated_bytes: int | None = None
+    """CUDA: the allocator's peak of allocated bytes over the timed steps (``max_memory_allocated``); None on CPU."""
+    device_reserved_bytes: int | None = None
+    """CUDA: the allocator's peak of reserved bytes (``max_memory_reserved``), what the device really gave."""
 
 
 class _StageTimer:
@@ -279,8 +287,13 @@ def rank_main(
             records[k].extend(t.records)
         time_reference(len(iteration))  # after the step's closing barrier: outside every timed interval
 
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
     timed = _repeat(timed_step, steps, min_time_s, max(steps, MAX_TIMED_STEPS), dev)
-    peak = int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else peak_rss_bytes()
+    allocated = reserved = None
+    if dev.type == "cuda":
+        allocated, reserved = int(torch.cuda.max_memory_allocated(dev)), int(torch.cuda.max_memory_reserved(dev))
+    stage_memory, rank_memory = track_rank_memory(run, optimizer, step, inputs, target)
     return RankResult(
         stage_indices=tuple(run.stage_indices),
         replica=run.replica,
@@ -292,8 +305,11 @@ def rank_main(
         wait_s=tuple(wait),
         tail_s=tuple(tail),
         own_s=tuple(own),
-        peak_memory_bytes=peak,
         reference_s=reference.median_s,
         loss=loss_value,
         grads=grads,
+        stage_memory=stage_memory,
+        rank_memory=rank_memory,
+        device_allocated_bytes=allocated,
+        device_reserved_bytes=reserved,
     )

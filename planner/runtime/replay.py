@@ -4,12 +4,17 @@ For one device holding several stages, or a CPU with fewer cores than the plan h
 running the ranks side by side would measure contention rather than the plan. The real stage modules
 run on real tensors handed from stage to stage; actions follow each rank's order from
 :func:`planner.schedule.orders.rank_orders`, interleaved across ranks as their dependencies allow. A
-zero-bubble ``I`` action runs the full backward and its ``W`` is skipped (the split does not change
-the sum). The caller turns the measured per-stage times into an iteration with the simulator.
+split backward runs as torch's does, ``I`` then ``W`` (``stage_backward_input``, ``stage_backward_weight``),
+and a micro-batch's backward time is the two added. Each step ends as training does: tied copies summed,
+the plan's optimizer stepped, the gradients let go (untimed). What each stage holds follows torch's
+``PipelineStage`` (:class:`_Stages`), and one more step after the timed ones measures each stage's memory
+(:class:`profiles.memory.LiveBytes`). The caller turns the measured per-stage times into an iteration with
+the simulator.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -23,7 +28,8 @@ from torch import nn
 from planner.errors import ExecutionError
 from planner.plan import Plan
 from planner.runtime.apply import microbatch_inputs, schedule_microbatches, split_stages, tied_parameter_groups
-from planner.schedule.orders import Step, rank_orders
+from planner.schedule.orders import Schedule, Step, rank_orders
+from profiles.memory import LiveBytes, MemorySample
 from profiles.reference import SpeedReference
 from profiles.workload import Workload, as_tuple
 
@@ -44,6 +50,8 @@ class ReplayResult:
     """Gradients of the first step by original FQN, tied copies summed."""
     reference_s: float | None = None
     """Median forward+backward of the speed reference (profiles/reference.py), timed after each step."""
+    stage_memory: tuple[MemorySample, ...] = ()
+    """Per stage: its peak of live tensor bytes in one more step, by category (as verify measures a rank's)."""
 
 
 def merged_order(orders: list[list[Step]], num_stages: int) -> list[Step]:
@@ -126,9 +134,120 @@ def profiled_threads(plan: Plan, dev: torch.device) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+class _Stages:
+    """Every stage of the plan in this process, holding what torch 2.13's ``PipelineStage`` holds.
+
+    So that a replayed stage's memory is the one a rank's would be (torch/distributed/pipelining/stage.py):
+    receive buffers for every micro-batch of a stage's input and of its output's gradient, made once and kept
+    (none across a cut between two stages of one rank: torch hands those tensors over); the forward's outputs
+    and inputs kept until the micro-batch's backward (``fwd_cache``); past a split backward's I, the graph and
+    what I keeps for W until W (``backward_state``); an input's gradient let go once handed to the stage before.
+    """
+
+    def __init__(self, plan: Plan, modules: list[Any], mb_inputs: list[tuple[Any, ...]], dev: torch.device) -> None:
+        self.plan, self.modules, self.mb_inputs = plan, modules, mb_inputs
+        self.n, self.m = plan.num_stages, len(mb_inputs)
+        ranks = [st.rank for st in plan.stages]
+        self.local = [s > 0 and ranks[s - 1] == ranks[s] for s in range(self.n)]
+        self.recv: list[dict[int, tuple[torch.Tensor, ...]]] = [{} for _ in range(self.n)]
+        self.grad_recv: list[dict[int, list[torch.Tensor | None]]] = [{} for _ in range(self.n)]
+        self.fwd: dict[tuple[int, int], tuple[Any, tuple[Any, ...]]] = {}
+        self.split: dict[tuple[int, int], tuple[Any, tuple[Any, ...], Any]] = {}
+        self.loss: dict[int, torch.Tensor] = {}
+        self.whole_in_input = [plan.schedule.splits_backward and st.recompute for st in plan.stages]
+        # What torch's sends still hold (planner/schedule/memory.py): the multi-stage runtime waits for every
+        # send at the end of the step, GPipe for its backward sends after its last backward, 1F1B for each
+        # before its next forward (or, in its cool-down, after its next backward).
+        self.sent: list[list[Any]] = [[] for _ in range(self.n)]
+        self.keeps_outputs = plan.schedule.multi_stage
+        self.one_pending = plan.schedule is Schedule.ONE_F_ONE_B
+        self.handed: Callable[[Any, int], None] = lambda tensors, owner: None
+        """Told of tensors handed to a stage across a cut on one rank (the memory tracker makes them its buffers)."""
+
+    def buffers(self) -> list[torch.Tensor]:
+        """Every receive buffer (for the memory tracker)."""
+        out = [t for per_mb in self.recv for ts in per_mb.values() for t in ts]
+        return out + [t for per_mb in self.grad_recv for ts in per_mb.values() for t in ts if t is not None]
+
+    def forward(self, s: int, mb: int) -> tuple[Any, ...]:
+        """The stage's inputs for micro-batch ``mb``: the batch's slice, the previous stage's output handed over,
+        or that output copied into this stage's receive buffer (made at the first step, as torch does)."""
+        if s == 0:
+            return self.mb_inputs[mb]
+        sent = tuple(v for v in as_tuple(self.fwd[s - 1, mb][0]) if isinstance(v, torch.Tensor))
+        if self.local[s]:
+            # torch's set_local_fwd_input: the tensors take the receive buffers' place, kept until replaced.
+            self.recv[s][mb] = tuple(_leaf(v) for v in sent)
+            self.handed(self.recv[s][mb], s)
+            return self.recv[s][mb]
+        if mb not in self.recv[s]:
+            self.recv[s][mb] = tuple(torch.empty_like(v) for v in sent)
+        bufs = self.recv[s][mb]
+        with torch.no_grad():
+            for b, v in zip(bufs, sent, strict=True):
+                b.copy_(v)
+        return tuple(b.requires_grad_(v.requires_grad) for b, v in zip(bufs, sent, strict=True))
+
+    def forwarded(self, s: int) -> None:
+        """Before a forward: 1F1B has waited for the stage's last backward send."""
+        if self.one_pending:
+            self.sent[s].clear()
+
+    def finished(self, s: int, out: Any) -> None:
+        """A micro-batch's backward is done: the multi-stage runtime's send of its output still holds it."""
+        if self.keeps_outputs and s < self.n - 1 and not self.local[s + 1]:
+            self.sent[s].append(out)
+
+    def step_ended(self) -> None:
+        for sent in self.sent:
+            sent.clear()
+
+    def received_grads(self, s: int, mb: int) -> list[torch.Tensor | None]:
+        return self.grad_recv[s][mb]
+
+    def hand_back(self, s: int, mb: int, args: tuple[Any, ...]) -> None:
+        """Give the gradients of stage ``s``'s inputs to stage ``s - 1``: its receive buffers, or across a cut on
+        one rank the tensors themselves; the inputs' ``.grad`` is let go, as torch's ``stage_backward`` does."""
+        grads = [a.grad if isinstance(a, torch.Tensor) else None for a in args]
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                a.grad = None
+        if s == 0:
+            return
+        if self.local[s]:
+            self.grad_recv[s - 1][mb] = grads  # set_local_bwd_input: in place of the receive buffers
+            self.handed([g for g in grads if g is not None], s - 1)
+            return
+        if self.one_pending:
+            self.sent[s].clear()  # the previous backward's send, waited once this backward is done
+        self.sent[s].append(grads)
+        if mb not in self.grad_recv[s - 1]:
+            self.grad_recv[s - 1][mb] = [None if g is None else torch.empty_like(g) for g in grads]
+        for b, g in zip(self.grad_recv[s - 1][mb], grads, strict=True):
+            if b is not None and g is not None:
+                b.copy_(g)
+
+
+def _backward_pairs(stages: _Stages, s: int, mb: int, out: Any) -> tuple[list[torch.Tensor], list[Any]]:
+    """What a stage's backward starts from: the loss on the last stage, else its outputs and their gradients."""
+    if s == stages.n - 1:
+        return [stages.loss.pop(mb)], [None]
+    grads = stages.received_grads(s, mb)
+    pairs = [
+        (o, g)
+        for o, g in zip(as_tuple(out), grads, strict=False)
+        if isinstance(o, torch.Tensor) and o.requires_grad and g is not None
+    ]
+    return [o for o, _ in pairs], [g for _, g in pairs]
+
+
 def _replay(
     plan: Plan, workload: Workload, steps: int, warmup: int, dev: torch.device, keep_grads: bool
 ) -> ReplayResult:
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    from planner.runtime.rank_timing import make_optimizer
+
     n = plan.num_stages
     m = schedule_microbatches(plan)
     inputs, target = workload.make_batch(plan.global_batch_size)
@@ -138,55 +257,121 @@ def _replay(
             workload.model, microbatch_inputs(plan, inputs), plan.split_points, [s.recompute for s in plan.stages]
         )
     ]
-    mb_inputs = list(zip(*(t.to(dev).chunk(m) for t in as_tuple(inputs)), strict=True))
-    mb_targets = target.to(dev).chunk(m)
+    batch = tuple(t.to(dev) for t in as_tuple(inputs))
+    target = target.to(dev)
+    mb_inputs = list(zip(*(t.chunk(m) for t in batch), strict=True))
+    mb_targets = target.chunk(m)
     order = merged_order(rank_orders(plan.schedule, n, m, plan.num_ranks), n)
+    params = list({id(p): p for module in modules for p in module.parameters()}.values())
+    optimizer = make_optimizer(str(plan.constraints.get("optimizer", "adam")), params)
+    stages = _Stages(plan, modules, mb_inputs, dev)
+    tied = [
+        [p for module in modules for name, p in module.original_named_parameters() if name in names]
+        for names in tied_parameter_groups(workload.model)
+    ]
+    act: Callable[[int, str], Any] = lambda s, kind: contextlib.nullcontext()  # noqa: E731 - set when tracked
 
-    def one_step(times: dict[str, list[list[float]]] | None) -> torch.Tensor:
-        for module in modules:
-            module.zero_grad(set_to_none=True)
-        ins: dict[tuple[int, int], tuple[Any, ...]] = {}
-        outs: dict[tuple[int, int], Any] = {}
+    def one_step(times: dict[str, list[list[float]]] | None, tail: bool = True) -> torch.Tensor:
+        """One step; ``times`` gets every stage's forward times (``F``) and each micro-batch's whole backward
+        (``B``: its B, or its I and W added); without ``tail`` no tied sum, optimizer step or ``zero_grad``."""
         losses: list[torch.Tensor] = []
+        backward_s: dict[tuple[int, int], float] = {}
         for step in order:
             s, mb = step.stage, step.microbatch
             if step.kind == "F":
-                args = mb_inputs[mb] if s == 0 else tuple(_leaf(v) for v in as_tuple(outs[s - 1, mb]))
-                ins[s, mb] = args
-                # The last stage's forward includes the loss, as the profile's last unit and torch's schedule
-                # (right after the forward) have it: a 50k-word LM head's loss is 5-10 % of a GPT-2 step.
-                if s == n - 1:
-                    out, dt = _timed(lambda: workload.loss_fn(modules[s](*args), mb_targets[mb]), dev)  # noqa: B023
-                    losses.append(out.detach())
-                else:
-                    out, dt = _timed(lambda: modules[s](*args), dev)  # noqa: B023 - run at once
-                outs[s, mb] = out
-            elif step.kind in "BI":
-                if s == n - 1:
-                    pairs = [(outs[s, mb] / m, None)]
-                else:
-                    nxt = ins[s + 1, mb]
-                    pairs = [
-                        (o, g.grad)
-                        for o, g in zip(as_tuple(outs[s, mb]), nxt, strict=True)
-                        if isinstance(o, torch.Tensor) and o.requires_grad and g.grad is not None
-                    ]
-                tensors = [o for o, _ in pairs]
-                grads = [g for _, g in pairs]
-                _, dt = _timed(lambda: torch.autograd.backward(tensors, grads if s < n - 1 else None), dev)  # noqa: B023
+                stages.forwarded(s)
+                with act(s, "activations"):
+                    args = stages.forward(s, mb)
+                    # The last stage's forward includes the loss, as the profile's last unit and torch's schedule
+                    # (right after the forward) have it: a 50k-word LM head's loss is 5-10 % of a GPT-2 step.
+                    if s == n - 1:
+                        out, dt = _timed(lambda: modules[s](*args), dev)  # noqa: B023 - run at once
+                        loss, dl = _timed(lambda: workload.loss_fn(out, mb_targets[mb]) / m, dev)  # noqa: B023
+                        stages.loss[mb] = loss
+                        losses.append(loss.detach() * m)
+                        dt += dl
+                    else:
+                        out, dt = _timed(lambda: modules[s](*args), dev)  # noqa: B023 - run at once
+                stages.fwd[s, mb] = (out, args)
+                kind = "F"
+            elif step.kind == "B" or (step.kind == "I" and stages.whole_in_input[s]):
+                with act(s, "transient"):
+                    # The outputs stay referenced through the backward, as in torch's backward_one_chunk.
+                    out, args = stages.fwd.pop((s, mb))
+                    roots, grads = _backward_pairs(stages, s, mb, out)
+                    _, dt = _timed(lambda: torch.autograd.backward(roots, grads if s < n - 1 else None), dev)  # noqa: B023
+                    stages.finished(s, out)
+                    del out, roots, grads
+                    stages.hand_back(s, mb, args)
+                kind = "B"
+            elif step.kind == "I":
+                with act(s, "transient"):
+                    out, args = stages.fwd.pop((s, mb))
+                    roots, grads = _backward_pairs(stages, s, mb, out)
+                    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+                    if s == 0 or not leaves:  # torch's first stage runs no I: its W is the whole backward
+                        stages.split[s, mb] = (None, args, (roots, grads))
+                        dt = 0.0
+                    else:
+                        roots = [r.clone() if r._is_view() else r for r in roots]
+                        (_, groups), dt = _timed(
+                            lambda: stage_backward_input(roots, grads, leaves, modules[s].parameters()),  # noqa: B023
+                            dev,
+                        )
+                        stages.split[s, mb] = (groups, args, (roots, grads) if s < n - 1 else None)
+                        stages.hand_back(s, mb, args)
+                    del out, roots, grads
+                kind = "B"
+            else:  # W
+                with act(s, "transient"):
+                    groups, args, pending = stages.split.pop((s, mb), (None, (), None))
+                    if groups is not None:
+                        _, dt = _timed(lambda: stage_backward_weight(modules[s].parameters(), groups), dev)  # noqa: B023
+                        if pending is not None:
+                            stages.finished(s, pending[0])
+                    elif pending is not None:
+                        roots, grads = pending
+                        _, dt = _timed(lambda: torch.autograd.backward(roots, grads if s < n - 1 else None), dev)  # noqa: B023
+                        stages.finished(s, roots)
+                        stages.hand_back(s, mb, args)
+                        del roots, grads
+                    else:
+                        dt = 0.0  # a recomputing stage ran its whole backward in I
+                    del groups, args, pending
+                kind = "W"
+            if kind == "F":
+                if times is not None:
+                    times["F"][s].append(dt)
             else:
-                continue
-            if times is not None:
-                times["F" if step.kind == "F" else "B"][s].append(dt)
+                backward_s[s, mb] = backward_s.get((s, mb), 0.0) + dt
+        if times is not None:
+            for (s, _), dt in sorted(backward_s.items()):
+                times["B"][s].append(dt)
+        stages.step_ended()
+        if not tail:
+            return torch.stack(losses).mean()
+        # The step's tail, untimed: the tied copies summed, the optimizer stepped, the gradients let go.
+        with torch.no_grad():
+            for copies in tied:
+                held = [p for p in copies if p.grad is not None]
+                if len(held) > 1:
+                    total = held[0].grad
+                    for p in held[1:]:
+                        total.add_(p.grad)
+                    for p in held[1:]:
+                        p.grad.copy_(total)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         return torch.stack(losses).mean()
 
     loss = grads = None
-    if keep_grads:
-        loss = one_step(None).item()
+    if keep_grads:  # before the warm-up, without the step's tail: the weights stay those of a fresh model
+        loss = one_step(None, tail=False).item()
         grads = _gathered_grads(workload.model, modules)
+        optimizer.zero_grad(set_to_none=True)
     for _ in range(warmup):
         one_step(None)
-    times: dict[str, list[list[float]]] = {"F": [[] for _ in range(n)], "B": [[] for _ in range(n)]}
+    times: dict[str, list[list[float]]] = {k: [[] for _ in range(n)] for k in "FB"}
     step_s = []
     reference = SpeedReference(dev)
     reference.warm_up()
@@ -194,6 +379,11 @@ def _replay(
         _, dt = _timed(lambda: one_step(times), dev)
         step_s.append(dt)
         reference.time_once()
+    tracker = _tracker(plan, modules, stages, optimizer, batch, target)
+    act = tracker.acting
+    stages.handed = lambda tensors, owner: [tracker.classify(t, "buffers", owner) for t in tensors]
+    with tracker:
+        one_step(None)
     return ReplayResult(
         forward_s=tuple(statistics.median(t) for t in times["F"]),
         backward_s=tuple(statistics.median(t) for t in times["B"]),
@@ -201,7 +391,35 @@ def _replay(
         loss=loss,
         grads=grads,
         reference_s=reference.median_s,
+        stage_memory=tuple(tracker.peak(s) for s in range(n)),
     )
+
+
+def _tracker(
+    plan: Plan,
+    modules: list[Any],
+    stages: _Stages,
+    optimizer: torch.optim.Optimizer,
+    batch: tuple[torch.Tensor, ...],
+    target: torch.Tensor,
+) -> LiveBytes:
+    """The memory tracker of a replayed step, with what exists before it registered stage by stage."""
+    tracker = LiveBytes()
+    owner: dict[int, int] = {}
+    for s, module in enumerate(modules):
+        tracker.register(module.parameters(), s, "weights")
+        tracker.register(module.buffers(), s, "weights")
+        for p in module.parameters():
+            owner.setdefault(id(p), s)
+    for s in range(plan.num_stages):
+        tracker.register([t for ts in stages.recv[s].values() for t in ts], s, "buffers")
+        tracker.register([t for ts in stages.grad_recv[s].values() for t in ts if t is not None], s, "buffers")
+    tracker.register(batch, 0, "buffers")
+    tracker.register([target], plan.num_stages - 1, "buffers")
+    params = [p for module in modules for p in module.parameters()]
+    tracker.watch_grads(params, lambda p: owner.get(id(p)))
+    tracker.watch_optimizer(optimizer, lambda p: owner.get(id(p)))
+    return tracker
 
 
 def _gathered_grads(model: nn.Module, modules: list[Any]) -> dict[str, torch.Tensor]:

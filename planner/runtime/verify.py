@@ -31,6 +31,7 @@ from dataclasses import replace
 
 import torch
 
+from planner.cost import MemoryBreakdown
 from planner.errors import ExecutionError, UsageError
 from planner.plan import Plan
 from planner.runtime.apply import schedule_microbatches, tied_parameter_groups
@@ -38,6 +39,7 @@ from planner.runtime.launch import rank_threads, run_ranks
 from planner.runtime.rank_timing import MIN_TIME_S, MIN_WARMUP_S, RankResult, rank_main, step_batch
 from planner.runtime.replay import replay_plan
 from planner.runtime.verify_report import (
+    MEMORY_TOLERANCE,
     NUMERICS_ATOL,
     NUMERICS_RTOL,
     NumericsReport,
@@ -46,7 +48,7 @@ from planner.runtime.verify_report import (
     VerifyReport,
     format_report,
 )
-from profiles.measure import peak_rss_bytes
+from profiles.memory import MemorySample
 from profiles.workload import Workload, as_tuple, load_workload
 
 __all__ = [
@@ -153,6 +155,7 @@ def verify_plan(
     timeout_s: float = 300.0,
     device: str = "cpu",
     tolerance: float = 0.25,
+    memory_tolerance: float = MEMORY_TOLERANCE,
     min_warmup_s: float = MIN_WARMUP_S,
     min_time_s: float = MIN_TIME_S,
 ) -> VerifyReport:
@@ -171,6 +174,9 @@ def verify_plan(
         timeout_s: limit for the run: every rank (processes) or the replay (one process) is stopped after it.
         device: ``cpu`` or ``cuda``.
         tolerance: the largest relative iteration error for ``report.ok``.
+        memory_tolerance: the largest relative error of any stage's measured memory peak for ``report.ok``
+            (:data:`~planner.runtime.verify_report.MEMORY_TOLERANCE`, 10 %); a stage measured over the memory
+            the plan gave it fails too.
 
     Raises:
         ExecutionError: a rank failed, hung or was killed. ModelMismatchError: not the plan's model.
@@ -186,16 +192,20 @@ def verify_plan(
         everyone = run_ranks(rank_main, args, _processes(plan), timeout_s=timeout_s, backend=backend)
         # Replicas run the same stages: the first replica's ranks, in pipeline order, stand for them.
         results = [everyone[d] for d in plan.mesh.devices[0]] if plan.mesh is not None else everyone
-        fwd, bwd, peak = [0.0] * plan.num_stages, [0.0] * plan.num_stages, [0] * plan.num_stages
+        fwd, bwd = [0.0] * plan.num_stages, [0.0] * plan.num_stages
+        memory: list[MemoryBreakdown | None] = [None] * plan.num_stages
         for res in results:
             for k, s in enumerate(res.stage_indices):
                 fwd[s], bwd[s] = _stage_times(res.stage_records[k])
-                peak[s] = res.peak_memory_bytes
+                if res.stage_memory:
+                    memory[s] = as_breakdown(res.stage_memory[k])
+        rank_memory = tuple(r.rank_memory.total_bytes for r in results if r.rank_memory is not None)
+        allocated = tuple(r.device_allocated_bytes for r in results if r.device_allocated_bytes is not None)
+        reserved = tuple(r.device_reserved_bytes for r in results if r.device_reserved_bytes is not None)
         measured = max(_median(r.iteration_s) for r in everyone)
         busy = tuple(_median(r.busy_s) for r in results)
         tails = predicted_tails(plan)
         rank_times = tuple(_rank_time(plan, r, res, tails) for r, res in enumerate(results))
-        memory_kind = "cuda" if device.startswith("cuda") else "rss"
         warmed, timed = everyone[0].warmup_steps, everyone[0].timed_steps
         references = [r.reference_s for r in everyone if r.reference_s]
         reference = statistics.median(references) if references else None
@@ -222,14 +232,24 @@ def verify_plan(
         measured, busy = sim.iteration_s, sim.busy_s
         reference = result.reference_s
         rank_times = ()
-        peak = [peak_rss_bytes()] * plan.num_stages
-        memory_kind = "rss-process"
+        memory = [as_breakdown(m) for m in result.stage_memory] if result.stage_memory else [None] * plan.num_stages
+        rank_memory, allocated, reserved = (), (), ()
         if check_numerics:
             fresh = load_workload(workload) if isinstance(workload, str) else workload
             assert result.loss is not None and result.grads is not None
             numerics = compare_numerics(*reference_step(fresh, plan), result.loss, result.grads)
     stages = tuple(
-        StageReport(s.index, s.rank, s.forward_s, s.backward_s, fwd[s.index], bwd[s.index], peak[s.index])
+        StageReport(
+            s.index,
+            s.rank,
+            s.forward_s,
+            s.backward_s,
+            fwd[s.index],
+            bwd[s.index],
+            predicted_memory=s.memory_bytes,
+            measured_memory=memory[s.index],
+            capacity_bytes=stage_capacity_bytes(plan, s.index),
+        )
         for s in plan.stages
     )
     profiled, adjusted = plan.profile_reference_s, None
@@ -250,7 +270,11 @@ def verify_plan(
         measured_iteration_s=measured,
         busy_s=tuple(busy),
         stages=stages,
-        memory_kind=memory_kind,
+        memory_kind="live-tensors",
+        memory_tolerance=memory_tolerance,
+        rank_memory_bytes=rank_memory,
+        device_allocated_bytes=allocated,
+        device_reserved_bytes=reserved,
         numerics=numerics,
         optimizer=str(plan.constraints.get("optimizer", "adam")),
         ranks=rank_times,
@@ -258,6 +282,29 @@ def verify_plan(
         profile_reference_s=profiled,
         speed_adjusted_iteration_s=adjusted,
     )
+
+
+def as_breakdown(sample: MemorySample) -> MemoryBreakdown:
+    """A measured sample in the plan's parts: weights are ``params``, the peak the sample's total."""
+    return MemoryBreakdown(
+        params=sample.weights_bytes,
+        grads=sample.grads_bytes,
+        optimizer=sample.optimizer_bytes,
+        activations=sample.activations_bytes,
+        transient=sample.transient_bytes,
+        peak=sample.total_bytes,
+        buffers=sample.buffers_bytes,
+    )
+
+
+def stage_capacity_bytes(plan: Plan, stage: int) -> float | None:
+    """The memory the plan gave a stage: its rank's usable capacity (``constraints.capacity_bytes``) over the
+    stages the rank holds, as the search divides it (planner/cost.py ``build_problem``); None if not recorded."""
+    capacities = plan.constraints.get("capacity_bytes")
+    rank = plan.stages[stage].rank
+    if not isinstance(capacities, list) or rank >= len(capacities):
+        return None
+    return float(capacities[rank]) / len(plan.stages_of_rank(rank))
 
 
 def predicted_tails(plan: Plan) -> tuple[float, ...]:

@@ -13,11 +13,16 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from planner.cost import MemoryBreakdown
+from planner.formatting import format_table, human_bytes
 from planner.schedule.orders import Schedule
 
 __all__ = [
+    "memory_mismatch",
+    "format_memory",
     "NUMERICS_ATOL",
     "NUMERICS_RTOL",
+    "MEMORY_TOLERANCE",
     "StageReport",
     "NumericsReport",
     "RankTime",
@@ -28,6 +33,8 @@ __all__ = [
 
 NUMERICS_ATOL = 1e-5
 NUMERICS_RTOL = 1e-4
+MEMORY_TOLERANCE = 0.10
+"""Largest accepted relative error of a stage's measured memory peak against its prediction (0.10 = 10 %)."""
 
 
 def _error_pct(measured: float, predicted: float) -> float:
@@ -43,8 +50,20 @@ class StageReport:
     measured_forward_s: float
     """Median over micro-batches and timed steps."""
     measured_backward_s: float
-    peak_memory_bytes: int | None
-    """CUDA allocator peak of the stage's device, or the process's resident peak (``memory_kind``)."""
+    predicted_memory: MemoryBreakdown | None = None
+    """The plan's memory of the stage at its peak, by part (``StagePlan.memory_bytes``)."""
+    measured_memory: MemoryBreakdown | None = None
+    """The stage's peak of live tensor bytes in one training step, by the same parts, at the moment of the peak
+    (:mod:`planner.runtime.stage_memory`); None where not measured (reports written before)."""
+    capacity_bytes: float | None = None
+    """What the plan gave the stage: its rank's usable memory over the stages the rank holds; None if unknown."""
+
+    def __post_init__(self) -> None:
+        # Read back from JSON (to_dict), the breakdowns are objects: the plan's parts again.
+        for name in ("predicted_memory", "measured_memory"):
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                object.__setattr__(self, name, MemoryBreakdown(**value))
 
     @property
     def error_pct(self) -> float:
@@ -52,6 +71,27 @@ class StageReport:
         return _error_pct(
             self.measured_forward_s + self.measured_backward_s, self.predicted_forward_s + self.predicted_backward_s
         )
+
+    @property
+    def predicted_memory_bytes(self) -> int | None:
+        return None if self.predicted_memory is None else self.predicted_memory.peak
+
+    @property
+    def measured_memory_bytes(self) -> int | None:
+        return None if self.measured_memory is None else self.measured_memory.peak
+
+    @property
+    def memory_error_pct(self) -> float | None:
+        """Measured peak against predicted, in percent; None without both (a plan written by hand predicts 0)."""
+        if self.predicted_memory is None or self.measured_memory is None or self.predicted_memory.peak <= 0:
+            return None
+        return _error_pct(self.measured_memory.peak, self.predicted_memory.peak)
+
+    @property
+    def over_capacity(self) -> bool:
+        """Whether the measured peak exceeds what the plan gave the stage."""
+        measured = self.measured_memory_bytes
+        return measured is not None and self.capacity_bytes is not None and measured > self.capacity_bytes
 
 
 @dataclass(frozen=True)
@@ -101,7 +141,8 @@ class VerifyReport:
     """Per rank: measured compute time in one iteration (median over steps)."""
     stages: tuple[StageReport, ...]
     memory_kind: str
-    """``cuda`` (allocator peak), ``rss`` (process resident peak) or ``rss-process`` (replay: all stages)."""
+    """How memory was measured: ``live-tensors`` (every stage's peak of live tensor bytes, by torch's dispatcher:
+    planner/runtime/stage_memory.py), or in reports written before, ``cuda``, ``rss`` or ``rss-process``."""
     numerics: NumericsReport | None = None
     optimizer: str = "adam"
     """The optimizer stepped inside each timed iteration."""
@@ -114,6 +155,14 @@ class VerifyReport:
     speed_adjusted_iteration_s: float | None = None
     """The prediction at the machine's speed during this run: the plan simulated with every compute time
     (stages, per-action overhead, step tails; not the links) times :attr:`speed_factor`. None without it."""
+    memory_tolerance: float = MEMORY_TOLERANCE
+    """Largest accepted relative error of any stage's measured memory peak (0.10 = 10 %)."""
+    rank_memory_bytes: tuple[int, ...] = ()
+    """Per rank (processes mode): the peak of live tensor bytes of all its stages together."""
+    device_allocated_bytes: tuple[int, ...] = ()
+    """Per rank, CUDA: the allocator's peak of allocated bytes over the timed steps (``max_memory_allocated``)."""
+    device_reserved_bytes: tuple[int, ...] = ()
+    """Per rank, CUDA: the allocator's peak of reserved bytes (``max_memory_reserved``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "schedule", Schedule.parse(self.schedule))
@@ -176,16 +225,36 @@ class VerifyReport:
         return max(self.stages, key=lambda s: abs(s.error_pct)).index
 
     @property
+    def worst_memory_stage(self) -> int | None:
+        """The stage whose measured memory disagrees most with the plan; None when memory was not measured."""
+        measured = [s for s in self.stages if s.memory_error_pct is not None]
+        return max(measured, key=lambda s: abs(s.memory_error_pct or 0.0)).index if measured else None
+
+    @property
+    def memory_ok(self) -> bool:
+        """Every measured stage within :attr:`memory_tolerance` of its prediction and under its capacity."""
+        return all(
+            abs(s.memory_error_pct) <= self.memory_tolerance * 100.0 and not s.over_capacity
+            for s in self.stages
+            if s.memory_error_pct is not None
+        )
+
+    @property
     def ok(self) -> bool:
         timing = abs(self.iteration_error_pct) <= self.tolerance * 100.0
-        return timing and (self.numerics is None or self.numerics.ok)
+        return timing and self.memory_ok and (self.numerics is None or self.numerics.ok)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["schedule"] = self.schedule.value
         for stage, d in zip(self.stages, data["stages"], strict=True):
             d["error_pct"] = stage.error_pct
+            d["predicted_memory_bytes"] = stage.predicted_memory_bytes
+            d["measured_memory_bytes"] = stage.measured_memory_bytes
+            d["memory_error_pct"] = stage.memory_error_pct
+            d["over_capacity"] = stage.over_capacity
         data.update(iteration_error_pct=self.iteration_error_pct, worst_stage=self.worst_stage, ok=self.ok)
+        data.update(worst_memory_stage=self.worst_memory_stage, memory_ok=self.memory_ok)
         data.update(speed_factor=self.speed_factor, speed_adjusted_error_pct=self.speed_adjusted_error_pct)
         data["mismatch_reason"] = mismatch_reason(self)
         data["busy_s"] = list(self.busy_s)
@@ -228,21 +297,80 @@ def mismatch_reason(report: VerifyReport) -> str | None:
     return f"stage {worst.index} is off most ({worst.error_pct:+.1f} %): its profile does not describe how it runs here"
 
 
+def memory_mismatch(report: VerifyReport) -> str | None:
+    """What is wrong with the measured memory, in one line; None when every measured stage holds."""
+    if report.memory_ok:
+        return None
+    over = [s for s in report.stages if s.over_capacity]
+    if over:
+        worst = max(over, key=lambda s: (s.measured_memory_bytes or 0) - (s.capacity_bytes or 0))
+        return (
+            f"stage {worst.index} peaked at {human_bytes(worst.measured_memory_bytes or 0)}, over the "
+            f"{human_bytes(worst.capacity_bytes or 0)} the plan gave it"
+        )
+    worst_index = report.worst_memory_stage
+    assert worst_index is not None
+    worst = report.stages[worst_index]
+    return (
+        f"stage {worst.index} peaked at {human_bytes(worst.measured_memory_bytes or 0)} against "
+        f"{human_bytes(worst.predicted_memory_bytes or 0)} predicted ({worst.memory_error_pct:+.1f} %, tolerance "
+        f"{report.memory_tolerance * 100:.0f} %)"
+    )
+
+
+def _memory_parts(m: MemoryBreakdown) -> tuple[int, ...]:
+    return (m.params, m.grads, m.optimizer, m.activations, m.transient, m.buffers, m.peak)
+
+
+def format_memory(report: VerifyReport) -> list[str]:
+    """The memory table: per stage, predicted / measured bytes by part and the peak's error; per rank, measured."""
+    stages = [s for s in report.stages if s.memory_error_pct is not None]
+    if not stages:
+        return []
+    headers = ["stage", "rank", "weights", "grads", "optimizer", "activations", "transient", "buffers", "peak", "error"]
+    rows: list[list[object]] = []
+    for s in stages:
+        assert s.predicted_memory is not None and s.measured_memory is not None
+        pairs = zip(_memory_parts(s.predicted_memory), _memory_parts(s.measured_memory), strict=True)
+        cells = [f"{human_bytes(p)} / {human_bytes(m)}" for p, m in pairs]
+        error = f"{s.memory_error_pct or 0.0:+.1f}%"
+        if s.over_capacity:
+            error += f" over {human_bytes(s.capacity_bytes or 0)}"
+        rows.append([s.index, s.rank, *cells, error])
+    lines = [
+        f"memory per stage (predicted / measured; measured: peak of live tensor bytes in one step, by part at "
+        f"that moment; tolerance {report.memory_tolerance * 100:.0f}%):",
+        format_table(headers, rows, align=">>>>>>>>>>"),
+    ]
+    if report.rank_memory_bytes:
+        lines.append("peak per rank (all its stages): " + ", ".join(human_bytes(b) for b in report.rank_memory_bytes))
+    if report.device_allocated_bytes:
+        lines.append(
+            "cuda allocator per rank (allocated / reserved peak over the timed steps): "
+            + ", ".join(
+                f"{human_bytes(a)} / {human_bytes(r)}"
+                for a, r in zip(report.device_allocated_bytes, report.device_reserved_bytes, strict=True)
+            )
+        )
+    return lines
+
+
 def format_report(report: VerifyReport) -> str:
     """A human-readable table: predicted vs measured per stage and for the iteration."""
-    mem = {"cuda": "peak mem (cuda)", "rss": "peak mem (rss)", "rss-process": "rss (process)"}[report.memory_kind]
     lines = [
         f"verify: {report.schedule}, {report.num_ranks} ranks, {report.num_microbatches} micro-batches, "
         f"mode {report.mode}, {report.steps} timed steps after {report.warmup} warm-up",
         f"{'stage':>5} {'rank':>4} {'fwd pred':>10} {'fwd meas':>10} {'bwd pred':>10} {'bwd meas':>10} "
-        f"{'error':>8} {mem:>16}",
+        f"{'error':>8} {'mem pred':>10} {'mem meas':>10} {'mem err':>8}",
     ]
     for s in report.stages:
-        peak = f"{s.peak_memory_bytes / 2**20:.1f} MiB" if s.peak_memory_bytes is not None else "-"
+        pred = human_bytes(s.predicted_memory_bytes) if s.predicted_memory_bytes is not None else "-"
+        meas = human_bytes(s.measured_memory_bytes) if s.measured_memory_bytes is not None else "-"
+        err = f"{s.memory_error_pct:+.1f}%" if s.memory_error_pct is not None else "-"
         lines.append(
             f"{s.index:>5} {s.rank:>4} {s.predicted_forward_s * 1e3:>8.3f}ms {s.measured_forward_s * 1e3:>8.3f}ms "
             f"{s.predicted_backward_s * 1e3:>8.3f}ms {s.measured_backward_s * 1e3:>8.3f}ms "
-            f"{s.error_pct:>+7.1f}% {peak:>16}"
+            f"{s.error_pct:>+7.1f}% {pred:>10} {meas:>10} {err:>8}"
         )
     how = "simulated from measured stage times" if report.mode == "replay" else "measured between barriers"
     predicted_ms, measured_ms = report.predicted_iteration_s * 1e3, report.measured_iteration_s * 1e3
@@ -281,8 +409,12 @@ def format_report(report: VerifyReport) -> str:
             f"numerics: {'ok' if n.ok else 'MISMATCH'} (loss diff {n.loss_abs_diff:.2e}, max grad diff "
             f"{n.max_grad_abs_diff:.2e} at {n.worst_parameter or '-'}; atol {n.atol:g}, rtol {n.rtol:g})"
         )
+    lines.extend(format_memory(report))
     reason = mismatch_reason(report)
     if reason is not None:
         lines.append(f"why: {reason}")
+    memory = memory_mismatch(report)
+    if memory is not None:
+        lines.append(f"memory: {memory}")
     lines.append("result: " + ("ok" if report.ok else "MISMATCH"))
     return "\n".join(lines)

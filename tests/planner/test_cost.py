@@ -4,6 +4,7 @@ import pytest
 
 from planner.cost import CostSettings, build_problem, bytes_per_param, parse_bytes, stage_memory, unit_costs
 from planner.errors import UsageError
+from planner.schedule.orders import Schedule
 from solvers.problem import stage_cost
 from synthetic import make_profile
 
@@ -25,7 +26,7 @@ def test_parse_bytes_rejects(text):
 def test_bytes_per_param_follows_zero_paper():
     assert bytes_per_param("float32", "adam") == (4, 4, 8)
     assert bytes_per_param("bfloat16", "adam") == (2, 2, 12)  # 16 B/param in mixed precision
-    assert bytes_per_param("float32", "sgd") == (4, 4, 0)
+    assert bytes_per_param("float32", "sgd") == (4, 4, 4)  # with momentum, as the runtime steps it
     with pytest.raises(UsageError, match="unknown optimizer"):
         bytes_per_param("float32", "lion")
 
@@ -56,13 +57,92 @@ def test_stage_memory_matches_the_solver_cost(recompute):
         in_flight=(2, 1),
         stage_rank=(0, 1),
         recompute_choices=(False, True),
+        schedule=Schedule.ONE_F_ONE_B,
     )
-    memory = stage_memory(profile, costs, settings, 1, 2, in_flight=1, recompute=recompute)
+    memory = stage_memory(profile, settings, problem, costs, 1, 1, 2, recompute)
     assert memory.peak == stage_cost(problem, 1, 1, 2, recompute).memory_bytes
     assert memory.params == 50 * 4 and memory.grads == 50 * 4 and memory.optimizer == 50 * 8
-    # Without recompute: 500 saved bytes x 1 in flight; with: the 1024-byte input + one re-materialisation.
-    assert memory.activations == (1024 + 500 if recompute else 500)
-    assert memory.transient == 2 * 1024
+    # The last stage under 1F1B holds one micro-batch at its backward: 500 saved bytes; recomputing, the loss's
+    # unit's 300 bytes held and the other 200 re-materialised.
+    assert memory.activations == 500
+    # Receive buffers of the 1024-byte input for each of the 4 micro-batches (the last stage gets no gradient).
+    assert memory.buffers == 4 * 1024
+    assert memory.transient == 2 * 1024  # unmeasured on this CPU profile: the output and its gradient
+    assert memory.peak == 200 + 200 + 400 + 500 + 2048 + 4096
+
+
+def test_gpipe_peaks_at_the_first_backward_without_gradients_or_the_second_with_them():
+    # GPipe holds every micro-batch at its first backward, before the gradients exist; at its second, one
+    # fewer and the gradients. Whichever is larger is the peak.
+    profile = make_profile([1.0, 1.0], param_counts=[1000, 1000], saved_bytes=[100, 100])
+    settings = CostSettings()
+    costs = unit_costs(profile, 1)
+
+    def peak(m: int):
+        problem = build_problem(
+            profile,
+            costs,
+            settings,
+            num_stages=2,
+            num_microbatches=m,
+            in_flight=(m, m),
+            stage_rank=(0, 1),
+            recompute_choices=(False,),
+            schedule=Schedule.GPIPE,
+        )
+        return stage_memory(profile, settings, problem, costs, 0, 0, 0, False)
+
+    # 4000 bytes of gradients outweigh one micro-batch's 100: the second backward is the peak.
+    assert peak(4).grads == 4000 and peak(4).activations == 3 * 100
+    huge = make_profile([1.0, 1.0], param_counts=[10, 10], saved_bytes=[10_000, 10_000])
+    costs = unit_costs(huge, 1)
+    problem = build_problem(
+        huge,
+        costs,
+        settings,
+        num_stages=2,
+        num_microbatches=4,
+        in_flight=(4, 4),
+        stage_rank=(0, 1),
+        recompute_choices=(False,),
+        schedule=Schedule.GPIPE,
+    )
+    first = stage_memory(huge, settings, problem, costs, 0, 0, 0, False)
+    assert first.grads == 0 and first.activations == 4 * 10_000
+
+
+def test_adam_on_a_cpu_steps_with_two_temporaries_of_the_largest_parameter():
+    profile = make_profile([1.0, 1.0], param_counts=[1000, 10], saved_bytes=[0, 0], largest_param_bytes=[3000, 40])
+    settings = CostSettings()
+    costs = unit_costs(profile, 1)
+    problem = build_problem(
+        profile,
+        costs,
+        settings,
+        num_stages=1,
+        num_microbatches=1,
+        in_flight=(1,),
+        stage_rank=(0,),
+        recompute_choices=(False,),
+        schedule=Schedule.GPIPE,
+    )
+    assert problem.step_bytes == (6000, 80) and not problem.step_bytes_add
+    memory = stage_memory(profile, settings, problem, costs, 0, 0, 1, False)
+    # The tail (weights, gradients, optimizer state, the input buffer and 6000 bytes of temporaries) outweighs
+    # the pipeline's peak (2048 bytes of transient) here.
+    assert memory.transient == 6000 and memory.grads == 1010 * 4 and memory.activations == 0
+    sgd = CostSettings(optimizer="sgd")
+    assert build_problem(
+        profile,
+        costs,
+        sgd,
+        num_stages=1,
+        num_microbatches=1,
+        in_flight=(1,),
+        stage_rank=(0,),
+        recompute_choices=(False,),
+        schedule=Schedule.GPIPE,
+    ).step_bytes == (0, 0)
 
 
 def test_problem_comm_is_latency_plus_bytes_over_bandwidth():

@@ -7,6 +7,7 @@ from planner.errors import PlanInfeasibleError, UsageError
 from planner.request import PlanRequest
 from planner.schedule.simulate import simulate
 from planner.search import make_plan
+from solvers.problem import stage_cost
 from synthetic import make_profile
 
 SHA = "00" * 32
@@ -64,6 +65,36 @@ def test_memory_forces_recomputation():
     assert all(s.memory_bytes.peak <= 90_000_000 for s in plan.stages)
     with pytest.raises(PlanInfeasibleError, match="no plan fits"):
         _plan(profile, num_ranks=2, global_batch_size=8, schedule="gpipe", recompute="off", settings=settings)
+
+
+def test_no_plan_fits_says_what_the_smallest_plan_needs():
+    # Four equal units of 1 MB of state (Adam, 16 B x 62,500 parameters) on 2 devices: the smallest plan holds
+    # two units a device. Usable memory a little below it: no plan; the message gives its need in MiB.
+    from planner.formatting import human_bytes
+    from planner.search import _least_memory_problem, smallest_plan_bytes
+
+    profile = make_profile([1.0] * 4, param_counts=[62_500] * 4, saved_bytes=[1000] * 4)
+    request = PlanRequest(num_ranks=2, global_batch_size=4, settings=FAST_LINK)
+    problem, _ = _least_memory_problem(profile, request)
+    exact = min(
+        max(stage_cost(problem, 0, 0, k - 1, True).memory_bytes, stage_cost(problem, 1, k, 3, True).memory_bytes)
+        for k in range(1, 4)
+    )
+    least = smallest_plan_bytes(problem)
+    assert exact <= least <= exact * 1.005
+    settings = CostSettings(link_bytes_per_s=1e15, link_latency_s=0.0, device_memory_bytes=(int(exact / 0.9 * 0.97),))
+    with pytest.raises(PlanInfeasibleError) as caught:
+        _plan(profile, num_ranks=2, global_batch_size=4, settings=settings)
+    message = str(caught.value)
+    assert (
+        f"the smallest plan (1F1B, micro-batch 1, recomputation on every stage) needs {human_bytes(least)}" in message
+    )
+    assert "MiB usable" in message and "GiB" not in message
+    # Usable memory just above it: that plan exists.
+    roomy = CostSettings(link_bytes_per_s=1e15, link_latency_s=0.0, device_memory_bytes=(int(least / 0.9 * 1.01),))
+    plan = _plan(profile, num_ranks=2, global_batch_size=4, settings=roomy)
+    usable = plan.constraints["capacity_bytes"][0]
+    assert all(s.memory_bytes.peak * len(plan.stages_of_rank(s.rank)) <= usable for s in plan.stages)
 
 
 def test_a_unit_that_cannot_fit_anywhere_is_named():
@@ -143,12 +174,38 @@ def test_near_best_prefers_evenly_used_ranks():
 
 
 def test_split_schedules_count_the_gradients_kept_for_w():
+    # Past I a micro-batch holds its activations and the 64 bytes of gradients I keeps for W, until W (the last
+    # stage no longer its 1024-byte output): at each backward action's start, the stage holds its waiting
+    # micro-batches and those past I.
+    from planner.cost import schedule_moments
+
     profile = make_profile([1.0] * 4, weight_share=0.5, saved_bytes=[1000] * 4)
     zb = _plan(profile, num_ranks=2, global_batch_size=4, recompute="off", schedule="zero-bubble")
     one = _plan(profile, num_ranks=2, global_batch_size=4, recompute="off", schedule="1f1b")
-    # 64 bytes kept per unit and micro-batch at size 1, for every micro-batch in flight (upper bound).
+    moments = schedule_moments(zb.schedule, zb.num_stages, zb.num_microbatches, zb.num_ranks)
+    last = zb.num_stages - 1
     for z in zb.stages:
-        assert z.memory_bytes.activations == (1000 + 64) * len(z.units) * z.in_flight
+        kept = 0 if z.index == 0 else 64  # the first stage runs no I: its micro-batches keep nothing for W
+        kept -= 1024 if z.index == last else 0
+        weights, grads = 4000 * len(z.units), 4000 * len(z.units)
+        held = 1000 * len(z.units)
+        state = weights + grads + 8000 * len(z.units)
+        # Receive buffers of 4 micro-batches: the 1024-byte input, the output's 1024-byte gradient; and what
+        # the runtime's sends still hold (an input gradient, an output) of the micro-batches sent.
+        received = 4 * (1024 + (1024 if z.index < last else 0))
+        sent_grad, sent_out = (1024 if z.index > 0 else 0), (1024 if z.index < last else 0)
+        expected = max(
+            state
+            - (0 if m.grads else grads)
+            + m.waiting * held
+            + m.split * (held + kept)
+            + 2048
+            + received
+            + m.sent_grads * sent_grad
+            + m.sent_outputs * sent_out
+            for m in moments[z.index]
+        )
+        assert z.memory_bytes.peak == expected
     for o in one.stages:
         assert o.memory_bytes.activations == 1000 * len(o.units) * o.in_flight
 
@@ -204,7 +261,7 @@ def test_a_looser_problems_partitions_serve_only_where_they_fit():
     from dataclasses import replace
 
     from planner.search import _reused
-    from solvers.problem import PartitionProblem, PartitionSolution
+    from solvers.problem import Moment, PartitionProblem, PartitionSolution
 
     problem = PartitionProblem(
         forward_s=(1.0, 1.0, 1.0, 1.0),
@@ -217,11 +274,20 @@ def test_a_looser_problems_partitions_serve_only_where_they_fit():
     )
     even = PartitionSolution((0, 2), (False, False), 18.0, 6.0, solver="dp")  # stage 1 holds 20 B x 3 = 60 B
     first = PartitionSolution((0, 1), (False, False), 30.0, 9.0, solver="dp")  # stage 1 holds 30 B x 3 = 90 B
-    assert _reused([((1, 1), [even])], problem) == [even]
-    assert _reused([((1, 1), [even, first])], problem) is None  # one does not fit: solve it afresh
-    assert _reused([((1, 4), [even])], problem) is None  # held more on stage 1: its optimum may be too tight
-    assert _reused([((1, 1), [])], problem) == []  # the looser problem had no partition: neither has this
-    assert _reused([((1, 1), [even])], replace(problem, in_flight=(1, 4))) is None  # 80 B > 60 B
+
+    def held(*waiting: int) -> tuple[tuple[Moment, ...], ...]:
+        return tuple((Moment(w),) for w in waiting)
+
+    assert _reused([(held(1, 1), [even])], problem) == [even]
+    assert _reused([(held(1, 1), [even, first])], problem) is None  # one does not fit: solve it afresh
+    assert _reused([(held(1, 4), [even])], problem) is None  # held more on stage 1: its optimum may be too tight
+    assert _reused([(held(1, 1), [])], problem) == []  # the looser problem had no partition: neither has this
+    assert _reused([(held(1, 1), [even])], replace(problem, in_flight=(1, 4))) is None  # 80 B > 60 B
+    # A moment with the gradients present holds more than one without them, whatever the sizes.
+    no_grads = ((Moment(1, 0, False),), (Moment(3, 0, False),))
+    with_grads = ((Moment(1, 0, True),), (Moment(3, 0, True),))
+    assert _reused([(no_grads, [even])], problem) == [even]
+    assert _reused([(with_grads, [even])], replace(problem, moments=no_grads)) is None
 
 
 def test_a_cpu_plan_records_the_threads_its_profile_was_measured_with():

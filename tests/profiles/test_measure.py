@@ -58,6 +58,12 @@ def test_measure_piece_reports_saved_and_output_bytes() -> None:
     assert m.saved_bytes == 40_960
     assert m.output_bytes == 32 * 64 * 4
     assert m.peak_bytes is None
+    assert m.memory is not None
+    # Held: the ReLU's output (saved, 32x256) and the output (32x64); the input was there before the forward.
+    assert m.memory.held_bytes == 32 * 256 * 4 + 32 * 64 * 4
+    # At the second Linear's backward: its input's gradient, its weight's gradient before it is added to the
+    # one accumulated, and its bias's.
+    assert m.memory.transient_bytes == 32 * 256 * 4 + 256 * 64 * 4 + 64 * 4
     assert m.forward_s > 0 and m.backward_s > 0
     assert all(p.grad is None for p in model.parameters())  # gradients are not left behind
 

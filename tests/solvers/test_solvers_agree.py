@@ -11,11 +11,12 @@ from planner.errors import PlanInfeasibleError, UsageError
 from solvers.brute import solve_brute
 from solvers.dp import solve_dp
 from solvers.ilp import solve_ilp
-from solvers.problem import PartitionProblem, PartitionSolution, evaluate
+from solvers.problem import Moment, PartitionProblem, PartitionSolution, evaluate
 
 
-def random_problem(seed: int, ilp_only: bool = False) -> PartitionProblem:
-    """Up to 10 units and 4 stages, with comm, memory (sometimes binding) and recompute choices."""
+def random_problem(seed: int, ilp_only: bool = False, runtime_memory: bool = False) -> PartitionProblem:
+    """Up to 10 units and 4 stages, with comm, memory (sometimes binding) and recompute choices; with
+    ``runtime_memory`` also the runtime's memory terms (moments, buffers, split, the step's tail)."""
     rng = random.Random(seed)
     n = rng.randint(1, 10)
     p = rng.randint(1, min(4, n))
@@ -36,6 +37,8 @@ def random_problem(seed: int, ilp_only: bool = False) -> PartitionProblem:
             extra["pinned"] = ((unit, rng.randint(max(0, p - n + unit), min(unit, p - 1))),)
         if rng.random() < 0.5:
             extra["max_units_per_stage"] = rng.randint(-(-n // p), n)
+    if runtime_memory:
+        extra.update(_runtime_memory(random.Random(seed + 7919), n, p, m, params))
     return PartitionProblem(
         forward_s=fwd,
         backward_s=bwd,
@@ -53,6 +56,38 @@ def random_problem(seed: int, ilp_only: bool = False) -> PartitionProblem:
         recompute_choices=rng.choice([(False,), (True,), (False, True)]),
         **extra,
     )
+
+
+def _runtime_memory(rng: random.Random, n: int, p: int, m: int, params: tuple[int, ...]) -> dict:
+    """The runtime's memory terms, drawn (solvers/problem.py ``stage_memory_peak``)."""
+
+    def moment() -> Moment:
+        counts = (rng.randint(0, m), rng.randint(0, 2))
+        flags = (rng.random() < 0.6, rng.random() < 0.7, rng.choice("BIW"))
+        return Moment(*counts, *flags, rng.randint(0, 3), rng.randint(0, 2))
+
+    def relay() -> tuple[int, int, int]:
+        producer = rng.randrange(n)
+        return producer, rng.randint(producer + 1, n + 1), rng.randint(1, 60)
+
+    def per_unit(high: int) -> tuple[int, ...]:
+        return tuple(rng.randint(0, high) for _ in range(n)) if rng.random() < 0.7 else ()
+
+    return {
+        "moments": tuple(tuple(moment() for _ in range(rng.randint(1, 3))) for _ in range(p)),
+        "grad_bytes": tuple(rng.randint(0, x) for x in params),
+        "split_held_bytes": per_unit(40),
+        "buffer_microbatches": rng.choice([0, m]),
+        "cut_grad_bytes": tuple(rng.randint(0, 100) for _ in range(n - 1)),
+        "output_held_bytes": rng.randint(0, 60),
+        "step_bytes": per_unit(80),
+        "step_bytes_add": rng.random() < 0.3,
+        "input_transient_bytes": per_unit(50),
+        "weight_transient_bytes": per_unit(50),
+        "final_output_bytes": rng.randint(0, 30),
+        "local_inputs": tuple(s > 0 and rng.random() < 0.3 for s in range(p)),
+        "relays": tuple(relay() for _ in range(rng.randint(0, 3))) if n > 1 else (),
+    }
 
 
 def check_partition(problem: PartitionProblem, sol: PartitionSolution) -> None:
@@ -90,6 +125,24 @@ def test_dp_matches_brute_force_on_300_random_instances():
         assert_same_optimum(problem, reference, found)
         infeasible += reference is None
     assert 30 < infeasible < 200  # both outcomes are exercised
+
+
+def test_dp_matches_brute_force_with_the_runtime_memory_terms():
+    infeasible = 0
+    for seed in range(300):
+        problem = random_problem(seed, runtime_memory=True)
+        reference = solve_or_none(solve_brute, problem)
+        found = solve_or_none(lambda p: solve_dp(p)[0], problem)
+        assert_same_optimum(problem, reference, found)
+        infeasible += reference is None
+    assert 30 < infeasible < 250  # both outcomes are exercised
+
+
+def test_ilp_matches_brute_force_with_the_runtime_memory_terms():
+    for seed in range(4000, 4100):
+        problem = random_problem(seed, runtime_memory=True)
+        found = solve_or_none(lambda p: solve_ilp(p, backend="highs"), problem)
+        assert_same_optimum(problem, solve_or_none(solve_brute, problem), found)
 
 
 def test_ilp_highs_matches_brute_force_on_100_random_instances():

@@ -39,7 +39,8 @@ def _assert_measured(report: VerifyReport, plan) -> None:
     for s in report.stages:
         for value in (s.measured_forward_s, s.measured_backward_s):
             assert math.isfinite(value) and value > 0
-        assert s.peak_memory_bytes is not None and s.peak_memory_bytes > 0
+        assert s.measured_memory is not None and s.measured_memory.peak > 0
+        assert s.measured_memory.params > 0 and s.measured_memory.grads > 0 and s.measured_memory.optimizer > 0
         assert math.isfinite(s.error_pct)
     assert math.isfinite(report.measured_iteration_s) and report.measured_iteration_s > 0
     assert len(report.busy_s) == plan.num_ranks and all(b > 0 for b in report.busy_s)
@@ -52,7 +53,7 @@ def _assert_measured(report: VerifyReport, plan) -> None:
 def test_processes_mode_gpt2_1f1b_with_numerics() -> None:
     plan = make_plan(BUILTIN_MODELS["gpt2-tiny"](), ["transformer.h.2"], "1f1b")
     report = verify_plan(plan, "gpt2-tiny", mode="processes", steps=2, warmup=1, check_numerics=True, timeout_s=180)
-    assert report.mode == "processes" and report.memory_kind == "rss"
+    assert report.mode == "processes" and report.memory_kind == "live-tensors"
     _assert_measured(report, plan)
     assert report.numerics is not None and report.numerics.ok
     assert report.numerics.max_grad_abs_diff < 1e-6
@@ -120,7 +121,7 @@ def test_processes_mode_warms_up_and_times_for_the_time_floors_then_as_asked() -
 def test_replay_mode_measures_every_stage(model: str, splits: list[str], schedule: str) -> None:
     plan = make_plan(BUILTIN_MODELS[model](), splits, schedule)
     report = verify_plan(plan, model, mode="replay", steps=2, warmup=1, check_numerics=True)
-    assert report.mode == "replay" and report.memory_kind == "rss-process"
+    assert report.mode == "replay" and report.memory_kind == "live-tensors"
     _assert_measured(report, plan)
     assert report.numerics is not None and report.numerics.ok
     assert "simulated from measured stage times" in format_report(report)
@@ -163,8 +164,10 @@ def test_compare_numerics_flags_one_perturbed_gradient() -> None:
 
 
 def _report(measured_iteration_s: float, stage_times: list[tuple[float, float]]) -> VerifyReport:
-    stages = tuple(StageReport(i, i, 1.0, 2.0, f, b, 1) for i, (f, b) in enumerate(stage_times))
-    return VerifyReport("processes", "gpipe", 2, 4, 3, 1, 0.25, 10.0, measured_iteration_s, (1.0, 1.0), stages, "rss")
+    stages = tuple(StageReport(i, i, 1.0, 2.0, f, b) for i, (f, b) in enumerate(stage_times))
+    return VerifyReport(
+        "processes", "gpipe", 2, 4, 3, 1, 0.25, 10.0, measured_iteration_s, (1.0, 1.0), stages, "live-tensors"
+    )
 
 
 def test_report_error_and_worst_stage() -> None:

@@ -1,0 +1,104 @@
+"""When a stage's memory peaks: the moments of a schedule at which a stage holds the most, from its orders.
+
+A stage's live memory grows with each forward (the micro-batch's activations are held until its backward) and
+peaks when a backward action begins: then the micro-batches in flight are all held, the backward adds its
+working memory, and, except for the step's first backward, the weight gradients exist (``zero_grad`` frees
+them at the end of every step; the first backward allocates them). Which moment is the peak depends on the
+sizes (a stage whose gradients outweigh one micro-batch's activations peaks at its second backward under
+GPipe, not its first), so this module returns every moment that could be one, and planner/cost.py weighs them.
+
+A moment counts, for one stage at the start of one backward action (B, I or W, in the order of
+:func:`planner.schedule.orders.rank_orders`, so torch 2.13's):
+
+- ``waiting``: micro-batches whose forward has run and whose backward has not begun (the acting one among
+  them for B and I): each holds its activations;
+- ``split``: micro-batches whose input gradient (I) has run and whose weight gradient (W) has not (the acting
+  one among them for W): each holds its activations, kept by the graph, and the gradients I keeps for W;
+- ``grads``: whether the stage's weight gradients exist (a B or W ran before in the step);
+- ``kind``: the acting action's kind (a recomputing stage re-runs its forward inside B and I);
+- ``sent_grads``, ``sent_outputs``: input gradients and outputs of micro-batches past their backward that a
+  send still holds. torch's multi-stage runtime (``_PipelineScheduleRuntime``) waits for every send at the end
+  of the step, so every input gradient sent (after B or I) and every output sent whose backward is done (after
+  B or W) stays; GPipe waits for its backward sends after its last backward; 1F1B waits for each before its next
+  forward, and in its cool-down (backward after backward) after the next backward (torch 2.13 schedules.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from planner.schedule.orders import Schedule, rank_orders
+
+__all__ = ["MemoryMoment", "memory_moments"]
+
+
+@dataclass(frozen=True)
+class MemoryMoment:
+    waiting: int
+    split: int
+    grads: bool
+    kind: str
+    sent_grads: int = 0
+    sent_outputs: int = 0
+
+    def covers(self, other: MemoryMoment) -> bool:
+        """Whether this moment holds at least as much as ``other`` whatever the sizes (a split micro-batch holds at
+        least what a waiting one does)."""
+        return (
+            self.waiting + self.split >= other.waiting + other.split
+            and self.split >= other.split
+            and self.grads >= other.grads
+            and self.sent_grads >= other.sent_grads
+            and self.sent_outputs >= other.sent_outputs
+            and (self.kind in "BI" or other.kind == "W")
+        )
+
+
+def _pareto(moments: set[MemoryMoment]) -> tuple[MemoryMoment, ...]:
+    kept = [m for m in moments if not any(o != m and o.covers(m) for o in moments)]
+    return tuple(sorted(kept, key=lambda m: (m.waiting, m.split, m.grads, m.kind, m.sent_grads, m.sent_outputs)))
+
+
+@lru_cache(maxsize=64)
+def memory_moments(
+    sched: Schedule, num_stages: int, num_microbatches: int, num_ranks: int
+) -> tuple[tuple[MemoryMoment, ...], ...]:
+    """Per stage, the moments at which it may peak (none dominated by another; see the module docstring)."""
+    waiting = [0] * num_stages
+    split = [0] * num_stages
+    done = [0] * num_stages
+    grads = [False] * num_stages
+    previous = [""] * num_stages
+    found: list[set[MemoryMoment]] = [set() for _ in range(num_stages)]
+    for order in rank_orders(sched, num_stages, num_microbatches, num_ranks):
+        for step in order:
+            s = step.stage
+            if step.kind == "F":
+                waiting[s] += 1
+                previous[s] = "F"
+                continue
+            sent_grads, sent_outputs = _held_by_sends(sched, done[s], split[s], previous[s])
+            found[s].add(MemoryMoment(waiting[s], split[s], grads[s], step.kind, sent_grads, sent_outputs))
+            if step.kind == "B":
+                waiting[s] -= 1
+                done[s] += 1
+                grads[s] = True
+            elif step.kind == "I":
+                waiting[s] -= 1
+                split[s] += 1
+            else:
+                split[s] -= 1
+                done[s] += 1
+                grads[s] = True
+            previous[s] = step.kind
+    return tuple(_pareto(f) for f in found)
+
+
+def _held_by_sends(sched: Schedule, done: int, split: int, previous: str) -> tuple[int, int]:
+    """``(input gradients, outputs)`` of finished micro-batches that a send still holds (module docstring)."""
+    if sched.multi_stage:
+        return done + split, done
+    if sched is Schedule.ONE_F_ONE_B:
+        return int(previous == "B"), 0
+    return done, 0

@@ -1,0 +1,85 @@
+"""The plan's memory is what the run uses: each stage's predicted peak against the one verify measures.
+
+A real profile of gpt2-tiny (its memory figures measured by the same tracker verify uses), fixed partitions for 2
+ranks under two schedules (1F1B; ZBV, two stages a rank in a V and the backward split), their memory predicted by
+the cost model (planner.prediction.plan_memory), run on 2 gloo processes and replayed in one: every stage within
+the 10 % tolerance."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import make_plan
+
+from planner.cost import default_settings
+from planner.errors import PipeplanWarning
+from planner.plan import Plan
+from planner.prediction import plan_memory
+from planner.runtime.verify import verify_plan
+from planner.runtime.verify_report import MEMORY_TOLERANCE, format_report
+from profiles.format import Profile
+from profiles.models import BUILTIN_MODELS
+from profiles.profiler import profile_model
+
+torch.set_num_threads(1)
+
+SPLITS = {"1f1b": ["transformer.h.2"], "zbv": ["transformer.h.0", "transformer.h.2", "transformer.h.3"]}
+
+
+@pytest.fixture(scope="module")
+def gpt2_profile() -> Profile:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PipeplanWarning)  # a busy machine: its times, not its bytes
+        return profile_model(
+            BUILTIN_MODELS["gpt2-tiny"](), micro_batch_sizes=(2,), repeats=1, warmup=1, min_time_s=0.0, progress=False
+        )
+
+
+def _plan(profile: Profile, schedule: str) -> Plan:
+    """A hand-cut plan (b = 2, M = 4) whose stages carry the memory the cost model predicts for them."""
+    plan = make_plan(BUILTIN_MODELS["gpt2-tiny"](), SPLITS[schedule], schedule, num_microbatches=4, micro_batch_size=2)
+    memory = plan_memory(profile, plan, default_settings(profile))
+    return replace(plan, stages=tuple(replace(s, memory_bytes=m) for s, m in zip(plan.stages, memory, strict=True)))
+
+
+@pytest.mark.parametrize(("schedule", "mode"), [("1f1b", "processes"), ("zbv", "processes"), ("zbv", "replay")])
+def test_each_stage_runs_within_the_tolerance_of_its_predicted_memory(
+    gpt2_profile: Profile, schedule: str, mode: str
+) -> None:
+    plan = _plan(gpt2_profile, schedule)
+    report = verify_plan(
+        plan, "gpt2-tiny", mode=mode, steps=1, warmup=1, min_warmup_s=0.0, min_time_s=0.0, timeout_s=300
+    )
+    assert report.memory_tolerance == MEMORY_TOLERANCE == 0.10
+    for stage in report.stages:
+        assert stage.predicted_memory_bytes == plan.stages[stage.index].memory_bytes.peak
+        assert stage.measured_memory is not None and stage.memory_error_pct is not None
+        # Weights and optimizer state are exact: the same parameters, Adam's m and v and its step counters.
+        assert stage.measured_memory.params == stage.predicted_memory.params
+        assert abs(stage.measured_memory.optimizer - stage.predicted_memory.optimizer) <= 64
+        assert abs(stage.memory_error_pct) <= 10.0, format_report(report)
+    assert report.memory_ok
+    data = report.to_dict()
+    assert [s["predicted_memory_bytes"] for s in data["stages"]] == [s.memory_bytes.peak for s in plan.stages]
+    assert all(s["measured_memory"]["peak"] == s["measured_memory_bytes"] for s in data["stages"])
+    assert "memory per stage (predicted / measured" in format_report(report)
+    if mode == "processes":
+        assert len(report.rank_memory_bytes) == 2
+
+
+def test_a_stage_over_its_prediction_or_its_capacity_fails_the_verdict(gpt2_profile: Profile) -> None:
+    plan = _plan(gpt2_profile, "1f1b")
+    report = verify_plan(plan, "gpt2-tiny", mode="replay", steps=1, warmup=1, tolerance=1e9)
+    assert report.memory_ok
+    last = report.stages[1]
+    assert last.predicted_memory is not None and last.measured_memory is not None
+    shrunk = replace(last.predicted_memory, peak=int(last.predicted_memory.peak * 0.8))
+    tight = replace(report, stages=(report.stages[0], replace(last, predicted_memory=shrunk)))
+    assert not tight.memory_ok and not tight.ok
+    assert "memory: stage 1 peaked at" in format_report(tight)
+    small = replace(report, stages=(report.stages[0], replace(last, capacity_bytes=last.measured_memory.peak - 1)))
+    assert small.stages[1].over_capacity and not small.memory_ok
+    assert "over the" in format_report(small)

@@ -1,0 +1,60 @@
+"""planner.schedule.memory: the moments at which a stage may peak, from torch's orders."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.schedule.memory import MemoryMoment, memory_moments
+from planner.schedule.orders import Schedule, stage_to_rank
+from planner.schedule.simulate import in_flight_per_stage
+
+
+def test_gpipe_peaks_at_its_first_backward_or_a_later_one() -> None:
+    # Every forward first: M waiting without gradients; then one fewer at each backward, with the gradients, and
+    # one more input gradient held by a send (GPipe waits for its backward sends after its last backward).
+    stage = (
+        MemoryMoment(1, 0, True, "B", sent_grads=3),
+        MemoryMoment(2, 0, True, "B", sent_grads=2),
+        MemoryMoment(3, 0, True, "B", sent_grads=1),
+        MemoryMoment(4, 0, False, "B"),
+    )
+    assert memory_moments(Schedule.GPIPE, 2, 4, 2) == (stage, stage)
+
+
+def test_1f1b_holds_p_minus_s_micro_batches_at_each_backward() -> None:
+    # In its steady state a send is waited for before the next forward; in the cool-down, after the next backward.
+    assert memory_moments(Schedule.ONE_F_ONE_B, 3, 6, 3) == (
+        (MemoryMoment(2, 0, True, "B", sent_grads=1), MemoryMoment(3, 0, True, "B")),
+        (MemoryMoment(1, 0, True, "B", sent_grads=1), MemoryMoment(2, 0, True, "B")),
+        (MemoryMoment(1, 0, True, "B"),),
+    )
+
+
+def test_the_multi_stage_runtime_holds_every_send_until_the_step_ends() -> None:
+    # torch's _PipelineScheduleRuntime waits for its sends at the end of the step: at the last backward of a
+    # stage, the input gradients and outputs of every micro-batch before it are still held.
+    moments = memory_moments(Schedule.INTERLEAVED_1F1B, 4, 4, 2)
+    last_backward = max(moments[1], key=lambda m: m.sent_grads)
+    assert (last_backward.waiting, last_backward.sent_grads, last_backward.sent_outputs) == (1, 3, 3)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "stages", "ranks", "microbatches"),
+    [
+        ("gpipe", 4, 4, 8),
+        ("1f1b", 4, 4, 5),
+        ("interleaved-1f1b", 8, 4, 8),
+        ("looped-bfs", 4, 2, 4),
+        ("zero-bubble", 4, 2, 4),
+        ("zbv", 4, 2, 6),
+        ("dualpipev", 8, 4, 8),
+    ],
+)
+def test_the_fullest_moment_holds_the_peak_in_flight(schedule: str, stages: int, ranks: int, microbatches: int) -> None:
+    sched = Schedule.parse(schedule)
+    assert len(set(stage_to_rank(sched, stages, ranks))) == ranks
+    moments = memory_moments(sched, stages, microbatches, ranks)
+    fullest = tuple(max(m.waiting + m.split for m in stage) for stage in moments)
+    assert fullest == in_flight_per_stage(sched, stages, microbatches, ranks)
+    # Only a split schedule has micro-batches between I and W.
+    assert any(m.split for stage in moments for m in stage) == sched.splits_backward
