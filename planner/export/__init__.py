@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.errors import UsageError
+from planner.errors import UsageError, shorten
 from planner.export.accelerate import AccelerateExport, _accelerate
 from planner.export.common import (
     RELEASES,
@@ -109,6 +109,12 @@ def export_plan(
     """
     trainer = Trainer.parse(trainer)
     version = trainer_release(trainer, trainer_version)
+    units = [u for s in plan.stages for u in s.units]
+    if renames and trainer is not Trainer.MEGATRON and apply_renames(units, renames) == tuple(units):
+        raise UsageError(
+            f"--rename {', '.join(shorten(old, 30) + '=' for old, _ in renames)}: no unit's name starts with "
+            f"{'it' if len(renames) == 1 else 'any of them'} (units: {shorten(', '.join(units), 100)})"
+        )
     _check_schedule(plan, trainer)
     if trainer is Trainer.TORCHTITAN:
         return _torchtitan(plan, renames, version)

@@ -193,3 +193,7 @@ def test_show_picks_a_profiles_micro_batch_size(profile_file, capsys) -> None:
     assert main(["show", str(profile_file)]) == 0
     assert "micro-batch size 1 (also profiled: 2; show --micro-batch-size N|all):" in capsys.readouterr().out
     assert_fails(capsys, ["show", profile_file, "--micro-batch-size", "8"], "micro-batch size 8 was not profiled")
+
+
+def test_a_rename_that_matches_nothing_is_refused(plan_file, capsys) -> None:
+    assert_fails(capsys, ["export", plan_file, "--to", "deepspeed", "--rename", "nothere=x"], "no unit's name starts")
