@@ -100,8 +100,9 @@ class _Band:
         self.grads = model.pg[j + 1] - model.pg[ic]
         self.saved = model.ps[j + 1] - model.ps[ic]
         self.split = model.pw[j + 1] - model.pw[ic]
+        # max over u in i..j of (T_u - held by units u+1..j) = max of (T_u + ps[u+1]) less ps[j+1].
         self.transient = {
-            kind: np.maximum.accumulate(values[ic][:, ::-1], axis=1)[:, ::-1]
+            kind: np.maximum.accumulate((values + model.ps[1:])[ic][:, ::-1], axis=1)[:, ::-1] - model.ps[j + 1]
             for kind, values in model.transient.items()
         }
         if model.step_add:
@@ -121,6 +122,7 @@ class _Band:
         self.out_grad = np.broadcast_to(model.out_grad[:, None], stage_input.shape)
         if model.buffer_mb:
             self.held1 = np.broadcast_to(model.out_held[:, None], stage_input.shape)
+            # The last unit's loss runs after the checkpointed stage: not re-materialised.
             # The last unit's loss runs after the checkpointed stage: not re-materialised.
             self.remat1 = self.saved - np.where(j == n - 1, float(model.problem.output_held_bytes), 0.0)
         else:

@@ -177,8 +177,18 @@ def _memory_rows(
     relayed_all = sum(b for _, _, b in problem.relays) / scale
     # The last stage lets the model's output go at I (split_held for it is less that output).
     split_held = split + ([(-problem.final_output_bytes / scale, 1)] if s == p - 1 else [])
+    # The largest of (T_u - held by the units after u in the stage): max of (T_u + H_u+1) less H at the stage's end.
+    prefix = [0]
+    for v in problem.saved_bytes or (0,) * n:
+        prefix.append(prefix[-1] + v)
+    held_to_end = [(-c, t) for c, t in stage_end([float(prefix[k + 1]) for k in range(n - 1)], float(prefix[n]))]
     transient = {
-        kind: _largest(prob, f"h{kind}_{s}", values, s, scale, member)
+        kind: (
+            _largest(prob, f"h{kind}_{s}", tuple(v + prefix[u + 1] for u, v in enumerate(values)), s, scale, member)
+            + held_to_end
+            if values
+            else []
+        )
         for kind, values in transient_arrays(problem).items()
     }
     if problem.step_bytes_add:
@@ -224,7 +234,7 @@ def _memory_rows(
             remat = list(saved)
             if problem.buffer_microbatches:
                 held = stage_end(cut_bytes, problem.output_held_bytes)
-                if s == p - 1:
+                if s == p - 1:  # the loss runs after the checkpointed stage: not re-materialised
                     remat.append((-problem.output_held_bytes / scale, 1))
             else:
                 held = stage_input(1)

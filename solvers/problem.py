@@ -30,11 +30,13 @@ and chooses recomputation ``r_s`` (activation checkpointing). With ``M`` micro-b
   micro-batch holds from its forward to its backward: the saved activations ``a_s`` (``saved_bytes``), or
   under recomputation its output (``out_s``; its input while the receive buffers are not modelled), with
   ``remat_s = a_s`` re-materialised while it is recomputed (less, on the last stage, the output and the loss's
-  tensors, which the loss keeps outside the recomputed part); ``split_s`` what the input-gradient action keeps
-  for the weight-gradient action (``split_held_bytes``; a recomputing stage runs its whole backward in I and
+  tensors, which the loss keeps outside the recomputed part); ``split_s`` what
+  the input-gradient action keeps for the weight-gradient action (``split_held_bytes``; a recomputing stage
+  runs its whole backward in I and
   holds nothing past it); a stage whose input comes from the stage before it on the same rank
   (``local_inputs``) gets the tensors handed over in place of its receive buffers, which keep them (so the
-  stage before it holds its output no more) and sends nothing across it; ``T_s`` is the acting action's (B, I or W:
+  stage before it holds its output no more) and sends nothing across it; ``T_s`` is the acting action's
+  largest working memory of a unit less what the units after it saved, freed by then (B, I or W:
   ``transient_bytes``, ``input_transient_bytes``, ``weight_transient_bytes``); past I the last stage no
   longer holds the model's output (``final_output_bytes``); a send holds ``sent_grads`` input gradients and
   ``sent_outputs`` outputs of earlier micro-batches (planner/schedule/memory.py); a non-recomputing stage that
@@ -300,8 +302,13 @@ def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: i
     grads = _span(problem.grad_bytes, first, last)
     saved = _span(problem.saved_bytes, first, last)
     split = _span(problem.split_held_bytes, first, last)
+    # While unit u's backward runs, the acting micro-batch no longer holds what the units after it saved.
+    held_after = [
+        sum(problem.saved_bytes[u + 1 : last + 1]) if problem.saved_bytes else 0 for u in range(first, last + 1)
+    ]
     transient = {
-        kind: max(values[first : last + 1]) if values else 0 for kind, values in transient_arrays(problem).items()
+        kind: max(v - h for v, h in zip(values[first : last + 1], held_after, strict=True)) if values else 0
+        for kind, values in transient_arrays(problem).items()
     }
     stage_input = problem.input_bytes if first == 0 else _at(problem.cut_bytes, first - 1)
     last_unit = last == problem.num_units - 1
