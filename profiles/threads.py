@@ -27,7 +27,7 @@ from profiles.dataflow import Piece, needs_grad
 from profiles.measure import fresh_args, sync_device
 from profiles.reference import SpeedReference
 
-__all__ = ["rank_thread_counts", "measure_thread_scaling", "measure_reference_at", "MAX_STEP_S"]
+__all__ = ["rank_thread_counts", "measure_thread_scaling", "measure_reference_at", "plausible", "MAX_STEP_S", "SLACK"]
 
 MAX_STEP_S = 2.0
 """A whole-model step longer than this is timed fewer times (3 rounds): its ratio needs no more."""
@@ -100,7 +100,25 @@ def measure_thread_scaling(
                 samples[count].append(step())
         rounds += 1
     base = statistics.median(samples[profiled])
-    return tuple(statistics.median(samples[c]) / base if c != profiled else 1.0 for c in thread_counts)
+    return tuple(
+        plausible(statistics.median(samples[c]) / base, c, profiled) if c != profiled else 1.0 for c in thread_counts
+    )
+
+
+SLACK = 1.25
+"""How far past perfect scaling (or no scaling at all) a measured ratio may go before it is taken for noise."""
+
+
+def plausible(ratio: float, threads: int, profiled: int) -> float:
+    """``ratio`` (time with ``threads`` / with ``profiled`` threads) within what threads can do: with fewer, at
+    least as slow (less ``SLACK``) and at most ``profiled / threads`` slower (more ``SLACK``); with more, the
+    mirror. On a busy machine threads that spin for a core made a 2-thread step 100x slower than 1 thread
+    (gpt2-tiny beside another process on both cores): such a ratio is clamped, not believed."""
+    if threads < profiled:
+        low, high = 1.0 / SLACK, SLACK * profiled / threads
+    else:
+        low, high = profiled / threads / SLACK, SLACK
+    return min(high, max(low, ratio))
 
 
 def measure_reference_at(device: torch.device, thread_counts: Sequence[int], rounds: int = 15) -> tuple[float, ...]:

@@ -327,3 +327,12 @@ def test_a_cpu_profile_carries_its_times_at_each_ranks_threads() -> None:
     assert len(scaling.reference_s) == len(scaling.threads) and all(r > 0 for r in scaling.reference_s)
     assert rank_thread_counts(16) == (16, 8, 4, 2, 1) and rank_thread_counts(6) == (6, 3, 1)
     assert rank_thread_counts(1) == (1,)
+
+
+def test_a_thread_ratio_outside_what_threads_can_do_is_clamped() -> None:
+    from profiles.threads import SLACK, plausible
+
+    assert plausible(1.7, 1, 2) == 1.7  # 1 thread of 2: between no gain and perfect scaling
+    assert plausible(0.008, 1, 2) == pytest.approx(1 / SLACK)  # 2 threads spinning on a busy machine
+    assert plausible(9.0, 1, 2) == pytest.approx(2 * SLACK)
+    assert plausible(0.1, 4, 2) == pytest.approx(0.5 / SLACK) and plausible(3.0, 4, 2) == pytest.approx(SLACK)
