@@ -1,6 +1,6 @@
 """Memory (docs/BENCHMARKS.md, "Memory"): each stage's predicted peak against the peak measured in a real step.
 
-    python benchmarks/bench_memory.py --out DIR                      # the whole matrix (about an hour on 2 cores)
+    python benchmarks/bench_memory.py --out DIR                      # the whole matrix (35 min on 2 cores)
     python benchmarks/bench_memory.py --models mlp --schedules 1f1b --out DIR
     python benchmarks/bench_memory.py --cap --out DIR                # plans under a cap that binds
     python benchmarks/bench_memory.py --cluster --out DIR            # pp 2 x dp 2, DDP and FSDP

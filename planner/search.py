@@ -339,23 +339,35 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
     return found
 
 
-def _least_memory_problem(profile: Profile, request: PlanRequest) -> tuple[PartitionProblem, int]:
-    """The search's most lenient problem for memory: the smallest micro-batch size, 1F1B (the fewest
-    micro-batches held of every schedule on one stage per rank), recomputation on every stage."""
+def _least_memory_problem(profile: Profile, request: PlanRequest) -> tuple[PartitionProblem, int, Schedule, int]:
+    """The search's most lenient problem for memory: the smallest micro-batch size, recomputation on every stage,
+    under the requested schedule at its fewest stages per rank (1F1B, the fewest micro-batches held of every
+    schedule on one stage per rank, when none is asked or the micro-batches do not suit it). Also its micro-batch
+    size, schedule and stages per rank."""
     b = min(_micro_batch_sizes(profile, request))
     m = request.global_batch_size // b
+    p = request.num_ranks
+    schedule, v = Schedule.ONE_F_ONE_B, 1
+    if request.schedule is not None and p > 1:
+        asked = request.schedule
+        fewest = min(asked.virtual_stage_choices) if asked.multi_stage else 1
+        try:
+            check_microbatches(asked, p, fewest, m)
+            schedule, v = asked, fewest
+        except ScheduleError:
+            pass
     problem = build_problem(
         profile,
         unit_costs(profile, b),
         request.settings,
-        num_stages=request.num_ranks,
+        num_stages=p * v,
         num_microbatches=m,
-        in_flight=in_flight_per_stage(Schedule.ONE_F_ONE_B, request.num_ranks, m, request.num_ranks),
-        stage_rank=tuple(range(request.num_ranks)),
+        in_flight=in_flight_per_stage(schedule, p * v, m, p),
+        stage_rank=stage_to_rank(schedule, p * v, p),
         recompute_choices=(True,),
-        schedule=Schedule.ONE_F_ONE_B,
+        schedule=schedule,
     )
-    return problem, b
+    return problem, b, schedule, v
 
 
 def smallest_plan_bytes(problem: PartitionProblem) -> float:
@@ -385,10 +397,11 @@ def smallest_plan_bytes(problem: PartitionProblem) -> float:
 
 def _explain_infeasible(profile: Profile, request: PlanRequest) -> str:
     """One line: what the smallest plan needs per device against what is usable, and what would help."""
-    problem, b = _least_memory_problem(profile, request)
+    problem, b, schedule, v = _least_memory_problem(profile, request)
     p = request.num_ranks
-    capacity = min(problem.capacity_bytes)
-    needs = [stage_cost(problem, p - 1, u, u, True).memory_bytes for u in range(profile.num_units)]
+    capacity = min(problem.capacity_bytes) * v  # a device's: its stages share it
+    last = problem.num_stages - 1
+    needs = [stage_cost(problem, last, u, u, True).memory_bytes * v for u in range(profile.num_units)]
     worst = max(range(profile.num_units), key=needs.__getitem__)
     unit = profile.units[worst].name
     if needs[worst] > capacity:
@@ -398,10 +411,11 @@ def _explain_infeasible(profile: Profile, request: PlanRequest) -> str:
             f"{human_bytes(needs[worst] - capacity)}; use a device with more memory, --optimizer sgd, "
             "or split that unit (--units)"
         )
-    least = smallest_plan_bytes(problem)
+    least = smallest_plan_bytes(problem) * v
+    layout = f"{schedule.value}" + (f", {v} stages a device" if v > 1 else "")
     return (
         f"no plan fits {profile.num_units} units on {p} devices of {human_bytes(capacity)} usable: the smallest "
-        f"plan (1F1B, micro-batch {b}, recomputation on every stage) needs {human_bytes(least)} on its fullest "
+        f"plan ({layout}, micro-batch {b}, recomputation on every stage) needs {human_bytes(least)} on its fullest "
         f"device (the largest unit, {unit}, {human_bytes(needs[worst])}); use more ranks (--ranks), "
         "a device with more memory, or --optimizer sgd"
     )

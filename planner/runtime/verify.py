@@ -298,13 +298,16 @@ def as_breakdown(sample: MemorySample) -> MemoryBreakdown:
 
 
 def stage_capacity_bytes(plan: Plan, stage: int) -> float | None:
-    """The memory the plan gave a stage: its rank's usable capacity (``constraints.capacity_bytes``) over the
-    stages the rank holds, as the search divides it (planner/cost.py ``build_problem``); None if not recorded."""
-    capacities = plan.constraints.get("capacity_bytes")
+    """The memory the plan was made for, a stage's share: its rank's device memory (``constraints.
+    device_memory_bytes``, ``--memory`` / ``--device-memory``) over the stages the rank holds; None if not
+    recorded. The plan keeps its stages within the usable part (less the headroom) of it by the tensors it
+    predicts; the run must stay within it by the tensors it holds."""
+    memory = plan.constraints.get("device_memory_bytes")
     rank = plan.stages[stage].rank
-    if not isinstance(capacities, list) or rank >= len(capacities):
+    if not isinstance(memory, list) or not memory:
         return None
-    return float(capacities[rank]) / len(plan.stages_of_rank(rank))
+    total = memory[rank] if len(memory) > 1 and rank < len(memory) else memory[0]
+    return float(total) / len(plan.stages_of_rank(rank))
 
 
 def predicted_tails(plan: Plan) -> tuple[float, ...]:

@@ -56,7 +56,8 @@ class StageReport:
     """The stage's peak of live tensor bytes in one training step, by the same parts, at the moment of the peak
     (:mod:`planner.runtime.stage_memory`); None where not measured (reports written before)."""
     capacity_bytes: float | None = None
-    """What the plan gave the stage: its rank's usable memory over the stages the rank holds; None if unknown."""
+    """The memory the plan was made for, the stage's share: its rank's device memory (``--memory``) over the
+    stages the rank holds; None if unknown."""
 
     def __post_init__(self) -> None:
         # Read back from JSON (to_dict), the breakdowns are objects: the plan's parts again.

@@ -75,7 +75,7 @@ def test_no_plan_fits_says_what_the_smallest_plan_needs():
 
     profile = make_profile([1.0] * 4, param_counts=[62_500] * 4, saved_bytes=[1000] * 4)
     request = PlanRequest(num_ranks=2, global_batch_size=4, settings=FAST_LINK)
-    problem, _ = _least_memory_problem(profile, request)
+    problem, _, _, _ = _least_memory_problem(profile, request)
     exact = min(
         max(stage_cost(problem, 0, 0, k - 1, True).memory_bytes, stage_cost(problem, 1, k, 3, True).memory_bytes)
         for k in range(1, 4)
@@ -87,7 +87,7 @@ def test_no_plan_fits_says_what_the_smallest_plan_needs():
         _plan(profile, num_ranks=2, global_batch_size=4, settings=settings)
     message = str(caught.value)
     assert (
-        f"the smallest plan (1F1B, micro-batch 1, recomputation on every stage) needs {human_bytes(least)}" in message
+        f"the smallest plan (1f1b, micro-batch 1, recomputation on every stage) needs {human_bytes(least)}" in message
     )
     assert "MiB usable" in message and "GiB" not in message
     # Usable memory just above it: that plan exists.
@@ -95,6 +95,35 @@ def test_no_plan_fits_says_what_the_smallest_plan_needs():
     plan = _plan(profile, num_ranks=2, global_batch_size=4, settings=roomy)
     usable = plan.constraints["capacity_bytes"][0]
     assert all(s.memory_bytes.peak * len(plan.stages_of_rank(s.rank)) <= usable for s in plan.stages)
+
+
+def test_no_plan_fits_under_the_asked_schedule_counts_its_stages_per_device():
+    # Interleaved 1F1B gives each of a device's 2 stages half of it: the smallest plan is that schedule's.
+    from planner.formatting import human_bytes
+    from planner.search import _least_memory_problem, smallest_plan_bytes
+
+    profile = make_profile([1.0] * 8, param_counts=[62_500] * 8, saved_bytes=[1000] * 8)
+    request = PlanRequest(num_ranks=2, global_batch_size=4, schedule="interleaved-1f1b", settings=FAST_LINK)
+    problem, _, schedule, per_device = _least_memory_problem(profile, request)
+    assert schedule.value == "interleaved-1f1b" and per_device == 2 and problem.num_stages == 4
+    least = smallest_plan_bytes(problem) * per_device
+
+    def settings(device_bytes: float) -> CostSettings:
+        return CostSettings(link_bytes_per_s=1e15, link_latency_s=0.0, device_memory_bytes=(int(device_bytes),))
+
+    with pytest.raises(PlanInfeasibleError, match="interleaved-1f1b, 2 stages a device") as caught:
+        _plan(
+            profile,
+            num_ranks=2,
+            global_batch_size=4,
+            schedule="interleaved-1f1b",
+            settings=settings(least / 0.9 * 0.97),
+        )
+    assert f"needs {human_bytes(least)}" in str(caught.value)
+    plan = _plan(
+        profile, num_ranks=2, global_batch_size=4, schedule="interleaved-1f1b", settings=settings(least / 0.9 * 1.01)
+    )
+    assert plan.schedule.value == "interleaved-1f1b"
 
 
 def test_a_unit_that_cannot_fit_anywhere_is_named():
