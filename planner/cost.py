@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from planner.bounds import UnitWork
 from planner.calibration import Calibration, ring_s
@@ -404,6 +404,7 @@ def _with_gathers(
     return forward, backward
 
 
+@lru_cache(maxsize=64)
 def schedule_moments(
     schedule: Schedule, num_stages: int, num_microbatches: int, num_ranks: int
 ) -> tuple[tuple[Moment, ...], ...]:

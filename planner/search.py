@@ -232,14 +232,18 @@ def _held(problem: PartitionProblem) -> _Held:
 
 def _holds_no_more(theirs: _Held, mine: _Held) -> bool:
     """Whether every stage's every moment of ``theirs`` is covered by one of ``mine`` (holds at most as much
-    whatever the sizes: no more micro-batches waiting or split, no gradients or re-materialisation extra)."""
+    whatever the sizes: no more micro-batches waiting, split or sent, no gradients or re-materialisation extra,
+    the same action)."""
 
     def covers(a: Moment, b: Moment) -> bool:
         return (
-            a.split >= b.split
-            and a.waiting + a.split >= b.waiting + b.split
+            a.waiting >= b.waiting
+            and a.split >= b.split
             and a.grads >= b.grads
             and a.acting >= b.acting
+            and a.kind == b.kind
+            and a.sent_grads >= b.sent_grads
+            and a.sent_outputs >= b.sent_outputs
         )
 
     return all(all(any(covers(a, b) for a in ours) for b in them) for them, ours in zip(theirs, mine, strict=True))

@@ -95,16 +95,29 @@ class _Band:
         comm = model.comm[ic]
         self.c0k = self.c0 + comm
         self.c1k = self.c1 + comm
-        # The terms of solvers.problem.stage_memory_peak, per shape.
+        self._ic, self._j = ic, j
+        self._terms = False
+        self.fit0: dict[_Kind, np.ndarray] = {}
+        self.fit1: dict[_Kind, np.ndarray] = {}
+
+    def _prepare(self) -> None:
+        """The terms of :func:`solvers.problem.stage_memory_peak` per shape, made the first time a capacity binds
+        (each is an array of the band's size: where memory never binds, none is made)."""
+        if self._terms:
+            return
+        self._terms = True
+        model, n, ic, j = self.model, self.model.n, self._ic, self._j
         self.state = model.pp[j + 1] - model.pp[ic]
         self.grads = model.pg[j + 1] - model.pg[ic]
         self.saved = model.ps[j + 1] - model.ps[ic]
         self.split = model.pw[j + 1] - model.pw[ic]
         # max over u in i..j of (T_u - held by units u+1..j) = max of (T_u + ps[u+1]) less ps[j+1].
-        self.transient = {
-            kind: np.maximum.accumulate((values + model.ps[1:])[ic][:, ::-1], axis=1)[:, ::-1] - model.ps[j + 1]
-            for kind, values in model.transient.items()
-        }
+        distinct: dict[int, np.ndarray] = {}
+        for values in model.transient.values():
+            if id(values) not in distinct:
+                shifted = (values + model.ps[1:])[ic]
+                distinct[id(values)] = np.maximum.accumulate(shifted[:, ::-1], axis=1)[:, ::-1] - model.ps[j + 1]
+        self.transient = {kind: distinct[id(values)] for kind, values in model.transient.items()}
         if model.step_add:
             self.step = model.pt[j + 1] - model.pt[ic]
         else:
@@ -123,17 +136,15 @@ class _Band:
         if model.buffer_mb:
             self.held1 = np.broadcast_to(model.out_held[:, None], stage_input.shape)
             # The last unit's loss runs after the checkpointed stage: not re-materialised.
-            # The last unit's loss runs after the checkpointed stage: not re-materialised.
             self.remat1 = self.saved - np.where(j == n - 1, float(model.problem.output_held_bytes), 0.0)
         else:
             self.held1, self.remat1 = stage_input, self.saved
-        self.fit0: dict[_Kind, np.ndarray] = {}
-        self.fit1: dict[_Kind, np.ndarray] = {}
 
     def _fits(self, kind: _Kind, recompute: bool) -> np.ndarray:
         moments, cap, local_in, local_out = kind
-        if math.isinf(cap):
+        if math.isinf(cap) or self.model.most_bytes(moments) <= cap:
             return self.valid & (self.model.allow1 if recompute else self.model.allow0)
+        self._prepare()
         # A stage handing its output over on its rank holds it no more (solvers.problem.stage_memory_peak).
         handed = self.sent_output if local_out else 0.0
         held, remat = (self.held1 - handed, self.remat1) if recompute else (self.saved + self.relayed - handed, 0.0)
@@ -202,7 +213,10 @@ class _Model:
         self.stage_in_grad = np.concatenate(([0.0], per_cut(problem.cut_grad_bytes)))
         self.pp = np.concatenate(([0.0], np.cumsum(per_unit(problem.param_state_bytes))))
         self.ps = np.concatenate(([0.0], np.cumsum(per_unit(problem.saved_bytes))))
-        self.transient = {kind: per_unit(values) for kind, values in transient_arrays(problem).items()}
+        arrays: dict[int, np.ndarray] = {}
+        self.transient = {
+            kind: arrays.setdefault(id(values), per_unit(values)) for kind, values in transient_arrays(problem).items()
+        }
         self.pg = np.concatenate(([0.0], np.cumsum(per_unit(problem.grad_bytes))))
         self.pw = np.concatenate(([0.0], np.cumsum(per_unit(problem.split_held_bytes))))
         self.step = per_unit(problem.step_bytes)
@@ -223,6 +237,25 @@ class _Model:
         self.band: _Band | None = None
         self.width_mem = self._memory_width()
         self.cache: dict[float, _Found | None] = {}
+
+    def most_bytes(self, moments: tuple[Moment, ...]) -> float:
+        """More than any stage of these moments can hold, whatever its units (every term at its largest): where
+        the capacity is above it, memory never binds and no shape need be checked."""
+        p = self.problem
+        held = max(
+            self.ps[-1] + sum(b for _, _, b in p.relays), max(self.out_held, default=0.0), self.stage_input.max()
+        )
+        step = self.pt[-1] if self.step_add else float(self.step.max(initial=0.0))
+        transient = max((float(v.max(initial=0.0)) for v in self.transient.values()), default=0.0)
+        fixed = self.pp[-1] + self.buffer_mb * (self.stage_input.max() + self.out_grad.max())
+        worst = max(
+            (m.waiting + m.split + 1) * held
+            + m.split * self.pw[-1]
+            + m.sent_grads * self.stage_in_grad.max()
+            + m.sent_outputs * max(self.out_held, default=0.0)
+            for m in moments
+        )
+        return (fixed + max(step, transient + worst)) * (1 + 1e-9) + 1.0
 
     def _memory_width(self) -> int:
         """Widest stage (in units) that fits in the largest capacity, ignoring transients and inputs."""

@@ -303,9 +303,10 @@ def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: i
     saved = _span(problem.saved_bytes, first, last)
     split = _span(problem.split_held_bytes, first, last)
     # While unit u's backward runs, the acting micro-batch no longer holds what the units after it saved.
-    held_after = [
-        sum(problem.saved_bytes[u + 1 : last + 1]) if problem.saved_bytes else 0 for u in range(first, last + 1)
-    ]
+    held_after = [0] * (last - first + 1)
+    if problem.saved_bytes:
+        for k in range(last - first - 1, -1, -1):
+            held_after[k] = held_after[k + 1] + problem.saved_bytes[first + k + 1]
     transient = {
         kind: max(v - h for v, h in zip(values[first : last + 1], held_after, strict=True)) if values else 0
         for kind, values in transient_arrays(problem).items()
@@ -337,18 +338,21 @@ def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: i
     step = problem.step_bytes[first : last + 1] if problem.step_bytes else (0,)
     tail = StageMemory(state, grads, buffers, 0, sum(step) if problem.step_bytes_add else max(step))
     best = tail
+    best_total, best_moment = best.total_bytes, None
     for m in stage_moments(problem, stage):
         # A recomputing stage runs its whole backward in I (nothing is left for W to hold).
         past_input = 0 if recompute else m.split * (held + split_held)
         activations = m.waiting * held + past_input + (remat if m.acting else 0)
         kept = grads if m.grads else 0
         sends = m.sent_grads * sent_grad + m.sent_outputs * sent_output
-        here = StageMemory(
-            state - grads + kept, kept, buffers + sends, activations, transient[acting_kind(m, recompute)]
-        )
-        if here.total_bytes > best.total_bytes:
-            best = here
-    return best
+        working = transient["B" if recompute and m.kind == "I" else m.kind]  # acting_kind, inlined: a hot loop
+        total = state - grads + kept + buffers + sends + activations + working
+        if total > best_total:
+            best_total, best_moment = total, (kept, sends, activations, working)
+    if best_moment is None:
+        return best
+    kept, sends, activations, working = best_moment
+    return StageMemory(state - grads + kept, kept, buffers + sends, activations, working)
 
 
 def stage_cost(problem: PartitionProblem, stage: int, first: int, last: int, recompute: bool) -> StageCost:

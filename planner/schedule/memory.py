@@ -43,20 +43,29 @@ class MemoryMoment:
     sent_outputs: int = 0
 
     def covers(self, other: MemoryMoment) -> bool:
-        """Whether this moment holds at least as much as ``other`` whatever the sizes (a split micro-batch holds at
-        least what a waiting one does)."""
+        """Whether this moment holds at least as much as ``other`` whatever the sizes: as many micro-batches of
+        each state and sends, the gradients if ``other`` has them, and the same action (whose working memory)."""
         return (
-            self.waiting + self.split >= other.waiting + other.split
+            self.waiting >= other.waiting
             and self.split >= other.split
             and self.grads >= other.grads
             and self.sent_grads >= other.sent_grads
             and self.sent_outputs >= other.sent_outputs
-            and (self.kind in "BI" or other.kind == "W")
+            and self.kind == other.kind
         )
 
 
 def _pareto(moments: set[MemoryMoment]) -> tuple[MemoryMoment, ...]:
-    kept = [m for m in moments if not any(o != m and o.covers(m) for o in moments)]
+    """The moments no other covers. Fullest first, so that a moment is only held against those kept (one covers
+    another only if it holds at least as much of everything, so none later covers one before)."""
+
+    def fullness(m: MemoryMoment) -> tuple[int, ...]:
+        return (m.waiting + m.split + m.sent_grads + m.sent_outputs + int(m.grads), m.waiting, m.split, m.sent_grads)
+
+    kept: list[MemoryMoment] = []
+    for m in sorted(moments, key=fullness, reverse=True):
+        if not any(o.covers(m) for o in kept):
+            kept.append(m)
     return tuple(sorted(kept, key=lambda m: (m.waiting, m.split, m.grads, m.kind, m.sent_grads, m.sent_outputs)))
 
 
