@@ -36,10 +36,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import planner.schedule.pipeline as pipeline_module  # noqa: E402
 import planner.search as search  # noqa: E402
 from planner.calibration import shipped_calibration  # noqa: E402
 from planner.cost import default_settings  # noqa: E402
 from planner.limits import MAX_PLAN_WORK  # noqa: E402
+from planner.request import PlanRequest  # noqa: E402
 from profiles.format import DeviceInfo, ModelInfo, Profile, TensorFlow, UnitProfile, WholeModel  # noqa: E402
 
 __all__ = ["synthetic_profile", "ScalePoint", "measure", "global_batch", "scale_table", "phase_table", "scale_png"]
@@ -124,7 +126,9 @@ class _Phases:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        originals = {name: getattr(search, name) for name in ("solve_dp", "simulate", "in_flight_per_stage")}
+        # The search solves with solve_dp and simulates through Pipeline.simulate (planner.schedule.pipeline).
+        homes = {"solve_dp": search, "simulate": pipeline_module, "in_flight_per_stage": search}
+        originals = {name: getattr(module, name) for name, module in homes.items()}
 
         def timed(name: str, attribute: str):  # noqa: ANN202
             inner = originals[name]
@@ -139,20 +143,20 @@ class _Phases:
             return call
 
         search.solve_dp = timed("solve_dp", "dp_s")
-        search.simulate = timed("simulate", "simulator_s")
+        pipeline_module.simulate = timed("simulate", "simulator_s")
         search.in_flight_per_stage = timed("in_flight_per_stage", "simulator_s")
         try:
             yield
         finally:
             for name, value in originals.items():
-                setattr(search, name, value)
+                setattr(homes[name], name, value)
 
 
 def measure(units: int, ranks: int, repeats: int = 3) -> ScalePoint:
     profile = synthetic_profile(units)
     batch = global_batch(ranks)
     settings = default_settings(profile, calibration=shipped_calibration("cpu"), calibration_label="shipped")
-    request = search.PlanRequest(ranks, batch, settings=settings)
+    request = PlanRequest(ranks, batch, settings=settings)
     runs = []
     for _ in range(repeats):
         phases = _Phases()
