@@ -33,6 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_fidelity import MODELS, SCHEDULES  # noqa: E402  (the same models and fixed schedules)
+
 from planner.calibration import shipped_calibration  # noqa: E402
 from planner.cost import default_settings  # noqa: E402
 from planner.plan import Plan  # noqa: E402
@@ -41,16 +43,6 @@ from planner.runtime.verify import verify_plan  # noqa: E402
 from planner.search import make_plan, make_plans, plan_key  # noqa: E402
 from profiles.format import Profile, save_profile  # noqa: E402
 from profiles.from_spec import profile_spec  # noqa: E402
-
-MODELS = (
-    "gpt2-tiny",
-    "mlp",
-    "llama-small",
-    "unet-small",
-    "examples/custom_model.py:workload",
-    "benchmarks/models.py:cnn13",
-)
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
 
 def candidates(profile: Profile, ranks: int, batch: int, count: int) -> dict[str, Plan]:
