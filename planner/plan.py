@@ -147,17 +147,31 @@ class Mesh:
     ring_bytes_per_s: float
     """The slowest link of any stage's ring of replicas."""
     ring_latency_s: float
+    tp: int = 1
+    """Tensor-parallel degree: each (replica, pipeline rank) position is a group of ``tp`` consecutive global
+    ranks starting at ``devices[replica][pipeline rank]`` (tp innermost, so its collectives stay in a node)."""
 
     @property
     def used_devices(self) -> int:
-        return self.pp * self.dp
+        return self.pp * self.dp * self.tp
 
     def coordinates(self, device: int) -> tuple[int, int]:
-        """``(replica, pipeline rank)`` of a global rank."""
+        """``(replica, pipeline rank)`` of a global rank (any member of a tensor-parallel group)."""
         for replica, row in enumerate(self.devices):
-            if device in row:
-                return replica, row.index(device)
+            for rank, first in enumerate(row):
+                if first <= device < first + self.tp:
+                    return replica, rank
         raise PlanFormatError(f"device {device} is not in the plan's mesh (devices 0..{self.used_devices - 1})")
+
+    def tp_rank(self, device: int) -> int:
+        """A global rank's place in its tensor-parallel group (0 without tensor parallelism)."""
+        replica, rank = self.coordinates(device)
+        return device - self.devices[replica][rank]
+
+    def tp_group(self, replica: int, rank: int) -> tuple[int, ...]:
+        """The global ranks that hold pipeline rank ``rank`` of replica ``replica`` together."""
+        first = self.devices[replica][rank]
+        return tuple(range(first, first + self.tp))
 
 
 @dataclass(frozen=True)
@@ -355,6 +369,8 @@ def plan_constraints(profile: Profile, request: PlanRequest) -> dict[str, object
 def _mesh_dict(mesh: Mesh) -> dict[str, Any]:
     data = asdict(mesh)
     data["devices"] = [list(row) for row in mesh.devices]
+    if mesh.tp == 1:  # optional: absent, as in plans written before tensor parallelism
+        del data["tp"]
     return data
 
 

@@ -146,11 +146,13 @@ def _check_mesh(data: dict[str, Any]) -> None:
         raise _fail(f"mesh.pp is {pp}, but the plan's pipeline has {data['num_ranks']} ranks")
     if len(devices) != dp or any(len(row) != pp for row in devices):
         raise _fail(f"mesh.devices must be {dp} replicas x {pp} pipeline ranks")
-    used = sorted(d for row in devices for d in row)
-    if used != list(range(pp * dp)):
-        raise _fail(f"mesh.devices must hold the devices 0..{pp * dp - 1} once each")
-    if pp * dp > mesh["num_devices"]:
-        raise _fail(f"the mesh uses {pp * dp} devices, more than the {mesh['num_devices']} offered")
+    tp = mesh.get("tp", 1)
+    used = sorted(d + t for row in devices for d in row for t in range(tp))
+    if used != list(range(pp * dp * tp)):
+        groups = f" in groups of tp {tp} consecutive devices" if tp > 1 else ""
+        raise _fail(f"mesh.devices must hold the devices 0..{pp * dp * tp - 1} once each{groups}")
+    if pp * dp * tp > mesh["num_devices"]:
+        raise _fail(f"the mesh uses {pp * dp * tp} devices, more than the {mesh['num_devices']} offered")
     if mesh["num_devices"] > MAX_DEVICES:
         raise _fail(f"mesh.num_devices is {mesh['num_devices']}, over pipeplan's limit of {MAX_DEVICES:,}")
     if mesh["global_batch_size"] != dp * data["global_batch_size"]:
