@@ -59,11 +59,14 @@ def profile_spec(
 ) -> Profile:
     """Build the model ``spec`` names and profile it (:func:`profiles.profiler.profile_model`).
 
-    ``threads`` (else the threads each of ``ranks`` processes on this machine gets) sets torch's intra-op
-    threads for the measurement; ``sample_blocks`` implies ``meta``; an ``hf:`` config whose weights and
-    gradients exceed the device goes meta by itself.
+    ``threads`` (else the threads each of ``ranks`` processes on this machine gets; on a CPU, without either,
+    those of a rank of a 2-rank pipeline) sets torch's intra-op threads for the measurement; ``sample_blocks``
+    implies ``meta``; an ``hf:`` config whose weights and gradients exceed the device goes meta by itself.
     """
-    threads = threads or (rank_threads(ranks) if ranks else None)
+    # Timed at a pipeline rank's threads, not all cores: a step with every core's threads is the one a busy
+    # machine slows most (a thread waiting for a core stalls the others), and it is not what any rank of a
+    # pipeline runs with. The profile still records the scaling to every other rank count's threads.
+    threads = threads or (rank_threads(ranks or 2) if device == "cpu" else None)
     if threads:
         torch.set_num_threads(threads)
     meta = meta or sample_blocks

@@ -156,8 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=int_range(1, 4096),
         default=None,
-        help="CPU intra-op threads while measuring; match what each rank will get (cores / ranks per machine) "
-        "(default: all cores)",
+        help="CPU intra-op threads while measuring (default: cores // 2, what each rank of a 2-rank pipeline on "
+        "this machine gets; the profile also records the scaling to every other rank count's threads)",
     )
     threads.add_argument(
         "--ranks",
@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="P",
         help="time the units with the threads each of P ranks on this machine will get, cores // P, as the runtime "
-        "sets (default: all cores; a CPU profile also records the whole model at every rank count's threads, "
+        "sets (default: P = 2; a CPU profile also records the whole model at every rank count's threads, "
         "and a plan for P ranks uses those)",
     )
     p.add_argument(
