@@ -77,15 +77,22 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         sample_blocks=args.sample_blocks,
         progress=not args.no_progress,
     )
+    learned = None
+    if not args.no_pipeline_run:
+        from planner.runtime.model_cost import learn_after_profile
+
+        profile, learned = learn_after_profile(profile, args.model)
     save_profile(profile, args.out)
     print(format_profile_table(profile))
+    if learned:
+        print(learned)
     print(f"\nwrote {args.out}")
     ranks = args.ranks or 2
     print(f"next: pipeplan plan {args.out} --ranks {ranks} --global-batch B --out PLAN.json")
-    if not profile.settings.get("meta"):
+    if learned is None and not profile.settings.get("meta"):
         print(
-            f"      (first, to predict this model's runs closely: pipeplan calibrate --ranks {ranks} --model "
-            f"{args.model} --profile {args.out} --out CALIBRATION.json, then plan with --calibration CALIBRATION.json)"
+            f"      (to predict this model's runs closely, learn its cost in a pipeline: pipeplan calibrate --ranks "
+            f"{ranks} --model {args.model} --profile {args.out} --out CALIBRATION.json, then plan with --calibration)"
         )
     return 0
 

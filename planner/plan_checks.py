@@ -178,5 +178,3 @@ def validate_plan_dict(data: Any) -> Schedule:
     if "mesh" in data:
         _check_mesh(data)
     return schedule
-
-

@@ -80,7 +80,11 @@ def format_plan(plan: Plan) -> str:
     if p.calibration == "none":
         lines.append("runtime terms: none (the textbook model: compute and links only)")
     else:
-        lines.append(f"runtime terms (overhead per action, co-location, step tail) from calibration {p.calibration}")
+        lines.append(
+            f"runtime terms from calibration {p.calibration}: {human_seconds(p.runtime.action_overhead_s)} per action, "
+            f"compute x {p.runtime.compute_scale:.2f} beside the other ranks (co-location), step tail "
+            + ", ".join(human_seconds(t) for t in p.runtime.step_tail_s)
+        )
     if capacity:
         lines.append(f"usable memory per rank {human_bytes(min(capacity))} (its memory less headroom)")
     proven = "optimal" if plan.solver.optimal else "NOT proven optimal"

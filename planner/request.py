@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from planner.calibration import Calibration, load_calibration, shipped_calibration
+from planner.calibration import Calibration, calibration_from_dict, load_calibration, shipped_calibration
 from planner.cost import CostSettings, default_settings
 from planner.errors import PipeplanWarning, UsageError, shorten
 from planner.limits import MAX_GLOBAL_BATCH, MAX_RANKS, check_at_most, check_plan_work
@@ -69,7 +69,6 @@ class PlanRequest:
             object.__setattr__(self, "schedule", None if self.schedule == "auto" else Schedule.parse(self.schedule))
 
 
-
 def profile_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -96,8 +95,9 @@ def plan_request(
     ilp_time_limit_s: float = 60.0,
 ) -> PlanRequest:
     """The search request of ``plan`` / ``tune`` (``cluster``: a ``--devices`` plan, whose pipeline degree is
-    chosen per layout, ``stages`` fixing it if given). ``calibration``: ``auto`` (the one shipped for the
-    profile's device), ``none`` or a calibration file. Raises UsageError on options that cannot hold."""
+    chosen per layout, ``stages`` fixing it if given). ``calibration``: ``auto`` (the one the profile learned
+    while profiling, else the one shipped for its device), ``none`` or a calibration file. Raises UsageError on
+    options that cannot hold."""
     if memory_bytes is not None and device_memory_bytes is not None:
         raise UsageError("--memory and --device-memory conflict: give one (--memory is every device's memory)")
     chosen = None if schedule == "auto" else Schedule.parse(schedule)
@@ -124,7 +124,7 @@ def plan_request(
         link_latency_s=link_latency_s,
         device_memory_bytes=memory or (),
         device_speeds=device_speeds or (),
-        **calibration_settings(calibration, profile.device.kind),
+        **calibration_settings(calibration, profile.device.kind, profile),
     )
     warn_other_model(settings.calibration, profile)
     return PlanRequest(
@@ -141,11 +141,19 @@ def plan_request(
     )
 
 
-def calibration_settings(calibration: str, device_kind: str) -> dict[str, object]:
-    """``auto|none|FILE`` as CostSettings fields (``auto``: the calibration shipped for the device)."""
+LEARNED_LABEL = "learned while profiling"
+"""The calibration label of a profile's own ``pipeline_calibration``."""
+
+
+def calibration_settings(calibration: str, device_kind: str, profile: Profile | None = None) -> dict[str, object]:
+    """``auto|none|FILE`` as CostSettings fields. ``auto``: the calibration ``profile`` learned from a run of its
+    model in a pipeline (``pipeplan profile``), else the one shipped for the device."""
     if calibration == "none":
         return {}
     if calibration == "auto":
+        learned = profile.pipeline_calibration if profile is not None else None
+        if learned is not None:
+            return {"calibration": calibration_from_dict(learned), "calibration_label": LEARNED_LABEL}
         return {"calibration": shipped_calibration(device_kind), "calibration_label": "shipped"}
     return {"calibration": load_calibration(calibration), "calibration_label": str(calibration)}
 

@@ -589,6 +589,8 @@ def make_plans(
         if len(plans) == count:
             break
     return plans
+
+
 FEWER_RANKS_BUBBLE = 0.4
 """A plan idle this much of its step is checked against half as many ranks (:func:`fewer_ranks_faster`)."""
 

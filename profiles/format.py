@@ -207,6 +207,10 @@ class Profile:
     """Optional: absent in meta profiles and in profiles made before it (the simulator then adds nothing)."""
     thread_scaling: ThreadScaling | None = None
     """Optional: CPU profiles made with it; :meth:`at_threads` reads it."""
+    pipeline_calibration: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    """Optional: the calibration learned from a short run of this model as a 2-rank 1F1B pipeline right after
+    it was profiled (``pipeplan profile`` on a CPU; planner/runtime/model_cost.py); ``plan`` uses it by
+    default. A calibration document (docs/calibration-format.md), read by the planner."""
 
     @property
     def num_units(self) -> int:
@@ -279,7 +283,7 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         settings = data.pop("settings")
-        for key in ("piece_overhead", "resume", "thread_scaling"):
+        for key in ("piece_overhead", "resume", "thread_scaling", "pipeline_calibration"):
             if data[key] is None:  # an optional field: absent, as in profiles made before it
                 del data[key]
         for unit in data["units"]:
@@ -463,6 +467,7 @@ def profile_from_dict(data: Any) -> Profile:
             tuple(tuple(map(float, row)) for row in r["forward_s"]),
             tuple(tuple(map(float, row)) for row in r["backward_s"]),
         ),
+        pipeline_calibration=data.get("pipeline_calibration"),
         thread_scaling=None
         if ts is None
         else ThreadScaling(

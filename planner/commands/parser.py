@@ -47,6 +47,7 @@ def _version() -> str:
     except PackageNotFoundError:  # run from a checkout that was not installed
         return "unknown"
 
+
 TOP = """\
 pipeplan: profile a PyTorch model once, get an exact pipeline-parallel plan, apply it with
 torch.distributed.pipelining.
@@ -69,7 +70,6 @@ torch.distributed.pipelining.
 
 Run `pipeplan COMMAND --help` for each command's options.
 """
-
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --meta (implied): measure one unit of each run of identical consecutive units (decoder layers) "
         "and copy its numbers to the others; the profile lists the copies in settings.sampled_from",
+    )
+    p.add_argument(
+        "--no-pipeline-run",
+        action="store_true",
+        help="skip the short run, on a CPU, of the model as a 2-rank 1F1B pipeline (about 10-40 s) that learns what "
+        "its actions cost inside a pipeline; `plan` then uses the calibration shipped for the device",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -125,8 +125,7 @@ def add_search_arguments(p: argparse.ArgumentParser, *, cluster: bool) -> None:
         type=nonneg_float,
         default=None,
         metavar="SECONDS",
-        help="link latency per message, in seconds (default: the calibration's; without one, cpu 130e-6, "
-        "cuda 10e-6)",
+        help="link latency per message, in seconds (default: the calibration's; without one, cpu 130e-6, cuda 10e-6)",
     )
     p.add_argument(
         "--optimizer",
@@ -148,8 +147,7 @@ def add_search_arguments(p: argparse.ArgumentParser, *, cluster: bool) -> None:
         type=auto_or_positive_int,
         default=None,
         metavar="auto|N",
-        help="samples per micro-batch b; auto searches every profiled size that divides --global-batch "
-        "(default auto)",
+        help="samples per micro-batch b; auto searches every profiled size that divides --global-batch (default auto)",
     )
     p.add_argument(
         "--recompute",
@@ -168,8 +166,9 @@ def add_search_arguments(p: argparse.ArgumentParser, *, cluster: bool) -> None:
         "--calibration",
         default="auto",
         metavar="auto|none|CALIBRATION.json",
-        help="runtime terms (overhead per action, optimizer, tied-gradient sum, co-location): auto = the calibration "
-        "shipped for the profile's device (cpu: measured on gloo; cuda: estimated), none = compute and links only, "
+        help="runtime terms (overhead per action, optimizer, tied-gradient sum, co-location): auto = the one the "
+        "profile learned from a short pipeline run of its model (`pipeplan profile` on a CPU), else the one shipped "
+        "for the profile's device (cpu: measured on gloo; cuda: estimated), none = compute and links only, "
         "or a file from `pipeplan calibrate` / `pipeplan tune` (default auto)",
     )
     p.add_argument(

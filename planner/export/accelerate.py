@@ -76,5 +76,3 @@ def _accelerate(plan: Plan, renames: Sequence[tuple[str, str]], version: str) ->
         header=_header(plan, Trainer.ACCELERATE, version),
         notes=tuple(notes),
     )
-
-

@@ -271,5 +271,3 @@ def _launch_rank(ranks: Sequence[int], pp: int, dp: int) -> str:
     if all(rank == (d % pp) * dp + d // pp for d, rank in enumerate(ranks)):
         return f"export RANK=$(( (RANK % {pp}) * {dp} + RANK / {pp} ))"
     return f"PLAN_RANKS=({' '.join(map(str, ranks))}); export RANK=${{PLAN_RANKS[$RANK]}}"
-
-

@@ -152,5 +152,3 @@ def _deepspeed(plan: Plan, renames: Sequence[tuple[str, str]], version: str) -> 
         header=_header(plan, Trainer.DEEPSPEED, version),
         notes=tuple(notes),
     )
-
-

@@ -225,5 +225,3 @@ def _megatron(plan: Plan, version: str) -> MegatronExport:
         header=_header(plan, Trainer.MEGATRON, version),
         notes=tuple(notes),
     )
-
-

@@ -142,5 +142,3 @@ def _torchtitan(plan: Plan, renames: Sequence[tuple[str, str]], version: str) ->
         header=_header(plan, Trainer.TORCHTITAN, version),
         notes=tuple(notes),
     )
-
-

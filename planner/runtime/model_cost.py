@@ -22,12 +22,13 @@ model is planned with it.
 from __future__ import annotations
 
 import logging
+import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from planner.calibration import Calibration
+from planner.calibration import Calibration, shipped_calibration
 from planner.cost import default_settings
-from planner.errors import PipeplanWarning, UsageError
+from planner.errors import PipeplanError, PipeplanWarning, UsageError
 from planner.plan import Plan
 from planner.request import PlanRequest
 from planner.runtime.tune import refit_calibration
@@ -43,8 +44,12 @@ __all__ = [
     "learn_from_run",
     "learn_model_cost",
     "learn_model_cost_on_ranks",
+    "learn_while_profiling",
+    "can_learn_while_profiling",
     "default_global_batch",
     "format_learned",
+    "with_learned",
+    "learn_after_profile",
 ]
 
 log = logging.getLogger("pipeplan")
@@ -83,7 +88,9 @@ def learning_plan(profile: Profile, calibration: Calibration, global_batch: int,
 
 def learn_from_run(calibration: Calibration, profile: Profile, plan: Plan, report: VerifyReport) -> Calibration:
     """``calibration`` refit from one measured run of ``plan`` (pure: no process is started)."""
-    refit = refit_calibration(calibration, [(plan, report)])
+    # At the machine's speed while profiling (the speed reference, timed in the ranks): what a busy minute
+    # added is the machine's, not the model's, and must not be learned as its cost.
+    refit = refit_calibration(calibration, [(plan, report.at_profile_speed())])
     if refit is calibration:
         raise UsageError("learning a model's pipeline cost needs a run on real processes, not a replay")
     return refit.learned_from(
@@ -149,6 +156,49 @@ def learn_model_cost_on_ranks(
         plan.num_microbatches,
     )
     return learn_model_cost(calibration, profile, model, plan, steps=steps, device=device, timeout_s=timeout_s)
+
+
+def can_learn_while_profiling(profile: Profile) -> bool:
+    """Whether ``pipeplan profile`` can learn the model's pipeline cost on this machine: a timed CPU profile
+    and a core per rank of the shipped calibration's pipeline (on a GPU a rank is a device: ``calibrate``)."""
+    if profile.device.kind != "cpu" or profile.settings.get("meta"):
+        return False
+    return (os.cpu_count() or 1) >= shipped_calibration("cpu").num_ranks
+
+
+def learn_while_profiling(profile: Profile, model: str, *, steps: int = 3, timeout_s: float = 600.0) -> ModelRun:
+    """What ``calibrate --model`` learns, in the default path: the model's best 1F1B plan on the shipped
+    calibration's ranks, run for ``steps`` steps on real processes, and the calibration refit from it
+    (:func:`learn_model_cost_on_ranks`). Store ``run.calibration.to_dict()`` as the profile's
+    ``pipeline_calibration`` (:func:`with_learned`) and ``plan`` uses it by default."""
+    shipped = shipped_calibration(profile.device.kind)
+    return learn_model_cost_on_ranks(
+        shipped, profile, model, num_ranks=shipped.num_ranks, sha256="0" * 64, steps=steps, timeout_s=timeout_s
+    )
+
+
+def with_learned(profile: Profile, run: ModelRun) -> Profile:
+    """``profile`` carrying what ``run`` learned, where ``plan`` finds it."""
+    return replace(profile, pipeline_calibration=run.calibration.to_dict())
+
+
+def learn_after_profile(profile: Profile, model: str) -> tuple[Profile, str | None]:
+    """``pipeplan profile``'s last step: ``profile`` with its model's pipeline cost learned where this machine
+    can run it (:func:`can_learn_while_profiling`), and one line saying what was learned (None: nothing was
+    run). A run that fails is a warning, not a lost profile: ``plan`` then uses the shipped calibration."""
+    if not can_learn_while_profiling(profile):
+        return profile, None
+    try:
+        run = learn_while_profiling(profile, model)
+    except PipeplanError as exc:
+        warnings.warn(
+            f"could not run {model} as a pipeline to learn its per-action cost ({exc}); plan will use the "
+            "calibration shipped for the device",
+            PipeplanWarning,
+            stacklevel=2,
+        )
+        return profile, None
+    return with_learned(profile, run), format_learned(run, shipped_calibration(profile.device.kind), model)
 
 
 def format_learned(run: ModelRun, before: Calibration, model: str) -> str:

@@ -121,9 +121,7 @@ class Pipeline:
 
         return self._restaged(merged, keep_links=False)
 
-    def _restaged(
-        self, per_stage: Callable[[tuple[float, ...]], tuple[float, ...]], *, keep_links: bool
-    ) -> Pipeline:
+    def _restaged(self, per_stage: Callable[[tuple[float, ...]], tuple[float, ...]], *, keep_links: bool) -> Pipeline:
         """The per-stage times (F, B, I, W; an empty list stays empty) through ``per_stage``; the links between
         stages kept, or dropped where the stages are no longer the ones they joined."""
 

@@ -89,13 +89,25 @@ def test_profile_then_show_then_plan(capsys, tmp_path):
     assert "layers.0" in capsys.readouterr().out
     plan = tmp_path / "mlp.plan.json"
     assert main(["plan", str(out), "--stages", "2", "--global-batch", "4", "--out", str(plan)]) == 0
-    assert json.loads(plan.read_text())["model"]["fingerprint"] == profile["model"]["fingerprint"]
+    planned = json.loads(plan.read_text())
+    assert planned["model"]["fingerprint"] == profile["model"]["fingerprint"]
+    # With a core per rank, the profile ran the model as a 2-rank 1F1B pipeline and kept what it learned;
+    # plan takes its runtime terms from there, and says so.
+    learned = profile.get("pipeline_calibration")
+    if (os.cpu_count() or 1) >= 2:
+        assert "learned from mlp (1f1b, b=" in printed
+        assert learned["notes"]["model"]["name"] == "mlp" and learned["num_ranks"] == 2
+        assert planned["predicted"]["calibration"] == "learned while profiling"
+        assert planned["predicted"]["compute_scale"] == learned["colocation_factor"]
+        assert "runtime terms from calibration learned while profiling: " in capsys.readouterr().out
+    else:
+        assert learned is None and planned["predicted"]["calibration"] == "shipped"
 
 
 def test_profile_rounds_span_the_default_time_floor(tmp_path):
     out = tmp_path / "mlp.profile.json"
     argv = ["profile", "mlp", "--micro-batch-sizes", "1", "--repeats", "1", "--warmup", "0", "--no-progress"]
-    assert main([*argv, "--max-repeats", "1", "--out", str(out)]) == 0
+    assert main([*argv, "--max-repeats", "1", "--no-pipeline-run", "--out", str(out)]) == 0
     settings = json.loads(out.read_text())["settings"]
     # the default time floor (its --help says 2 s): one round of this MLP takes ~1 ms, so many more than one
     assert settings["min_time_s"] == MIN_TIME_S == 2.0 and settings["repeats_used"][0] > 10

@@ -63,7 +63,17 @@ def test_model_file_problems_are_one_line(tmp_path: Path, capsys, existing, name
     body, message = CASES[name]
     model = tmp_path / "model.py"
     model.write_text(HEADER + body)
-    argv = ["profile", f"{model}:w", "--micro-batch-sizes", "1,2", "--repeats", "1", "--warmup", "0"]
+    argv = [
+        "profile",
+        f"{model}:w",
+        "--micro-batch-sizes",
+        "1,2",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--no-pipeline-run",
+    ]
     assert_fails(capsys, [*argv, "--no-progress", "--out", existing], message, existing)
 
 
@@ -84,6 +94,7 @@ def test_active_dropout_is_a_warning(tmp_path: Path, capsys) -> None:
     from cli import main
 
     argv = ["profile", f"{model}:w", "--micro-batch-sizes", "1", "--repeats", "1", "--warmup", "0", "--no-progress"]
+    argv.append("--no-pipeline-run")
     assert main([*argv, "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "warning: 1 dropout modules are active in training mode (e.g. drop)" in err

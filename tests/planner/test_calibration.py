@@ -190,9 +190,10 @@ def test_cli_never_replaces_the_calibration_it_reads(tmp_path, capsys) -> None:
     capsys.readouterr()
     assert main([*args, "--out", str(tmp_path / "plan.json")]) == 0
     assert json.loads((tmp_path / "plan.json").read_text())["predicted"]["calibration"] == str(cal)
-    assert (
-        f"runtime terms (overhead per action, co-location, step tail) from calibration {cal}" in capsys.readouterr().out
-    )
+    out = capsys.readouterr().out
+    terms = json.loads((tmp_path / "plan.json").read_text())["predicted"]
+    assert f"runtime terms from calibration {cal}: " in out
+    assert f"compute x {terms['compute_scale']:.2f} beside the other ranks (co-location)" in out
     args[-1] = "none"
     assert main([*args, "--out", str(tmp_path / "textbook.json")]) == 0
     assert "runtime terms: none (the textbook model" in capsys.readouterr().out

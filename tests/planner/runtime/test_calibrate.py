@@ -98,7 +98,16 @@ def test_calibrate_on_two_gloo_ranks() -> None:
 
 def test_tune_keeps_the_fastest_measured_plan(tmp_path) -> None:
     profile_path = tmp_path / "tiny.profile.json"
-    args = ["profile", "gpt2-tiny", "--micro-batch-sizes", "2,4", "--repeats", "1", "--no-progress"]
+    args = [
+        "profile",
+        "gpt2-tiny",
+        "--micro-batch-sizes",
+        "2,4",
+        "--repeats",
+        "1",
+        "--no-progress",
+        "--no-pipeline-run",
+    ]
     assert main([*args, "--out", str(profile_path)]) == 0
     profile = load_profile(profile_path)
     settings = default_settings(profile, calibration=shipped_calibration("cpu"), calibration_label="shipped")

@@ -63,6 +63,7 @@ def test_calibrate_learns_the_models_cost_on_two_gloo_ranks_and_plan_warns_for_a
             [
                 "profile",
                 "mlp",
+                "--no-pipeline-run",
                 "--ranks",
                 "2",
                 "--micro-batch-sizes",
