@@ -5,9 +5,9 @@
 A machine whose speed moves by 1.5x within a minute cannot check an absolute prediction to 10 %, but it
 can check a ratio measured in one run: for each model (P = 2 gloo processes, global batch 8):
 
-1. ``pipeplan profile MODEL`` with default flags (all cores; the profile records its times at each rank's
-   threads, and the plan uses them);
-2. ``pipeplan plan`` with default flags (the shipped calibration): its choice, the next distinct candidates
+1. ``pipeplan profile MODEL`` with default flags (a 2-rank pipeline's threads, the scaling to the others,
+   and the model's own cost in a pipeline learned from a short 1F1B run);
+2. ``pipeplan plan`` with default flags (the calibration the profile learned): its choice, the next distinct candidates
    it ranked, and the best plan under each of gpipe, 1f1b and interleaved-1f1b;
 3. every distinct plan run for real (``verify``, processes mode, optimizer step included), the plans of one
    model interleaved round by round, each round's iterations kept;
@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_fidelity import MODELS, SCHEDULES  # noqa: E402  (the same models and fixed schedules)
 
-from planner.calibration import shipped_calibration  # noqa: E402
 from planner.cost import default_settings  # noqa: E402
 from planner.plan import Plan  # noqa: E402
-from planner.request import PlanRequest  # noqa: E402
+from planner.request import PlanRequest, calibration_settings  # noqa: E402
+from planner.runtime.model_cost import learn_after_profile  # noqa: E402
 from planner.runtime.verify import verify_plan  # noqa: E402
 from planner.search import make_plan, make_plans, plan_key  # noqa: E402
 from profiles.format import Profile, save_profile  # noqa: E402
@@ -47,8 +47,7 @@ from profiles.from_spec import profile_spec  # noqa: E402
 
 def candidates(profile: Profile, ranks: int, batch: int, count: int) -> dict[str, Plan]:
     """``plan``'s choice and runners-up, and the best plan of each fixed schedule (distinct plans only)."""
-    shipped = shipped_calibration(profile.device.kind)
-    settings = default_settings(profile, calibration=shipped, calibration_label="shipped")
+    settings = default_settings(profile, **calibration_settings("auto", profile.device.kind, profile))
     ranked = make_plans(profile, PlanRequest(ranks, batch, settings=settings), sha256="0" * 64, count=count)
     named = {"plan's choice": ranked[0], **{f"runner-up {i}": p for i, p in enumerate(ranked[1:], 1)}}
     for schedule in SCHEDULES:
@@ -73,7 +72,7 @@ def measure(spec: str, plans: list[Plan], rounds: int, steps: int) -> list[list[
 
 def bench_model(spec: str, *, ranks: int, batch: int, rounds: int, steps: int, count: int, out: Path) -> dict:
     started = time.perf_counter()
-    profile = profile_spec(spec, progress=False)
+    profile, _ = learn_after_profile(profile_spec(spec, progress=False), spec)  # as `pipeplan profile` does
     save_profile(profile, out / f"{Path(spec).name.replace(':', '_')}.profile.json")
     named = candidates(profile, ranks, batch, count)
     names, plans = list(named), list(named.values())
