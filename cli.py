@@ -21,7 +21,7 @@ from planner.commands.checks import refuse_idle_options
 from planner.commands.options import EXIT_USAGE, items, negative_values_attached, write_line
 from planner.commands.parser import build_parser
 from planner.commands.terminal import Signalled, library_words, quiet_torch, signals_interrupt
-from planner.errors import PipeplanError, PipeplanWarning, UsageError, shorten
+from planner.errors import PipeplanError, UsageError, shorten
 from planner.schedule.orders import Schedule
 
 if TYPE_CHECKING:
@@ -375,14 +375,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from planner.fileio import check_output_path, write_json_atomic
     from planner.plan import load_plan
-    from planner.runtime.verify import format_report, threads_warning, verify_plan
+    from planner.runtime.verify import format_report, verify_plan
 
     if args.out:
         check_output_path(args.out, inputs=[args.plan, _model_file(args.model)])
     plan = load_plan(args.plan)
-    warning = threads_warning(plan, args.mode, args.device)
-    if warning:
-        warnings.warn(warning, PipeplanWarning, stacklevel=1)
     with signals_interrupt(), quiet_torch():
         report = verify_plan(
             plan,

@@ -198,13 +198,20 @@ def each_rank_in_turn(rank: int, world_size: int, tag: str, fn: Callable[[], obj
 
 
 def run_ranks(
-    fn: Callable[..., Any], args: Sequence[Any], world_size: int, *, timeout_s: float, backend: str | None = "gloo"
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    world_size: int,
+    *,
+    timeout_s: float,
+    backend: str | None = "gloo",
+    threads: int | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; results in rank order.
 
     ``fn`` and ``args`` must be picklable (a module-level function). ``backend=None`` opens no
-    process group. Each process uses :func:`rank_threads` torch threads; with ``PIPEPLAN_PIN_CPUS=1`` in
-    the environment, bound to cores of its own where there are enough (:func:`pin_rank_cpus`).
+    process group. Each process uses ``threads`` torch threads (default :func:`rank_threads`); with
+    ``PIPEPLAN_PIN_CPUS=1`` in the environment, bound to cores of its own where there are enough
+    (:func:`pin_rank_cpus`).
 
     Raises:
         ExecutionError: ``"rank 1 failed: RuntimeError: boom"``, ``"rank 0 did not finish within 30 s"``
@@ -212,7 +219,7 @@ def run_ranks(
     """
     ctx = mp.get_context("spawn")
     port = free_port()
-    threads = rank_threads(world_size)
+    threads = threads or rank_threads(world_size)
     procs, conns = [], []
     for rank in range(world_size):
         parent, child = ctx.Pipe(duplex=False)

@@ -32,7 +32,7 @@ from planner.errors import PipeplanError, PipeplanWarning, UsageError
 from planner.plan import Plan
 from planner.request import PlanRequest
 from planner.runtime.tune import refit_calibration
-from planner.runtime.verify import threads_warning, verify_plan
+from planner.runtime.verify import verify_plan
 from planner.runtime.verify_report import VerifyReport
 from planner.schedule.orders import Schedule
 from planner.search import make_plan
@@ -145,9 +145,6 @@ def learn_model_cost_on_ranks(
         raise UsageError(f"--start was measured on {calibration.num_ranks} ranks, not --ranks {num_ranks}")
     batch = global_batch or default_global_batch(profile, num_ranks)
     plan = learning_plan(profile, calibration, batch, sha256=sha256)
-    warning = threads_warning(plan, "processes", device)
-    if warning:
-        warnings.warn(warning, PipeplanWarning, stacklevel=2)
     log.info(
         "running %s under 1f1b on %d ranks (b=%d x %d) to learn its own per-action cost ...",
         model,

@@ -35,7 +35,7 @@ from planner.cost import MemoryBreakdown
 from planner.errors import ExecutionError, UsageError
 from planner.plan import Plan
 from planner.runtime.apply import schedule_microbatches, tied_parameter_groups
-from planner.runtime.launch import rank_threads, run_ranks
+from planner.runtime.launch import run_ranks
 from planner.runtime.rank_timing import MIN_TIME_S, MIN_WARMUP_S, RankResult, rank_main, step_batch
 from planner.runtime.replay import replay_plan
 from planner.runtime.verify_report import (
@@ -56,7 +56,7 @@ __all__ = [
     "format_report",
     "compare_numerics",
     "reference_step",
-    "threads_warning",
+    "rank_thread_count",
 ]
 
 _MODES = ("auto", "processes", "replay")
@@ -127,20 +127,26 @@ def _pick_mode(mode: str, plan: Plan, device: str) -> str:
     return "processes" if (os.cpu_count() or 1) >= _processes(plan) else "replay"
 
 
-def threads_warning(plan: Plan, mode: str, device: str) -> str | None:
-    """A one-line warning when a CPU run on real processes gives each rank other intra-op threads than the
-    plan's profile was timed with (``plan.device["threads"]``; the launcher gives ``cores // ranks``): the
-    stages will not compute as profiled. None when they match, or nothing says."""
+def rank_thread_count(plan: Plan, mode: str, device: str) -> int | None:
+    """The intra-op threads each rank of a CPU run on real processes gets: those the plan's stages were timed
+    with (``plan.device["threads"]``), so that they compute as predicted, where the machine has the cores for
+    them; None (the launcher's ``cores // ranks``) on GPUs, in replay (which takes them itself) or where the
+    plan does not say.
+
+    Raises:
+        UsageError: the ranks with those threads need more cores than this machine has: the stages would
+            not compute as profiled, and a run would only measure that.
+    """
     threads = plan.profile_threads
     if device != "cpu" or threads is None or _pick_mode(mode, plan, device) != "processes":
         return None
-    ranks = _processes(plan)
-    per_rank = rank_threads(ranks)
-    if per_rank == threads:
-        return None
-    return (
-        f"the profile timed each unit on {threads} thread(s) but each of the {ranks} ranks gets {per_rank}: "
-        f"the stages will not compute as profiled (profile with --ranks {ranks} for this run)"
+    ranks, cores = _processes(plan), os.cpu_count() or 1
+    if ranks * threads <= cores:
+        return threads
+    raise UsageError(
+        f"the plan's stages were timed on {threads} threads per rank, but {ranks} ranks x {threads} threads need "
+        f"{ranks * threads} cores and this machine has {cores}: profile the model here and plan again (the profile "
+        "records each rank count's threads), or verify --mode replay"
     )
 
 
@@ -180,6 +186,8 @@ def verify_plan(
 
     Raises:
         ExecutionError: a rank failed, hung or was killed. ModelMismatchError: not the plan's model.
+        UsageError: bad steps, mode, or ranks that cannot get the threads the plan was timed with
+            (:func:`rank_thread_count`).
     """
     if steps < 1 or warmup < 0:
         raise UsageError(f"steps must be >= 1 and warmup >= 0 (steps: {steps}, warmup: {warmup})")
@@ -189,7 +197,8 @@ def verify_plan(
     if chosen == "processes":
         backend = "nccl" if device.startswith("cuda") else "gloo"
         args = (spec, plan, steps, warmup, min_warmup_s, min_time_s, check_numerics, device)
-        everyone = run_ranks(rank_main, args, _processes(plan), timeout_s=timeout_s, backend=backend)
+        threads = rank_thread_count(plan, chosen, device)
+        everyone = run_ranks(rank_main, args, _processes(plan), timeout_s=timeout_s, backend=backend, threads=threads)
         # Replicas run the same stages: the first replica's ranks, in pipeline order, stand for them.
         results = [everyone[d] for d in plan.mesh.devices[0]] if plan.mesh is not None else everyone
         fwd, bwd = [0.0] * plan.num_stages, [0.0] * plan.num_stages

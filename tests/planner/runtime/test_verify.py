@@ -12,6 +12,7 @@ import torch
 from conftest import make_plan
 from torch import nn
 
+from planner.errors import UsageError
 from planner.runtime import verify
 from planner.runtime.rank_timing import _StageTimer
 from planner.runtime.verify import compare_numerics, format_report, reference_step, verify_plan
@@ -292,17 +293,19 @@ def test_replay_runs_with_the_threads_of_the_plans_profile() -> None:
     assert torch.get_num_threads() == before
 
 
-def test_processes_mode_warns_when_ranks_get_other_threads_than_the_profile(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 2 ranks on 4 cores get 2 threads each: a profile timed on 1 does not describe them; on 2 it does.
+def test_ranks_get_the_threads_the_plan_was_timed_with_or_the_run_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 2 ranks on 4 cores: a plan timed on 1 thread per rank runs on 1 each (not the launcher's 2), one timed
+    # on 2 on 2; one timed on 4 would need 8 cores: refused, not run at other threads than predicted.
     monkeypatch.setattr(verify.os, "cpu_count", lambda: 4)
     plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"])
     one = replace(plan, device={"kind": "cpu", "name": "test", "dtype": "float32", "threads": 1})
-    two = replace(one, device={**one.device, "threads": 2})
-    warning = verify.threads_warning(one, "auto", "cpu")
-    assert warning is not None and "on 1 thread(s)" in warning and "each of the 2 ranks gets 2" in warning
-    assert verify.threads_warning(two, "auto", "cpu") is None
-    assert verify.threads_warning(one, "replay", "cpu") is None  # replay takes the profile's threads
-    assert verify.threads_warning(plan, "auto", "cpu") is None  # an older plan does not say
+    assert verify.rank_thread_count(one, "auto", "cpu") == 1
+    assert verify.rank_thread_count(replace(one, device={**one.device, "threads": 2}), "auto", "cpu") == 2
+    four = replace(one, device={**one.device, "threads": 4})
+    with pytest.raises(UsageError, match=r"2 ranks x 4 threads need 8 cores and this machine has 4"):
+        verify.rank_thread_count(four, "processes", "cpu")
+    assert verify.rank_thread_count(four, "replay", "cpu") is None  # replay takes the profile's threads
+    assert verify.rank_thread_count(plan, "auto", "cpu") is None  # an older plan does not say: cores // ranks
 
 
 @pytest.mark.parametrize("mode", ["replay", "processes"])
