@@ -38,9 +38,10 @@ and chooses recomputation ``r_s`` (activation checkpointing). With ``M`` micro-b
   stage before it holds its output no more) and sends nothing across it; ``T_s`` is the acting action's
   largest working memory of a unit less what the units after it saved, freed by then (B, I or W:
   ``transient_bytes``, ``input_transient_bytes``, ``weight_transient_bytes``); past I the last stage no
-  longer holds the model's output (``final_output_bytes``); a send holds ``sent_grads`` input gradients and
-  ``sent_outputs`` outputs of earlier micro-batches (planner/schedule/memory.py); a non-recomputing stage that
-  passes on tensors made before it and read after it holds a copy of each (``relays``); and ``step_s`` the
+  longer holds the model's output and the loss's saved tensors (``final_output_bytes``); a send holds
+  ``sent_grads`` input gradients and ``sent_outputs`` outputs of earlier micro-batches
+  (planner/schedule/memory.py); a non-recomputing stage that passes on tensors made before it and read after it
+  holds a copy of each (``relays``); and ``step_s`` the
   optimizer step's temporaries (``step_bytes``, their largest unit or their sum). With the defaults (one moment
   of ``in_flight[s]`` micro-batches, no receive buffers, nothing split, sent or stepped) it is the textbook
 
@@ -135,8 +136,8 @@ class PartitionProblem:
     weight_transient_bytes: tuple[int, ...] = ()
     """Per unit: the working memory of its W (weight-gradient action). Empty: ``transient_bytes``."""
     final_output_bytes: int = 0
-    """The model's output (the last unit's), which the last stage lets go at its input-gradient action: a
-    micro-batch past I holds it no more."""
+    """What the last stage lets go at its input-gradient action, which a micro-batch past I holds no more: the
+    model's output and the loss's saved tensors (torch detaches the loss there, freeing its graph)."""
     relays: tuple[tuple[int, int, int], ...] = ()
     """``(producer, last consumer, bytes)`` of tensors that need a gradient and skip units (a UNet's skips): a
     stage that neither makes nor last reads one passes it on, a copy per micro-batch held like its activations
