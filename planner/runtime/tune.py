@@ -19,7 +19,9 @@
 
 from __future__ import annotations
 
+import math
 import statistics
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -84,6 +86,28 @@ def _fit_colocation(measured: list[tuple[Plan, VerifyReport]], overheads: list[f
     return solve_increasing(simulated, target, 1.0, 2.0, limit=1e3) if target > 0 else start
 
 
+OVERHEAD_SLACK = 2.0
+"""How far past what the ranks measured outside compute, waits and the step tail, per action, a refit may set the
+per-action overhead (:func:`_overhead_cap`)."""
+
+
+def _overhead_cap(plan: Plan, report: VerifyReport, start_s: float) -> float:
+    """The largest per-action overhead one run can teach: :data:`OVERHEAD_SLACK` x the ranks' measured overhead
+    per action (median over ranks), or the calibration's own where that is more; unbounded where the run did
+    not measure it.
+
+    The overhead is fitted to the iteration, so any miss of the model lands in it: on llama-small's 1F1B run
+    (b = 4 x 4, about 0.2 s actions) a 6 % miss became 8-13 ms per action while its ranks measured about 2 ms
+    outside compute and waits, and the zero-bubble plan it then predicted was 20 % off (`python
+    benchmarks/bench_default_path.py`, 2026-12-01). A miss of large actions is not a per-action cost."""
+    measured = [r.measured_overhead_s for r in report.ranks]
+    if not any(m > 0 for m in measured):
+        return math.inf
+    actions = Counter(a.rank for a in plan.simulation().actions if a.kind != "S")
+    per_action = statistics.median(r.measured_overhead_s / max(1, actions[r.rank]) for r in report.ranks)
+    return max(start_s, OVERHEAD_SLACK * per_action)
+
+
 def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyReport]]) -> Calibration:
     """Refit ``calibration`` from measured runs (module docstring, step 3); replay runs change nothing."""
     measured = [(p, r) for p, r in runs if r.mode == "processes" and r.ranks]
@@ -94,15 +118,19 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
     # The factor and the overheads depend on each other (overhead moves actions, hence the waits the
     # overhead fit sees): alternate the two fits; a few rounds settle them.
     per_run = [calibration.overhead_for(plan.schedule) for plan, _ in measured]
+    caps = [_overhead_cap(plan, report, calibration.overhead_for(plan.schedule)) for plan, report in measured]
     scale = calibration.colocation_factor
     for _ in range(4):
         scale = _fit_colocation(measured, per_run, scale)
         per_run = [
-            fit_overhead(
-                report.measured_iteration_s,
-                lambda o, p=plan, k=scale: _simulate_with(p, k, o, tail_factor).iteration_s,
+            min(
+                cap,
+                fit_overhead(
+                    report.measured_iteration_s,
+                    lambda o, p=plan, k=scale: _simulate_with(p, k, o, tail_factor).iteration_s,
+                ),
             )
-            for plan, report in measured
+            for (plan, report), cap in zip(measured, caps, strict=True)
         ]
     by_schedule: dict[str, list[float]] = {}
     for (plan, _), overhead in zip(measured, per_run, strict=True):

@@ -75,6 +75,23 @@ def test_refit_shifts_the_schedules_it_did_not_run_by_what_it_learned() -> None:
     assert refit.action_overhead_s["interleaved-1f1b"] == pytest.approx(8e-3, rel=1e-6)
 
 
+def test_refit_raises_the_overhead_no_further_than_the_ranks_measured_it() -> None:
+    # A 1F1B run 30 % over its prediction while its ranks spent 0.4 ms per action outside compute and waits:
+    # the miss is not a per-action cost; the overhead rises to twice what was measured (0.8 ms), no further.
+    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
+    start = calibration(action_overhead_s={"gpipe": 2e-4, "1f1b": 1e-4, "interleaved-1f1b": 5e-4})
+    request = PlanRequest(2, 4, schedule="1f1b", settings=default_settings(profile, calibration=start))
+    plan = make_plans(profile, request, sha256="0" * 64, count=1)[0]
+    tails = plan.predicted.runtime.step_tail_s
+    report = verify_report(plan, plan.predicted.iteration_s * 1.3, plan.predicted.busy_s, tails[0])
+    actions = 2 * plan.num_microbatches  # one F and one B per micro-batch on each rank
+    measured = replace(report, ranks=tuple(replace(r, measured_overhead_s=4e-4 * actions) for r in report.ranks))
+    assert refit_calibration(start, [(plan, report)]).action_overhead_s["1f1b"] > 1e-3  # unmeasured: unbounded
+    capped = refit_calibration(start, [(plan, measured)])
+    assert capped.action_overhead_s["1f1b"] == pytest.approx(8e-4, rel=1e-9)
+    assert capped.action_overhead_s["gpipe"] == pytest.approx(2e-4 + 7e-4, rel=1e-9)  # shifted by the same
+
+
 def test_refit_from_replay_changes_nothing() -> None:
     profile = make_profile([0.01] * 4)
     start = calibration()
