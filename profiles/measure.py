@@ -32,6 +32,7 @@ from torch.utils._pytree import tree_leaves
 from profiles.dataflow import Piece, needs_grad, tensor_bytes
 
 __all__ = [
+    "backward_roots",
     "PieceMeasurement",
     "TrackedMemory",
     "measure_piece",
@@ -80,6 +81,17 @@ def sync_device(device: torch.device) -> None:
     """Wait for the device's queued work (CUDA), so a timer read after it counts the work."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def backward_roots(
+    out: Any, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None, target: torch.Tensor | None
+) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """Where a piece's backward starts: from ``loss_fn(out, target)`` (the last stage computes the loss), else
+    from ones on the outputs that need a gradient (``torch.autograd.backward``'s roots and their gradients)."""
+    if loss_fn is not None:
+        return [loss_fn(out, target)], [None]
+    roots = [t for t in tree_leaves(out) if needs_grad(t)]
+    return roots, [torch.ones_like(t) for t in roots]
 
 
 def fresh_args(piece: Piece) -> tuple[Any, ...]:

@@ -23,10 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
 
-from profiles.dataflow import Piece, needs_grad
-from profiles.measure import fresh_args, sync_device
+from profiles.dataflow import Piece
+from profiles.measure import backward_roots, fresh_args, sync_device
 
 __all__ = ["RESUME_GAPS_S", "MAX_STEP_S", "measure_resume"]
 
@@ -58,11 +57,7 @@ def measure_resume(
     args = fresh_args(piece)
 
     def forward() -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-        out = piece.module(*args, **piece.kwargs)
-        if loss_fn is not None:
-            return [loss_fn(out, target)], [None]
-        roots = [t for t in tree_leaves(out) if needs_grad(t)]
-        return roots, [torch.ones_like(t) for t in roots]
+        return backward_roots(piece.module(*args, **piece.kwargs), loss_fn, target)
 
     def timed_pair(gap: float) -> tuple[float, float]:
         if gap:

@@ -21,10 +21,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
 
-from profiles.dataflow import Piece, needs_grad
-from profiles.measure import fresh_args, sync_device
+from profiles.dataflow import Piece
+from profiles.measure import backward_roots, fresh_args, sync_device
 from profiles.reference import SpeedReference
 
 __all__ = ["rank_thread_counts", "measure_thread_scaling", "measure_reference_at", "plausible", "MAX_STEP_S", "SLACK"]
@@ -76,12 +75,7 @@ def measure_thread_scaling(
     def step() -> float:
         sync_device(device)
         started = time.perf_counter()
-        out = piece.module(*args, **piece.kwargs)
-        if loss_fn is not None:
-            roots, grads = [loss_fn(out, target)], [None]
-        else:
-            roots = [t for t in tree_leaves(out) if needs_grad(t)]
-            grads = [torch.ones_like(t) for t in roots]
+        roots, grads = backward_roots(piece.module(*args, **piece.kwargs), loss_fn, target)
         if roots:
             torch.autograd.backward(roots, grads)
         sync_device(device)
