@@ -109,7 +109,8 @@ def main() -> None:
     models = args.models.split(",")
     for attempt in range(args.tries):  # tries round-robin over the models: a slow minute hits one try of each
         for model in models:
-            run = one_try(model, args.out / "work" / f"{Path(model).name}-{attempt}", args.ranks, args.global_batch)
+            name = Path(model).name.split(":")[-1]
+            run = one_try(model, args.out / "work" / f"{name}-{attempt}", args.ranks, args.global_batch)
             print(
                 f"  {model} try {attempt + 1}: exit {run['exit']}, error {_fmt(run.get('error_pct'))} % as timed, "
                 f"{_fmt(run.get('at_speed_error_pct'))} % at speed",
