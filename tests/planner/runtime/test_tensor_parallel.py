@@ -12,6 +12,8 @@ from torch import nn
 
 from planner.errors import PipeplanError, TensorParallelError
 from planner.plan import Mesh, Plan
+from planner.runtime.apply import apply_plan, tied_parameter_groups
+from planner.runtime.launch import run_ranks
 from planner.runtime.tensor_parallel import (
     _whole_linear,
     builtin_tp_plan,
@@ -19,6 +21,7 @@ from planner.runtime.tensor_parallel import (
     original_gradient,
     tp_layout,
 )
+from planner.runtime.verify import reference_step, verify_plan
 from profiles.fingerprint import model_fingerprint
 from profiles.workload import Workload, as_tuple, load_workload
 
@@ -132,3 +135,69 @@ def test_a_fused_conv1d_goes_back_to_its_own_layout() -> None:
     layout = tp_layout(model, 2)
     torch.testing.assert_close(original_gradient(layout, f"{spec.fqn}.weight", whole.weight), conv.weight)
     torch.testing.assert_close(original_gradient(layout, f"{spec.fqn}.bias", whole.bias), conv.bias)
+
+
+# -- gloo processes ---------------------------------------------------------------------------------------------
+
+
+def _step(rank: int, world_size: int, cases: list[tuple[str, Plan]]) -> list[tuple[float | None, dict]]:
+    out = []
+    for spec, plan in cases:
+        workload = load_workload(spec)
+        x, y = workload.make_batch(plan.mesh.global_batch_size)
+        run = apply_plan(plan, workload.model, x, workload.loss_fn, device="cpu", tp_plan=workload.tp_plan)
+        loss = run.step(x, y)
+        out.append((None if loss is None else loss.item(), run.full_gradients()))
+    return out
+
+
+# Every case on 4 processes, all in one launch (a rank's start, mostly imports, costs seconds on 2 cores).
+CASES = {
+    "llama pp2 x tp2": (LLAMA, {"pp": 2}),
+    "gpt2 pp2 x tp2": (GPT2, {"pp": 2}),
+    "gpt2 dp2 x tp2 fsdp2": (GPT2, {"pp": 1, "dp": 2, "shard": "full"}),
+    "llama dp2 x tp2 ddp": (LLAMA, {"pp": 1, "dp": 2, "shard": "none"}),
+}
+
+
+@pytest.fixture(scope="module")
+def stepped() -> tuple[list[tuple[str, Plan]], list]:
+    cases = [(spec, _tp_plan(spec, **options)) for spec, options in CASES.values()]
+    return cases, run_ranks(_step, (cases,), 4, timeout_s=300)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=list(CASES))
+def test_tensor_parallel_step_equals_one_process(stepped, case: int) -> None:
+    cases, per_rank = stepped
+    spec, plan = cases[case]
+    mesh = plan.mesh
+    ref_loss, ref_grads = reference_step(load_workload(spec), plan)
+    # Every tensor-parallel rank of a last stage returns its replica's loss; the step's is the replicas' mean.
+    last = {row[-1] + t: replica for replica, row in enumerate(mesh.devices) for t in range(mesh.tp)}
+    assert [per_rank[r][case][0] is None for r in range(4)] == [r not in last for r in range(4)]
+    replica_loss = [per_rank[row[-1]][case][0] for row in mesh.devices]
+    for r, replica in last.items():
+        assert per_rank[r][case][0] == replica_loss[replica]
+    torch.testing.assert_close(sum(replica_loss) / mesh.dp, ref_loss, atol=1e-6, rtol=1e-5)
+    seen: set[str] = set()
+    for rank in range(4):
+        for name, grad in per_rank[rank][case][1].items():
+            torch.testing.assert_close(grad, ref_grads[name], atol=1e-6, rtol=1e-5, msg=f"rank {rank} {name}")
+            seen.add(name)
+    ties = {n: g for g in tied_parameter_groups(load_workload(spec).model) for n in g}
+    assert all(n in seen or any(t in seen for t in ties.get(n, ())) for n in ref_grads)
+
+
+def test_verify_runs_pp2_x_tp2_on_four_processes() -> None:
+    plan = _tp_plan(LLAMA)
+    report = verify_plan(
+        plan, LLAMA, mode="auto", steps=1, warmup=0, check_numerics=True, timeout_s=240, min_warmup_s=0, min_time_s=0
+    )
+    assert report.mode == "processes" and [r.rank for r in report.ranks] == [0, 1]
+    assert report.numerics is not None and report.numerics.ok, report.numerics
+    assert report.numerics.max_grad_abs_diff < 1e-6
+
+
+def test_replay_refuses_a_tensor_parallel_plan() -> None:
+    with pytest.raises(TensorParallelError, match="replay runs one process"):
+        verify_plan(_tp_plan(LLAMA), LLAMA, mode="replay")
