@@ -10,6 +10,8 @@ torchrun job; on each of 2 nodes with 8 GPUs::
         examples/train.py --plan cluster.plan.json
 
 Each process takes its (replica, pipeline rank) from the plan's mesh, and its replica's slice of the batch.
+With tensor parallelism (``--tensor-parallel T``) the mesh has pp x dp x T processes: each stage runs on a
+group of T consecutive ranks that share its attention heads and MLP features.
 """
 
 from __future__ import annotations
@@ -56,13 +58,15 @@ def main() -> None:
     inputs = tuple(t.to(device) for t in as_tuple(inputs))
     target = target.to(device)
 
-    run = apply_plan(plan, workload.model, inputs, workload.loss_fn, device=device)
+    # A plan with tensor parallelism shards each stage over its tp ranks: the model's built-in layout, or the
+    # Workload's tp_plan hook for a model without one.
+    run = apply_plan(plan, workload.model, inputs, workload.loss_fn, device=device, tp_plan=workload.tp_plan)
     optimizer = torch.optim.AdamW(run.parameters(), lr=args.lr)
     for step in range(args.steps):
         optimizer.zero_grad(set_to_none=True)
         loss = run.step(inputs, target)  # schedule step, then tied-weight gradients summed across ranks
         optimizer.step()
-        if loss is not None:
+        if loss is not None and run.tp_rank == 0:  # every rank of the last stage's tp group has it
             print(f"step {step} loss {loss.item():.6f}", flush=True)
     dist.destroy_process_group()
 

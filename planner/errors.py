@@ -22,6 +22,7 @@ __all__ = [
     "ExecutionError",
     "CalibrationError",
     "ExportError",
+    "TensorParallelError",
     "PipeplanWarning",
     "shorten",
     "MAX_MESSAGE_CHARS",
@@ -94,6 +95,12 @@ class CalibrationError(PipeplanError):
 class ExportError(PipeplanError):
     """Raised when a trainer cannot express a plan's layout (a cut inside what it counts as one layer, a unit
     it has no notion of, a placement or stage count it does not run); the message says which and why."""
+
+
+class TensorParallelError(PipeplanError):
+    """Raised when a plan's tensor parallelism cannot be applied to the model: no built-in layout and no
+    Workload ``tp_plan``, a head or feature count the degree does not divide, or a run mode that cannot hold
+    a tensor-parallel group (replay)."""
 
 
 class PipeplanWarning(UserWarning):

@@ -61,6 +61,11 @@ class Workload:
     meta_buffers: Mapping[str, torch.Tensor] | None = None
     """Set by ``load_workload(spec, meta=True)``: the model is on the meta device (no weights held) and
     these are its buffers' real values by FQN, restored when a unit is materialised (profiles/meta.py)."""
+    tp_plan: Callable[[nn.Module], Mapping[str, Any]] | None = None
+    """Optional, for tensor-parallel plans of a model without a built-in layout: the model ->
+    ``{linear FQN: ColwiseParallel() | RowwiseParallel()}`` (torch.distributed.tensor.parallel). The model's
+    attention must read its head count from tensor shapes (``view(..., -1, head_dim)``): each rank traces it
+    with its share of the heads (planner/runtime/tensor_parallel.py; docs/guide.md)."""
 
 
 def as_tuple(inputs: Any) -> tuple[torch.Tensor, ...]:

@@ -18,6 +18,7 @@ Typical use (every rank runs the same lines)::
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import operator
 from collections.abc import Iterator, Sequence
@@ -32,6 +33,16 @@ from torch.utils.checkpoint import checkpoint
 from planner.errors import ModelMismatchError, PlanFormatError, ScheduleError
 from planner.plan import Plan
 from planner.runtime.failure import mark_stage
+from planner.runtime.mesh_groups import MeshPlace, mesh_place, pipelines, replicated
+from planner.runtime.tensor_parallel import (
+    TensorParallelLayout,
+    TpPlanHook,
+    as_dtensor,
+    local_shapes,
+    original_gradient,
+    shard_stage,
+    tp_layout,
+)
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule, stage_to_rank
 from profiles.allocator import keep_freed_memory
 from profiles.dataflow import run_as_generated_code, used_parameters
@@ -312,6 +323,10 @@ class PipelineRun:
     """Which data-parallel replica this rank belongs to (cluster plans; 0 otherwise)."""
     replica_group: Any = None
     """Process group of this pipeline rank's replicas (None: one replica): where gradients are reduced."""
+    tp_layout: TensorParallelLayout | None = None
+    """The linears sharded over this pipeline rank's tensor-parallel group (None: no tensor parallelism)."""
+    tp_rank: int = 0
+    """This process's place in its tensor-parallel group."""
 
     @property
     def is_first(self) -> bool:
@@ -325,6 +340,21 @@ class PipelineRun:
         """This rank's parameters under the original model's FQNs (a tied one may appear per stage)."""
         for module in self.stage_modules:
             yield from module.original_named_parameters()
+
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """This rank's gradients by FQN as whole plain CPU tensors in the unsharded model's layout: sharded ones
+        (FSDP2, tensor parallelism) gathered with ``full_tensor()`` (a collective: every rank of the mesh must
+        call it), a tensor-parallel linear's put back as the model keeps it (tensor_parallel.original_gradient)."""
+        from torch.distributed.tensor import DTensor
+
+        out = {}
+        for name, p in self.named_parameters():
+            if p.grad is None:
+                continue
+            grad = as_dtensor(p.grad, spec_of=p)  # a local shard under DDP (tensor_parallel.local_parameters)
+            whole = grad.full_tensor() if isinstance(grad, DTensor) else grad
+            out[name] = original_gradient(self.tp_layout, name, whole).detach().cpu().clone()
+        return out
 
     def parameters(self) -> list[nn.Parameter]:
         """This rank's parameters, each once: what the optimizer takes."""
@@ -400,15 +430,8 @@ def _takes_return_outputs(schedule: Any) -> bool:
     return "return_outputs" in inspect.signature(schedule.step).parameters
 
 
-def _pipelines(plan: Plan, group: Any) -> list[list[int]]:
-    """Global ranks of every pipeline in the world, by replica: the plan's mesh, or the one ``group``."""
-    if plan.mesh is not None:
-        return [list(row) for row in plan.mesh.devices]
-    return [[dist.get_global_rank(group, r) if group is not None else r for r in range(plan.num_ranks)]]
-
-
 def _tied_copies(
-    plan: Plan, model: nn.Module, modules: Sequence[StageModule], rank: int, group: Any, replica: int = 0
+    plan: Plan, model: nn.Module, modules: Sequence[StageModule], rank: int, group: Any, row: int = 0
 ) -> tuple[TiedCopies, ...]:
     out = []
     for names in tied_parameter_groups(model):
@@ -421,10 +444,11 @@ def _tied_copies(
         sub = None
         if len(ranks) > 1:
             # new_group must be entered by every process of the world, in the same order: under a
-            # cluster plan each one makes every replica's group and keeps its own.
-            for row, pipeline in enumerate(_pipelines(plan, group)):
+            # cluster plan each one makes every pipeline's group (replicas x tensor-parallel ranks; tied
+            # weights are not sharded, so each tensor-parallel rank sums its own copies) and keeps its own.
+            for k, pipeline in enumerate(pipelines(plan, group)):
                 made = dist.new_group([pipeline[r] for r in ranks])
-                sub = made if row == replica else sub
+                sub = made if k == row else sub
         out.append(TiedCopies(names, tuple(holders.get(rank, ())), sub if rank in ranks else None))
     return tuple(out)
 
@@ -512,62 +536,6 @@ def _backward_whole(plan: Plan, stage: int, module: nn.Module) -> bool:
     )
 
 
-def _mesh_groups(plan: Plan, device: torch.device) -> tuple[int, int, Any, Any]:
-    """``(replica, pipeline rank, pipeline group, replica mesh)`` of this process in the plan's mesh.
-
-    The 2-D ``DeviceMesh`` (``dp`` x ``pp``) lists the plan's ``devices[replica][pipeline rank]``;
-    every process builds it, in the same order, as torch requires of new groups.
-    """
-    from torch.distributed.device_mesh import DeviceMesh
-
-    assert plan.mesh is not None
-    world = dist.get_world_size()
-    if world != plan.mesh.used_devices:
-        raise ScheduleError(
-            f"the plan's mesh is pp {plan.mesh.pp} x dp {plan.mesh.dp} = {plan.mesh.used_devices} processes, "
-            f"but the process group has {world}"
-        )
-    mesh = DeviceMesh(device.type, torch.tensor(plan.mesh.devices), mesh_dim_names=("dp", "pp"))
-    replica, pp_rank = plan.mesh.coordinates(dist.get_rank())
-    return replica, pp_rank, mesh.get_group("pp"), mesh["dp"]
-
-
-def _has_unused_parameters(module: StageModule, inputs: tuple[torch.Tensor, ...]) -> bool:
-    """Whether a forward on ``inputs`` leaves some parameter of ``module`` out of the autograd graph."""
-    params = [p for p in module.parameters() if p.requires_grad]
-    with torch.enable_grad():
-        out = module(*(t.detach().requires_grad_(t.requires_grad) for t in inputs))
-    outs = [t for t in (out if isinstance(out, tuple) else (out,)) if _needs_grad(t)]
-    if not outs or not params:
-        return bool(params)
-    grads = torch.autograd.grad([t.sum() for t in outs], params, allow_unused=True)
-    return any(g is None for g in grads)
-
-
-def _replicated(module: StageModule, plan: Plan, replicas: Any, inputs: tuple[torch.Tensor, ...]) -> nn.Module:
-    """The stage as its replicas run it: DDP (``shard`` none or optimizer) or FSDP2 (``full``).
-
-    torch's ``PipelineStage`` knows both: it reduces gradients only on a step's last backward
-    (``no_sync`` / ``set_requires_gradient_sync``), as the cost model's step tail assumes.
-    """
-    assert plan.mesh is not None
-    if plan.mesh.shard == "full":
-        from torch.distributed.fsdp import fully_shard
-
-        return fully_shard(module, mesh=replicas)
-    from torch.nn.parallel import DistributedDataParallel
-
-    # Same seed on every replica: the weights agree, so DDP need not broadcast buffers every forward.
-    # A parameter the stage's forward leaves unused on this input (split_stages drops those its code never
-    # reads) gets no gradient: DDP must not wait for one.
-    return DistributedDataParallel(
-        module,
-        process_group=replicas.get_group(),
-        broadcast_buffers=False,
-        find_unused_parameters=_has_unused_parameters(module, inputs),
-    )
-
-
 def apply_plan(
     plan: Plan,
     model: nn.Module,
@@ -578,6 +546,7 @@ def apply_plan(
     rank: int | None = None,
     world_size: int | None = None,
     group: Any = None,
+    tp_plan: TpPlanHook | None = None,
 ) -> PipelineRun:
     """Turn ``plan`` into this rank's stage(s) and the torch schedule, ready for ``.step(...)``.
 
@@ -590,12 +559,15 @@ def apply_plan(
         device: where this rank's stages run.
         rank, world_size: default to the process group's.
         group: the process group (default: the world).
+        tp_plan: a plan with tensor parallelism (``mesh.tp`` > 1) on a model with no built-in layout: the
+            Workload's ``tp_plan`` hook (planner/runtime/tensor_parallel.py).
 
     On CPU it also sets this process's allocator as the profiler's (glibc: every block from the heap,
     freed memory kept), without which large blocks page-fault on every step.
 
     Raises:
         ModelMismatchError: the model is not the plan's. ScheduleError: the placement is not looped.
+        TensorParallelError: the plan's tensor parallelism has no layout for this model.
     """
     from torch.distributed import pipelining
 
@@ -606,27 +578,38 @@ def apply_plan(
         # The profile was measured with freed memory kept in the process; a training rank that runs the
         # plan must allocate the same way for the plan's times to hold (profiles/allocator.py).
         keep_freed_memory()
-    replica, replicas = 0, None
+    replica, replicas, place = 0, None, None
     if plan.mesh is not None and group is None:
-        replica, rank, group, replicas = _mesh_groups(plan, device)
+        place = mesh_place(plan, device)
+        replica, rank, group, replicas = place.replica, place.pp_rank, place.pp_group, place.replicas
         world_size = plan.mesh.pp
+    layout = _tp_layout(plan, model, place, tp_plan)
     rank = dist.get_rank(group) if rank is None else rank
     world_size = dist.get_world_size(group) if world_size is None else world_size
     if world_size != plan.num_ranks:
         raise ScheduleError(f"the plan needs {plan.num_ranks} ranks but the process group has {world_size}")
     mb_inputs = microbatch_inputs(plan, example_inputs)
-    modules = split_stages(model, mb_inputs, plan.split_points, [s.recompute for s in plan.stages])
-    io = _stage_io_examples(modules, mb_inputs)
+    # A tensor-parallel stage is traced as its rank computes it (tensor_parallel.local_shapes): its shapes and
+    # its example inputs and outputs are the rank's.
+    tp_rank = place.tp_rank if place is not None else 0
+    with local_shapes(model, layout, tp_rank) if layout is not None else contextlib.nullcontext():
+        modules = split_stages(model, mb_inputs, plan.split_points, [s.recompute for s in plan.stages])
+        io = _stage_io_examples(modules, mb_inputs)
     mine = tuple(s.index for s in plan.stages_of_rank(rank))
     local = tuple(modules[s].to(device) for s in mine)
+    if layout is not None:
+        assert place is not None
+        for m in local:
+            shard_stage(m.inner, model, layout, place.tp_mesh)
     runs = local
-    if replicas is not None:
+    # One replica has no gradients to reduce: no DDP or FSDP2 around its stages.
+    if replicas is not None and plan.mesh is not None and plan.mesh.dp > 1:
         runs = tuple(
-            _replicated(m, plan, replicas, tuple(t.to(device) for t in io[s][0]))
+            replicated(m, plan, replicas, tuple(t.to(device) for t in io[s][0]))
             for m, s in zip(local, mine, strict=True)
         )
     # After the replicas' wrapping: FSDP2 replaces a stage's parameters with sharded ones.
-    tied = _tied_copies(plan, model, modules, rank, group, replica)
+    tied = _tied_copies(plan, model, modules, rank, group, place.pipeline_row(plan.mesh.tp) if place else 0)
     stages = tuple(
         pipelining.PipelineStage(
             m,
@@ -648,5 +631,22 @@ def apply_plan(
         schedule = cls(list(stages), n_microbatches=n_mb, loss_fn=loss_fn)
     else:
         schedule = cls(stages[0], n_microbatches=n_mb, loss_fn=loss_fn)
-    group_of_replicas = replicas.get_group() if replicas is not None else None
-    return PipelineRun(plan, rank, world_size, mine, local, stages, schedule, tied, replica, group_of_replicas)
+    group_of_replicas = replicas.get_group() if replicas is not None and plan.mesh.dp > 1 else None
+    return PipelineRun(
+        plan, rank, world_size, mine, local, stages, schedule, tied, replica, group_of_replicas, layout, tp_rank
+    )
+
+
+def _tp_layout(
+    plan: Plan, model: nn.Module, place: MeshPlace | None, hook: TpPlanHook | None
+) -> TensorParallelLayout | None:
+    """The plan's tensor-parallel layout of ``model``; None without tensor parallelism."""
+    tp = plan.mesh.tp if plan.mesh is not None else 1
+    if tp == 1:
+        return None
+    if place is None:
+        raise ScheduleError(
+            f"the plan shards stages over tensor parallelism {tp}: apply it on the world process group "
+            "(no group=), which must hold the plan's whole mesh"
+        )
+    return tp_layout(model, tp, hook)

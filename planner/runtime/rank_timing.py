@@ -178,12 +178,6 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter], replicas: Any = 
     return cls(params, **options)
 
 
-def _full(grad: torch.Tensor) -> torch.Tensor:
-    """A gradient as one plain CPU tensor: FSDP's are sharded DTensors."""
-    full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
-    return full.detach().cpu().clone()
-
-
 def step_batch(plan: Plan) -> int:
     """Samples in one step: all replicas' under a cluster plan."""
     return plan.mesh.global_batch_size if plan.mesh is not None else plan.global_batch_size
@@ -226,13 +220,13 @@ def rank_main(
     inputs, target = workload.make_batch(step_batch(plan))
     inputs = tuple(t.to(dev) for t in as_tuple(inputs))
     target = target.to(dev)
-    run = apply_plan(plan, workload.model, inputs, workload.loss_fn, device=dev)
+    run = apply_plan(plan, workload.model, inputs, workload.loss_fn, device=dev, tp_plan=workload.tp_plan)
     loss_value: float | None = None
     grads: dict[str, torch.Tensor] | None = None
     if numerics:
         loss = run.step(inputs, target)
         loss_value = None if loss is None else loss.item()
-        grads = {n: _full(p.grad) for n, p in run.named_parameters() if p.grad is not None}
+        grads = run.full_gradients()
     timers = [_StageTimer(stage, dev) for stage in run.stages]
     for stage, timer in zip(run.stages, timers, strict=True):
         if stage.is_last:

@@ -7,11 +7,13 @@ Two modes. ``processes``: one process per rank (gloo on CPU, nccl on CUDA) runs 
 ``zero_grad`` of the plan's optimizer, as in training), and the iteration between two barriers.
 ``replay``: one process runs every stage's actions in schedule order (:mod:`planner.runtime.replay`) and the
 simulator turns the measured stage times into an iteration. ``auto`` picks processes when there are
-as many CPU cores (or GPUs, on CUDA) as ranks.
+as many CPU cores (or GPUs, on CUDA) as ranks, and always for a plan with tensor parallelism (``mesh.tp`` > 1),
+whose ``pp x dp x tp`` processes run each stage on its tensor-parallel group (planner/runtime/tensor_parallel.py).
 
 The numerics check compares the loss and every parameter gradient after one step with the same
 model on one process (same seed, same batch, the loss averaged over micro-batches as torch's
-schedules do) within ``atol=1e-5, rtol=1e-4`` (``|a - b| <= atol + rtol * |b|``).
+schedules do) within ``atol=1e-5, rtol=1e-4`` (``|a - b| <= atol + rtol * |b|``); sharded gradients are
+gathered whole (``full_tensor()``) and put back in the model's own layout first (``PipelineRun.full_gradients``).
 
 This module runs: it picks the mode, starts the ranks or the replay, turns what they measured into a
 :class:`~planner.runtime.verify_report.VerifyReport` and checks the numerics. What one rank runs and times is
@@ -32,12 +34,13 @@ from dataclasses import replace
 import torch
 
 from planner.cost import MemoryBreakdown
-from planner.errors import ExecutionError, UsageError
+from planner.errors import ExecutionError, TensorParallelError, UsageError
 from planner.plan import Plan
 from planner.runtime.apply import schedule_microbatches, tied_parameter_groups
 from planner.runtime.launch import run_ranks
 from planner.runtime.rank_timing import MIN_TIME_S, MIN_WARMUP_S, RankResult, rank_main, step_batch
 from planner.runtime.replay import replay_plan
+from planner.runtime.tensor_parallel import tp_layout
 from planner.runtime.verify_report import (
     MEMORY_TOLERANCE,
     NUMERICS_ATOL,
@@ -120,6 +123,14 @@ def _processes(plan: Plan) -> int:
 def _pick_mode(mode: str, plan: Plan, device: str) -> str:
     if mode not in _MODES:
         raise UsageError(f"unknown verify mode {mode!r}: use one of {', '.join(_MODES)}")
+    tp = plan.mesh.tp if plan.mesh is not None else 1
+    if tp > 1:
+        # A replay is one process: it cannot hold a tensor-parallel group, whatever the cores.
+        if mode == "replay":
+            raise TensorParallelError(
+                f"the plan shards stages over tensor parallelism {tp}: replay runs one process; use --mode processes"
+            )
+        return "processes"
     if mode != "auto":
         return mode
     if device.startswith("cuda"):
@@ -194,6 +205,10 @@ def verify_plan(
     chosen = _pick_mode(mode, plan, device)
     spec = workload if isinstance(workload, str) else workload.name
     numerics = None
+    if plan.mesh is not None and plan.mesh.tp > 1:
+        # Refused here, in one line, rather than by every rank after the processes start.
+        local = load_workload(workload) if isinstance(workload, str) else workload
+        tp_layout(local.model, plan.mesh.tp, local.tp_plan)
     if chosen == "processes":
         backend = "nccl" if device.startswith("cuda") else "gloo"
         args = (spec, plan, steps, warmup, min_warmup_s, min_time_s, check_numerics, device)
