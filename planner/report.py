@@ -65,8 +65,16 @@ def format_plan(plan: Plan) -> str:
     lines = [head, table, ""]
     if plan.mesh is not None:
         m = plan.mesh
+        degrees = f"pp {m.pp} x dp {m.dp}" if m.tp == 1 else f"pp {m.pp} x tp {m.tp} x dp {m.dp}"
+        if m.tp > 1:
+            sequence = plan.constraints.get("sequence_parallel", True)
+            lines.append(
+                f"tensor parallelism: each pipeline rank is a group of {m.tp} consecutive devices in one node"
+                "; the table's times and memory are one device's share"
+                + (", sequence parallelism on" if sequence else ", sequence parallelism off")
+            )
         lines.append(
-            f"mesh: pp {m.pp} x dp {m.dp} = {m.used_devices} of {m.num_devices} devices ({m.placement}, shard "
+            f"mesh: {degrees} = {m.used_devices} of {m.num_devices} devices ({m.placement}, shard "
             f"{m.shard}); each replica runs the table's {plan.global_batch_size} of the step's {m.global_batch_size} "
             "samples; step tail = gradient sync over the replicas"
             + (" + optimizer" if plan.predicted.calibration != "none" else "")
@@ -126,20 +134,23 @@ def plan_notes(plan: Plan) -> list[str]:
 
 
 def format_cluster(result: ClusterResult, *, top: int = 8) -> str:
-    """The layouts the cluster search simulated, fastest first, and what it chose."""
+    """The layouts the cluster search simulated, fastest first, and what it chose; with tensor parallelism
+    searched, the best step of each degree (why this one)."""
     simulated = sorted((t for t in result.tried if t[1] is not None), key=lambda t: t[1])
     best = simulated[0][1] if simulated else None
+    with_tp = any(layout.tp > 1 for layout, _, _ in result.tried)
     rows = [
         [
-            f"{layout.pp} x {layout.dp}",
-            layout.pp * layout.dp,
+            layout.degrees,
+            layout.used_devices,
             layout.placement,
             human_seconds(step),
             f"{step / best:.2f}x",
         ]
         for layout, step, _ in simulated[:top]
     ]
-    table = format_table(["pp x dp", "devices", "placement", "step", "vs best"], rows, align=">><>>")
+    header = "pp x tp x dp" if with_tp else "pp x dp"
+    table = format_table([header, "devices", "placement", "step", "vs best"], rows, align=">><>>")
     pruned = sum(1 for t in result.tried if t[1] is None and t[2].startswith("pruned"))
     failed = len(result.tried) - len(simulated) - pruned
     mesh = result.plan.mesh
@@ -148,9 +159,38 @@ def format_cluster(result: ClusterResult, *, top: int = 8) -> str:
         f"bound, {failed} without a plan (memory or batch)",
         table,
     ]
+    if with_tp or (mesh is not None and mesh.tp > 1):
+        lines.append(_tensor_parallel_line(result))
     if mesh is not None and mesh.used_devices < mesh.num_devices:
         lines.append(
             f"uses {mesh.used_devices} of {mesh.num_devices} devices: no layout with more was faster "
             "(or the global batch does not split into more replicas)"
         )
     return "\n".join(lines)
+
+
+def _tensor_parallel_line(result: ClusterResult) -> str:
+    """Per tensor-parallel degree tried: its best simulated step, or why none (the chosen degree first)."""
+    chosen = result.plan.mesh.tp if result.plan.mesh is not None else 1
+    steps: dict[int, float | None] = {}
+    pruned: set[int] = set()
+    for layout, step, why in result.tried:
+        if step is not None:
+            previous = steps.get(layout.tp)
+            steps[layout.tp] = step if previous is None else min(previous, step)
+        else:
+            steps.setdefault(layout.tp, None)
+            if why.startswith("pruned"):
+                pruned.add(layout.tp)
+    best = steps.get(chosen)
+    parts = []
+    for tp in sorted(steps, key=lambda t: (t != chosen, t)):
+        step = steps[tp]
+        if step is None:
+            why = "pruned: a lower bound above the best step" if tp in pruned else "no plan fits (memory or batch)"
+            parts.append(f"tp {tp}: {why}")
+        elif tp == chosen:
+            parts.append(f"tp {tp}: {human_seconds(step)} (chosen)")
+        else:
+            parts.append(f"tp {tp}: {human_seconds(step)} ({step / best:.2f}x)" if best else f"tp {tp}: {step}")
+    return "best step per tensor-parallel degree: " + "; ".join(parts)
