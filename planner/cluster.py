@@ -1,4 +1,5 @@
-"""Cluster plans: how many pipeline ranks (pp) and data-parallel replicas (dp) on N devices, and where.
+"""Cluster plans: how many pipeline ranks (pp), tensor-parallel devices (tp) and data-parallel replicas (dp) on
+N devices, and where.
 
 PipeDream's planner replicates stages over a bandwidth hierarchy (Narayanan et al., SOSP 2019, Sec. 3.1);
 Alpa's inter-operator pass pairs layer slices with submeshes (Zheng et al., OSDI 2022, Sec. 5); Galvatron
@@ -9,6 +10,10 @@ degree ``p``, every replica count ``d`` that splits the global batch into whole 
 search (boundaries, micro-batch size and count, schedule, recomputation) on one replica's batch, with
 each rank's gradient synchronisation over its ``d`` replicas in the simulated step (planner/cost.py,
 ``DataParallel``). The fastest simulated step wins; ties go to fewer devices, then less memory.
+
+With tensor parallelism (``tensor_parallel``), each (replica, pipeline rank) is a group of ``tp`` consecutive
+devices in one node, and each degree's layouts are searched on the profile as one device of the group computes
+it (planner/tensor_parallel.py), all degrees in one branch and bound.
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ from __future__ import annotations
 import math
 import multiprocessing
 import signal
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 from planner.cost import SHARDING, CostSettings, DataParallel, bytes_per_param, state_bytes_per_param, unit_costs
-from planner.errors import PipeplanError, PlanInfeasibleError, SearchPrunedError, UsageError
+from planner.errors import PipeplanError, PipeplanWarning, PlanInfeasibleError, SearchPrunedError, UsageError
 from planner.limits import MAX_DEVICES, MAX_RANKS, check_at_most, check_plan_work
 from planner.plan import PLACEMENTS, Mesh, Plan
 from planner.request import PlanRequest
@@ -336,6 +342,13 @@ def tensor_parallel_degrees(
         UsageError: a fixed degree over the devices, or one the nodes or the model cannot take.
     """
     if tensor_parallel is None:
+        if heads is None and cluster.devices_per_node > 1:
+            warnings.warn(
+                "--tensor-parallel auto: the profile records no attention heads, so only tp 1 is searched; give "
+                "--attention-heads H[,KV]",
+                PipeplanWarning,
+                stacklevel=2,
+            )
         return tuple(t for t in shardable_degrees(profile, cluster.devices_per_node, heads) if t <= cluster.num_devices)
     if tensor_parallel > cluster.num_devices:
         raise UsageError(

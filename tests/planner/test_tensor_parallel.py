@@ -12,7 +12,7 @@ from cli import main
 from cli_checks import assert_fails
 from planner.cluster import Cluster, layouts, plan_cluster
 from planner.cost import CostSettings
-from planner.errors import UsageError
+from planner.errors import PipeplanWarning, UsageError
 from planner.plan import load_plan
 from planner.request import PlanRequest
 from planner.tensor_parallel import (
@@ -252,3 +252,14 @@ def test_bad_tensor_parallel_input_gets_one_line(tmp_path, capsys) -> None:
         capsys, [*base, "--devices", "1", "--tensor-parallel", "2"], "needs 2 devices, and the plan has --devices 1"
     )
     assert_fails(capsys, [*base, "--devices", "4", "--attention-heads", "8"], "options of tensor parallelism")
+
+
+def test_auto_without_heads_searches_tp_1_and_says_so() -> None:
+    profile = transformer_profile("llama", block_params=1000, heads=None)
+    with pytest.warns(PipeplanWarning, match="records no attention heads, so only tp 1 is searched"):
+        result = plan_cluster(profile, _request(4), Cluster(4, 4, 1e9, 1e9, 0.0), sha256=SHA, tensor_parallel=None)
+    assert {layout.tp for layout, _, _ in result.tried} == {1}
+    given = plan_cluster(
+        profile, _request(4), Cluster(4, 4, 1e9, 1e9, 0.0), sha256=SHA, tensor_parallel=None, attention_heads=(4, 2)
+    )
+    assert {layout.tp for layout, _, _ in given.tried} == {1, 2}
