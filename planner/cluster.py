@@ -22,7 +22,7 @@ import math
 import multiprocessing
 import signal
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 
@@ -43,6 +43,7 @@ __all__ = [
     "layouts",
     "plan_cluster",
     "tensor_parallel_degrees",
+    "best_step_per_degree",
     "default_cluster",
     "DEFAULT_CLUSTER_LINKS",
 ]
@@ -490,7 +491,31 @@ def plan_cluster(
     if tensor_parallel != 1:  # absent for plans without it, which stay as they were written
         constraints["tensor_parallel"] = "auto" if tensor_parallel is None else tensor_parallel
         constraints["sequence_parallel"] = sequence_parallel
+        # Why this degree: the report (and `show`, from the plan file alone) prints each degree's best step.
+        outcomes = best_step_per_degree([t for _, t in tried])
+        constraints["tensor_parallel_best_s"] = {str(tp): outcome for tp, outcome in outcomes.items()}
     return ClusterResult(replace(plan, constraints=constraints), tuple(t for _, t in sorted(tried, key=_first)))
+
+
+def best_step_per_degree(tried: Iterable[tuple[Layout, float | None, str]]) -> dict[int, float | str]:
+    """Per tensor-parallel degree tried, its best simulated step, or why it has none: every layout of it was
+    kept out by a lower bound above the best step, or none fits (memory or batch)."""
+    steps: dict[int, float | None] = {}
+    pruned: set[int] = set()
+    for layout, step, why in tried:
+        known = steps.setdefault(layout.tp, step)
+        if step is not None and (known is None or step < known):
+            steps[layout.tp] = step
+        if why.startswith("pruned"):
+            pruned.add(layout.tp)
+    return {
+        tp: step
+        if step is not None
+        else "pruned: a lower bound above the best step"
+        if tp in pruned
+        else "no plan fits (memory or batch)"
+        for tp, step in sorted(steps.items())
+    }
 
 
 def _named(layout: Layout) -> str:

@@ -218,6 +218,13 @@ def test_plan_auto_writes_a_mesh_with_tp(tmp_path, capsys) -> None:
     assert "best step per tensor-parallel degree: tp " in printed and "tp 1: no plan fits" in printed
     assert f"x tp {data['mesh']['tp']} x dp" in printed
     assert load_plan(out).mesh.tp == data["mesh"]["tp"]
+    # Why this degree, kept in the plan: each degree's best step, or why none.
+    best = data["constraints"]["tensor_parallel_best_s"]
+    assert best["1"] == "no plan fits (memory or batch)"
+    assert best[str(data["mesh"]["tp"])] == pytest.approx(data["predicted"]["iteration_s"])
+    assert all(isinstance(best[t], float) and best[t] >= best[str(data["mesh"]["tp"])] for t in best if t != "1")
+    assert main(["show", str(out)]) == 0
+    assert f"tp {data['mesh']['tp']}: " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("style", ["llama", "gpt2"])
