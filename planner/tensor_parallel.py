@@ -297,7 +297,7 @@ def sharded_profile(profile: Profile, tp: TensorParallel) -> Profile:
     block_params: dict[str, int] = {}
     for unit, role in zip(profile.units, roles, strict=True):
         if role is Role.BLOCK:
-            key = _BLOCK.match(unit.name)[0]  # type: ignore[index]
+            key = _block_key(unit.name)
             block_params[key] = block_params.get(key, 0) + unit.param_count
     units = []
     for unit, role in zip(profile.units, roles, strict=True):
@@ -307,7 +307,7 @@ def sharded_profile(profile: Profile, tp: TensorParallel) -> Profile:
         if role is Role.BLOCK:
             pairs = [tp.block_comm_s(a) for a in activation]
             # A block cut into several units: its collectives shared by parameters (a parameter-free piece has none).
-            key = _BLOCK.match(unit.name)[0]  # type: ignore[index]
+            key = _block_key(unit.name)
             share = unit.param_count / block_params[key] if block_params[key] else 1.0
         elif role is Role.EMBEDDING:
             pairs, share = [tp.embedding_comm_s(a) for a in activation], 1.0
@@ -331,6 +331,13 @@ def sharded_profile(profile: Profile, tp: TensorParallel) -> Profile:
     )
     settings = {**profile.settings, "tensor_parallel": t, "sequence_parallel": tp.sequence_parallel}
     return replace(profile, units=tuple(units), tensors=tensors, whole_model=whole_model, settings=settings)
+
+
+def _block_key(name: str) -> str:
+    """``transformer.h.3`` for ``transformer.h.3`` and each of its sub-units ``transformer.h.3.attn``, ..."""
+    match = _BLOCK.match(name)
+    assert match is not None  # only called for blocks, which match
+    return f"{match['prefix']}.{match['index']}"
 
 
 def _split_on_the_wire(tensor: TensorFlow) -> bool:

@@ -270,3 +270,13 @@ def test_auto_without_heads_searches_tp_1_and_says_so() -> None:
         profile, _request(4), Cluster(4, 4, 1e9, 1e9, 0.0), sha256=SHA, tensor_parallel=None, attention_heads=(4, 2)
     )
     assert {layout.tp for layout, _, _ in given.tried} == {1, 2}
+
+
+def test_a_block_cut_in_two_shares_its_collectives_by_parameters() -> None:
+    profile = make_profile([1.0, 1.0, 1.0, 1.0], param_counts=[300, 100, 300, 100])
+    names = ("h.0.attn", "h.0.mlp", "h.1.attn", "h.1.mlp")
+    profile = replace(profile, units=tuple(replace(u, name=n) for u, n in zip(profile.units, names, strict=True)))
+    assert unit_roles(profile) == (Role.BLOCK,) * 4
+    sharded = sharded_profile(profile, TensorParallel(2, bytes_per_s=512.0, latency_s=0.0))
+    # A block's 4 ring steps of 1024 / 2 bytes at 512 B/s = 4 s each way: 3 s to the attention, 1 s to the MLP.
+    assert [u.forward_s[0] for u in sharded.units] == pytest.approx([0.5 + 3.0, 0.5 + 1.0, 0.5 + 3.0, 0.5 + 1.0])
