@@ -2,6 +2,7 @@
 
     python benchmarks/bench_tensor_parallel.py            # the table of docs/BENCHMARKS.md section 11
     python benchmarks/bench_tensor_parallel.py --quick    # the smallest case of each model only
+    python benchmarks/bench_tensor_parallel.py --gemm     # a matrix product split T ways on this CPU
 
 Two models, each on the kind of cluster its published configuration ran on, 8 GPUs of 80 GiB a node:
 
@@ -238,6 +239,36 @@ def run_case(case: Case, jobs: int) -> list[list[object]]:
     return rows
 
 
+def gemm_efficiency(hidden: int = 768, rows: int = 1024, repeats: int = 10) -> list[list[object]]:
+    """How much of its rate a matrix product keeps when split ``T`` ways, on this machine's CPU: by columns (a
+    tensor-parallel device's ``rows x h @ h x 4h/T``) and by rows (``rows/T x h @ h x 4h``, a smaller micro-batch:
+    what a profile's micro-batch sizes measure, from which the cost model takes its fixed part). Efficiency =
+    ``t(1) / (T t(T))``, medians of ``repeats`` runs, float32, 1 intra-op thread."""
+    import statistics
+
+    import torch
+
+    torch.set_num_threads(1)
+    weight = torch.randn(hidden, 4 * hidden)
+    inputs = torch.randn(rows, hidden)
+
+    def median_s(a: torch.Tensor, b: torch.Tensor) -> float:
+        times = []
+        for _ in range(repeats + 2):
+            started = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - started)
+        return statistics.median(times[2:])
+
+    base = median_s(inputs, weight)
+    found = []
+    for t in (1, 2, 4, 8):
+        columns = median_s(inputs, weight[:, : 4 * hidden // t].contiguous())
+        by_rows = median_s(inputs[: rows // t].contiguous(), weight)
+        found.append([t, f"{columns * 1e3:.2f} ms", f"{base / (t * columns):.0%}", f"{base / (t * by_rows):.0%}"])
+    return found
+
+
 HEADERS = [
     "model",
     "GPUs",
@@ -259,7 +290,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="the smallest case of each model only")
     parser.add_argument("--jobs", type=int, default=1, help="layouts searched at once (the plan is the same)")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    parser.add_argument("--gemm", action="store_true", help="only: a split matrix product's efficiency on this CPU")
     args = parser.parse_args(argv)
+    if args.gemm:
+        headers = ["T", "columns / T", "efficiency, split by columns", "split by rows (smaller micro-batch)"]
+        print(format_table(headers, gemm_efficiency(), align=">>>>"))
+        return
     cases = [c for c in CASES if not args.quick or c.devices == 64]
     rows = [row for case in cases for row in run_case(case, args.jobs)]
     if args.markdown:
