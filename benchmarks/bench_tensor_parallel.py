@@ -180,6 +180,8 @@ class Case:
 CASES = (  # smallest first, the two models in turn
     Case(GPT3_175B, A100, 64, 512, "none", None, "-"),
     Case(LLAMA3_70B, H100, 64, 256, "full", (4, 4), "Megatron-Bridge recipe (CP 2 as DP)"),
+    # Megatron's data parallelism is a distributed optimizer (ZeRO-1), not FSDP: the same case planned so.
+    Case(LLAMA3_70B, H100, 64, 256, "optimizer", (4, 4), "Megatron-Bridge recipe, --shard optimizer (ZeRO-1)"),
     Case(GPT3_175B, A100, 384, 1536, "none", (12, 8), "Megatron SC21, Table 2"),
     Case(LLAMA3_70B, H100, 256, 512, "full", (1, 8), "torchtitan, Llama 3.1 70B Table 4"),
     Case(GPT3_175B, A100, 768, 1536, "none", (12, 8), "Megatron SC21, Table 2"),
