@@ -15,7 +15,8 @@ Two models, each on the kind of cluster its published configuration ran on, 8 GP
   4): FSDP 32 x TP 8 on 256 H100s, global batch 512; NVIDIA Megatron-Bridge's H100 recipe
   (``llama3_70b_pretrain_64gpu_h100_bf16_config``): TP 4 x PP 4 x CP 2 on 64 H100s, global batch 256, read here
   as TP 4 x PP 4 x DP 4 (pipeplan has no context parallelism). H100s: NVLink 450 GB/s, 400 Gb/s (50 GB/s) a GPU
-  between nodes; ``--shard full`` (FSDP), as torchtitan runs it.
+  between nodes; ``--shard full`` (FSDP), as torchtitan runs it, and the 64-GPU case again with ``--shard
+  optimizer`` (ZeRO-1), as Megatron's distributed optimizer runs it.
 
 The profiles are not measured: each unit's time is its FLOPs (forward ``24 b s h^2 + 4 b s^2 h`` for a GPT block,
 the projections, scores and SwiGLU MLP for a Llama block, backward twice the forward) at an assumed sustained
