@@ -221,6 +221,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             cluster,
             sha256=sha256,
             pipeline_degree=args.ranks,
+            tensor_parallel=None if args.tensor_parallel == "auto" else args.tensor_parallel or 1,
+            attention_heads=args.attention_heads,
+            sequence_parallel=args.sequence_parallel != "off",
             record_timing=args.record_timing,
             jobs=args.jobs or os.cpu_count() or 1,
         )

@@ -3,6 +3,7 @@
     python benchmarks/bench_cluster.py                       # the table of docs/BENCHMARKS.md section 9
     python benchmarks/bench_cluster.py --jobs 4              # wall times with 1 and with 4 worker processes
     python benchmarks/bench_cluster.py --curve docs/bench_cluster_scale.png   # 2,000 units, 8 .. 4,096 devices
+    python benchmarks/bench_cluster.py --tensor-parallel auto --min-units 2000   # 4,096 devices, tp searched
 
 Profiles are the planner-scale benchmark's synthetic transformer-shaped ones (bench_planner_scale.py),
 with the cluster's default CUDA links (NVLink 450 GB/s in a node, 50 GB/s between nodes) and 80 or
@@ -40,11 +41,14 @@ CASES = (  # (units, devices, devices per node, global batch, device memory GiB)
 
 
 def run(
-    units: int, devices: int, per_node: int, batch: int, memory_gib: int, jobs: int
+    units: int, devices: int, per_node: int, batch: int, memory_gib: int, jobs: int, tensor_parallel: bool = False
 ) -> tuple[list[object], list[float]]:
-    """The table's row for one case, and its wall seconds in one process and with ``jobs`` workers."""
+    """The table's row for one case, and its wall seconds in one process and with ``jobs`` workers;
+    ``tensor_parallel``: the degree searched too (the profile given 32 attention heads)."""
     profile = synthetic_profile(units)
     profile = replace(profile, device=replace(profile.device, kind="cuda", memory_bytes=memory_gib * 2**30))
+    if tensor_parallel:
+        profile = replace(profile, settings={**profile.settings, "attention_heads": 32})
     request = PlanRequest(
         num_ranks=1, global_batch_size=batch, settings=CostSettings(link_bytes_per_s=50e9, link_latency_s=1e-5)
     )
@@ -52,7 +56,8 @@ def run(
     walls, results = [], []
     for workers in (1, jobs):
         started = time.perf_counter()
-        results.append(plan_cluster(profile, request, cluster, sha256="0" * 64, jobs=workers))
+        degree = None if tensor_parallel else 1
+        results.append(plan_cluster(profile, request, cluster, sha256="0" * 64, tensor_parallel=degree, jobs=workers))
         walls.append(time.perf_counter() - started)
     result = results[0]
     plan, mesh = result.plan, result.plan.mesh
@@ -66,7 +71,7 @@ def run(
         batch,
         memory_gib,
         f"{len(result.tried)} / {simulated}",
-        f"{mesh.pp} x {mesh.dp}",
+        f"{mesh.pp} x {mesh.dp}" if not tensor_parallel else f"{mesh.pp} x {mesh.tp} x {mesh.dp}",
         mesh.placement,
         f"{plan.schedule.value} b={plan.micro_batch_size} M={plan.num_microbatches}",
         f"{plan.predicted.iteration_s:.3g} s",
@@ -110,12 +115,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-units", type=int, default=2000, help="skip larger cases")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="workers of the second run")
     parser.add_argument("--curve", type=Path, default=None, metavar="PNG", help="2,000 units on 8 .. 4,096 devices")
+    parser.add_argument(
+        "--tensor-parallel", choices=("1", "auto"), default="1", help="auto: search tp too (1, 2, 4, 8 a node)"
+    )
+    parser.add_argument("--min-units", type=int, default=0, help="skip smaller cases")
     args = parser.parse_args(argv)
+    tp = args.tensor_parallel == "auto"
     if args.curve is not None:
         rows = curve(args.jobs, args.curve)
     else:
-        rows = [run(*case, args.jobs)[0] for case in CASES if case[0] <= args.max_units]
-    headers = ["units", "params (B)", "devices", "batch", "GiB", "layouts / simulated", "pp x dp", "placement"]
+        rows = [run(*case, args.jobs, tp)[0] for case in CASES if args.min_units <= case[0] <= args.max_units]
+    mesh = "pp x tp x dp" if tp else "pp x dp"
+    headers = ["units", "params (B)", "devices", "batch", "GiB", "layouts / simulated", mesh, "placement"]
     headers += ["schedule", "step", "wall, 1 process", f"wall, {args.jobs} workers"]
     print(format_table(headers, rows, align=">>>>>>><<>>>"))
 

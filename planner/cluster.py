@@ -1,4 +1,5 @@
-"""Cluster plans: how many pipeline ranks (pp) and data-parallel replicas (dp) on N devices, and where.
+"""Cluster plans: how many pipeline ranks (pp), tensor-parallel devices (tp) and data-parallel replicas (dp) on
+N devices, and where.
 
 PipeDream's planner replicates stages over a bandwidth hierarchy (Narayanan et al., SOSP 2019, Sec. 3.1);
 Alpa's inter-operator pass pairs layer slices with submeshes (Zheng et al., OSDI 2022, Sec. 5); Galvatron
@@ -9,6 +10,10 @@ degree ``p``, every replica count ``d`` that splits the global batch into whole 
 search (boundaries, micro-batch size and count, schedule, recomputation) on one replica's batch, with
 each rank's gradient synchronisation over its ``d`` replicas in the simulated step (planner/cost.py,
 ``DataParallel``). The fastest simulated step wins; ties go to fewer devices, then less memory.
+
+With tensor parallelism (``tensor_parallel``), each (replica, pipeline rank) is a group of ``tp`` consecutive
+devices in one node, and each degree's layouts are searched on the profile as one device of the group computes
+it (planner/tensor_parallel.py), all degrees in one branch and bound.
 """
 
 from __future__ import annotations
@@ -16,19 +21,32 @@ from __future__ import annotations
 import math
 import multiprocessing
 import signal
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 from planner.cost import SHARDING, CostSettings, DataParallel, bytes_per_param, state_bytes_per_param, unit_costs
-from planner.errors import PipeplanError, PlanInfeasibleError, SearchPrunedError, UsageError
+from planner.errors import PipeplanError, PipeplanWarning, PlanInfeasibleError, SearchPrunedError, UsageError
 from planner.limits import MAX_DEVICES, MAX_RANKS, check_at_most, check_plan_work
 from planner.plan import PLACEMENTS, Mesh, Plan
 from planner.request import PlanRequest
 from planner.search import estimate_step_s, make_plan
+from planner.tensor_parallel import TensorParallel, check_degree, shardable_degrees, sharded_profile
+from planner.tensor_parallel import attention_heads as tensor_attention_heads
 from profiles.format import Profile
 
-__all__ = ["Cluster", "Layout", "ClusterResult", "layouts", "plan_cluster", "default_cluster", "DEFAULT_CLUSTER_LINKS"]
+__all__ = [
+    "Cluster",
+    "Layout",
+    "ClusterResult",
+    "layouts",
+    "plan_cluster",
+    "tensor_parallel_degrees",
+    "best_step_per_degree",
+    "default_cluster",
+    "DEFAULT_CLUSTER_LINKS",
+]
 
 # (intra-node bytes/s, inter-node bytes/s, latency s) per device kind, one direction per device.
 # cuda: NVLink 4 (H100/H200: 450 GB/s each way) inside a node, one 400 Gb/s NIC per GPU (50 GB/s) between
@@ -70,16 +88,28 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Layout:
-    """``pp`` pipeline ranks x ``dp`` replicas placed on the cluster's devices."""
+    """``pp`` pipeline ranks x ``dp`` replicas placed on the cluster's devices, each position a group of ``tp``
+    consecutive devices (tensor parallelism innermost: its collectives, every block, stay inside a node)."""
 
     pp: int
     dp: int
     placement: str
+    tp: int = 1
+
+    @property
+    def used_devices(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    @property
+    def degrees(self) -> str:
+        """``pp x dp``, or ``pp x tp x dp`` with tensor parallelism, as the reports print it."""
+        return f"{self.pp} x {self.dp}" if self.tp == 1 else f"{self.pp} x {self.tp} x {self.dp}"
 
     def device(self, replica: int, rank: int) -> int:
+        """The first device of the position's tensor-parallel group."""
         if self.placement == "pipeline-in-node":
-            return replica * self.pp + rank
-        return rank * self.dp + replica
+            return (replica * self.pp + rank) * self.tp
+        return (rank * self.dp + replica) * self.tp
 
     def devices(self) -> tuple[tuple[int, ...], ...]:
         return tuple(tuple(self.device(r, s) for s in range(self.pp)) for r in range(self.dp))
@@ -145,25 +175,27 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layouts(cluster: Cluster, num_units: int, global_batch: int, pipeline_degree: int | None = None) -> list[Layout]:
-    """Every layout the search considers, in a fixed order.
+def layouts(
+    cluster: Cluster, num_units: int, global_batch: int, pipeline_degree: int | None = None, tp: int = 1
+) -> list[Layout]:
+    """Every layout the search considers with tensor-parallel degree ``tp``, in a fixed order.
 
-    ``p`` runs over 1..min(N, units, the pipeline limit) (or is ``pipeline_degree``), ``d`` over the
-    divisors of the global batch with ``p * d <= N``; a placement whose links equal the other's on this
+    ``p`` runs over 1..min(N / tp, units, the pipeline limit) (or is ``pipeline_degree``), ``d`` over the
+    divisors of the global batch with ``p * d * tp <= N``; a placement whose links equal the other's on this
     cluster is kept once (e.g. one node).
     """
     if pipeline_degree is not None:
         degrees = [pipeline_degree]
     else:
-        degrees = list(range(1, min(cluster.num_devices, num_units, MAX_RANKS) + 1))
+        degrees = list(range(1, min(cluster.num_devices // tp, num_units, MAX_RANKS) + 1))
     found: list[Layout] = []
     for p in degrees:
         for d in _divisors(global_batch):
-            if p * d > cluster.num_devices:
+            if p * d * tp > cluster.num_devices:
                 break
             seen: set[tuple[float, float]] = set()
             for placement in PLACEMENTS:
-                layout = Layout(p, d, placement)
+                layout = Layout(p, d, placement, tp)
                 links = (layout.hop_bytes_per_s(cluster), layout.ring_bytes_per_s(cluster))
                 if links not in seen:
                     seen.add(links)
@@ -206,6 +238,7 @@ def _mesh(cluster: Cluster, layout: Layout, request: PlanRequest, settings: Cost
         hop_latency_s=settings.link_latency_s,
         ring_bytes_per_s=ring if math.isfinite(ring) else cluster.intra_node_bytes_per_s,
         ring_latency_s=cluster.latency_s,
+        tp=layout.tp,
     )
 
 
@@ -297,6 +330,36 @@ def _leave_interrupts_to_the_parent() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def tensor_parallel_degrees(
+    profile: Profile,
+    cluster: Cluster,
+    tensor_parallel: int | None,
+    heads: tuple[int, int] | None,
+) -> tuple[int, ...]:
+    """The tensor-parallel degrees to search: ``tensor_parallel`` checked (:func:`check_degree`), or with None
+    (``auto``) every degree that divides the node and the heads (planner/tensor_parallel.py).
+
+    Raises:
+        UsageError: a fixed degree over the devices, or one the nodes or the model cannot take.
+    """
+    if tensor_parallel is None:
+        if heads is None and cluster.devices_per_node > 1:
+            warnings.warn(
+                "--tensor-parallel auto: the profile records no attention heads, so only tp 1 is searched; give "
+                "--attention-heads H[,KV]",
+                PipeplanWarning,
+                stacklevel=2,
+            )
+        return tuple(t for t in shardable_degrees(profile, cluster.devices_per_node, heads) if t <= cluster.num_devices)
+    if tensor_parallel > cluster.num_devices:
+        raise UsageError(
+            f"--tensor-parallel {tensor_parallel} needs {tensor_parallel} devices, and the plan has --devices "
+            f"{cluster.num_devices}"
+        )
+    check_degree(profile, tensor_parallel, cluster.devices_per_node, heads)
+    return (tensor_parallel,)
+
+
 def plan_cluster(
     profile: Profile,
     request: PlanRequest,
@@ -304,20 +367,28 @@ def plan_cluster(
     *,
     sha256: str,
     pipeline_degree: int | None = None,
+    tensor_parallel: int | None = 1,
+    attention_heads: tuple[int, int] | None = None,
+    sequence_parallel: bool = True,
     record_timing: bool = False,
     jobs: int = 1,
 ) -> ClusterResult:
-    """The fastest simulated ``pp x dp`` plan of ``request.global_batch_size`` samples on ``cluster``.
+    """The fastest simulated ``pp x tp x dp`` plan of ``request.global_batch_size`` samples on ``cluster``.
 
     ``request.num_ranks`` is ignored (the search sets it per layout); ``pipeline_degree`` fixes ``pp``
-    (``--ranks`` with ``--devices``), which must then divide the devices. ``jobs`` > 1 searches that
-    many layouts at once in worker processes; the plan is the same (only which layouts were pruned,
-    rather than simulated, may differ).
+    (``--ranks`` with ``--devices``), which must then divide the devices. ``tensor_parallel`` fixes ``tp``
+    (1: none, the default), or None searches every degree that divides a node and the attention heads
+    (``attention_heads``: (heads, key-value heads); None: the profile's). ``jobs`` > 1 searches that many
+    layouts at once in worker processes; the plan is the same (only which layouts were pruned, rather than
+    simulated, may differ).
 
     Raises:
-        UsageError: ``pipeline_degree`` does not divide the devices, or exceeds the units.
+        UsageError: ``pipeline_degree`` does not divide the devices, or exceeds the units; a tensor-parallel
+            degree the nodes or the model cannot take.
         PlanInfeasibleError: no layout gives a plan; the message says why for the closest one.
     """
+    heads = attention_heads if attention_heads is not None else tensor_attention_heads(profile)
+    degrees = tensor_parallel_degrees(profile, cluster, tensor_parallel, heads)
     if pipeline_degree is not None:
         if cluster.num_devices % pipeline_degree:
             raise UsageError(
@@ -327,26 +398,39 @@ def plan_cluster(
             )
         if pipeline_degree > profile.num_units:
             raise UsageError(f"cannot cut {profile.num_units} units into {pipeline_degree} stages")
+        fitting = tuple(t for t in degrees if cluster.num_devices % (pipeline_degree * t) == 0)
+        if not fitting:
+            raise UsageError(
+                f"--ranks {pipeline_degree} x --tensor-parallel {degrees[0]} does not divide --devices "
+                f"{cluster.num_devices}: a pp x tp x dp mesh uses them all"
+            )
+        degrees = fitting
     if jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {jobs}")
     tried: list[tuple[int, tuple[Layout, float | None, str]]] = []
     best: tuple[tuple[float, int, int, int], Plan] | None = None
     last_error = "no layout"
     candidates = []
-    for order, layout in enumerate(layouts(cluster, profile.num_units, request.global_batch_size, pipeline_degree)):
-        if pipeline_degree is None or layout.dp * layout.pp == cluster.num_devices:
-            settings = _settings_for(request, cluster, layout)
-            bound = _lower_bound_s(profile, request, settings, layout)
-            replica = replace(
-                request,
-                num_ranks=layout.pp,
-                global_batch_size=request.global_batch_size // layout.dp,
-                settings=settings,
-            )
-            # The likeliest winners first, so that the rest meet a good step to beat: the bound alone puts
-            # the deepest pipelines first (least work per rank), whose bubble then loses.
-            guess = _guess_s(profile, replica) if bound < math.inf else math.inf
-            candidates.append((guess, bound, order, layout, replica))
+    profiles: dict[int, Profile] = {}
+    order = 0
+    for tp in degrees:
+        group = TensorParallel(tp, cluster.intra_node_bytes_per_s, cluster.latency_s, sequence_parallel)
+        profiles[tp] = sharded = sharded_profile(profile, group)
+        for layout in layouts(cluster, profile.num_units, request.global_batch_size, pipeline_degree, tp):
+            if pipeline_degree is None or layout.used_devices == cluster.num_devices:
+                settings = _settings_for(request, cluster, layout)
+                bound = _lower_bound_s(sharded, request, settings, layout)
+                replica = replace(
+                    request,
+                    num_ranks=layout.pp,
+                    global_batch_size=request.global_batch_size // layout.dp,
+                    settings=settings,
+                )
+                # The likeliest winners first, so that the rest meet a good step to beat: the bound alone puts
+                # the deepest pipelines first (least work per rank), whose bubble then loses.
+                guess = _guess_s(sharded, replica) if bound < math.inf else math.inf
+                candidates.append((guess, bound, order, layout, replica))
+            order += 1
     # Branch and bound: a layout whose bound exceeds the best step found cannot win, or tie, so the
     # answer is the exhaustive search's (tests/planner/test_cluster.py holds them equal), whatever the order.
     queue = iter(sorted(candidates, key=lambda c: (c[0], c[1], c[2])))
@@ -357,13 +441,13 @@ def plan_cluster(
                 if bound == math.inf:
                     reason = "does not fit: the parameters' state alone exceeds the devices' memory"
                     tried.append((order, (layout, None, reason)))
-                    last_error = f"pp={layout.pp} dp={layout.dp}: the parameters' state alone exceeds the memory"
+                    last_error = f"{_named(layout)}: the parameters' state alone exceeds the memory"
                     continue
                 if best is not None and bound > best[0][0]:
                     tried.append((order, (layout, None, f"pruned: at least {bound:.4g} s")))
                     continue
                 beat_s = best[0][0] if best is not None else math.inf
-                future = pool.submit(_search_layout, profile, replica, sha256, record_timing, beat_s)
+                future = pool.submit(_search_layout, profiles[layout.tp], replica, sha256, record_timing, beat_s)
                 running[future] = (order, layout, replica, beat_s)
                 if len(running) >= jobs:
                     break
@@ -379,19 +463,20 @@ def plan_cluster(
                     continue
                 except PipeplanError as exc:
                     tried.append((order, (layout, None, str(exc))))
-                    last_error = f"pp={layout.pp} dp={layout.dp}: {exc}"
+                    last_error = f"{_named(layout)}: {exc}"
                     continue
                 step_s = plan.predicted.iteration_s
                 tried.append((order, (layout, step_s, "")))
                 peak = max(s.memory_bytes.peak for s in plan.stages)
-                key = (round(step_s, 12), layout.pp * layout.dp, peak, order)
+                key = (round(step_s, 12), layout.used_devices, peak, order)
                 if best is None or key < best[0]:
                     # Throughput counts every replica's samples.
                     predicted = replace(plan.predicted, samples_per_s=request.global_batch_size / step_s)
                     mesh = _mesh(cluster, layout, request, replica.settings)
                     best = (key, replace(plan, predicted=predicted, mesh=mesh))
     if best is None:
-        raise PlanInfeasibleError(f"no pp x dp layout of {cluster.num_devices} devices gives a plan ({last_error})")
+        mesh_kind = "pp x dp" if degrees == (1,) else "pp x tp x dp"
+        raise PlanInfeasibleError(f"no {mesh_kind} layout of {cluster.num_devices} devices gives a plan ({last_error})")
     plan = best[1]
     constraints = {
         **plan.constraints,
@@ -403,4 +488,35 @@ def plan_cluster(
         "global_batch_size": request.global_batch_size,
         "layouts_tried": len(tried),
     }
+    if tensor_parallel != 1:  # absent for plans without it, which stay as they were written
+        constraints["tensor_parallel"] = "auto" if tensor_parallel is None else tensor_parallel
+        constraints["sequence_parallel"] = sequence_parallel
+        # Why this degree: the report (and `show`, from the plan file alone) prints each degree's best step.
+        outcomes = best_step_per_degree([t for _, t in tried])
+        constraints["tensor_parallel_best_s"] = {str(tp): outcome for tp, outcome in outcomes.items()}
     return ClusterResult(replace(plan, constraints=constraints), tuple(t for _, t in sorted(tried, key=_first)))
+
+
+def best_step_per_degree(tried: Iterable[tuple[Layout, float | None, str]]) -> dict[int, float | str]:
+    """Per tensor-parallel degree tried, its best simulated step, or why it has none: every layout of it was
+    kept out by a lower bound above the best step, or none fits (memory or batch)."""
+    steps: dict[int, float | None] = {}
+    pruned: set[int] = set()
+    for layout, step, why in tried:
+        known = steps.setdefault(layout.tp, step)
+        if step is not None and (known is None or step < known):
+            steps[layout.tp] = step
+        if why.startswith("pruned"):
+            pruned.add(layout.tp)
+    return {
+        tp: step
+        if step is not None
+        else "pruned: a lower bound above the best step"
+        if tp in pruned
+        else "no plan fits (memory or batch)"
+        for tp, step in sorted(steps.items())
+    }
+
+
+def _named(layout: Layout) -> str:
+    return f"pp={layout.pp} dp={layout.dp}" + (f" tp={layout.tp}" if layout.tp > 1 else "")

@@ -276,7 +276,7 @@ def unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
     key = (id(profile), micro_batch_size)
     if key in _RECENT_COSTS and _RECENT_COSTS[key][0] is profile:
         return _RECENT_COSTS[key][1]
-    if len(_RECENT_COSTS) >= 8:
+    if len(_RECENT_COSTS) >= 32:  # a cluster search with tensor parallelism holds a profile per degree
         del _RECENT_COSTS[next(iter(_RECENT_COSTS))]
     costs = _unit_costs(profile, micro_batch_size)
     _RECENT_COSTS[key] = (profile, costs)

@@ -65,8 +65,19 @@ def format_plan(plan: Plan) -> str:
     lines = [head, table, ""]
     if plan.mesh is not None:
         m = plan.mesh
+        degrees = f"pp {m.pp} x dp {m.dp}" if m.tp == 1 else f"pp {m.pp} x tp {m.tp} x dp {m.dp}"
+        if m.tp > 1:
+            sequence = plan.constraints.get("sequence_parallel", True)
+            lines.append(
+                f"tensor parallelism: each pipeline rank is a group of {m.tp} consecutive devices in one node"
+                "; the table's times and memory are one device's share"
+                + (", sequence parallelism on" if sequence else ", sequence parallelism off")
+            )
+        steps = plan.constraints.get("tensor_parallel_best_s")
+        if isinstance(steps, dict) and steps:
+            lines.append(degree_steps_line({int(t): v for t, v in steps.items()}, m.tp))
         lines.append(
-            f"mesh: pp {m.pp} x dp {m.dp} = {m.used_devices} of {m.num_devices} devices ({m.placement}, shard "
+            f"mesh: {degrees} = {m.used_devices} of {m.num_devices} devices ({m.placement}, shard "
             f"{m.shard}); each replica runs the table's {plan.global_batch_size} of the step's {m.global_batch_size} "
             "samples; step tail = gradient sync over the replicas"
             + (" + optimizer" if plan.predicted.calibration != "none" else "")
@@ -130,20 +141,23 @@ def plan_notes(plan: Plan) -> list[str]:
 
 
 def format_cluster(result: ClusterResult, *, top: int = 8) -> str:
-    """The layouts the cluster search simulated, fastest first, and what it chose."""
+    """The layouts the cluster search simulated, fastest first, and what it chose (with tensor parallelism
+    searched, :func:`format_plan` prints the best step of each degree: why this one)."""
     simulated = sorted((t for t in result.tried if t[1] is not None), key=lambda t: t[1])
     best = simulated[0][1] if simulated else None
+    with_tp = any(layout.tp > 1 for layout, _, _ in result.tried)
     rows = [
         [
-            f"{layout.pp} x {layout.dp}",
-            layout.pp * layout.dp,
+            layout.degrees,
+            layout.used_devices,
             layout.placement,
             human_seconds(step),
             f"{step / best:.2f}x",
         ]
         for layout, step, _ in simulated[:top]
     ]
-    table = format_table(["pp x dp", "devices", "placement", "step", "vs best"], rows, align=">><>>")
+    header = "pp x tp x dp" if with_tp else "pp x dp"
+    table = format_table([header, "devices", "placement", "step", "vs best"], rows, align=">><>>")
     pruned = sum(1 for t in result.tried if t[1] is None and t[2].startswith("pruned"))
     failed = len(result.tried) - len(simulated) - pruned
     mesh = result.plan.mesh
@@ -158,3 +172,19 @@ def format_cluster(result: ClusterResult, *, top: int = 8) -> str:
             "(or the global batch does not split into more replicas)"
         )
     return "\n".join(lines)
+
+
+def degree_steps_line(steps: dict[int, float | str], chosen: int) -> str:
+    """``best step per tensor-parallel degree: tp 4: 314 ms (chosen); tp 2: 350 ms (1.11x); tp 1: why none``."""
+    best = steps.get(chosen)
+    parts = []
+    for tp in sorted(steps, key=lambda t: (t != chosen, t)):
+        step = steps[tp]
+        if isinstance(step, str):
+            parts.append(f"tp {tp}: {step}")
+        elif tp == chosen:
+            parts.append(f"tp {tp}: {human_seconds(step)} (chosen)")
+        else:
+            ratio = f" ({step / best:.2f}x)" if isinstance(best, float) and best > 0 else ""
+            parts.append(f"tp {tp}: {human_seconds(step)}{ratio}")
+    return "best step per tensor-parallel degree: " + "; ".join(parts)

@@ -46,7 +46,7 @@ from profiles.rounds import (
     whole_piece,
 )
 from profiles.threads import measure_reference_at, measure_thread_scaling, rank_thread_counts
-from profiles.units import choose_units, expert_layout
+from profiles.units import attention_heads, choose_units, expert_layout
 from profiles.workload import (
     Workload,
     active_dropout,
@@ -583,6 +583,7 @@ def profile_model(
         settings["export_error"] = measured.export_error
     if workload.notes:
         settings["adapted"] = list(workload.notes)
+    settings.update(attention_heads(model))  # what a tensor-parallel plan must divide
     experts = expert_layout(model, unit_names)
     if experts:
         settings["experts"] = experts

@@ -38,6 +38,7 @@ __all__ = [
     "largest_block_list",
     "is_block_list",
     "expert_layout",
+    "attention_heads",
 ]
 
 # Below this many units a plan has few cut points to choose from: the profile warns.
@@ -304,12 +305,25 @@ _EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
 _EXPERT_TOP_K = ("top_k", "num_experts_per_tok", "router_top_k")
 
 
-def _int_attr(module: nn.Module, names: Sequence[str]) -> int | None:
+def _int_attr(module: object, names: Sequence[str]) -> int | None:
     for name in names:
         value = getattr(module, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
+
+
+def attention_heads(model: nn.Module) -> dict[str, int]:
+    """``{"attention_heads": H, "kv_heads": KV}`` from the first transformers-style ``config`` among ``model`` and
+    its submodules (``num_attention_heads``, ``num_key_value_heads`` defaulting to it); empty when none says.
+    A tensor-parallel plan splits the heads, so its degree must divide both (planner/tensor_parallel.py)."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        heads = _int_attr(config, ("num_attention_heads",)) if config is not None else None
+        if heads is not None:
+            kv = _int_attr(config, ("num_key_value_heads",)) or heads
+            return {"attention_heads": heads, "kv_heads": kv}
+    return {}
 
 
 def expert_layout(model: nn.Module, units: Sequence[str]) -> list[dict[str, Any]]:

@@ -65,27 +65,40 @@ def hand_plan(
     return plan_from_dict(json.loads(json.dumps(plan.to_dict())))
 
 
-def on_mesh(plan: Plan, dp: int, *, placement: str = "pipeline-in-node", shard: str = "none") -> Plan:
-    """``plan`` as one replica of a cluster plan of ``dp`` replicas, placed as pipeplan's cluster search places
-    them (planner/cluster.py, ``Layout.device``), through the plan reader."""
+def on_mesh(
+    plan: Plan,
+    dp: int,
+    *,
+    placement: str = "pipeline-in-node",
+    shard: str = "none",
+    tp: int = 1,
+    sequence_parallel: bool = True,
+) -> Plan:
+    """``plan`` as one replica of a cluster plan of ``dp`` replicas (each position a group of ``tp`` devices),
+    placed as pipeplan's cluster search places them (planner/cluster.py, ``Layout.device``), through the plan
+    reader."""
     pp = plan.num_ranks
     if placement == "pipeline-in-node":
-        devices = tuple(tuple(r * pp + s for s in range(pp)) for r in range(dp))
+        devices = tuple(tuple((r * pp + s) * tp for s in range(pp)) for r in range(dp))
     else:
-        devices = tuple(tuple(s * dp + r for s in range(pp)) for r in range(dp))
+        devices = tuple(tuple((s * dp + r) * tp for s in range(pp)) for r in range(dp))
+    if tp > 1:  # as plan_cluster records them
+        constraints = {**plan.constraints, "tensor_parallel": tp, "sequence_parallel": sequence_parallel}
+        plan = dataclasses.replace(plan, constraints=constraints)
     mesh = Mesh(
         pp=pp,
         dp=dp,
         placement=placement,
         shard=shard,
-        num_devices=pp * dp,
-        devices_per_node=pp * dp,
+        num_devices=pp * dp * tp,
+        devices_per_node=pp * dp * tp,
         global_batch_size=dp * plan.global_batch_size,
         devices=devices,
         hop_bytes_per_s=1e9,
         hop_latency_s=1e-4,
         ring_bytes_per_s=1e9,
         ring_latency_s=1e-4,
+        tp=tp,
     )
     return plan_from_dict(json.loads(json.dumps(dataclasses.replace(plan, mesh=mesh).to_dict())))
 

@@ -85,6 +85,83 @@ def make_profile(
     )
 
 
+TRANSFORMER_NAMES = {
+    # style: (embeddings, block prefix and type, final norm, head)
+    "gpt2": (("transformer.wte", "transformer.wpe"), "transformer.h", "GPT2Block", "transformer.ln_f", "lm_head"),
+    "llama": (("model.embed_tokens",), "model.layers", "LlamaDecoderLayer", "model.norm", "lm_head"),
+}
+
+
+def transformer_profile(
+    style: str = "llama",
+    *,
+    layers: int = 4,
+    block_params: int = 1_000_000,
+    block_forward_s: float = 0.01,
+    hidden_bytes: int = 4096,
+    heads: int | None = 8,
+    kv_heads: int | None = None,
+    sizes: Sequence[int] = (1,),
+    memory_bytes: int = 64 * 1024**3,
+) -> Profile:
+    """A transformer-shaped profile named as transformers' GPT-2 (tied head) or Llama: embeddings, ``layers``
+    blocks, final norm, head. Times and bytes scale with the micro-batch size; a block saves 8 hidden states."""
+    embeddings, prefix, block_type, norm, head = TRANSFORMER_NAMES[style]
+    vocab_params = 2 * block_params
+
+    def unit(name: str, kind: str, params: int, forward: float, saved: int, **extra: object) -> UnitProfile:
+        return UnitProfile(
+            name=name,
+            type=kind,
+            param_count=params,
+            param_bytes=4 * params,
+            forward_s=tuple(forward * b for b in sizes),
+            backward_s=tuple(2 * forward * b for b in sizes),
+            flops=tuple(1000 * b for b in sizes),
+            output_bytes=tuple(hidden_bytes * b for b in sizes),
+            saved_bytes=tuple(saved * b for b in sizes),
+            **extra,  # type: ignore[arg-type]
+        )
+
+    units = [unit(embeddings[0], "Embedding", vocab_params, block_forward_s / 10, 0)]
+    units += [unit(name, "Embedding", block_params // 10, block_forward_s / 10, 0) for name in embeddings[1:]]
+    units += [unit(f"{prefix}.{k}", block_type, block_params, block_forward_s, 8 * hidden_bytes) for k in range(layers)]
+    units.append(unit(norm, "LayerNorm", 1000, block_forward_s / 100, hidden_bytes))
+    tied = style == "gpt2"
+    units.append(
+        unit(
+            head,
+            "Linear",
+            0 if tied else vocab_params,
+            block_forward_s,
+            4 * hidden_bytes,
+            tied_params=(f"{embeddings[0]}.weight",) if tied else (),
+            tied_param_count=vocab_params if tied else 0,
+        )
+    )
+    n = len(units)
+    flows = [TensorFlow(-1, (0,), tuple(8 * b for b in sizes), "int64", False, "input_ids")]
+    flows += [
+        TensorFlow(k, (k + 1,), tuple(hidden_bytes * b for b in sizes), "float32", True, f"h{k}") for k in range(n - 1)
+    ]
+    settings: dict[str, object] = {}
+    if heads is not None:
+        settings["attention_heads"] = heads
+        settings["kv_heads"] = kv_heads or heads
+    return Profile(
+        model=ModelInfo(f"{style}-shaped", FINGERPRINT, sum(u.param_count for u in units), 0),
+        device=DeviceInfo("cpu", "test-cpu", memory_bytes, "float32", "2.13.0"),
+        micro_batch_sizes=tuple(sizes),
+        units=tuple(units),
+        tensors=tuple(flows),
+        whole_model=WholeModel(
+            tuple(sum(u.forward_s[i] for u in units) for i in range(len(sizes))),
+            tuple(sum(u.backward_s[i] for u in units) for i in range(len(sizes))),
+        ),
+        settings=settings,
+    )
+
+
 def calibration(**changes: object) -> Calibration:
     """A CPU / gloo calibration of round numbers, ``changes`` replacing its fields."""
     base = Calibration(

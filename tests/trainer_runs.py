@@ -146,6 +146,8 @@ def torchtitan_worker(device: int, rank: int, world: int, cases: Sequence[dict])
             "global_batch": t.global_batch_size,
             "cuda_graphs_off": t.disable_cuda_graphs,
             "activation_checkpoint": None if checkpointing is None else type(checkpointing).__qualname__,
+            "tp": p.tensor_parallel_degree,
+            "sequence_parallel": p.enable_sequence_parallel,
         }
         if case.get("tying"):
             model_config = config.model_spec.model
@@ -407,7 +409,8 @@ def megatron_worker(device: int, rank: int, world: int, cases: Sequence[dict], w
         parallel_state.set_virtual_pipeline_model_parallel_world_size(None)
         # megatron/training/initialize.py: order 'tp-cp-ep-dp-pp', or 'tp-cp-ep-pp-dp' with --use-tp-pp-dp-mapping.
         order = "tp-cp-ep-pp-dp" if "--use-tp-pp-dp-mapping" in words else "tp-cp-ep-dp-pp"
-        generator = parallel_state.RankGenerator(tp=1, ep=1, dp=case["world"] // pp, pp=pp, cp=1, order=order)
+        tp = int(_flag(words, "--tensor-model-parallel-size") or 1)
+        generator = parallel_state.RankGenerator(tp=tp, ep=1, dp=case["world"] // (pp * tp), pp=pp, cp=1, order=order)
         results.append({"stages": stages, "vpp": vpp, "pipelines": generator.get_ranks("pp")})
     if with_training:
         from megatron.training.arguments import parse_args, validate_args
@@ -427,5 +430,7 @@ def megatron_worker(device: int, rank: int, world: int, cases: Sequence[dict], w
                 "layout": args.pipeline_model_parallel_layout,
                 "distributed_optimizer": args.use_distributed_optimizer,
                 "tp_pp_dp_mapping": args.use_tp_pp_dp_mapping,
+                "tp": args.tensor_model_parallel_size,
+                "sequence_parallel": args.sequence_parallel,
             }
     return {"cases": results}

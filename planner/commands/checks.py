@@ -6,10 +6,21 @@ import argparse
 
 from planner.errors import UsageError
 
-__all__ = ["refuse_idle_options", "CLUSTER_ONLY", "WHAT_IF"]
+__all__ = ["refuse_idle_options", "CLUSTER_ONLY", "TENSOR_PARALLEL_ONLY", "WHAT_IF"]
 
-CLUSTER_ONLY = ("devices_per_node", "intra_node_bandwidth", "inter_node_bandwidth", "shard", "jobs")
+CLUSTER_ONLY = (
+    "devices_per_node",
+    "intra_node_bandwidth",
+    "inter_node_bandwidth",
+    "shard",
+    "tensor_parallel",
+    "sequence_parallel",
+    "attention_heads",
+    "jobs",
+)
 """``plan`` options that shape a cluster plan: without ``--devices`` there is none."""
+TENSOR_PARALLEL_ONLY = ("sequence_parallel", "attention_heads")
+"""``plan`` options that shape tensor parallelism: without ``--tensor-parallel`` there is none."""
 WHAT_IF = ("ranks", "micro_batches", "schedule", "virtual_stages", "stage_times", "backward_times", "weight_times")
 """``simulate`` options that describe a pipeline by hand: a plan brings its own."""
 
@@ -24,6 +35,12 @@ def refuse_idle_options(args: argparse.Namespace) -> None:
         given = _flags(args, CLUSTER_ONLY, (None, "none"))
         if given:
             raise UsageError(f"{', '.join(given)}: options of a cluster plan, which --devices N asks for")
+    if args.command == "plan" and args.devices is not None and getattr(args, "tensor_parallel", None) in (None, 1):
+        given = _flags(args, TENSOR_PARALLEL_ONLY)
+        if given:
+            raise UsageError(
+                f"{', '.join(given)}: options of tensor parallelism, which --tensor-parallel T|auto asks for"
+            )
     if args.command == "simulate":
         if args.compare_out and not args.compare:
             raise UsageError("--compare-out draws the schedules of --compare: give --compare gpipe,1f1b,... too")

@@ -152,6 +152,22 @@ def auto_or_positive_int(text: str) -> int | None:
     return None if text.strip() == "auto" else int_in(1, MAX_GLOBAL_BATCH, text)
 
 
+def tensor_parallel_degree(text: str) -> int | str:
+    """``auto`` or a degree in 1..MAX_DEVICES."""
+    from planner.limits import MAX_DEVICES
+
+    return "auto" if text.strip() == "auto" else int_in(1, MAX_DEVICES, text)
+
+
+def heads_pair(text: str) -> tuple[int, int]:
+    """``H`` or ``H,KV``: attention heads, and key-value heads (default H)."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) not in (1, 2):
+        raise bad(text, "is not H or H,KV (attention heads, key-value heads), e.g. 64,8")
+    heads = int_in(1, 1 << 20, parts[0])
+    return heads, int_in(1, heads, parts[1]) if len(parts) == 2 else heads
+
+
 def pin(text: str) -> tuple[str, int]:
     name, sep, stage = text.rpartition("=")
     if not sep or not name:

@@ -7,6 +7,7 @@ import argparse
 from planner.commands.options import (
     auto_or_positive_int,
     bandwidth,
+    heads_pair,
     int_range,
     memory,
     memory_list,
@@ -14,6 +15,7 @@ from planner.commands.options import (
     pin,
     positive_float,
     speed_list,
+    tensor_parallel_degree,
 )
 from planner.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_RANKS, MAX_UNITS
 from planner.schedule.orders import Schedule
@@ -25,7 +27,8 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "cluster plans",
         "With --devices N the plan is a pp x dp mesh: pp pipeline ranks (--ranks fixes it) times dp replicas of\n"
-        "the pipeline, each stage's gradients reduced over its replicas; --global-batch is the whole step's.",
+        "the pipeline, each stage's gradients reduced over its replicas; --global-batch is the whole step's.\n"
+        "--tensor-parallel makes it pp x tp x dp: each pipeline rank a group of tp devices inside a node.",
     )
     g.add_argument(
         "--devices",
@@ -61,6 +64,30 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         default="none",
         help="what the replicas split: none = nothing (DDP), optimizer = optimizer state (ZeRO-1), full = "
         "weights, gradients and optimizer state (FSDP)",
+    )
+    g.add_argument(
+        "--tensor-parallel",
+        type=tensor_parallel_degree,
+        default=None,
+        metavar="auto|T",
+        help="tensor-parallel degree tp: each pipeline rank of each replica is a group of T devices in one node "
+        "(Megatron-style, transformer blocks, embedding and head split T ways); auto searches every T that divides "
+        "--devices-per-node and the attention heads (default 1: no tensor parallelism)",
+    )
+    g.add_argument(
+        "--sequence-parallel",
+        choices=("on", "off"),
+        default=None,
+        help="with --tensor-parallel: split the activations outside the matrices too (Megatron's "
+        "--sequence-parallel; default on)",
+    )
+    g.add_argument(
+        "--attention-heads",
+        type=heads_pair,
+        default=None,
+        metavar="H[,KV]",
+        help="with --tensor-parallel: the model's attention heads (and key-value heads), which tp must divide "
+        "(default: what the profile records)",
     )
     g.add_argument(
         "--jobs",

@@ -10,6 +10,7 @@ from planner.export.common import (
     _check_one_stage_per_rank,
     _comment,
     _header,
+    _refuse_tensor_parallel,
     _renamed_stages,
 )
 from planner.plan import Plan
@@ -49,6 +50,11 @@ class AccelerateExport:
 
 
 def _accelerate(plan: Plan, renames: Sequence[tuple[str, str]], version: str) -> AccelerateExport:
+    _refuse_tensor_parallel(
+        plan,
+        Trainer.ACCELERATE,
+        "prepare_pippy splits the model into whole stages, one per process, and splits no layer across processes",
+    )
     _check_one_stage_per_rank(plan, Trainer.ACCELERATE, "prepare_pippy builds the stage of its process index")
     stages = _renamed_stages(plan, renames)
     notes = [

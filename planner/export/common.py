@@ -184,6 +184,21 @@ def _check_looped(plan: Plan, trainer: Trainer) -> None:
             )
 
 
+def tensor_parallel_of(plan: Plan) -> tuple[int, bool]:
+    """The plan's tensor-parallel degree (1 without a mesh) and whether it planned sequence parallelism."""
+    tp = plan.mesh.tp if plan.mesh is not None else 1
+    return tp, tp > 1 and bool(plan.constraints.get("sequence_parallel", True))
+
+
+def _refuse_tensor_parallel(plan: Plan, trainer: Trainer, why: str) -> None:
+    """A trainer whose export has no tensor parallelism: a plan with it is refused, saying what it lacks."""
+    tp, _ = tensor_parallel_of(plan)
+    if tp > 1:
+        raise ExportError(
+            f"{trainer.value} cannot run the plan's tensor parallelism (tp {tp}): {why}; plan with --tensor-parallel 1"
+        )
+
+
 def _check_one_stage_per_rank(plan: Plan, trainer: Trainer, why: str) -> None:
     if plan.num_stages != plan.num_ranks:
         raise ExportError(
@@ -225,8 +240,9 @@ def _data_parallel_note(plan: Plan) -> str:
     if plan.mesh is None:
         return f"one pipeline: launch {plan.num_ranks} processes (data-parallel degree 1)"
     m = plan.mesh
+    degrees = f"pp {m.pp} x dp {m.dp}" if m.tp == 1 else f"pp {m.pp} x tp {m.tp} x dp {m.dp}"
     return (
-        f"cluster plan: pp {m.pp} x dp {m.dp} = {m.used_devices} processes (world size); shard {m.shard}; "
+        f"cluster plan: {degrees} = {m.used_devices} processes (world size); shard {m.shard}; "
         f"{m.global_batch_size} samples per step, {plan.global_batch_size} per replica"
     )
 
@@ -239,8 +255,9 @@ def rank_of_device(plan: Plan) -> tuple[int, ...]:
     pipeline outermost must be given to run there what the plan put there.
 
     torchtitan, DeepSpeed's default topology and Megatron's default order run replica ``r``'s pipeline rank
-    ``s`` on rank ``s * dp + r``. Empty when that is each device's own rank: one pipeline, or the plan's
-    ``replicas-in-node`` placement.
+    ``s`` on rank ``s * dp + r`` (times ``tp``, plus the device's place in its tensor-parallel group: tp is
+    innermost in torchtitan's mesh and Megatron's orders). Empty when that is each device's own rank: one
+    pipeline, or the plan's ``replicas-in-node`` placement.
     """
     if plan.mesh is None or plan.mesh.dp == 1:
         return ()
@@ -248,7 +265,9 @@ def rank_of_device(plan: Plan) -> tuple[int, ...]:
     ranks = [0] * mesh.used_devices
     for replica, row in enumerate(mesh.devices):
         for stage_rank, device in enumerate(row):
-            ranks[device] = stage_rank * mesh.dp + replica
+            # Tensor parallelism is innermost in the trainers' orders as in the plan's mesh.
+            for member in range(mesh.tp):
+                ranks[device + member] = (stage_rank * mesh.dp + replica) * mesh.tp + member
     return () if ranks == list(range(mesh.used_devices)) else tuple(ranks)
 
 
@@ -258,7 +277,7 @@ def _pipeline_inner(plan: Plan) -> bool:
         return False
     mesh = plan.mesh
     assert mesh is not None  # rank_of_device is empty without one
-    if any(device != r * mesh.pp + s for r, row in enumerate(mesh.devices) for s, device in enumerate(row)):
+    if any(device != (r * mesh.pp + s) * mesh.tp for r, row in enumerate(mesh.devices) for s, device in enumerate(row)):
         raise ExportError(
             f"the plan's mesh puts its {mesh.pp} x {mesh.dp} ranks on devices {shorten(str(mesh.devices), 60)}: "
             "neither pipeline ranks nor replicas on consecutive devices, the two orders the trainers have"
@@ -266,8 +285,10 @@ def _pipeline_inner(plan: Plan) -> bool:
     return True
 
 
-def _launch_rank(ranks: Sequence[int], pp: int, dp: int) -> str:
+def _launch_rank(ranks: Sequence[int], pp: int, dp: int, tp: int = 1) -> str:
     """A shell assignment that turns torchrun's ``RANK`` (the device) into ``ranks[RANK]``."""
-    if all(rank == (d % pp) * dp + d // pp for d, rank in enumerate(ranks)):
+    if tp == 1 and all(rank == (d % pp) * dp + d // pp for d, rank in enumerate(ranks)):
         return f"export RANK=$(( (RANK % {pp}) * {dp} + RANK / {pp} ))"
+    if tp > 1 and all(rank == ((d // tp % pp) * dp + d // tp // pp) * tp + d % tp for d, rank in enumerate(ranks)):
+        return f"export RANK=$(( ((RANK / {tp} % {pp}) * {dp} + RANK / {tp} / {pp}) * {tp} + RANK % {tp} ))"
     return f"PLAN_RANKS=({' '.join(map(str, ranks))}); export RANK=${{PLAN_RANKS[$RANK]}}"

@@ -15,6 +15,7 @@ from planner.export.common import (
     _header,
     _pipeline_inner,
     _recompute_note,
+    _refuse_tensor_parallel,
     _renamed_stages,
 )
 from planner.plan import Plan
@@ -106,6 +107,12 @@ class DeepSpeedExport:
 
 
 def _deepspeed(plan: Plan, renames: Sequence[tuple[str, str]], version: str) -> DeepSpeedExport:
+    _refuse_tensor_parallel(
+        plan,
+        Trainer.DEEPSPEED,
+        "its PipelineModule runs the model's own layers whole, and its topology's model-parallel axis needs "
+        "Megatron-style split layers and an mpu the model does not have",
+    )
     _check_one_stage_per_rank(plan, Trainer.DEEPSPEED, "PipelineModule's num_stages is the pipe dimension")
     if plan.mesh is not None and plan.mesh.shard == "full":
         raise ExportError(

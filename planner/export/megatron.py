@@ -15,6 +15,7 @@ from planner.export.common import (
     _header,
     _pipeline_inner,
     _recompute_note,
+    tensor_parallel_of,
 )
 from planner.plan import Plan
 from planner.schedule.orders import Schedule
@@ -124,11 +125,18 @@ class MegatronExport:
     """The plan shards over its replicas: Megatron's distributed optimizer (ZeRO-1)."""
     use_tp_pp_dp_mapping: bool = False
     """The plan puts each pipeline on consecutive devices: Megatron's rank order tp-cp-ep-pp-dp."""
+    tensor_model_parallel_size: int = 1
+    """The plan's ``tp`` (written only above 1, as before tensor parallelism)."""
+    sequence_parallel: bool = False
+    """The plan's tensor parallelism splits the activations outside the matrices too."""
     header: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
     def flags(self) -> tuple[str, ...]:
+        tensor = [f"--tensor-model-parallel-size {self.tensor_model_parallel_size}"]
+        tensor += ["--sequence-parallel"] if self.sequence_parallel else []
         return (
+            *(tensor if self.tensor_model_parallel_size > 1 else []),
             f"--pipeline-model-parallel-size {self.pipeline_model_parallel_size}",
             f'--pipeline-model-parallel-layout "{self.pipeline_model_parallel_layout}"',
             f"--num-layers {self.num_layers}",
@@ -205,6 +213,13 @@ def _megatron(plan: Plan, version: str) -> MegatronExport:
             "the plan puts each pipeline on consecutive devices: --use-tp-pp-dp-mapping makes Megatron's rank "
             "order tp-cp-ep-pp-dp (its default, tp-cp-ep-dp-pp, puts replicas of a stage on consecutive ranks)"
         )
+    tp, sequence = tensor_parallel_of(plan)
+    if tp > 1:
+        notes.append(
+            f"tensor parallelism {tp}: Megatron splits attention by heads and the MLP by columns/rows, the embedding "
+            "and output layer by vocabulary (num-attention-heads and num-query-groups must divide by it)"
+            + ("; --sequence-parallel as planned" if sequence else "")
+        )
     megatron_schedule = "interleaved 1F1B" if v > 1 else "1F1B"
     if plan.schedule not in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B):
         notes.append(
@@ -222,6 +237,8 @@ def _megatron(plan: Plan, version: str) -> MegatronExport:
         global_batch_size=plan.mesh.global_batch_size if plan.mesh is not None else plan.global_batch_size,
         use_distributed_optimizer=plan.mesh is not None and plan.mesh.shard != "none",
         use_tp_pp_dp_mapping=pipeline_inner,
+        tensor_model_parallel_size=tp,
+        sequence_parallel=sequence,
         header=_header(plan, Trainer.MEGATRON, version),
         notes=tuple(notes),
     )

@@ -16,6 +16,7 @@ from planner.export.common import (
     _recompute_note,
     _renamed_stages,
     rank_of_device,
+    tensor_parallel_of,
 )
 from planner.plan import Plan
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS
@@ -49,13 +50,20 @@ class TorchtitanExport:
     """FSDP shards (a cluster plan's ``dp`` with ``--shard full`` or ``optimizer``)."""
     rank_of_device: tuple[int, ...] = ()
     """The ``RANK`` torchtitan must be given on each device (:func:`rank_of_device`); empty: its own."""
+    tensor_parallel_degree: int = 1
+    """The plan's ``tp`` (written only above 1, as before tensor parallelism)."""
+    enable_sequence_parallel: bool = True
+    """torchtitan's default; off only when the plan's tensor parallelism is without it."""
     header: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
     def flags(self) -> tuple[str, ...]:
         """The overrides, each with its value; the subcommand last, as torchtitan's parser (tyro) requires."""
         parts = " ".join(",".join(part) for part in self.module_fqns_per_model_part)
+        tensor = [f"--parallelism.tensor_parallel_degree {self.tensor_parallel_degree}"]
+        tensor += [] if self.enable_sequence_parallel else ["--parallelism.no_enable_sequence_parallel"]
         return (
+            *(tensor if self.tensor_parallel_degree > 1 else []),
             f"--parallelism.pipeline_parallel_degree {self.pipeline_parallel_degree}",
             f"--parallelism.pipeline_parallel_schedule {self.pipeline_parallel_schedule}",
             f"--parallelism.pipeline_parallel_microbatch_size {self.pipeline_parallel_microbatch_size}",
@@ -114,13 +122,22 @@ def _torchtitan(plan: Plan, renames: Sequence[tuple[str, str]], version: str) ->
             "torchtitan has no ZeRO-1: the plan's optimizer-state sharding becomes FSDP "
             "(data_parallel_shard_degree), which also shards weights and gradients"
         )
+    tp, sequence = tensor_parallel_of(plan)
+    if tp > 1:
+        notes.append(
+            f"tensor parallelism {tp} (innermost in torchtitan's mesh, as in the plan's): the model's parallelize "
+            "function splits attention, MLP, embedding and output"
+            + ("" if sequence else "; the plan has no sequence parallelism")
+        )
     if ranks:
         mesh = plan.mesh
         assert mesh is not None  # rank_of_device is empty without one
+        order = f"pipeline rank x {mesh.dp} + replica"
+        order = order if mesh.tp == 1 else f"({order}) x {mesh.tp} + tp rank"
         notes.append(
-            f"torchtitan's mesh is pp-major (rank = pipeline rank x {mesh.dp} + replica) and the plan puts each "
+            f"torchtitan's mesh is pp-major (rank = {order}) and the plan puts each "
             f"pipeline on consecutive devices: set each process's RANK before torchtitan starts, e.g. torchrun ... "
-            f"--no-python bash -c '{_launch_rank(ranks, mesh.pp, mesh.dp)}; exec python -m torchtitan.train "
+            f"--no-python bash -c '{_launch_rank(ranks, mesh.pp, mesh.dp, mesh.tp)}; exec python -m torchtitan.train "
             '"$@"\' bash --module ... (examples/torchtitan)'
         )
     if any(recompute) and not all(recompute):
@@ -139,6 +156,8 @@ def _torchtitan(plan: Plan, renames: Sequence[tuple[str, str]], version: str) ->
         data_parallel_replicate_degree=1 if sharded else dp,
         data_parallel_shard_degree=dp if sharded else 1,
         rank_of_device=ranks,
+        tensor_parallel_degree=tp,
+        enable_sequence_parallel=sequence or tp == 1,
         header=_header(plan, Trainer.TORCHTITAN, version),
         notes=tuple(notes),
     )

@@ -579,3 +579,57 @@ def test_docstring_examples() -> None:
     import planner.export
 
     assert doctest.testmod(planner.export).failed == 0
+
+
+# --- tensor parallelism -------------------------------------------------------------------------------------
+
+
+def test_megatron_and_torchtitan_carry_the_tensor_parallel_degree() -> None:
+    halves = [LLAMA_SMALL[:5], LLAMA_SMALL[5:]]
+    plan = on_mesh(hand_plan(halves), 2, tp=4)
+    megatron = export_plan(plan, "megatron")
+    assert megatron.flags()[:3] == (
+        "--tensor-model-parallel-size 4",
+        "--sequence-parallel",
+        "--pipeline-model-parallel-size 2",
+    )
+    assert "pp 2 x tp 4 x dp 2 = 16 processes" in megatron.text()
+    titan = export_plan(plan, "torchtitan", TORCHTITAN_LLAMA)
+    assert titan.flags()[0] == "--parallelism.tensor_parallel_degree 4"
+    assert "--parallelism.no_enable_sequence_parallel" not in titan.flags()
+    plain = on_mesh(hand_plan(halves), 1, tp=2, sequence_parallel=False)
+    assert "--sequence-parallel" not in export_plan(plain, "megatron").flags()
+    assert export_plan(plain, "torchtitan", TORCHTITAN_LLAMA).flags()[:2] == (
+        "--parallelism.tensor_parallel_degree 2",
+        "--parallelism.no_enable_sequence_parallel",
+    )
+    # Without tensor parallelism the flags are as they were.
+    assert not any("tensor" in f for f in export_plan(on_mesh(hand_plan(halves), 2), "megatron").flags())
+
+
+@pytest.mark.parametrize("trainer", ["deepspeed", "accelerate"])
+def test_trainers_without_tensor_parallelism_refuse_it(tmp_path, capsys, trainer: str) -> None:
+    plan = on_mesh(hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]]), 1, tp=2)
+    with pytest.raises(ExportError, match=rf"{trainer} cannot run the plan's tensor parallelism \(tp 2\)"):
+        export_plan(plan, trainer)
+    plan_file = tmp_path / "p.plan.json"
+    save_plan(plan, plan_file)
+    assert_fails(capsys, ["export", plan_file, "--to", trainer], "plan with --tensor-parallel 1")
+
+
+@pytest.mark.parametrize("placement", ["pipeline-in-node", "replicas-in-node"])
+def test_rank_order_keeps_tensor_parallel_groups_innermost(placement: str) -> None:
+    pp, dp, tp = 2, 2, 2
+    plan = on_mesh(hand_plan([LLAMA_SMALL[:5], LLAMA_SMALL[5:]]), dp, placement=placement, tp=tp)
+    ranks = rank_of_device(plan)
+    if placement == "replicas-in-node":
+        assert ranks == ()  # the trainers' own order: rank = (s x dp + r) x tp + member
+        return
+    for device, rank in enumerate(ranks):
+        replica, stage_rank = plan.mesh.coordinates(device)
+        assert rank == (stage_rank * dp + replica) * tp + plan.mesh.tp_rank(device)
+    assert ranks == (0, 1, 4, 5, 2, 3, 6, 7)
+    text = export_plan(plan, "torchtitan", TORCHTITAN_LLAMA).text()
+    expression = re.search(r"export RANK=(\$\(\(.*?\)\));", text)[1]
+    assert [_shell_arithmetic(expression, device) for device in range(pp * dp * tp)] == list(ranks)
+    assert export_plan(plan, "megatron").flags()[-1] == "--use-tp-pp-dp-mapping"

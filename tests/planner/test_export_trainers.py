@@ -131,6 +131,9 @@ def _check_torchtitan(plan: Plan, results: list[dict], index: int) -> None:
         assert "Schedule" + parsed["schedule"] == TORCH_SCHEDULE_CLASS[plan.schedule]
         assert parsed["local_batch"] == plan.global_batch_size and parsed["global_batch"] == dp * plan.global_batch_size
         assert parsed["replicate"] * parsed["shard"] == dp and parsed["cuda_graphs_off"]
+        tp = plan.mesh.tp if plan.mesh is not None else 1
+        assert parsed["tp"] == tp  # torchtitan's own parse of the degree (1: the flag is left out)
+        assert parsed["sequence_parallel"] == (tp == 1 or plan.constraints["sequence_parallel"])
         recompute = any(s.recompute for s in plan.stages)
         assert parsed["activation_checkpoint"] == ("FullAC.Config" if recompute else None)
         if "holds" not in case:
@@ -164,6 +167,8 @@ def test_torchtitan_splits_and_steps_every_schedule_as_planned() -> None:
             )
         ),
         (hand_plan([LLAMA[:5], LLAMA[5:]], recompute=(0,)), False),
+        (on_mesh(hand_plan([LLAMA[:4], LLAMA[4:]]), 2, tp=2), False),
+        (on_mesh(hand_plan([LLAMA[:4], LLAMA[4:]]), 1, tp=4, sequence_parallel=False), False),
         *((_planned(2, schedule, seed), False) for seed, schedule in enumerate([None, Schedule.ZBV])),
     ]
     results = spawn(trainer_runs.torchtitan_worker, 2, _torchtitan_cases(plans))
@@ -268,6 +273,8 @@ def _megatron_plans() -> list[Plan]:
         hand_plan([llama8[:3], llama8[3:5], llama8[5:7], llama8[7:]], schedule=Schedule.GPIPE, recompute=(1,)),
         on_mesh(hand_plan([llama8[:5], llama8[5:]], micro_batch_size=2, num_microbatches=4), 2, shard="optimizer"),
         on_mesh(hand_plan([llama8[:5], llama8[5:]]), 4, placement="replicas-in-node"),
+        on_mesh(hand_plan([llama8[:5], llama8[5:]]), 2, tp=2),
+        on_mesh(hand_plan([llama8[:5], llama8[5:]]), 2, placement="replicas-in-node", tp=4, sequence_parallel=False),
     ]
     for seed, (ranks, schedule) in enumerate([(2, None), (4, Schedule.ONE_F_ONE_B), (2, Schedule.INTERLEAVED_1F1B)]):
         plan = _planned(ranks, schedule, 100 + seed)
@@ -301,8 +308,12 @@ def test_megatron_core_builds_each_stage_of_every_export_as_planned() -> None:
             assert built["layers"] == sorted({layer_of[u] for u in stage.units if u in layer_of})
             assert built["embedding"] == (roles.embedding[0] in stage.units)
             assert built["loss"] == (roles.loss[-1] in stage.units)
-        # Megatron's pipeline groups: each the devices of one replica's pipeline, in stage order.
-        pipelines = [list(row) for row in plan.mesh.devices] if plan.mesh is not None else [list(range(plan.num_ranks))]
+        # Megatron's pipeline groups: each the devices of one replica's pipeline (one per member of its tensor-parallel
+        # groups), in stage order.
+        if plan.mesh is not None:
+            pipelines = [[d + j for d in row] for row in plan.mesh.devices for j in range(plan.mesh.tp)]
+        else:
+            pipelines = [list(range(plan.num_ranks))]
         assert sorted(case["pipelines"]) == sorted(pipelines)
 
 
@@ -349,4 +360,6 @@ def test_megatron_arguments_accept_every_export() -> None:
             "layout": config.pipeline_model_parallel_layout,
             "distributed_optimizer": config.use_distributed_optimizer,
             "tp_pp_dp_mapping": config.use_tp_pp_dp_mapping,
+            "tp": config.tensor_model_parallel_size,
+            "sequence_parallel": config.sequence_parallel,
         }

@@ -96,6 +96,28 @@ def test_gpt2_tiny_units_in_execution_order(gpt2_profile) -> None:
     assert gpt2_profile.settings["capture"] == "export"
 
 
+def test_gpt2_tiny_records_its_heads_and_splits_as_megatron_does(gpt2_profile) -> None:
+    from planner.cluster import Cluster, plan_cluster
+    from planner.cost import CostSettings
+    from planner.request import PlanRequest
+    from planner.tensor_parallel import Role, attention_heads, unit_roles
+
+    # GPT2Config(n_head=4): what a tensor-parallel degree must divide (tp 2 and 4 on a node of 4).
+    assert (gpt2_profile.settings["attention_heads"], gpt2_profile.settings["kv_heads"]) == (4, 4)
+    assert attention_heads(gpt2_profile) == (4, 4)
+    assert unit_roles(gpt2_profile) == (Role.EMBEDDING,) * 2 + (Role.BLOCK,) * 4 + (Role.REPLICATED, Role.HEAD)
+    request = PlanRequest(num_ranks=1, global_batch_size=4, settings=CostSettings())
+    result = plan_cluster(
+        gpt2_profile,
+        request,
+        Cluster(4, 4, 1.1e9, 1.1e9, 1.3e-4),
+        sha256="0" * 64,
+        pipeline_degree=2,
+        tensor_parallel=2,
+    )
+    assert (result.plan.mesh.pp, result.plan.mesh.tp, result.plan.mesh.dp) == (2, 2, 1)
+
+
 def test_gpt2_tiny_attention_mask_crosses_every_block(gpt2_profile) -> None:
     blocks = (2, 3, 4, 5)
     masks = [t for t in gpt2_profile.tensors if t.consumers == blocks]

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from planner.errors import UsageError
-from profiles.units import choose_units, expert_layout, find_units
+from profiles.units import attention_heads, choose_units, expert_layout, find_units
 
 torch.set_num_threads(1)
 
@@ -139,3 +139,22 @@ def test_expert_layout_names_the_unit_and_the_routing() -> None:
     model = nn.Sequential(nn.Linear(8, 8), Moe())
     assert expert_layout(model, ["0", "1"]) == [{"module": "1.experts", "unit": "1", "experts": 4, "top_k": 2}]
     assert expert_layout(nn.Linear(2, 2), [""]) == []
+
+
+def test_attention_heads_come_from_the_first_config_that_names_them() -> None:
+    from types import SimpleNamespace
+
+    class Wrapper(nn.Module):
+        def __init__(self, config: object) -> None:
+            super().__init__()
+            self.inner = nn.Linear(2, 2)
+            self.inner.config = config  # type: ignore[assignment]
+
+    # Llama: grouped-query attention, 32 heads sharing 8 key-value heads.
+    assert attention_heads(Wrapper(SimpleNamespace(num_attention_heads=32, num_key_value_heads=8))) == {
+        "attention_heads": 32,
+        "kv_heads": 8,
+    }
+    # GPT-2: no key-value heads of its own: as many as the heads.
+    assert attention_heads(Wrapper(SimpleNamespace(num_attention_heads=12))) == {"attention_heads": 12, "kv_heads": 12}
+    assert attention_heads(nn.Linear(2, 2)) == {}
