@@ -27,6 +27,7 @@ import os
 import signal
 import statistics
 import threading
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -34,7 +35,7 @@ from dataclasses import replace
 import torch
 
 from planner.cost import MemoryBreakdown
-from planner.errors import ExecutionError, TensorParallelError, UsageError
+from planner.errors import ExecutionError, PipeplanWarning, TensorParallelError, UsageError
 from planner.plan import Plan
 from planner.runtime.apply import schedule_microbatches, tied_parameter_groups
 from planner.runtime.launch import run_ranks
@@ -146,7 +147,8 @@ def rank_thread_count(plan: Plan, mode: str, device: str) -> int | None:
 
     Raises:
         UsageError: the ranks with those threads need more cores than this machine has: the stages would
-            not compute as profiled, and a run would only measure that.
+            not compute as profiled, and a run would only measure that. (Ranks timed on one thread each that
+            outnumber the cores still run, with a warning: nothing can be corrected there.)
     """
     threads = plan.profile_threads
     if device != "cpu" or threads is None or _pick_mode(mode, plan, device) != "processes":
@@ -154,6 +156,13 @@ def rank_thread_count(plan: Plan, mode: str, device: str) -> int | None:
     ranks, cores = _processes(plan), os.cpu_count() or 1
     if ranks * threads <= cores:
         return threads
+    if threads == 1:  # more ranks than cores (a tensor-parallel plan runs as processes): they share the cores
+        warnings.warn(
+            f"{ranks} ranks share {cores} cores: their times will not be the plan's (its numerics still are)",
+            PipeplanWarning,
+            stacklevel=3,
+        )
+        return 1
     raise UsageError(
         f"the plan's stages were timed on {threads} threads per rank, but {ranks} ranks x {threads} threads need "
         f"{ranks * threads} cores and this machine has {cores}: profile the model here and plan again (the profile "

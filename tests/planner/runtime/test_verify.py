@@ -12,7 +12,7 @@ import torch
 from conftest import make_plan
 from torch import nn
 
-from planner.errors import UsageError
+from planner.errors import PipeplanWarning, UsageError
 from planner.runtime import verify
 from planner.runtime.rank_timing import _StageTimer
 from planner.runtime.verify import compare_numerics, format_report, reference_step, verify_plan
@@ -305,6 +305,10 @@ def test_ranks_get_the_threads_the_plan_was_timed_with_or_the_run_is_refused(mon
     with pytest.raises(UsageError, match=r"2 ranks x 4 threads need 8 cores and this machine has 4"):
         verify.rank_thread_count(four, "processes", "cpu")
     assert verify.rank_thread_count(four, "replay", "cpu") is None  # replay takes the profile's threads
+    # 8 ranks timed on 1 thread each on 4 cores: nothing to correct; they run, sharing the cores, with a warning.
+    eight = replace(one, num_ranks=8)
+    with pytest.warns(PipeplanWarning, match="8 ranks share 4 cores"):
+        assert verify.rank_thread_count(eight, "processes", "cpu") == 1
     assert verify.rank_thread_count(plan, "auto", "cpu") is None  # an older plan does not say: cores // ranks
 
 
