@@ -247,6 +247,10 @@ class UnitCosts:
     relays: tuple[tuple[int, int, int], ...] = ()
     """``(producer, last consumer, bytes)`` of the tensors that need a gradient and skip a unit: what a stage
     between the two passes on (planner/runtime/apply.py relays them, a copy per micro-batch)."""
+    target_bytes: int = 0
+    """The loss's target per micro-batch (profile ``loss.target_bytes``; 0 where unmeasured)."""
+    kept_loss_bytes: int = 0
+    """What the loss's output keeps per micro-batch (profile ``loss.kept_bytes``; 0 where unmeasured)."""
 
     @cached_property
     def work(self) -> UnitWork:
@@ -307,6 +311,8 @@ def _unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
         input_transient_bytes=_per_size(units, "input_transient_bytes", k),
         weight_transient_bytes=_per_size(units, "weight_transient_bytes", k),
         output_bytes=units[-1].output_bytes[k],
+        target_bytes=profile.loss.target_bytes[k] if profile.loss else 0,
+        kept_loss_bytes=profile.loss.kept_bytes[k] if profile.loss else 0,
         relays=tuple(
             (t.producer, t.last_consumer, t.bytes[k])
             for t in profile.tensors
@@ -426,9 +432,10 @@ def schedule_moments(
                 {"I": "W", "W": "B"}.get(m.kind, m.kind),
                 m.sent_grads,
                 m.sent_outputs,
+                m.done,
             )
             if first_split
-            else Moment(m.waiting, m.split, m.grads, m.kind in "BI", m.kind, m.sent_grads, m.sent_outputs)
+            else Moment(m.waiting, m.split, m.grads, m.kind in "BI", m.kind, m.sent_grads, m.sent_outputs, m.done)
             for m in moments
         }
         out.append(tuple(sorted(converted)))
@@ -549,6 +556,8 @@ def build_problem(
         input_transient_bytes=costs.input_transient_bytes,
         weight_transient_bytes=costs.weight_transient_bytes,
         final_output_bytes=costs.output_bytes,
+        target_bytes=costs.target_bytes,
+        kept_loss_bytes=costs.kept_loss_bytes,
     )
 
 

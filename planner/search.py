@@ -244,6 +244,7 @@ def _holds_no_more(theirs: _Held, mine: _Held) -> bool:
             and a.kind == b.kind
             and a.sent_grads >= b.sent_grads
             and a.sent_outputs >= b.sent_outputs
+            and a.done >= b.done
         )
 
     return all(all(any(covers(a, b) for a in ours) for b in them) for them, ours in zip(theirs, mine, strict=True))
@@ -589,6 +590,8 @@ def make_plans(
         if len(plans) == count:
             break
     return plans
+
+
 FEWER_RANKS_BUBBLE = 0.4
 """A plan idle this much of its step is checked against half as many ranks (:func:`fewer_ranks_faster`)."""
 

@@ -160,6 +160,10 @@ def _memory_rows(
     local_in, local_out = local_cuts(problem, s)
     buffers = stage_input(problem.buffer_microbatches)
     buffers += [(problem.buffer_microbatches * c, t) for c, t in stage_end(cut_grads, 0.0)]
+    # The last stage's own: the step's target (with its buffers) and the losses of finished micro-batches.
+    kept_loss = problem.kept_loss_bytes / scale if s == p - 1 else 0.0
+    if s == p - 1 and problem.target_bytes:
+        buffers.append((problem.buffer_microbatches * problem.target_bytes / scale, 1))
     # A stage handing its output over on its rank holds it no more (solvers.problem.stage_memory_peak).
     handed = [(-c, t) for c, t in stage_end(cut_bytes, 0.0)] if local_out else []
     # What sends hold: the stage's input's gradients and its outputs (solvers.problem.stage_memory_peak).
@@ -200,7 +204,8 @@ def _memory_rows(
         sum(problem.param_state_bytes)
         + max((max(v, default=0) for v in transient_arrays(problem).values()), default=0)
         + max(problem.step_bytes, default=0) * (n if problem.step_bytes_add else 1)
-        + problem.buffer_microbatches * (max([problem.input_bytes, *cut_bytes]) + max(cut_grads, default=0))
+        + problem.buffer_microbatches
+        * (max([problem.input_bytes, *cut_bytes]) + max(cut_grads, default=0) + problem.target_bytes)
     ) / scale
     saved_all = sum(problem.saved_bytes) / scale
     split_all = sum(problem.split_held_bytes) / scale
@@ -222,7 +227,9 @@ def _memory_rows(
     for m in stage_moments(problem, s):
         no_grads = [] if m.grads else [(-c, t) for c, t in grads]
         sends = [(m.sent_grads * c, t) for c, t in sent_grad] + [(m.sent_outputs * c, t) for c, t in sent_output]
+        sends += [(m.done * kept_loss, 1)] if kept_loss else []
         most_sent = (m.sent_grads * max(cut_grads, default=0) + m.sent_outputs * max(cut_bytes, default=0)) / scale
+        most_sent += m.done * kept_loss
         if False in choices:
             base = state + buffers + sends + transient[acting_kind(m, False)]
             lhs = base + no_grads + [((m.waiting + m.split) * c, t) for c, t in saved + relayed + handed]

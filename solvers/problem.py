@@ -40,7 +40,9 @@ and chooses recomputation ``r_s`` (activation checkpointing). With ``M`` micro-b
   ``transient_bytes``, ``input_transient_bytes``, ``weight_transient_bytes``); past I the last stage no
   longer holds the model's output (``final_output_bytes``); a send holds ``sent_grads`` input gradients and
   ``sent_outputs`` outputs of earlier micro-batches (planner/schedule/memory.py); a non-recomputing stage that
-  passes on tensors made before it and read after it holds a copy of each (``relays``); and ``step_s`` the
+  passes on tensors made before it and read after it holds a copy of each (``relays``); the last stage holds
+  the step's target (``target_bytes`` per micro-batch, with its buffers) and the loss of every micro-batch whose
+  backward is done (``kept_loss_bytes``, ``done`` of them, with its activations); and ``step_s`` the
   optimizer step's temporaries (``step_bytes``, their largest unit or their sum). With the defaults (one moment
   of ``in_flight[s]`` micro-batches, no receive buffers, nothing split, sent or stepped) it is the textbook
 
@@ -145,6 +147,12 @@ class PartitionProblem:
     local_inputs: tuple[bool, ...] = ()
     """Per stage: its input comes from the stage before it on the same rank (the turn of a V), handed over in
     memory: neither keeps receive buffers for that cut. Empty = none."""
+    target_bytes: int = 0
+    """The loss's target per micro-batch: the last stage holds the step's, ``buffer_microbatches`` of them, as the
+    first stage holds the step's batch."""
+    kept_loss_bytes: int = 0
+    """What the loss's output keeps per micro-batch once its backward is done: torch's schedules keep every
+    micro-batch's loss until the step ends (the last stage's, ``Moment.done`` of them)."""
 
     def __post_init__(self) -> None:
         n, p = len(self.forward_s), self.num_stages
@@ -211,6 +219,8 @@ class Moment(NamedTuple):
     """Input gradients of earlier micro-batches that a send still holds (the stage's input's size each)."""
     sent_outputs: int = 0
     """Outputs of micro-batches past their backward that a send still holds (the stage's output's size each)."""
+    done: int = 0
+    """Micro-batches whose backward is done: the last stage holds each one's loss (``kept_loss_bytes``)."""
 
 
 @dataclass(frozen=True)
@@ -317,7 +327,8 @@ def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: i
     local_in, local_out = local_cuts(problem, stage)
     # Across a cut on one rank torch hands the tensors over in place of the receive buffers, which keep them
     # (set_local_fwd_input / set_local_bwd_input): as many, held by the stage that receives them.
-    buffers = problem.buffer_microbatches * (stage_input + out_grad)
+    buffers = problem.buffer_microbatches * (stage_input + out_grad + (problem.target_bytes if last_unit else 0))
+    kept_loss = problem.kept_loss_bytes if last_unit else 0
     # What a send still holds: an input gradient per sent one, an output per one past its backward.
     sent_grad = 0 if first == 0 or local_in else _at(problem.cut_grad_bytes, first - 1)
     sent_output = 0 if last_unit or local_out else _at(problem.cut_bytes, last)
@@ -342,7 +353,7 @@ def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: i
     for m in stage_moments(problem, stage):
         # A recomputing stage runs its whole backward in I (nothing is left for W to hold).
         past_input = 0 if recompute else m.split * (held + split_held)
-        activations = m.waiting * held + past_input + (remat if m.acting else 0)
+        activations = m.waiting * held + past_input + (remat if m.acting else 0) + m.done * kept_loss
         kept = grads if m.grads else 0
         sends = m.sent_grads * sent_grad + m.sent_outputs * sent_output
         working = transient["B" if recompute and m.kind == "I" else m.kind]  # acting_kind, inlined: a hot loop
