@@ -16,7 +16,7 @@ from planner.calibration import Calibration, ring_s
 from planner.errors import UsageError
 from planner.graph import build_graph, cut_bytes, cut_grad_bytes
 from planner.schedule.memory import memory_moments
-from planner.schedule.orders import Schedule
+from planner.schedule.orders import Schedule, rank_orders
 from profiles.format import Profile, UnitProfile
 from solvers.problem import Moment, PartitionProblem, stage_memory_peak
 
@@ -442,6 +442,17 @@ def schedule_moments(
     return tuple(out)
 
 
+@lru_cache(maxsize=64)
+def _every_backward_split(schedule: Schedule, num_stages: int, num_microbatches: int, num_ranks: int) -> bool:
+    """Whether every backward of ``schedule`` is an I and a W (zero-bubble, ZBV; DualPipeV runs most as B): then a
+    relayed tensor's gradient passes through its relaying stage as the buffer it came in (``torch.autograd.grad``
+    returns a copy's gradient unchanged), where a full backward accumulates a copy of it into ``.grad``."""
+    if not schedule.splits_backward:
+        return False
+    orders = rank_orders(schedule, num_stages, num_microbatches, num_ranks)
+    return not any(step.kind == "B" for order in orders for step in order)
+
+
 def _step_bytes(profile: Profile, costs: UnitCosts, settings: CostSettings) -> tuple[tuple[int, ...], bool]:
     """Per unit, what the step's tail allocates for it, and whether a stage's is its units' sum.
 
@@ -523,6 +534,7 @@ def build_problem(
     tensors = costs.param_tensor_count or (0,) * len(costs.param_count)
     parts = [_state_parts(profile, settings, n, k) for n, k in zip(costs.param_count, tensors, strict=True)]
     split = schedule.splits_backward if schedule is not None else split_backward
+    all_split = schedule is not None and _every_backward_split(schedule, num_stages, num_microbatches, num_ranks)
     steps, add = _step_bytes(profile, costs, settings)
     activations = costs.activation_bytes
     return PartitionProblem(
@@ -558,6 +570,7 @@ def build_problem(
         final_output_bytes=costs.output_bytes,
         target_bytes=costs.target_bytes,
         kept_loss_bytes=costs.kept_loss_bytes,
+        split_backward=all_split,
     )
 
 

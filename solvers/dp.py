@@ -152,9 +152,12 @@ class _Band:
         # A stage handing its output over on its rank holds it no more (solvers.problem.stage_memory_peak).
         handed = self.sent_output if local_out else 0.0
         held, remat = (self.held1 - handed, self.remat1) if recompute else (self.saved + self.relayed - handed, 0.0)
-        sent_grad = 0.0 if local_in else self.sent_grad
+        # Under a split backward a relayed tensor's gradient is the buffer it came in (stage_memory_peak).
+        passed = self.relayed if self.model.problem.split_backward and not recompute else 0.0
+        sent_grad = 0.0 if local_in else self.sent_grad - passed
         sent_output = 0.0 if local_out else self.sent_output
-        buffers = self.model.buffer_mb * (self.stage_input + self.out_grad + self.target)
+        own_grads = self.out_grad - (passed if local_in else 0.0)
+        buffers = self.model.buffer_mb * (self.stage_input + own_grads + self.target)
         memory = self.state + buffers + self.step
         base = self.state + buffers
         for m in moments:

@@ -177,6 +177,10 @@ def _memory_rows(
             continue
         z = _var(prob, f"z_{k}_{s}", lowBound=0)
         prob.addConstraint(_expr([(1.0, z), (-1.0, y[producer, s - 1]), (1.0, y[consumer, s])]) >= 0)
+        if problem.split_backward:
+            # It also enters with negative coefficients below: exactly the product, not only a lower bound.
+            prob.addConstraint(_expr([(1.0, z), (-1.0, y[producer, s - 1])]) <= 0)
+            prob.addConstraint(_expr([(1.0, z), (1.0, y[consumer, s])]) <= 1)
         relayed.append((nbytes / scale, z))
     relayed_all = sum(b for _, _, b in problem.relays) / scale
     # The last stage lets the model's output go at I (split_held for it is less that output).
@@ -223,7 +227,15 @@ def _memory_rows(
         else:
             prob.addConstraint(_expr(lhs + [(-big, r)]) <= 1.0)
 
-    row(state + buffers + step, None, top)
+    if problem.split_backward and local_in and relayed:
+        # Not recomputing, a relayed gradient is the buffer it came in, kept by the stage before (stage_memory_peak).
+        passed = [(-problem.buffer_microbatches * c, t) for c, t in relayed]
+        if False in choices:
+            row(state + buffers + step + passed, False, top)
+        if True in choices:
+            row(state + buffers + step, True, top)
+    else:
+        row(state + buffers + step, None, top)
     for m in stage_moments(problem, s):
         no_grads = [] if m.grads else [(-c, t) for c, t in grads]
         sends = [(m.sent_grads * c, t) for c, t in sent_grad] + [(m.sent_outputs * c, t) for c, t in sent_output]
@@ -232,6 +244,9 @@ def _memory_rows(
         most_sent += m.done * kept_loss
         if False in choices:
             base = state + buffers + sends + transient[acting_kind(m, False)]
+            if problem.split_backward:  # a relayed gradient is the buffer it came in (stage_memory_peak)
+                times = problem.buffer_microbatches if local_in else m.sent_grads
+                base = base + [(-times * c, t) for c, t in relayed]
             lhs = base + no_grads + [((m.waiting + m.split) * c, t) for c, t in saved + relayed + handed]
             lhs += [(m.split * c, t) for c, t in split_held]
             bound = top + most_sent + (m.waiting + m.split) * (saved_all + relayed_all) + m.split * split_all

@@ -153,6 +153,11 @@ class PartitionProblem:
     kept_loss_bytes: int = 0
     """What the loss's output keeps per micro-batch once its backward is done: torch's schedules keep every
     micro-batch's loss until the step ends (the last stage's, ``Moment.done`` of them)."""
+    split_backward: bool = False
+    """Whether a non-recomputing stage computes its input gradients with ``torch.autograd.grad`` (torch's
+    ``stage_backward_input``): then a relayed tensor's gradient passes through the relaying stage as the very
+    tensor it was received in (a copy's backward returns its gradient unchanged), so what the stage sends back
+    for it is its receive buffer, and across a V's turn the stage before it keeps that buffer as its own."""
 
     def __post_init__(self) -> None:
         n, p = len(self.forward_s), self.num_stages
@@ -329,8 +334,13 @@ def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: i
     # (set_local_fwd_input / set_local_bwd_input): as many, held by the stage that receives them.
     buffers = problem.buffer_microbatches * (stage_input + out_grad + (problem.target_bytes if last_unit else 0))
     kept_loss = problem.kept_loss_bytes if last_unit else 0
+    # A relayed tensor's gradient, under a split backward, is the receive buffer it came in: the send holds no
+    # more for it, and across a V's turn the stage before keeps that buffer as its own (counted there).
+    passed = relayed_bytes(problem, first, last) if problem.split_backward and not recompute else 0
+    if local_in:
+        buffers -= problem.buffer_microbatches * passed
     # What a send still holds: an input gradient per sent one, an output per one past its backward.
-    sent_grad = 0 if first == 0 or local_in else _at(problem.cut_grad_bytes, first - 1)
+    sent_grad = 0 if first == 0 or local_in else _at(problem.cut_grad_bytes, first - 1) - passed
     sent_output = 0 if last_unit or local_out else _at(problem.cut_bytes, last)
     # Past I, the last stage no longer holds the model's output (torch detaches it; nothing saved it).
     split_held = split - (problem.final_output_bytes if last_unit else 0)

@@ -90,6 +90,7 @@ def _runtime_memory(rng: random.Random, n: int, p: int, m: int, params: tuple[in
         "relays": tuple(relay() for _ in range(rng.randint(0, 3))) if n > 1 else (),
         "target_bytes": loss.randint(0, 40),
         "kept_loss_bytes": loss.randint(0, 30),
+        "split_backward": loss.random() < 0.5,
     }
 
 
