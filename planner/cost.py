@@ -247,6 +247,8 @@ class UnitCosts:
     relays: tuple[tuple[int, int, int], ...] = ()
     """``(producer, last consumer, bytes)`` of the tensors that need a gradient and skip a unit: what a stage
     between the two passes on (planner/runtime/apply.py relays them, a copy per micro-batch)."""
+    unit_output_bytes: tuple[int, ...] = ()
+    """Per unit, the bytes of the tensors it makes that later units read (the profile's ``tensors``)."""
     target_bytes: int = 0
     """The loss's target per micro-batch (profile ``loss.target_bytes``; 0 where unmeasured)."""
     kept_loss_bytes: int = 0
@@ -287,6 +289,15 @@ def unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
     return costs
 
 
+def _made_bytes(profile: Profile, size_index: int) -> tuple[int, ...]:
+    """Per unit, the bytes of the tensors it makes that later units read."""
+    made = [0] * len(profile.units)
+    for t in profile.tensors:
+        if t.producer >= 0:
+            made[t.producer] += t.bytes[size_index]
+    return tuple(made)
+
+
 def _unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
     k = profile.size_index(micro_batch_size)
     graph = build_graph(profile)
@@ -311,6 +322,7 @@ def _unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
         input_transient_bytes=_per_size(units, "input_transient_bytes", k),
         weight_transient_bytes=_per_size(units, "weight_transient_bytes", k),
         output_bytes=units[-1].output_bytes[k],
+        unit_output_bytes=_made_bytes(profile, k),
         target_bytes=profile.loss.target_bytes[k] if profile.loss else 0,
         kept_loss_bytes=profile.loss.kept_bytes[k] if profile.loss else 0,
         relays=tuple(
@@ -570,6 +582,7 @@ def build_problem(
         final_output_bytes=costs.output_bytes,
         target_bytes=costs.target_bytes,
         kept_loss_bytes=costs.kept_loss_bytes,
+        unit_output_bytes=costs.unit_output_bytes,
         split_backward=all_split,
     )
 

@@ -140,7 +140,8 @@ class _Band:
         if model.buffer_mb:
             self.held1 = np.broadcast_to(model.out_held[:, None], stage_input.shape)
             # The last unit's loss runs after the checkpointed stage: not re-materialised.
-            self.remat1 = self.saved - np.where(j == n - 1, float(model.problem.output_held_bytes), 0.0)
+            own = np.asarray(model.problem.unit_output_bytes or (0,) * n, dtype=np.float64)[j]
+            self.remat1 = self.saved - np.where(j == n - 1, float(model.problem.output_held_bytes), own)
         else:
             self.held1, self.remat1 = stage_input, self.saved
 

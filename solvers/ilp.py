@@ -258,6 +258,9 @@ def _memory_rows(
                 held = stage_end(cut_bytes, problem.output_held_bytes)
                 if s == p - 1:  # the loss runs after the checkpointed stage: not re-materialised
                     remat.append((-problem.output_held_bytes / scale, 1))
+                elif problem.unit_output_bytes:  # the last unit's outputs, let go before the backward peaks
+                    own = [float(v) for v in problem.unit_output_bytes[:-1]]
+                    remat += [(-c, t) for c, t in stage_end(own, 0.0)]
             else:
                 held = stage_input(1)
             base = state + buffers + sends + transient[acting_kind(m, True)]

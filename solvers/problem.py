@@ -30,7 +30,8 @@ and chooses recomputation ``r_s`` (activation checkpointing). With ``M`` micro-b
   micro-batch holds from its forward to its backward: the saved activations ``a_s`` (``saved_bytes``), or
   under recomputation its output (``out_s``; its input while the receive buffers are not modelled), with
   ``remat_s = a_s`` re-materialised while it is recomputed (less, on the last stage, the output and the loss's
-  tensors, which the loss keeps outside the recomputed part); ``split_s`` what
+  tensors, which the loss keeps outside the recomputed part; elsewhere less its last unit's outputs,
+  ``unit_output_bytes``, let go before its backward peaks); ``split_s`` what
   the input-gradient action keeps for the weight-gradient action (``split_held_bytes``; a recomputing stage
   runs its whole backward in I and
   holds nothing past it); a stage whose input comes from the stage before it on the same rank
@@ -153,6 +154,11 @@ class PartitionProblem:
     kept_loss_bytes: int = 0
     """What the loss's output keeps per micro-batch once its backward is done: torch's schedules keep every
     micro-batch's loss until the step ends (the last stage's, ``Moment.done`` of them)."""
+    unit_output_bytes: tuple[int, ...] = ()
+    """Per unit: bytes of the tensors it makes that later units read. A recomputing stage's re-run forward keeps
+    only what backward saves; its last unit's outputs, read after the stage, are let go by the time its backward
+    peaks (a ReLU's result, saved by it, is freed once its backward ran), so they are not re-materialised on top
+    of the output the stage holds. Empty = 0."""
     split_backward: bool = False
     """Whether a non-recomputing stage computes its input gradients with ``torch.autograd.grad`` (torch's
     ``stage_backward_input``): then a relayed tensor's gradient passes through the relaying stage as the very
@@ -170,6 +176,8 @@ class PartitionProblem:
         for name in ("cut_forward_s", "cut_backward_s", "cut_bytes", "cut_grad_bytes"):
             if getattr(self, name) and len(getattr(self, name)) != n - 1:
                 raise UsageError(f"{name} needs {n - 1} values (one per cut), got {len(getattr(self, name))}")
+        if self.unit_output_bytes and len(self.unit_output_bytes) != n:
+            raise UsageError(f"unit_output_bytes needs {n} values (one per unit), got {len(self.unit_output_bytes)}")
         for name in ("cut_grad_bytes",):
             if getattr(self, name) and len(getattr(self, name)) != n - 1:
                 raise UsageError(f"{name} needs {n - 1} values (one per cut), got {len(getattr(self, name))}")
@@ -355,7 +363,7 @@ def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: i
         # re-materialised.
         held, remat = problem.output_held_bytes, saved - problem.output_held_bytes
     else:
-        held, remat = _at(problem.cut_bytes, last) - handed, saved
+        held, remat = _at(problem.cut_bytes, last) - handed, saved - _at(problem.unit_output_bytes, last)
     step = problem.step_bytes[first : last + 1] if problem.step_bytes else (0,)
     tail = StageMemory(state, grads, buffers, 0, sum(step) if problem.step_bytes_add else max(step))
     best = tail

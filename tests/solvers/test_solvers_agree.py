@@ -91,6 +91,7 @@ def _runtime_memory(rng: random.Random, n: int, p: int, m: int, params: tuple[in
         "target_bytes": loss.randint(0, 40),
         "kept_loss_bytes": loss.randint(0, 30),
         "split_backward": loss.random() < 0.5,
+        "unit_output_bytes": tuple(loss.randint(0, 20) for _ in range(n)) if loss.random() < 0.7 else (),
     }
 
 
