@@ -140,8 +140,8 @@ class LiveBytes(TorchDispatchMode):
         self._category: str | None = None
         self._hooks: list[Any] = []
         self._resize: Callable[..., Any] | None = None
-        self._expected: list[list[Any]] = []
-        """``[owner, category, bytes]`` announced by :meth:`expect` that no operator has written into yet."""
+        self._expected: list[tuple[Hashable, str, int]] = []
+        """``(owner, category, bytes)`` announced by :meth:`expect` that no operator has written into yet."""
 
     # -- bookkeeping ------------------------------------------------------------------------------------
 
@@ -192,17 +192,16 @@ class LiveBytes(TorchDispatchMode):
         self._change(_Entry(owner, category, nbytes), nbytes)
 
     def expect(self, nbytes: int, owner: Hashable, category: str) -> None:
-        """Count storage made in C++ before tracking that operators will write into: DDP's gradient buckets,
+        """Count a storage made in C++ before tracking that operators will write into: DDP's gradient buckets,
         which its reducer fills with ``mul.out`` during the step's last backward.
 
-        The bytes count from now. An unknown storage that an operator returns while also taking it as an input
-        (an ``out=`` or in-place operator: it wrote into it, it did not make it) is this memory, as far as the
-        bytes announced go: known from then on, not counted again, uncounted when freed. (DDP may rebuild its
-        buckets in C++ during the step, in other sizes of the same total.) Without this, a bucket counted once
-        here and again at its first write (``aten.mul.out`` into the bucket's view) put a DDP stage's step tail
-        a gradient's size over what it holds."""
+        The bytes count from now. The first unknown storage of exactly ``nbytes`` that an operator returns while
+        also taking it as an input (an ``out=`` or in-place operator: it wrote into it, it did not make it) is
+        this memory: known from then on, not counted again, uncounted when freed. Without this, a bucket counted
+        once here and again at its first write (``aten.mul.out`` into the bucket's view) put a DDP stage's step
+        tail a gradient's size over what it holds."""
         self._change(_Entry(owner, category, nbytes), nbytes)
-        self._expected.append([owner, category, nbytes])
+        self._expected.append((owner, category, nbytes))
 
     def register_part(self, tensors: Iterable[Any], owner: Hashable, category: str) -> None:
         """Count only the bytes each tensor spans of its storage (a replica's slice of the whole step's batch,
@@ -223,7 +222,7 @@ class LiveBytes(TorchDispatchMode):
     def _adopt(self, storage: torch.UntypedStorage, inputs: Any) -> bool:
         """Whether ``storage`` is memory announced by :meth:`expect` that an operator wrote into (then known)."""
         nbytes = _allocated_bytes(storage)
-        pending = next((p for p in self._expected if p[2] >= nbytes), None)
+        pending = next((p for p in self._expected if p[2] == nbytes), None)
         if pending is None:
             return False
         ptr = storage.data_ptr()
@@ -232,9 +231,7 @@ class LiveBytes(TorchDispatchMode):
         )
         if not written:
             return False  # the operator made it: a new allocation
-        pending[2] -= nbytes
-        if not pending[2]:
-            self._expected.remove(pending)
+        self._expected.remove(pending)
         entry = _Entry(pending[0], pending[1], nbytes)
         entry.ref = weakref.ref(storage, functools.partial(self._freed, entry))
         self._entries[storage] = entry

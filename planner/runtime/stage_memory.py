@@ -10,8 +10,8 @@ What is counted, and as what, is :mod:`profiles.memory`'s; what exists before th
 each stage's parameters (weights) and gradients, the optimizer's state, torch's receive buffers of every
 micro-batch (``PipelineStage.args_recv_info`` / ``grad_recv_info``, made once when the schedule first runs),
 the step's batch on the ranks that read it (under a cluster plan, the replica's slice of it), and what the
-replicas' gradient reduction holds (DDP's buckets, made in C++ when DDP is built and rebuilt in its first steps:
-counted from the start, and known as themselves once the reducer writes into them). A tensor torch hands from one
+replicas' gradient reduction holds (DDP's buckets, made in C++ when DDP is built: counted from the start, and
+known as themselves once the reducer writes into them). A tensor torch hands from one
 stage to the next on the same rank becomes the receiving stage's buffer, as it takes that buffer's place.
 """
 
@@ -54,18 +54,14 @@ def recv_buffers(stage: Any) -> list[torch.Tensor]:
 def ddp_bucket_bytes(module: Any) -> list[int]:
     """Bytes of each of a DDP module's gradient buckets (its reducer's flat buffers, as DDP logs them); none
     otherwise. Together they are the gradients' bytes, whatever ``bucket_cap_mb`` cuts them into: DDP fills a
-    bucket until it reaches the cap (25 MiB) and, once it has seen the gradients' order (``has_rebuilt_buckets``,
-    from the second step), rebuilds them with a first bucket of 1 MiB (``rebuilt_bucket_sizes``)."""
+    bucket until it reaches the cap (25 MiB) and, once it has seen the gradients' order, rebuilds them with a first
+    bucket of 1 MiB (``rebuilt_bucket_sizes``). Under torch's ``PipelineStage`` it never does: every forward runs
+    under ``no_sync``, where DDP does not rebuild."""
     if not hasattr(module, "_get_ddp_logging_data"):
         return []
     data = module._get_ddp_logging_data()
     sizes = data.get("rebuilt_bucket_sizes") if data.get("has_rebuilt_buckets") else None
     return [int(x) for x in str(sizes or data.get("bucket_sizes", "")).split(",") if x.strip()]
-
-
-def _ddp_rebuilds(module: Any) -> bool:
-    """Whether a DDP module will still rebuild its buckets (it does once, at its second step)."""
-    return hasattr(module, "_get_ddp_logging_data") and not module._get_ddp_logging_data().get("has_rebuilt_buckets")
 
 
 @contextmanager
@@ -131,10 +127,6 @@ def track_rank_memory(
 ) -> tuple[tuple[MemorySample, ...], MemorySample]:
     """Run ``step`` once under the tracker: each of the rank's stages' peak (in ``run.stage_indices`` order)
     and the rank's peak (all its stages at once, with what no stage claimed)."""
-    if any(_ddp_rebuilds(stage.submod) for stage in run.stages):
-        # DDP rebuilds its buckets in C++ at its second step's first forward (the old ones freed where no
-        # tracker sees it): let it do so first. Every rank's replicas step alike, so all take this step or none.
-        step()
     single = run.stage_indices[0] if len(run.stage_indices) == 1 else None
     tracker = LiveBytes(default_owner=single)
     owner = stage_owner(run)
