@@ -140,8 +140,8 @@ class LiveBytes(TorchDispatchMode):
         self._category: str | None = None
         self._hooks: list[Any] = []
         self._resize: Callable[..., Any] | None = None
-        self._expected: list[tuple[Hashable, str, int]] = []
-        """``(owner, category, bytes)`` announced by :meth:`expect` that no operator has written into yet."""
+        self._expected: list[list[Any]] = []
+        """``[owner, category, bytes]`` announced by :meth:`expect` that no operator has written into yet."""
 
     # -- bookkeeping ------------------------------------------------------------------------------------
 
@@ -192,16 +192,16 @@ class LiveBytes(TorchDispatchMode):
         self._change(_Entry(owner, category, nbytes), nbytes)
 
     def expect(self, nbytes: int, owner: Hashable, category: str) -> None:
-        """Count a storage made in C++ before tracking that operators will write into: DDP's gradient buckets,
-        which its reducer fills with ``mul.out`` during the step's last backward.
+        """Count storage made in C++ before tracking that an ``out=`` operator will write into: DDP's gradient
+        buckets, which its reducer fills with ``aten.mul.out`` during the step's last backward.
 
-        The bytes count from now. The first unknown storage of exactly ``nbytes`` that an operator returns while
-        also taking it as an input (an ``out=`` or in-place operator: it wrote into it, it did not make it) is
-        this memory: known from then on, not counted again, uncounted when freed. Without this, a bucket counted
-        once here and again at its first write (``aten.mul.out`` into the bucket's view) put a DDP stage's step
+        The bytes count from now. An unknown storage that an operator is given as its ``out`` is this memory, as
+        far as the bytes announced go: known from then on, not counted again, uncounted when freed. (DDP logs its
+        buckets' total, not always their sizes: a 44,062,720-byte bucket logged, 2,099,200 + 41,963,520 bytes
+        written.) Without this, a bucket counted once here and again at its first write put a DDP stage's step
         tail a gradient's size over what it holds."""
         self._change(_Entry(owner, category, nbytes), nbytes)
-        self._expected.append((owner, category, nbytes))
+        self._expected.append([owner, category, nbytes])
 
     def register_part(self, tensors: Iterable[Any], owner: Hashable, category: str) -> None:
         """Count only the bytes each tensor spans of its storage (a replica's slice of the whole step's batch,
@@ -219,19 +219,18 @@ class LiveBytes(TorchDispatchMode):
                 if entry.nbytes:
                     self._change(entry, entry.nbytes)
 
-    def _adopt(self, storage: torch.UntypedStorage, inputs: Any) -> bool:
-        """Whether ``storage`` is memory announced by :meth:`expect` that an operator wrote into (then known)."""
+    def _adopt(self, storage: torch.UntypedStorage, kwargs: Any) -> bool:
+        """Whether ``storage``, an operator's ``out``, is memory announced by :meth:`expect` (then known)."""
+        out = kwargs.get("out") if isinstance(kwargs, dict) else None
+        if not isinstance(out, torch.Tensor) or all(s.data_ptr() != storage.data_ptr() for s in tensor_storages(out)):
+            return False  # not written into as an ``out``: made by the operator, or some other in-place write
         nbytes = _allocated_bytes(storage)
-        pending = next((p for p in self._expected if p[2] == nbytes), None)
+        pending = next((p for p in self._expected if p[2] >= nbytes), None)
         if pending is None:
             return False
-        ptr = storage.data_ptr()
-        written = any(
-            s.data_ptr() == ptr for a in tree_leaves(inputs) if isinstance(a, torch.Tensor) for s in tensor_storages(a)
-        )
-        if not written:
-            return False  # the operator made it: a new allocation
-        self._expected.remove(pending)
+        pending[2] -= nbytes
+        if not pending[2]:
+            self._expected.remove(pending)
         entry = _Entry(pending[0], pending[1], nbytes)
         entry.ref = weakref.ref(storage, functools.partial(self._freed, entry))
         self._entries[storage] = entry
@@ -364,7 +363,7 @@ class LiveBytes(TorchDispatchMode):
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 for storage in tensor_storages(t):
-                    if self._expected and storage not in self._entries and self._adopt(storage, (args, kwargs)):
+                    if self._expected and storage not in self._entries and self._adopt(storage, kwargs):
                         continue
                     self._add(storage, owner, category or "transient")
         return out

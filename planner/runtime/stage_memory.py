@@ -52,11 +52,10 @@ def recv_buffers(stage: Any) -> list[torch.Tensor]:
 
 
 def ddp_bucket_bytes(module: Any) -> list[int]:
-    """Bytes of each of a DDP module's gradient buckets (its reducer's flat buffers, as DDP logs them); none
-    otherwise. Together they are the gradients' bytes, whatever ``bucket_cap_mb`` cuts them into: DDP fills a
-    bucket until it reaches the cap (25 MiB) and, once it has seen the gradients' order, rebuilds them with a first
-    bucket of 1 MiB (``rebuilt_bucket_sizes``). Under torch's ``PipelineStage`` it never does: every forward runs
-    under ``no_sync``, where DDP does not rebuild."""
+    """Bytes of a DDP module's gradient buckets (its reducer's flat buffers, as DDP logs them); none otherwise.
+    Together they are the gradients' bytes, whatever ``bucket_cap_mb`` cuts them into (DDP fills a bucket until it
+    reaches the cap, 25 MiB, the first one 1 MiB); the log may give their total as one number (44,062,720 logged,
+    2,099,200 + 41,963,520 bytes written), which the tracker takes as a total (``LiveBytes.expect``)."""
     if not hasattr(module, "_get_ddp_logging_data"):
         return []
     data = module._get_ddp_logging_data()
