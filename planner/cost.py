@@ -16,7 +16,7 @@ from planner.calibration import Calibration, ring_s
 from planner.errors import UsageError
 from planner.graph import build_graph, cut_bytes, cut_grad_bytes
 from planner.schedule.memory import memory_moments
-from planner.schedule.orders import Schedule
+from planner.schedule.orders import Schedule, rank_orders
 from profiles.format import Profile, UnitProfile
 from solvers.problem import Moment, PartitionProblem, stage_memory_peak
 
@@ -247,6 +247,12 @@ class UnitCosts:
     relays: tuple[tuple[int, int, int], ...] = ()
     """``(producer, last consumer, bytes)`` of the tensors that need a gradient and skip a unit: what a stage
     between the two passes on (planner/runtime/apply.py relays them, a copy per micro-batch)."""
+    unit_output_bytes: tuple[int, ...] = ()
+    """Per unit, the bytes of the tensors it makes that later units read (the profile's ``tensors``)."""
+    target_bytes: int = 0
+    """The loss's target per micro-batch (profile ``loss.target_bytes``; 0 where unmeasured)."""
+    kept_loss_bytes: int = 0
+    """What the loss's output keeps per micro-batch (profile ``loss.kept_bytes``; 0 where unmeasured)."""
 
     @cached_property
     def work(self) -> UnitWork:
@@ -283,6 +289,15 @@ def unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
     return costs
 
 
+def _made_bytes(profile: Profile, size_index: int) -> tuple[int, ...]:
+    """Per unit, the bytes of the tensors it makes that later units read."""
+    made = [0] * len(profile.units)
+    for t in profile.tensors:
+        if t.producer >= 0:
+            made[t.producer] += t.bytes[size_index]
+    return tuple(made)
+
+
 def _unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
     k = profile.size_index(micro_batch_size)
     graph = build_graph(profile)
@@ -307,6 +322,9 @@ def _unit_costs(profile: Profile, micro_batch_size: int) -> UnitCosts:
         input_transient_bytes=_per_size(units, "input_transient_bytes", k),
         weight_transient_bytes=_per_size(units, "weight_transient_bytes", k),
         output_bytes=units[-1].output_bytes[k],
+        unit_output_bytes=_made_bytes(profile, k),
+        target_bytes=profile.loss.target_bytes[k] if profile.loss else 0,
+        kept_loss_bytes=profile.loss.kept_bytes[k] if profile.loss else 0,
         relays=tuple(
             (t.producer, t.last_consumer, t.bytes[k])
             for t in profile.tensors
@@ -426,13 +444,25 @@ def schedule_moments(
                 {"I": "W", "W": "B"}.get(m.kind, m.kind),
                 m.sent_grads,
                 m.sent_outputs,
+                m.done,
             )
             if first_split
-            else Moment(m.waiting, m.split, m.grads, m.kind in "BI", m.kind, m.sent_grads, m.sent_outputs)
+            else Moment(m.waiting, m.split, m.grads, m.kind in "BI", m.kind, m.sent_grads, m.sent_outputs, m.done)
             for m in moments
         }
         out.append(tuple(sorted(converted)))
     return tuple(out)
+
+
+@lru_cache(maxsize=64)
+def _every_backward_split(schedule: Schedule, num_stages: int, num_microbatches: int, num_ranks: int) -> bool:
+    """Whether every backward of ``schedule`` is an I and a W (zero-bubble, ZBV; DualPipeV runs most as B): then a
+    relayed tensor's gradient passes through its relaying stage as the buffer it came in (``torch.autograd.grad``
+    returns a copy's gradient unchanged), where a full backward accumulates a copy of it into ``.grad``."""
+    if not schedule.splits_backward:
+        return False
+    orders = rank_orders(schedule, num_stages, num_microbatches, num_ranks)
+    return not any(step.kind == "B" for order in orders for step in order)
 
 
 def _step_bytes(profile: Profile, costs: UnitCosts, settings: CostSettings) -> tuple[tuple[int, ...], bool]:
@@ -516,6 +546,7 @@ def build_problem(
     tensors = costs.param_tensor_count or (0,) * len(costs.param_count)
     parts = [_state_parts(profile, settings, n, k) for n, k in zip(costs.param_count, tensors, strict=True)]
     split = schedule.splits_backward if schedule is not None else split_backward
+    all_split = schedule is not None and _every_backward_split(schedule, num_stages, num_microbatches, num_ranks)
     steps, add = _step_bytes(profile, costs, settings)
     activations = costs.activation_bytes
     return PartitionProblem(
@@ -553,6 +584,10 @@ def build_problem(
         # difference: one tensor of the output's size). For gpt2-small's LM head (b = 4) that is 98 MiB per
         # micro-batch past I, which the zero-bubble last stage was charged three times over (-20.5 % measured).
         final_output_bytes=min(activations[-1], 2 * costs.output_bytes),
+        target_bytes=costs.target_bytes,
+        kept_loss_bytes=costs.kept_loss_bytes,
+        unit_output_bytes=costs.unit_output_bytes,
+        split_backward=all_split,
     )
 
 

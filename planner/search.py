@@ -244,6 +244,7 @@ def _holds_no_more(theirs: _Held, mine: _Held) -> bool:
             and a.kind == b.kind
             and a.sent_grads >= b.sent_grads
             and a.sent_outputs >= b.sent_outputs
+            and a.done >= b.done
         )
 
     return all(all(any(covers(a, b) for a in ours) for b in them) for them, ours in zip(theirs, mine, strict=True))

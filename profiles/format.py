@@ -28,6 +28,7 @@ __all__ = [
     "TensorFlow",
     "WholeModel",
     "PieceOverhead",
+    "LossMemory",
     "Resume",
     "ThreadScaling",
     "Profile",
@@ -154,6 +155,17 @@ class PieceOverhead:
 
 
 @dataclass(frozen=True)
+class LossMemory:
+    """What the loss holds, per micro-batch size: its target (one micro-batch's ``target`` bytes) and the storage
+    of the loss's output (``kept_bytes``), which torch's schedules keep for every micro-batch until the step ends
+    (``_internal_losses``): 4 bytes for a cross-entropy, the whole output's size for a CPU ``mse_loss``, whose 0-d
+    result keeps the storage of the elementwise loss it was reduced from."""
+
+    target_bytes: tuple[int, ...]
+    kept_bytes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Resume:
     """What the whole model's forward and backward cost more after an idle gap than back to back
     (profiles/resume.py): per micro-batch size, one value per gap in ``gaps_s``."""
@@ -207,6 +219,8 @@ class Profile:
     """Optional: absent in meta profiles and in profiles made before it (the simulator then adds nothing)."""
     thread_scaling: ThreadScaling | None = None
     """Optional: CPU profiles made with it; :meth:`at_threads` reads it."""
+    loss: LossMemory | None = None
+    """Optional: profiles made before it lack it (the memory model then leaves the target and the kept losses out)."""
     pipeline_calibration: dict[str, Any] | None = field(default=None, hash=False, compare=False)
     """Optional: the calibration learned from a short run of this model as a 2-rank 1F1B pipeline right after
     it was profiled (``pipeplan profile`` on a CPU; planner/runtime/model_cost.py); ``plan`` uses it by
@@ -283,7 +297,7 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         settings = data.pop("settings")
-        for key in ("piece_overhead", "resume", "thread_scaling", "pipeline_calibration"):
+        for key in ("piece_overhead", "resume", "thread_scaling", "loss", "pipeline_calibration"):
             if data[key] is None:  # an optional field: absent, as in profiles made before it
                 del data[key]
         for unit in data["units"]:
@@ -371,6 +385,9 @@ def _check_meaning(data: dict[str, Any]) -> None:
                 raise _fail(f"{block}.{key} is not aligned with micro_batch_sizes")
             if any(t > MAX_SECONDS for t in values):
                 raise _fail(f"{block}.{key} holds {max(values):.3g} s, over pipeplan's limit of {MAX_SECONDS:.0e} s")
+    for key in ("target_bytes", "kept_bytes") if "loss" in data else ():
+        if len(data["loss"][key]) != n_sizes:
+            raise _fail(f"loss.{key} is not aligned with micro_batch_sizes")
     if "resume" in data:
         gaps = data["resume"]["gaps_s"]
         if list(gaps) != sorted(set(gaps)):
@@ -448,7 +465,7 @@ def profile_from_dict(data: Any) -> Profile:
         for t in data["tensors"]
     )
     m, d, w, o = data["model"], data["device"], data["whole_model"], data.get("piece_overhead")
-    r, ts = data.get("resume"), data.get("thread_scaling")
+    r, ts, lo = data.get("resume"), data.get("thread_scaling"), data.get("loss")
     return Profile(
         model=ModelInfo(m["name"], m["fingerprint"], m["param_count"], m.get("param_bytes", 0)),
         device=DeviceInfo(d["kind"], d["name"], d["memory_bytes"], d["dtype"], d["torch_version"]),
@@ -475,6 +492,7 @@ def profile_from_dict(data: Any) -> Profile:
             tuple(tuple(map(float, row)) for row in ts["factor"]),
             tuple(map(float, ts["reference_s"])),
         ),
+        loss=None if lo is None else LossMemory(tuple(map(int, lo["target_bytes"])), tuple(map(int, lo["kept_bytes"]))),
     )
 
 

@@ -14,7 +14,8 @@ micro-batch), and it attributes memory to modules, not to the stages of a schedu
 What it counts is what the dispatcher allocates: outputs of operators, in every thread whose dispatch
 state includes the mode (autograd's backward on CPU runs in the caller's thread). Kernel-internal scratch
 (oneDNN workspaces) and allocations made in C++ outside an operator (gloo's staging, DDP's reducer buckets,
-made at construction) are not seen; a caller registers the latter with :meth:`LiveBytes.register_bytes`.
+made at construction) are not seen; a caller registers the latter with :meth:`LiveBytes.expect` (counted from
+then on; the storage, once an operator writes into it, is known as that memory and not counted twice).
 
 Categories, as the plan breaks a stage's memory down (planner/cost.py ``MemoryBreakdown``):
 
@@ -139,6 +140,8 @@ class LiveBytes(TorchDispatchMode):
         self._category: str | None = None
         self._hooks: list[Any] = []
         self._resize: Callable[..., Any] | None = None
+        self._expected: list[list[Any]] = []
+        """``[owner, category, bytes]`` announced by :meth:`expect` that no operator has written into yet."""
 
     # -- bookkeeping ------------------------------------------------------------------------------------
 
@@ -185,8 +188,53 @@ class LiveBytes(TorchDispatchMode):
                     self._add(storage, owner, category)
 
     def register_bytes(self, nbytes: int, owner: Hashable, category: str) -> None:
-        """Count memory the dispatcher never sees (made in C++ before tracking, e.g. DDP's buckets), held throughout."""
+        """Count memory the dispatcher never sees at all, held throughout."""
         self._change(_Entry(owner, category, nbytes), nbytes)
+
+    def expect(self, nbytes: int, owner: Hashable, category: str) -> None:
+        """Count storage made in C++ before tracking that an ``out=`` operator will write into: DDP's gradient
+        buckets, which its reducer fills with ``aten.mul.out`` during the step's last backward.
+
+        The bytes count from now. An unknown storage that an operator is given as its ``out`` is this memory, as
+        far as the bytes announced go: known from then on, not counted again, uncounted when freed. (DDP logs its
+        buckets' total, not always their sizes: a 44,062,720-byte bucket logged, 2,099,200 + 41,963,520 bytes
+        written.) Without this, a bucket counted once here and again at its first write put a DDP stage's step
+        tail a gradient's size over what it holds."""
+        self._change(_Entry(owner, category, nbytes), nbytes)
+        self._expected.append([owner, category, nbytes])
+
+    def register_part(self, tensors: Iterable[Any], owner: Hashable, category: str) -> None:
+        """Count only the bytes each tensor spans of its storage (a replica's slice of the whole step's batch,
+        which a replica of a real run loads alone); the storage is known from then on (its views, the schedule's
+        micro-batch chunks, are not new), and the bytes are uncounted when it is freed."""
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                continue
+            for storage in tensor_storages(t):
+                if storage in self._entries:
+                    continue
+                entry = _Entry(owner, category, min(t.numel() * t.element_size(), _allocated_bytes(storage)))
+                entry.ref = weakref.ref(storage, functools.partial(self._freed, entry))
+                self._entries[storage] = entry
+                if entry.nbytes:
+                    self._change(entry, entry.nbytes)
+
+    def _adopt(self, storage: torch.UntypedStorage, kwargs: Any) -> bool:
+        """Whether ``storage``, an operator's ``out``, is memory announced by :meth:`expect` (then known)."""
+        out = kwargs.get("out") if isinstance(kwargs, dict) else None
+        if not isinstance(out, torch.Tensor) or all(s.data_ptr() != storage.data_ptr() for s in tensor_storages(out)):
+            return False  # not written into as an ``out``: made by the operator, or some other in-place write
+        nbytes = _allocated_bytes(storage)
+        pending = next((p for p in self._expected if p[2] >= nbytes), None)
+        if pending is None:
+            return False
+        pending[2] -= nbytes
+        if not pending[2]:
+            self._expected.remove(pending)
+        entry = _Entry(pending[0], pending[1], nbytes)
+        entry.ref = weakref.ref(storage, functools.partial(self._freed, entry))
+        self._entries[storage] = entry
+        return True
 
     def classify(self, tensor: torch.Tensor, category: str, owner: Hashable = None) -> None:
         """Move ``tensor``'s storages to ``category`` (and ``owner``, when given), counting them if new."""
@@ -315,5 +363,7 @@ class LiveBytes(TorchDispatchMode):
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 for storage in tensor_storages(t):
+                    if self._expected and storage not in self._entries and self._adopt(storage, kwargs):
+                        continue
                     self._add(storage, owner, category or "transient")
         return out

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from planner.errors import PipeplanWarning, ProfilingError, UsageError, shorten
 from profiles.allocator import keep_freed_memory
@@ -23,6 +24,7 @@ from profiles.dataflow import Capture, Edge, capture_export, capture_hooks, para
 from profiles.fingerprint import model_fingerprint
 from profiles.format import (
     DeviceInfo,
+    LossMemory,
     ModelInfo,
     PieceOverhead,
     Profile,
@@ -316,9 +318,11 @@ def _measure_loaded(
     # A CPU rank of a P-rank pipeline gets cores // P threads: the profile carries its times at each such count.
     counts = rank_thread_counts(os.cpu_count() or 1) if dev.type == "cpu" else ()
     factors: list[tuple[float, ...]] = []
+    losses: list[tuple[int, int]] = []
     try:
         for b in sizes:
             inputs, target = _batch(workload, b, dev, torch_dtype)
+            losses.append(loss_memory(model, workload, inputs, target))
             bar.set_description(f"split b={b}")
             cap, reason = _capture(model, inputs, unit_names, mode)
             mode, fallback_reason = cap.mode, fallback_reason or reason
@@ -359,7 +363,19 @@ def _measure_loaded(
         thread_factors=tuple(factors) if counts else None,
         thread_counts=counts,
         thread_reference_s=thread_reference,
+        loss_bytes=tuple(losses),
     )
+
+
+def loss_memory(model: nn.Module, workload: Workload, inputs: tuple[Any, ...], target: Any) -> tuple[int, int]:
+    """``(target bytes, bytes the loss's output keeps)`` for one micro-batch: the target's tensors, and the storage
+    behind the loss ``loss_fn(model(*inputs), target)`` returns, which torch's schedules keep for every micro-batch
+    until the step ends (a CPU ``mse_loss`` returns a 0-d view of its elementwise loss: the output's size)."""
+    target_bytes = sum(t.numel() * t.element_size() for t in tree_leaves(target) if isinstance(t, torch.Tensor))
+    with torch.no_grad():
+        loss = workload.loss_fn(model(*inputs), target)
+    kept = loss.untyped_storage().nbytes() if isinstance(loss, torch.Tensor) else 0
+    return target_bytes, kept
 
 
 def _whole_model(measured: Measurements, n_sizes: int) -> WholeModel:
@@ -612,6 +628,9 @@ def profile_model(
             tuple(zip(*measured.thread_factors, strict=True)),
             measured.thread_reference_s,
         ),
+        loss=None
+        if measured.loss_bytes is None
+        else LossMemory(tuple(t for t, _ in measured.loss_bytes), tuple(k for _, k in measured.loss_bytes)),
         settings=settings,
     )
     if on_meta:

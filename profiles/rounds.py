@@ -111,6 +111,9 @@ class Measurements:
     thread_counts: tuple[int, ...] = ()
     thread_reference_s: tuple[float, ...] = ()
     """The speed reference at each of ``thread_counts``."""
+    loss_bytes: tuple[tuple[int, int], ...] | None = None
+    """Per size, ``(target bytes, bytes the loss's output keeps)`` (profiles/profiler.py ``loss_memory``); None
+    for a meta profile."""
 
 
 def whole_piece(model: nn.Module, inputs: tuple, capture: Capture, units: Sequence[str]) -> Piece:

@@ -133,10 +133,15 @@ class _Band:
         for producer, consumer, nbytes in model.problem.relays:
             self.relayed += np.where((ic > producer) & (j < consumer), float(nbytes), 0.0)
         self.out_grad = np.broadcast_to(model.out_grad[:, None], stage_input.shape)
+        # The last stage's own: the step's target (with its buffers) and the losses of finished micro-batches.
+        last = np.broadcast_to(np.where(j == n - 1, 1.0, 0.0), stage_input.shape)
+        self.target = last * float(model.problem.target_bytes)
+        self.kept_loss = last * float(model.problem.kept_loss_bytes)
         if model.buffer_mb:
             self.held1 = np.broadcast_to(model.out_held[:, None], stage_input.shape)
             # The last unit's loss runs after the checkpointed stage: not re-materialised.
-            self.remat1 = self.saved - np.where(j == n - 1, float(model.problem.output_held_bytes), 0.0)
+            own = np.asarray(model.problem.unit_output_bytes or (0,) * n, dtype=np.float64)[j]
+            self.remat1 = self.saved - np.where(j == n - 1, float(model.problem.output_held_bytes), own)
         else:
             self.held1, self.remat1 = stage_input, self.saved
 
@@ -148,14 +153,17 @@ class _Band:
         # A stage handing its output over on its rank holds it no more (solvers.problem.stage_memory_peak).
         handed = self.sent_output if local_out else 0.0
         held, remat = (self.held1 - handed, self.remat1) if recompute else (self.saved + self.relayed - handed, 0.0)
-        sent_grad = 0.0 if local_in else self.sent_grad
+        # Under a split backward a relayed tensor's gradient is the buffer it came in (stage_memory_peak).
+        passed = self.relayed if self.model.problem.split_backward and not recompute else 0.0
+        sent_grad = 0.0 if local_in else self.sent_grad - passed
         sent_output = 0.0 if local_out else self.sent_output
-        buffers = self.model.buffer_mb * (self.stage_input + self.out_grad)
+        own_grads = self.out_grad - (passed if local_in else 0.0)
+        buffers = self.model.buffer_mb * (self.stage_input + own_grads + self.target)
         memory = self.state + buffers + self.step
         base = self.state + buffers
         for m in moments:
             past_input = 0.0 if recompute else m.split * (held + self.split_held)
-            activations = m.waiting * held + past_input + (remat if m.acting else 0.0)
+            activations = m.waiting * held + past_input + (remat if m.acting else 0.0) + m.done * self.kept_loss
             sends = m.sent_grads * sent_grad + m.sent_outputs * sent_output
             here = base - (0.0 if m.grads else self.grads) + activations + sends
             here = here + self.transient[acting_kind(m, recompute)]
@@ -247,12 +255,13 @@ class _Model:
         )
         step = self.pt[-1] if self.step_add else float(self.step.max(initial=0.0))
         transient = max((float(v.max(initial=0.0)) for v in self.transient.values()), default=0.0)
-        fixed = self.pp[-1] + self.buffer_mb * (self.stage_input.max() + self.out_grad.max())
+        fixed = self.pp[-1] + self.buffer_mb * (self.stage_input.max() + self.out_grad.max() + p.target_bytes)
         worst = max(
             (m.waiting + m.split + 1) * held
             + m.split * self.pw[-1]
             + m.sent_grads * self.stage_in_grad.max()
             + m.sent_outputs * max(self.out_held, default=0.0)
+            + m.done * p.kept_loss_bytes
             for m in moments
         )
         return (fixed + max(step, transient + worst)) * (1 + 1e-9) + 1.0

@@ -160,6 +160,10 @@ def _memory_rows(
     local_in, local_out = local_cuts(problem, s)
     buffers = stage_input(problem.buffer_microbatches)
     buffers += [(problem.buffer_microbatches * c, t) for c, t in stage_end(cut_grads, 0.0)]
+    # The last stage's own: the step's target (with its buffers) and the losses of finished micro-batches.
+    kept_loss = problem.kept_loss_bytes / scale if s == p - 1 else 0.0
+    if s == p - 1 and problem.target_bytes:
+        buffers.append((problem.buffer_microbatches * problem.target_bytes / scale, 1))
     # A stage handing its output over on its rank holds it no more (solvers.problem.stage_memory_peak).
     handed = [(-c, t) for c, t in stage_end(cut_bytes, 0.0)] if local_out else []
     # What sends hold: the stage's input's gradients and its outputs (solvers.problem.stage_memory_peak).
@@ -173,6 +177,10 @@ def _memory_rows(
             continue
         z = _var(prob, f"z_{k}_{s}", lowBound=0)
         prob.addConstraint(_expr([(1.0, z), (-1.0, y[producer, s - 1]), (1.0, y[consumer, s])]) >= 0)
+        if problem.split_backward:
+            # It also enters with negative coefficients below: exactly the product, not only a lower bound.
+            prob.addConstraint(_expr([(1.0, z), (-1.0, y[producer, s - 1])]) <= 0)
+            prob.addConstraint(_expr([(1.0, z), (1.0, y[consumer, s])]) <= 1)
         relayed.append((nbytes / scale, z))
     relayed_all = sum(b for _, _, b in problem.relays) / scale
     # The last stage lets the model's output go at I (split_held for it is less that output).
@@ -200,7 +208,8 @@ def _memory_rows(
         sum(problem.param_state_bytes)
         + max((max(v, default=0) for v in transient_arrays(problem).values()), default=0)
         + max(problem.step_bytes, default=0) * (n if problem.step_bytes_add else 1)
-        + problem.buffer_microbatches * (max([problem.input_bytes, *cut_bytes]) + max(cut_grads, default=0))
+        + problem.buffer_microbatches
+        * (max([problem.input_bytes, *cut_bytes]) + max(cut_grads, default=0) + problem.target_bytes)
     ) / scale
     saved_all = sum(problem.saved_bytes) / scale
     split_all = sum(problem.split_held_bytes) / scale
@@ -218,13 +227,26 @@ def _memory_rows(
         else:
             prob.addConstraint(_expr(lhs + [(-big, r)]) <= 1.0)
 
-    row(state + buffers + step, None, top)
+    if problem.split_backward and local_in and relayed:
+        # Not recomputing, a relayed gradient is the buffer it came in, kept by the stage before (stage_memory_peak).
+        passed = [(-problem.buffer_microbatches * c, t) for c, t in relayed]
+        if False in choices:
+            row(state + buffers + step + passed, False, top)
+        if True in choices:
+            row(state + buffers + step, True, top)
+    else:
+        row(state + buffers + step, None, top)
     for m in stage_moments(problem, s):
         no_grads = [] if m.grads else [(-c, t) for c, t in grads]
         sends = [(m.sent_grads * c, t) for c, t in sent_grad] + [(m.sent_outputs * c, t) for c, t in sent_output]
+        sends += [(m.done * kept_loss, 1)] if kept_loss else []
         most_sent = (m.sent_grads * max(cut_grads, default=0) + m.sent_outputs * max(cut_bytes, default=0)) / scale
+        most_sent += m.done * kept_loss
         if False in choices:
             base = state + buffers + sends + transient[acting_kind(m, False)]
+            if problem.split_backward:  # a relayed gradient is the buffer it came in (stage_memory_peak)
+                times = problem.buffer_microbatches if local_in else m.sent_grads
+                base = base + [(-times * c, t) for c, t in relayed]
             lhs = base + no_grads + [((m.waiting + m.split) * c, t) for c, t in saved + relayed + handed]
             lhs += [(m.split * c, t) for c, t in split_held]
             bound = top + most_sent + (m.waiting + m.split) * (saved_all + relayed_all) + m.split * split_all
@@ -236,6 +258,9 @@ def _memory_rows(
                 held = stage_end(cut_bytes, problem.output_held_bytes)
                 if s == p - 1:  # the loss runs after the checkpointed stage: not re-materialised
                     remat.append((-problem.output_held_bytes / scale, 1))
+                elif problem.unit_output_bytes:  # the last unit's outputs, let go before the backward peaks
+                    own = [float(v) for v in problem.unit_output_bytes[:-1]]
+                    remat += [(-c, t) for c, t in stage_end(own, 0.0)]
             else:
                 held = stage_input(1)
             base = state + buffers + sends + transient[acting_kind(m, True)]

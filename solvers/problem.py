@@ -30,7 +30,8 @@ and chooses recomputation ``r_s`` (activation checkpointing). With ``M`` micro-b
   micro-batch holds from its forward to its backward: the saved activations ``a_s`` (``saved_bytes``), or
   under recomputation its output (``out_s``; its input while the receive buffers are not modelled), with
   ``remat_s = a_s`` re-materialised while it is recomputed (less, on the last stage, the output and the loss's
-  tensors, which the loss keeps outside the recomputed part); ``split_s`` what
+  tensors, which the loss keeps outside the recomputed part; elsewhere less its last unit's outputs,
+  ``unit_output_bytes``, let go before its backward peaks); ``split_s`` what
   the input-gradient action keeps for the weight-gradient action (``split_held_bytes``; a recomputing stage
   runs its whole backward in I and
   holds nothing past it); a stage whose input comes from the stage before it on the same rank
@@ -39,9 +40,11 @@ and chooses recomputation ``r_s`` (activation checkpointing). With ``M`` micro-b
   largest working memory of a unit less what the units after it saved, freed by then (B, I or W:
   ``transient_bytes``, ``input_transient_bytes``, ``weight_transient_bytes``); past I the last stage no
   longer holds the model's output and the loss's saved tensors (``final_output_bytes``); a send holds
-  ``sent_grads`` input gradients and ``sent_outputs`` outputs of earlier micro-batches
-  (planner/schedule/memory.py); a non-recomputing stage that passes on tensors made before it and read after it
-  holds a copy of each (``relays``); and ``step_s`` the
+  ``sent_grads`` input gradients and
+  ``sent_outputs`` outputs of earlier micro-batches (planner/schedule/memory.py); a non-recomputing stage that
+  passes on tensors made before it and read after it holds a copy of each (``relays``); the last stage holds
+  the step's target (``target_bytes`` per micro-batch, with its buffers) and the loss of every micro-batch whose
+  backward is done (``kept_loss_bytes``, ``done`` of them, with its activations); and ``step_s`` the
   optimizer step's temporaries (``step_bytes``, their largest unit or their sum). With the defaults (one moment
   of ``in_flight[s]`` micro-batches, no receive buffers, nothing split, sent or stepped) it is the textbook
 
@@ -146,6 +149,22 @@ class PartitionProblem:
     local_inputs: tuple[bool, ...] = ()
     """Per stage: its input comes from the stage before it on the same rank (the turn of a V), handed over in
     memory: neither keeps receive buffers for that cut. Empty = none."""
+    target_bytes: int = 0
+    """The loss's target per micro-batch: the last stage holds the step's, ``buffer_microbatches`` of them, as the
+    first stage holds the step's batch."""
+    kept_loss_bytes: int = 0
+    """What the loss's output keeps per micro-batch once its backward is done: torch's schedules keep every
+    micro-batch's loss until the step ends (the last stage's, ``Moment.done`` of them)."""
+    unit_output_bytes: tuple[int, ...] = ()
+    """Per unit: bytes of the tensors it makes that later units read. A recomputing stage's re-run forward keeps
+    only what backward saves; its last unit's outputs, read after the stage, are let go by the time its backward
+    peaks (a ReLU's result, saved by it, is freed once its backward ran), so they are not re-materialised on top
+    of the output the stage holds. Empty = 0."""
+    split_backward: bool = False
+    """Whether a non-recomputing stage computes its input gradients with ``torch.autograd.grad`` (torch's
+    ``stage_backward_input``): then a relayed tensor's gradient passes through the relaying stage as the very
+    tensor it was received in (a copy's backward returns its gradient unchanged), so what the stage sends back
+    for it is its receive buffer, and across a V's turn the stage before it keeps that buffer as its own."""
 
     def __post_init__(self) -> None:
         n, p = len(self.forward_s), self.num_stages
@@ -158,6 +177,8 @@ class PartitionProblem:
         for name in ("cut_forward_s", "cut_backward_s", "cut_bytes", "cut_grad_bytes"):
             if getattr(self, name) and len(getattr(self, name)) != n - 1:
                 raise UsageError(f"{name} needs {n - 1} values (one per cut), got {len(getattr(self, name))}")
+        if self.unit_output_bytes and len(self.unit_output_bytes) != n:
+            raise UsageError(f"unit_output_bytes needs {n} values (one per unit), got {len(self.unit_output_bytes)}")
         for name in ("cut_grad_bytes",):
             if getattr(self, name) and len(getattr(self, name)) != n - 1:
                 raise UsageError(f"{name} needs {n - 1} values (one per cut), got {len(getattr(self, name))}")
@@ -212,6 +233,8 @@ class Moment(NamedTuple):
     """Input gradients of earlier micro-batches that a send still holds (the stage's input's size each)."""
     sent_outputs: int = 0
     """Outputs of micro-batches past their backward that a send still holds (the stage's output's size each)."""
+    done: int = 0
+    """Micro-batches whose backward is done: the last stage holds each one's loss (``kept_loss_bytes``)."""
 
 
 @dataclass(frozen=True)
@@ -318,9 +341,15 @@ def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: i
     local_in, local_out = local_cuts(problem, stage)
     # Across a cut on one rank torch hands the tensors over in place of the receive buffers, which keep them
     # (set_local_fwd_input / set_local_bwd_input): as many, held by the stage that receives them.
-    buffers = problem.buffer_microbatches * (stage_input + out_grad)
+    buffers = problem.buffer_microbatches * (stage_input + out_grad + (problem.target_bytes if last_unit else 0))
+    kept_loss = problem.kept_loss_bytes if last_unit else 0
+    # A relayed tensor's gradient, under a split backward, is the receive buffer it came in: the send holds no
+    # more for it, and across a V's turn the stage before keeps that buffer as its own (counted there).
+    passed = relayed_bytes(problem, first, last) if problem.split_backward and not recompute else 0
+    if local_in:
+        buffers -= problem.buffer_microbatches * passed
     # What a send still holds: an input gradient per sent one, an output per one past its backward.
-    sent_grad = 0 if first == 0 or local_in else _at(problem.cut_grad_bytes, first - 1)
+    sent_grad = 0 if first == 0 or local_in else _at(problem.cut_grad_bytes, first - 1) - passed
     sent_output = 0 if last_unit or local_out else _at(problem.cut_bytes, last)
     # Past I, the last stage no longer holds the model's output (torch detaches it; nothing saved it).
     split_held = split - (problem.final_output_bytes if last_unit else 0)
@@ -335,7 +364,7 @@ def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: i
         # re-materialised.
         held, remat = problem.output_held_bytes, saved - problem.output_held_bytes
     else:
-        held, remat = _at(problem.cut_bytes, last) - handed, saved
+        held, remat = _at(problem.cut_bytes, last) - handed, saved - _at(problem.unit_output_bytes, last)
     step = problem.step_bytes[first : last + 1] if problem.step_bytes else (0,)
     tail = StageMemory(state, grads, buffers, 0, sum(step) if problem.step_bytes_add else max(step))
     best = tail
@@ -343,7 +372,7 @@ def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: i
     for m in stage_moments(problem, stage):
         # A recomputing stage runs its whole backward in I (nothing is left for W to hold).
         past_input = 0 if recompute else m.split * (held + split_held)
-        activations = m.waiting * held + past_input + (remat if m.acting else 0)
+        activations = m.waiting * held + past_input + (remat if m.acting else 0) + m.done * kept_loss
         kept = grads if m.grads else 0
         sends = m.sent_grads * sent_grad + m.sent_outputs * sent_output
         working = transient["B" if recompute and m.kind == "I" else m.kind]  # acting_kind, inlined: a hot loop

@@ -140,7 +140,8 @@ class _Stages:
     So that a replayed stage's memory is the one a rank's would be (torch/distributed/pipelining/stage.py):
     receive buffers for every micro-batch of a stage's input and of its output's gradient, made once and kept
     (none across a cut between two stages of one rank: torch hands those tensors over); the forward's outputs
-    and inputs kept until the micro-batch's backward (``fwd_cache``); past a split backward's I, the graph and
+    and inputs kept until the micro-batch's backward (``fwd_cache``); every micro-batch's loss until the step ends
+    (the schedule's ``_internal_losses``); past a split backward's I, the graph and
     what I keeps for W until W (``backward_state``); an input's gradient let go once handed to the stage before.
     """
 
@@ -154,12 +155,14 @@ class _Stages:
         self.fwd: dict[tuple[int, int], tuple[Any, tuple[Any, ...]]] = {}
         self.split: dict[tuple[int, int], tuple[Any, tuple[Any, ...], Any]] = {}
         self.loss: dict[int, torch.Tensor] = {}
+        self.kept_losses: list[torch.Tensor] = []
         self.whole_in_input = [plan.schedule.splits_backward and st.recompute for st in plan.stages]
-        # What torch's sends still hold (planner/schedule/memory.py): the multi-stage runtime waits for every
-        # send at the end of the step, GPipe for its backward sends after its last backward, 1F1B for each
-        # before its next forward (or, in its cool-down, after its next backward).
+        # What torch's sends still hold (planner/schedule/memory.py): the multi-stage runtime and GPipe keep every
+        # send's work (and its tensor) to the end of the step; 1F1B's last backward send stays referenced until the
+        # next backward's replaces it, and its warm-up's second-to-last forward send until its cool-down begins.
         self.sent: list[list[Any]] = [[] for _ in range(self.n)]
-        self.keeps_outputs = plan.schedule.multi_stage
+        self.warmup_sent: list[list[Any]] = [[] for _ in range(self.n)]
+        self.keeps_outputs = plan.schedule.multi_stage or plan.schedule in (Schedule.GPIPE, Schedule.NAIVE)
         self.one_pending = plan.schedule is Schedule.ONE_F_ONE_B
         self.handed: Callable[[Any, int], None] = lambda tensors, owner: None
         """Told of tensors handed to a stage across a cut on one rank (the memory tracker makes them its buffers)."""
@@ -188,19 +191,27 @@ class _Stages:
                 b.copy_(v)
         return tuple(b.requires_grad_(v.requires_grad) for b, v in zip(bufs, sent, strict=True))
 
-    def forwarded(self, s: int) -> None:
-        """Before a forward: 1F1B has waited for the stage's last backward send."""
-        if self.one_pending:
-            self.sent[s].clear()
+    def finished(self, s: int, out: Any, mb: int) -> None:
+        """A micro-batch's backward is done: a send of its output may still hold it.
 
-    def finished(self, s: int, out: Any) -> None:
-        """A micro-batch's backward is done: the multi-stage runtime's send of its output still holds it."""
-        if self.keeps_outputs and s < self.n - 1 and not self.local[s + 1]:
+        The multi-stage runtime and GPipe keep every send's work to the end of the step. torch 2.13's 1F1B keeps
+        the work of its warm-up's second-to-last forward send (``send_work``, micro-batch ``w - 2`` of ``w``
+        warm-up forwards) until its cool-down reassigns it, after the backward of micro-batch ``M - w``."""
+        if s == self.n - 1 or self.local[s + 1]:
+            return
+        if self.keeps_outputs:
             self.sent[s].append(out)
+        elif self.one_pending:
+            warmup = min(self.m, self.n - s)
+            if mb == warmup - 2:
+                self.warmup_sent[s].append(out)
+            if mb == self.m - warmup:
+                self.warmup_sent[s].clear()
 
     def step_ended(self) -> None:
-        for sent in self.sent:
+        for sent in (*self.sent, *self.warmup_sent):
             sent.clear()
+        self.kept_losses.clear()
 
     def received_grads(self, s: int, mb: int) -> list[torch.Tensor | None]:
         return self.grad_recv[s][mb]
@@ -219,7 +230,8 @@ class _Stages:
             self.handed([g for g in grads if g is not None], s - 1)
             return
         if self.one_pending:
-            self.sent[s].clear()  # the previous backward's send, waited once this backward is done
+            # 1F1B's ``bwd_sends``: the previous backward's send, let go once this backward's replaces it.
+            self.sent[s].clear()
         self.sent[s].append(grads)
         if mb not in self.grad_recv[s - 1]:
             self.grad_recv[s - 1][mb] = [None if g is None else torch.empty_like(g) for g in grads]
@@ -279,14 +291,17 @@ def _replay(
         for step in order:
             s, mb = step.stage, step.microbatch
             if step.kind == "F":
-                stages.forwarded(s)
                 with act(s, "activations"):
                     args = stages.forward(s, mb)
                     # The last stage's forward includes the loss, as the profile's last unit and torch's schedule
                     # (right after the forward) have it: a 50k-word LM head's loss is 5-10 % of a GPT-2 step.
                     if s == n - 1:
                         out, dt = _timed(lambda: modules[s](*args), dev)  # noqa: B023 - run at once
-                        loss, dl = _timed(lambda: workload.loss_fn(out, mb_targets[mb]) / m, dev)  # noqa: B023
+                        raw, dl = _timed(lambda: workload.loss_fn(out, mb_targets[mb]), dev)  # noqa: B023
+                        # torch's schedules keep every micro-batch's loss until the step ends (_internal_losses);
+                        # its split backward detaches it in place at I, so the loss keeps its storage, not its graph.
+                        stages.kept_losses.append(raw.detach())
+                        loss = raw / m
                         stages.loss[mb] = loss
                         losses.append(loss.detach() * m)
                         dt += dl
@@ -300,7 +315,7 @@ def _replay(
                     out, args = stages.fwd.pop((s, mb))
                     roots, grads = _backward_pairs(stages, s, mb, out)
                     _, dt = _timed(lambda: torch.autograd.backward(roots, grads if s < n - 1 else None), dev)  # noqa: B023
-                    stages.finished(s, out)
+                    stages.finished(s, out, mb)
                     del out, roots, grads
                     stages.hand_back(s, mb, args)
                 kind = "B"
@@ -328,11 +343,11 @@ def _replay(
                     if groups is not None:
                         _, dt = _timed(lambda: stage_backward_weight(modules[s].parameters(), groups), dev)  # noqa: B023
                         if pending is not None:
-                            stages.finished(s, pending[0])
+                            stages.finished(s, pending[0], mb)
                     elif pending is not None:
                         roots, grads = pending
                         _, dt = _timed(lambda: torch.autograd.backward(roots, grads if s < n - 1 else None), dev)  # noqa: B023
-                        stages.finished(s, roots)
+                        stages.finished(s, roots, mb)
                         stages.hand_back(s, mb, args)
                         del roots, grads
                     else:

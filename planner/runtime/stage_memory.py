@@ -9,9 +9,10 @@ tensors, so one step tells the peak of all; it runs after the timed steps becaus
 What is counted, and as what, is :mod:`profiles.memory`'s; what exists before the step is registered here:
 each stage's parameters (weights) and gradients, the optimizer's state, torch's receive buffers of every
 micro-batch (``PipelineStage.args_recv_info`` / ``grad_recv_info``, made once when the schedule first runs),
-the step's batch on the ranks that read it, and what the replicas' gradient reduction holds (DDP's buckets,
-which the dispatcher never sees: they are made in C++ when DDP is built). A tensor torch hands from one stage to
-the next on the same rank becomes the receiving stage's buffer, as it takes that buffer's place.
+the step's batch on the ranks that read it (under a cluster plan, the replica's slice of it), and what the
+replicas' gradient reduction holds (DDP's buckets, made in C++ when DDP is built: counted from the start, and
+known as themselves once the reducer writes into them). A tensor torch hands from one
+stage to the next on the same rank becomes the receiving stage's buffer, as it takes that buffer's place.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from planner.runtime.apply import PipelineRun
 from profiles.memory import LiveBytes, MemorySample
 
-__all__ = ["track_rank_memory", "stage_owner", "recv_buffers"]
+__all__ = ["track_rank_memory", "stage_owner", "recv_buffers", "ddp_bucket_bytes"]
 
 
 def stage_owner(run: PipelineRun) -> Callable[[torch.Tensor], int | None]:
@@ -50,12 +51,16 @@ def recv_buffers(stage: Any) -> list[torch.Tensor]:
     return out
 
 
-def _ddp_bucket_bytes(module: Any) -> int:
-    """Bytes of a DDP module's gradient buckets (its reducer's flat buffers, as DDP logs them); 0 otherwise."""
+def ddp_bucket_bytes(module: Any) -> list[int]:
+    """Bytes of a DDP module's gradient buckets (its reducer's flat buffers, as DDP logs them); none otherwise.
+    Together they are the gradients' bytes, whatever ``bucket_cap_mb`` cuts them into (DDP fills a bucket until it
+    reaches the cap, 25 MiB, the first one 1 MiB); the log may give their total as one number (44,062,720 logged,
+    2,099,200 + 41,963,520 bytes written), which the tracker takes as a total (``LiveBytes.expect``)."""
     if not hasattr(module, "_get_ddp_logging_data"):
-        return 0
-    sizes = module._get_ddp_logging_data().get("bucket_sizes", "")
-    return sum(int(x) for x in str(sizes).split(",") if x.strip())
+        return []
+    data = module._get_ddp_logging_data()
+    sizes = data.get("rebuilt_bucket_sizes") if data.get("has_rebuilt_buckets") else None
+    return [int(x) for x in str(sizes or data.get("bucket_sizes", "")).split(",") if x.strip()]
 
 
 @contextmanager
@@ -131,11 +136,13 @@ def track_rank_memory(
     for stage, s in zip(run.stages, run.stage_indices, strict=True):
         tracker.register(recv_buffers(stage), s, "buffers")
         tracker.register(stage.output_chunks, s, "activations")
-        tracker.register_bytes(_ddp_bucket_bytes(stage.submod), s, "buffers")
+        for nbytes in ddp_bucket_bytes(stage.submod):
+            tracker.expect(nbytes, s, "buffers")
+    # A replica's own part of the step's batch: each replica of a real run loads only its slice.
     if run.is_first:
-        tracker.register(run.replica_slice(inputs), 0, "buffers")
+        tracker.register_part(run.replica_slice(inputs), 0, "buffers")
     if run.is_last:
-        tracker.register(run.replica_slice((target,)), run.plan.num_stages - 1, "buffers")
+        tracker.register_part(run.replica_slice((target,)), run.plan.num_stages - 1, "buffers")
     params = [p for module in run.stage_modules for p in module.parameters()]
     with tracker, _acting_stages(run, tracker):
         tracker.watch_grads(params, owner)

@@ -16,11 +16,19 @@ A moment counts, for one stage at the start of one backward action (B, I or W, i
   one among them for W): each holds its activations, kept by the graph, and the gradients I keeps for W;
 - ``grads``: whether the stage's weight gradients exist (a B or W ran before in the step);
 - ``kind``: the acting action's kind (a recomputing stage re-runs its forward inside B and I);
+- ``done``: on the last stage, micro-batches whose backward is done (B, or W after I): torch's schedules keep
+  each one's loss (``_internal_losses``) until the step ends (0 on the other stages, which hold no loss);
 - ``sent_grads``, ``sent_outputs``: input gradients and outputs of micro-batches past their backward that a
-  send still holds. torch's multi-stage runtime (``_PipelineScheduleRuntime``) waits for every send at the end
-  of the step, so every input gradient sent (after B or I) and every output sent whose backward is done (after
-  B or W) stays; GPipe waits for its backward sends after its last backward; 1F1B waits for each before its next
-  forward, and in its cool-down (backward after backward) after the next backward (torch 2.13 schedules.py).
+  send still holds. A gloo send's work keeps its tensor for as long as the work lives ("the work captures the
+  tensor to prevent it being deallocated", ProcessGroupGloo.cpp ``SendWork``), and torch 2.13's schedules keep
+  works and ops in variables past their wait (schedules.py). The multi-stage runtime (``_PipelineScheduleRuntime``)
+  keeps every send's work to the end of the step, so every input gradient sent (after B or I) and every output
+  sent whose backward is done (after B or W) stays. GPipe keeps every forward and backward send's work in
+  ``fwd_sends_to_wait`` / ``bwd_sends_to_wait`` to the end of the step: all of them. 1F1B keeps its last
+  backward's send ops in ``bwd_sends`` until the next backward's replace them (one input gradient at every
+  backward but the step's first), and the work of its warm-up's second-to-last forward send in ``send_work``
+  until its cool-down reassigns it: with ``w = min(M, P - s)`` warm-up forwards, the output of micro-batch
+  ``w - 2`` from its own backward to the last one of the steady phase (micro-batch ``M - w``).
 """
 
 from __future__ import annotations
@@ -41,6 +49,8 @@ class MemoryMoment:
     kind: str
     sent_grads: int = 0
     sent_outputs: int = 0
+    done: int = 0
+    """Micro-batches whose backward is done (B, or W after I): the last stage still holds their losses."""
 
     def covers(self, other: MemoryMoment) -> bool:
         """Whether this moment holds at least as much as ``other`` whatever the sizes: as many micro-batches of
@@ -51,6 +61,7 @@ class MemoryMoment:
             and self.grads >= other.grads
             and self.sent_grads >= other.sent_grads
             and self.sent_outputs >= other.sent_outputs
+            and self.done >= other.done
             and self.kind == other.kind
         )
 
@@ -60,13 +71,20 @@ def _pareto(moments: set[MemoryMoment]) -> tuple[MemoryMoment, ...]:
     another only if it holds at least as much of everything, so none later covers one before)."""
 
     def fullness(m: MemoryMoment) -> tuple[int, ...]:
-        return (m.waiting + m.split + m.sent_grads + m.sent_outputs + int(m.grads), m.waiting, m.split, m.sent_grads)
+        return (
+            m.waiting + m.split + m.sent_grads + m.sent_outputs + m.done + int(m.grads),
+            m.waiting,
+            m.split,
+            m.sent_grads,
+        )
 
     kept: list[MemoryMoment] = []
     for m in sorted(moments, key=fullness, reverse=True):
         if not any(o.covers(m) for o in kept):
             kept.append(m)
-    return tuple(sorted(kept, key=lambda m: (m.waiting, m.split, m.grads, m.kind, m.sent_grads, m.sent_outputs)))
+    return tuple(
+        sorted(kept, key=lambda m: (m.waiting, m.split, m.grads, m.kind, m.sent_grads, m.sent_outputs, m.done))
+    )
 
 
 @lru_cache(maxsize=64)
@@ -78,17 +96,17 @@ def memory_moments(
     split = [0] * num_stages
     done = [0] * num_stages
     grads = [False] * num_stages
-    previous = [""] * num_stages
     found: list[set[MemoryMoment]] = [set() for _ in range(num_stages)]
     for order in rank_orders(sched, num_stages, num_microbatches, num_ranks):
         for step in order:
             s = step.stage
             if step.kind == "F":
                 waiting[s] += 1
-                previous[s] = "F"
                 continue
-            sent_grads, sent_outputs = _held_by_sends(sched, done[s], split[s], previous[s])
-            found[s].add(MemoryMoment(waiting[s], split[s], grads[s], step.kind, sent_grads, sent_outputs))
+            sent_grads, sent_outputs = _held_by_sends(sched, done[s], split[s], s, num_stages, num_microbatches)
+            # Only the last stage holds losses: elsewhere ``done`` would only keep moments the others cover.
+            finished = done[s] if s == num_stages - 1 else 0
+            found[s].add(MemoryMoment(waiting[s], split[s], grads[s], step.kind, sent_grads, sent_outputs, finished))
             if step.kind == "B":
                 waiting[s] -= 1
                 done[s] += 1
@@ -100,14 +118,18 @@ def memory_moments(
                 split[s] -= 1
                 done[s] += 1
                 grads[s] = True
-            previous[s] = step.kind
     return tuple(_pareto(f) for f in found)
 
 
-def _held_by_sends(sched: Schedule, done: int, split: int, previous: str) -> tuple[int, int]:
-    """``(input gradients, outputs)`` of finished micro-batches that a send still holds (module docstring)."""
+def _held_by_sends(
+    sched: Schedule, done: int, split: int, stage: int, num_stages: int, num_microbatches: int
+) -> tuple[int, int]:
+    """``(input gradients, outputs)`` of finished micro-batches that a send still holds at the start of a backward
+    action, ``done`` backward actions (B or W) finished before it (module docstring)."""
     if sched.multi_stage:
         return done + split, done
     if sched is Schedule.ONE_F_ONE_B:
-        return int(previous == "B"), 0
-    return done, 0
+        warmup = min(num_microbatches, num_stages - stage)
+        steady_output = int(warmup >= 2 and warmup - 2 < done <= num_microbatches - warmup)
+        return int(done >= 1), steady_output
+    return done, done

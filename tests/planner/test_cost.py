@@ -65,10 +65,11 @@ def test_stage_memory_matches_the_solver_cost(recompute):
     # The last stage under 1F1B holds one micro-batch at its backward: 500 saved bytes; recomputing, the loss's
     # unit's 300 bytes held and the other 200 re-materialised.
     assert memory.activations == 500
-    # Receive buffers of the 1024-byte input for each of the 4 micro-batches (the last stage gets no gradient).
-    assert memory.buffers == 4 * 1024
+    # Receive buffers of the 1024-byte input for each of the 4 micro-batches (the last stage gets no gradient),
+    # and the previous backward's 1024-byte input gradient, still held by 1F1B's bwd_sends.
+    assert memory.buffers == 4 * 1024 + 1024
     assert memory.transient == 2 * 1024  # unmeasured on this CPU profile: the output and its gradient
-    assert memory.peak == 200 + 200 + 400 + 500 + 2048 + 4096
+    assert memory.peak == 200 + 200 + 400 + 500 + 2048 + 5120
 
 
 def test_gpipe_peaks_at_the_first_backward_without_gradients_or_the_second_with_them():
@@ -92,8 +93,10 @@ def test_gpipe_peaks_at_the_first_backward_without_gradients_or_the_second_with_
         )
         return stage_memory(profile, settings, problem, costs, 0, 0, 0, False)
 
-    # 4000 bytes of gradients outweigh one micro-batch's 100: the second backward is the peak.
-    assert peak(4).grads == 4000 and peak(4).activations == 3 * 100
+    # 4000 bytes of gradients outweigh one micro-batch's 100: a later backward is the peak, the last here, where
+    # GPipe's sends still hold three 1024-byte outputs (fwd_sends_to_wait keeps every send's work to the step's end).
+    assert peak(4).grads == 4000 and peak(4).activations == 100
+    assert peak(4).buffers == 4 * (1024 + 1024) + 3 * 1024
     huge = make_profile([1.0, 1.0], param_counts=[10, 10], saved_bytes=[10_000, 10_000])
     costs = unit_costs(huge, 1)
     problem = build_problem(
@@ -162,3 +165,36 @@ def test_problem_comm_is_latency_plus_bytes_over_bandwidth():
     assert problem.cut_backward_s == (2.5,)
     assert problem.input_bytes == 2000
     assert math.isclose(problem.capacity_bytes[0], 0.9 * 64 * 1024**3)
+
+
+def test_the_last_stage_holds_the_steps_target_and_every_finished_micro_batchs_loss():
+    # torch's schedules keep each micro-batch's loss until the step ends (_internal_losses); the last stage holds
+    # the step's target beside its receive buffers. Under 1F1B the last stage's fullest moment is its last
+    # backward: one micro-batch waiting, three finished.
+    from dataclasses import replace
+
+    from profiles.format import LossMemory
+
+    bare = make_profile([1.0, 1.0], param_counts=[1000, 1000], saved_bytes=[100, 100])
+    with_loss = replace(bare, loss=LossMemory(target_bytes=(40,), kept_bytes=(24,)))
+    settings = CostSettings()
+
+    def last_stage(profile):
+        costs = unit_costs(profile, 1)
+        problem = build_problem(
+            profile,
+            costs,
+            settings,
+            num_stages=2,
+            num_microbatches=4,
+            in_flight=(2, 1),
+            stage_rank=(0, 1),
+            recompute_choices=(False,),
+            schedule=Schedule.ONE_F_ONE_B,
+        )
+        return stage_memory(profile, settings, problem, costs, 1, 1, 1, False)
+
+    before, after = last_stage(bare), last_stage(with_loss)
+    assert after.buffers - before.buffers == 4 * 40
+    assert after.activations - before.activations == 3 * 24
+    assert after.peak - before.peak == 4 * 40 + 3 * 24

@@ -11,6 +11,7 @@ import pytest
 from planner.errors import ProfileError
 from profiles.format import (
     DeviceInfo,
+    LossMemory,
     ModelInfo,
     PieceOverhead,
     Profile,
@@ -160,6 +161,16 @@ def test_piece_overhead_is_optional_and_round_trips(profile: Profile, tmp_path: 
 def test_misaligned_piece_overhead_is_rejected(profile: Profile) -> None:
     data = _mutate(replace(profile, piece_overhead=PieceOverhead((1e-4,), (5e-5,))), lambda d: None)
     with pytest.raises(ProfileError, match=r"piece_overhead\.forward_s is not aligned with micro_batch_sizes"):
+        profile_from_dict(data)
+
+
+def test_the_loss_block_is_optional_aligned_and_round_trips(profile: Profile, tmp_path: Path) -> None:
+    assert "loss" not in profile.to_dict()  # absent, as in profiles made before it: the model leaves it out
+    with_loss = replace(profile, loss=LossMemory(target_bytes=(12288, 24576), kept_bytes=(12288, 24576)))
+    save_profile(with_loss, tmp_path / "p.json")
+    assert load_profile(tmp_path / "p.json").loss == with_loss.loss
+    data = _mutate(replace(profile, loss=LossMemory((8,), (4,))), lambda d: None)
+    with pytest.raises(ProfileError, match=r"loss\.target_bytes is not aligned with micro_batch_sizes"):
         profile_from_dict(data)
 
 

@@ -38,7 +38,7 @@ def random_problem(seed: int, ilp_only: bool = False, runtime_memory: bool = Fal
         if rng.random() < 0.5:
             extra["max_units_per_stage"] = rng.randint(-(-n // p), n)
     if runtime_memory:
-        extra.update(_runtime_memory(random.Random(seed + 7919), n, p, m, params))
+        extra.update(_runtime_memory(random.Random(seed + 7919), n, p, m, params, random.Random(seed + 104729)))
     return PartitionProblem(
         forward_s=fwd,
         backward_s=bwd,
@@ -58,13 +58,14 @@ def random_problem(seed: int, ilp_only: bool = False, runtime_memory: bool = Fal
     )
 
 
-def _runtime_memory(rng: random.Random, n: int, p: int, m: int, params: tuple[int, ...]) -> dict:
-    """The runtime's memory terms, drawn (solvers/problem.py ``stage_memory_peak``)."""
+def _runtime_memory(rng: random.Random, n: int, p: int, m: int, params: tuple[int, ...], loss: random.Random) -> dict:
+    """The runtime's memory terms, drawn (solvers/problem.py ``stage_memory_peak``); the loss's (target, kept
+    losses, finished micro-batches) from ``loss``, so that the other terms are drawn as before they existed."""
 
     def moment() -> Moment:
         counts = (rng.randint(0, m), rng.randint(0, 2))
         flags = (rng.random() < 0.6, rng.random() < 0.7, rng.choice("BIW"))
-        return Moment(*counts, *flags, rng.randint(0, 3), rng.randint(0, 2))
+        return Moment(*counts, *flags, rng.randint(0, 3), rng.randint(0, 2), loss.randint(0, m))
 
     def relay() -> tuple[int, int, int]:
         producer = rng.randrange(n)
@@ -87,6 +88,10 @@ def _runtime_memory(rng: random.Random, n: int, p: int, m: int, params: tuple[in
         "final_output_bytes": rng.randint(0, 30),
         "local_inputs": tuple(s > 0 and rng.random() < 0.3 for s in range(p)),
         "relays": tuple(relay() for _ in range(rng.randint(0, 3))) if n > 1 else (),
+        "target_bytes": loss.randint(0, 40),
+        "kept_loss_bytes": loss.randint(0, 30),
+        "split_backward": loss.random() < 0.5,
+        "unit_output_bytes": tuple(loss.randint(0, 20) for _ in range(n)) if loss.random() < 0.7 else (),
     }
 
 

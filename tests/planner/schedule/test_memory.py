@@ -11,23 +11,31 @@ from planner.schedule.simulate import in_flight_per_stage
 
 def test_gpipe_peaks_at_its_first_backward_or_a_later_one() -> None:
     # Every forward first: M waiting without gradients; then one fewer at each backward, with the gradients, and
-    # one more input gradient held by a send (GPipe waits for its backward sends after its last backward).
+    # one more input gradient and output held by a send (GPipe keeps every send's work, which keeps its tensor,
+    # in fwd_sends_to_wait / bwd_sends_to_wait to the end of the step).
     stage = (
-        MemoryMoment(1, 0, True, "B", sent_grads=3),
-        MemoryMoment(2, 0, True, "B", sent_grads=2),
-        MemoryMoment(3, 0, True, "B", sent_grads=1),
+        MemoryMoment(1, 0, True, "B", sent_grads=3, sent_outputs=3),
+        MemoryMoment(2, 0, True, "B", sent_grads=2, sent_outputs=2),
+        MemoryMoment(3, 0, True, "B", sent_grads=1, sent_outputs=1),
         MemoryMoment(4, 0, False, "B"),
     )
-    assert memory_moments(Schedule.GPIPE, 2, 4, 2) == (stage, stage)
+    # The last stage also holds the loss of every micro-batch whose backward is done (torch's _internal_losses).
+    last = tuple(MemoryMoment(m.waiting, 0, m.grads, "B", m.sent_grads, m.sent_outputs, 4 - m.waiting) for m in stage)
+    assert memory_moments(Schedule.GPIPE, 2, 4, 2) == (stage, last)
 
 
 def test_1f1b_holds_p_minus_s_micro_batches_at_each_backward() -> None:
-    # In its steady state a send is waited for before the next forward; in the cool-down, after the next backward.
+    # bwd_sends keeps the previous backward's input gradients until the next backward's replace them; send_work
+    # keeps the warm-up's second-to-last forward send (micro-batch w - 2 of w = P - s warm-up forwards) until the
+    # cool-down: stage 0 (w = 3) holds micro-batch 1's output at the backwards of micro-batches 2 and 3.
     assert memory_moments(Schedule.ONE_F_ONE_B, 3, 6, 3) == (
-        (MemoryMoment(2, 0, True, "B", sent_grads=1), MemoryMoment(3, 0, True, "B")),
-        (MemoryMoment(1, 0, True, "B", sent_grads=1), MemoryMoment(2, 0, True, "B")),
-        (MemoryMoment(1, 0, True, "B"),),
+        (MemoryMoment(3, 0, True, "B", sent_grads=1, sent_outputs=1),),
+        (MemoryMoment(2, 0, True, "B", sent_grads=1, sent_outputs=1),),
+        (MemoryMoment(1, 0, True, "B", sent_grads=1, done=5),),
     )
+    # With as many micro-batches as stages the steady phase is one backward: nothing outlives its own backward.
+    first = memory_moments(Schedule.ONE_F_ONE_B, 2, 2, 2)[0]
+    assert all(m.sent_outputs == 0 for m in first)
 
 
 def test_the_multi_stage_runtime_holds_every_send_until_the_step_ends() -> None:
