@@ -40,9 +40,9 @@ and chooses recomputation ``r_s`` (activation checkpointing). With ``M`` micro-b
   largest working memory of a unit less what the units after it saved, freed by then (B, I or W:
   ``transient_bytes``, ``input_transient_bytes``, ``weight_transient_bytes``); past I the last stage no
   longer holds the model's output and the loss's saved tensors (``final_output_bytes``); a send holds
-  ``sent_grads`` input gradients and
-  ``sent_outputs`` outputs of earlier micro-batches (planner/schedule/memory.py); a non-recomputing stage that
-  passes on tensors made before it and read after it holds a copy of each (``relays``); the last stage holds
+  ``sent_grads`` input gradients and ``sent_outputs`` outputs of earlier micro-batches
+  (planner/schedule/memory.py); a non-recomputing stage that passes on tensors made before it and read after it
+  holds a copy of each (``relays``); the last stage holds
   the step's target (``target_bytes`` per micro-batch, with its buffers) and the loss of every micro-batch whose
   backward is done (``kept_loss_bytes``, ``done`` of them, with its activations); and ``step_s`` the
   optimizer step's temporaries (``step_bytes``, their largest unit or their sum). With the defaults (one moment
