@@ -251,7 +251,10 @@ def measure_piece(
         sync_device(device)
         t1 = time.perf_counter()
         kept_grads = [g for group in groups or () for grads in group.get("grads") or () for g in grads or ()]
-        kept = sum(tensor_bytes(g) for g in kept_grads if g is not None)
+        # By storage, each once: a kept gradient may be a slice of a larger one (the gradient of a cat's
+        # output, split among its inputs) and holds all of it until W (unet-small's decoder: 4/3 of its bytes).
+        storages = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in kept_grads if g is not None}
+        kept = sum(storages.values())
         weight_backward(roots, root_grads, groups)
         sync_device(device)
         return t1 - t0, time.perf_counter() - t1, kept

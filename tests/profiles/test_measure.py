@@ -68,6 +68,25 @@ def test_measure_piece_reports_saved_and_output_bytes() -> None:
     assert all(p.grad is None for p in model.parameters())  # gradients are not left behind
 
 
+class _CatSkip(nn.Module):
+    """A UNet decoder's shape: a layer's output concatenated with the input that skipped it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.cat([self.a(x), x], dim=1))
+
+
+def test_weight_grad_bytes_count_the_whole_storage_a_kept_slice_holds() -> None:
+    m = measure_piece(Piece("cat", _CatSkip(), (torch.randn(4, 8),), (True,)), device=CPU, repeats=1, warmup=0)
+    # I keeps for W the gradient at a's output, a 4x8 slice of the cat's 4x16 gradient, which holds all of
+    # it (256 bytes, not 128), and the gradient at b's output (4x4, 64 bytes).
+    assert m.weight_grad_bytes == 4 * 16 * 4 + 4 * 4 * 4
+
+
 def test_input_needing_grad_is_differentiated() -> None:
     piece = Piece("fc", nn.Linear(4, 4), (torch.randn(2, 4),), (True,))
     m = measure_piece(piece, device=CPU, repeats=2, warmup=0)
