@@ -175,6 +175,18 @@ def _plan_request(args: argparse.Namespace, profile: Profile) -> PlanRequest:
     )
 
 
+def _tp_switches(args: argparse.Namespace) -> dict[str, bool]:
+    """``plan_cluster``'s tensor-parallel layout from ``--tp-layout`` and ``--sequence-parallel``: by default the
+    layout of whoever runs the plan, Megatron's for a plan made ``--for megatron|torchtitan``, else pipeplan's."""
+    from planner.tensor_parallel import TpLayout, layout_switches
+
+    default = TpLayout.MEGATRON if args.trainer in ("megatron", "torchtitan") else TpLayout.BLOCKS
+    layout = TpLayout(args.tp_layout) if args.tp_layout else default
+    sequence = None if args.sequence_parallel is None else args.sequence_parallel == "on"
+    sequence_parallel, vocab_parallel = layout_switches(layout, sequence)
+    return {"sequence_parallel": sequence_parallel, "vocab_parallel": vocab_parallel}
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from planner.cluster import default_cluster, plan_cluster
     from planner.fileio import check_output_path
@@ -223,7 +235,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             pipeline_degree=args.ranks,
             tensor_parallel=None if args.tensor_parallel == "auto" else args.tensor_parallel or 1,
             attention_heads=args.attention_heads,
-            sequence_parallel=args.sequence_parallel != "off",
+            **_tp_switches(args),
             record_timing=args.record_timing,
             jobs=args.jobs or os.cpu_count() or 1,
         )

@@ -57,7 +57,11 @@ def run(
     for workers in (1, jobs):
         started = time.perf_counter()
         degree = None if tensor_parallel else 1
-        results.append(plan_cluster(profile, request, cluster, sha256="0" * 64, tensor_parallel=degree, jobs=workers))
+        # GPU clusters of this size run Megatron's layout (vocabulary-parallel embedding and head, sequence split).
+        megatron = {"sequence_parallel": True, "vocab_parallel": True}
+        results.append(
+            plan_cluster(profile, request, cluster, sha256="0" * 64, tensor_parallel=degree, jobs=workers, **megatron)
+        )
         walls.append(time.perf_counter() - started)
     result = results[0]
     plan, mesh = result.plan, result.plan.mesh

@@ -46,6 +46,10 @@ from planner.formatting import format_table  # noqa: E402
 from planner.request import PlanRequest  # noqa: E402
 from profiles.format import DeviceInfo, ModelInfo, Profile, TensorFlow, UnitProfile, WholeModel  # noqa: E402
 
+MEGATRON = {"sequence_parallel": True, "vocab_parallel": True}
+"""The layout the published configurations ran (Megatron-LM, torchtitan): vocabulary-parallel embedding and head,
+sequence parallelism; not pipeplan's runtime's, whose embeddings and head stay whole."""
+
 __all__ = ["ModelShape", "Hardware", "analytic_profile", "GPT3_175B", "LLAMA3_70B", "CASES", "run_case"]
 
 SIZES = (2, 4, 8)
@@ -202,14 +206,21 @@ def run_case(case: Case, jobs: int) -> list[list[object]]:
     cluster = Cluster(case.devices, 8, hw.intra_node_bytes_per_s, hw.inter_node_bytes_per_s, hw.latency_s, case.shard)
     runs: list[tuple[str, ClusterResult | str, float]] = []
     started = time.perf_counter()
-    chosen = plan_cluster(profile, request, cluster, sha256="0" * 64, tensor_parallel=None, jobs=jobs)
+    chosen = plan_cluster(profile, request, cluster, sha256="0" * 64, tensor_parallel=None, jobs=jobs, **MEGATRON)
     runs.append(("pipeplan", chosen, time.perf_counter() - started))
     if case.published is not None:
         pp, tp = case.published
         started = time.perf_counter()
         try:
             fixed: ClusterResult | str = plan_cluster(
-                profile, request, cluster, sha256="0" * 64, pipeline_degree=pp, tensor_parallel=tp, jobs=jobs
+                profile,
+                request,
+                cluster,
+                sha256="0" * 64,
+                pipeline_degree=pp,
+                tensor_parallel=tp,
+                jobs=jobs,
+                **MEGATRON,
             )
         except PipeplanError as exc:
             fixed = str(exc)

@@ -369,7 +369,8 @@ def plan_cluster(
     pipeline_degree: int | None = None,
     tensor_parallel: int | None = 1,
     attention_heads: tuple[int, int] | None = None,
-    sequence_parallel: bool = True,
+    sequence_parallel: bool = False,
+    vocab_parallel: bool = False,
     record_timing: bool = False,
     jobs: int = 1,
 ) -> ClusterResult:
@@ -378,9 +379,11 @@ def plan_cluster(
     ``request.num_ranks`` is ignored (the search sets it per layout); ``pipeline_degree`` fixes ``pp``
     (``--ranks`` with ``--devices``), which must then divide the devices. ``tensor_parallel`` fixes ``tp``
     (1: none, the default), or None searches every degree that divides a node and the attention heads
-    (``attention_heads``: (heads, key-value heads); None: the profile's). ``jobs`` > 1 searches that many
-    layouts at once in worker processes; the plan is the same (only which layouts were pruned, rather than
-    simulated, may differ).
+    (``attention_heads``: (heads, key-value heads); None: the profile's). ``sequence_parallel`` and
+    ``vocab_parallel`` choose the layout modelled (planner/tensor_parallel.py): both off, the default, is what
+    pipeplan's runtime runs; both on is Megatron's (:func:`~planner.tensor_parallel.layout_switches`). ``jobs``
+    > 1 searches that many layouts at once in worker processes; the plan is the same (only which layouts were
+    pruned, rather than simulated, may differ).
 
     Raises:
         UsageError: ``pipeline_degree`` does not divide the devices, or exceeds the units; a tensor-parallel
@@ -414,7 +417,7 @@ def plan_cluster(
     profiles: dict[int, Profile] = {}
     order = 0
     for tp in degrees:
-        group = TensorParallel(tp, cluster.intra_node_bytes_per_s, cluster.latency_s, sequence_parallel)
+        group = TensorParallel(tp, cluster.intra_node_bytes_per_s, cluster.latency_s, sequence_parallel, vocab_parallel)
         profiles[tp] = sharded = sharded_profile(profile, group)
         for layout in layouts(cluster, profile.num_units, request.global_batch_size, pipeline_degree, tp):
             if pipeline_degree is None or layout.used_devices == cluster.num_devices:
@@ -490,7 +493,9 @@ def plan_cluster(
     }
     if tensor_parallel != 1:  # absent for plans without it, which stay as they were written
         constraints["tensor_parallel"] = "auto" if tensor_parallel is None else tensor_parallel
+        # The layout modelled: what the runtime refuses unless it runs it, and what the exports carry.
         constraints["sequence_parallel"] = sequence_parallel
+        constraints["vocab_parallel"] = vocab_parallel
         # Why this degree: the report (and `show`, from the plan file alone) prints each degree's best step.
         outcomes = best_step_per_degree([t for _, t in tried])
         constraints["tensor_parallel_best_s"] = {str(tp): outcome for tp, outcome in outcomes.items()}

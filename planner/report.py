@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from planner.formatting import format_table, human_bytes, human_seconds
 from planner.plan import Plan
+from planner.tensor_parallel import planned_switches
 
 if TYPE_CHECKING:
     from planner.cluster import ClusterResult
@@ -67,11 +68,16 @@ def format_plan(plan: Plan) -> str:
         m = plan.mesh
         degrees = f"pp {m.pp} x dp {m.dp}" if m.tp == 1 else f"pp {m.pp} x tp {m.tp} x dp {m.dp}"
         if m.tp > 1:
-            sequence = plan.constraints.get("sequence_parallel", True)
+            sequence, vocab = planned_switches(plan.constraints)
+            if not (sequence or vocab):
+                layout = "pipeplan's runtime layout (blocks split; embeddings, head and sequence whole)"
+            else:
+                layout = (
+                    "embedding and head split by vocabulary" if vocab else "embeddings and head whole"
+                ) + f", sequence parallelism {'on' if sequence else 'off'} (Megatron's layout, for export)"
             lines.append(
                 f"tensor parallelism: each pipeline rank is a group of {m.tp} consecutive devices in one node"
-                "; the table's times and memory are one device's share"
-                + (", sequence parallelism on" if sequence else ", sequence parallelism off")
+                f"; the table's times and memory are one device's share; {layout}"
             )
         steps = plan.constraints.get("tensor_parallel_best_s")
         if isinstance(steps, dict) and steps:

@@ -1,5 +1,14 @@
 """Tensor parallelism's cost: a profile as each of ``T`` devices of a tensor-parallel group computes it.
 
+Two layouts, each what a runtime that runs the plan does (:class:`TpLayout`):
+
+- ``blocks``, pipeplan's own runtime (planner/runtime/tensor_parallel.py): only the transformer blocks are split,
+  without sequence parallelism; the embeddings, the output head and every other unit are replicated (whole
+  weights, work and logits on every device, no collective of their own), and pipeline sends carry the whole
+  activation from each device of the group.
+- ``megatron``, for plans exported to Megatron-Core or torchtitan: everything below, the vocabulary-parallel
+  embedding and head included, with sequence parallelism optional (on by default).
+
 Megatron's layout (Shoeybi et al., 2019, Sec. 3; Narayanan et al., SC 2021, Sec. 2.3) with sequence parallelism
 (Korthikanti et al., MLSys 2023, "Reducing Activation Recomputation in Large Transformer Models", Sec. 4.2.2):
 
@@ -30,13 +39,14 @@ sequence parallelism (Korthikanti et al., eq. 3: ``sbh (34 + 5as/h) / t``) and, 
 whole (the two LayerNorms' inputs, the inputs of the QKV and first MLP matrices, the two dropout masks; eq. 2:
 ``sbh (10 + 24/t + 5as/(ht))``), which is five copies of the block's 16-bit output. Pipeline sends carry ``1/T`` of
 each float tensor from every device of the group (Narayanan et al., SC 2021, Sec. 4.1, scatter/gather; with
-sequence parallelism the activations are split already). docs/cost-model.md, "Tensor parallelism", has it all.
+sequence parallelism the activations are split already); pipeplan's runtime sends them whole.
+docs/cost-model.md, "Tensor parallelism", has it all.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -46,7 +56,10 @@ from profiles.format import Profile, TensorFlow, UnitProfile, WholeModel
 
 __all__ = [
     "Role",
+    "TpLayout",
     "TensorParallel",
+    "layout_switches",
+    "planned_switches",
     "unit_roles",
     "shardable_degrees",
     "check_degree",
@@ -70,22 +83,64 @@ class Role(str, Enum):
     REPLICATED = "replicated"
 
 
+class TpLayout(str, Enum):
+    """Who runs a plan's tensor parallelism, and so what it splits (module docstring)."""
+
+    BLOCKS = "blocks"
+    """pipeplan's runtime: the blocks' linears only; embeddings, head and sequence whole."""
+    MEGATRON = "megatron"
+    """Megatron-Core, torchtitan: blocks, vocabulary-parallel embedding and head, sequence parallelism optional."""
+
+
+def layout_switches(layout: TpLayout, sequence_parallel: bool | None = None) -> tuple[bool, bool]:
+    """``(sequence_parallel, vocab_parallel)`` of ``layout``; ``sequence_parallel`` None takes the layout's own
+    (off for ``blocks``, on for ``megatron``).
+
+    Raises:
+        UsageError: sequence parallelism asked of the ``blocks`` layout, whose runtime keeps the sequence whole.
+    """
+    if layout is TpLayout.BLOCKS:
+        if sequence_parallel:
+            raise UsageError(
+                "--sequence-parallel on: pipeplan's runtime (--tp-layout blocks) keeps the sequence whole; plan "
+                "with --tp-layout megatron for a trainer that splits it (Megatron-Core, torchtitan)"
+            )
+        return False, False
+    return (True if sequence_parallel is None else sequence_parallel), True
+
+
+def planned_switches(constraints: Mapping[str, object]) -> tuple[bool, bool]:
+    """``(sequence_parallel, vocab_parallel)`` a plan was made with, from its constraints. A plan written before
+    the plan recorded ``vocab_parallel`` was planned with Megatron's layout, so each defaults to on."""
+    return bool(constraints.get("sequence_parallel", True)), bool(constraints.get("vocab_parallel", True))
+
+
 @dataclass(frozen=True)
 class TensorParallel:
-    """A tensor-parallel group of ``degree`` devices on one node's link."""
+    """A tensor-parallel group of ``degree`` devices on one node's link. The defaults are pipeplan's runtime
+    (the ``blocks`` layout); Megatron's layout sets both switches."""
 
     degree: int
     bytes_per_s: float
     """The intra-node link, one direction per device."""
     latency_s: float
-    sequence_parallel: bool = True
-    """Megatron's ``--sequence-parallel`` (torchtitan always splits the norms' sequence under TP)."""
+    sequence_parallel: bool = False
+    """Megatron's ``--sequence-parallel`` (torchtitan splits the norms' sequence under TP by default)."""
+    vocab_parallel: bool = False
+    """The embeddings split by vocabulary rows and the output head by vocabulary columns, the loss on the split
+    logits (Megatron, torchtitan); off: both replicated, as pipeplan's runtime runs them."""
 
     def __post_init__(self) -> None:
         if self.degree < 1:
             raise UsageError(f"--tensor-parallel must be >= 1, got {self.degree}")
         if self.bytes_per_s <= 0 or self.latency_s < 0:
             raise UsageError(f"a tensor-parallel link needs bandwidth > 0 and latency >= 0, got {self}")
+
+    @property
+    def splits_sends(self) -> bool:
+        """Pipeline sends carry ``1/T`` of each activation: a trainer's layout (split already with sequence
+        parallelism, Megatron's scatter/gather without); pipeplan's runtime sends each device's whole copy."""
+        return self.sequence_parallel or self.vocab_parallel
 
     def allreduce_s(self, num_bytes: float) -> float:
         return ring_s(2 * (self.degree - 1), num_bytes, self.degree, self.latency_s, self.bytes_per_s)
@@ -278,7 +333,10 @@ def _sharded_unit(
         input_transient_bytes=activations(unit.input_transient_bytes),
         weight_transient_bytes=activations(unit.weight_transient_bytes),
         weight_grad_bytes=_split_bytes(unit.weight_grad_bytes, t),
-        output_bytes=unit.output_bytes if role is Role.EMBEDDING else _split_bytes(unit.output_bytes, t),
+        # Without a trainer's split sends, a block's output is the all-reduced whole on every device.
+        output_bytes=unit.output_bytes
+        if role is Role.EMBEDDING or not tp.splits_sends
+        else _split_bytes(unit.output_bytes, t),
         peak_bytes=_split_bytes(unit.peak_bytes, t),
     )
 
@@ -301,7 +359,7 @@ def sharded_profile(profile: Profile, tp: TensorParallel) -> Profile:
             block_params[key] = block_params.get(key, 0) + unit.param_count
     units = []
     for unit, role in zip(profile.units, roles, strict=True):
-        if role is Role.REPLICATED:
+        if role is Role.REPLICATED or (role in (Role.EMBEDDING, Role.HEAD) and not tp.vocab_parallel):
             units.append(unit)
             continue
         if role is Role.BLOCK:
@@ -316,7 +374,8 @@ def sharded_profile(profile: Profile, tp: TensorParallel) -> Profile:
         comm = [f * share for f, _ in pairs], [b * share for _, b in pairs]
         units.append(_sharded_unit(unit, role, comm, whole, profile.micro_batch_sizes, tp))
     tensors = tuple(
-        replace(x, bytes=tuple(-(-b // t) for b in x.bytes)) if _split_on_the_wire(x) else x for x in profile.tensors
+        replace(x, bytes=tuple(-(-b // t) for b in x.bytes)) if tp.splits_sends and _split_on_the_wire(x) else x
+        for x in profile.tensors
     )
     sums = [
         [
@@ -329,7 +388,12 @@ def sharded_profile(profile: Profile, tp: TensorParallel) -> Profile:
         tuple(w * r for w, r in zip(profile.whole_model.forward_s, sums[0], strict=True)),
         tuple(w * r for w, r in zip(profile.whole_model.backward_s, sums[1], strict=True)),
     )
-    settings = {**profile.settings, "tensor_parallel": t, "sequence_parallel": tp.sequence_parallel}
+    settings = {
+        **profile.settings,
+        "tensor_parallel": t,
+        "sequence_parallel": tp.sequence_parallel,
+        "vocab_parallel": tp.vocab_parallel,
+    }
     return replace(profile, units=tuple(units), tensors=tensors, whole_model=whole_model, settings=settings)
 
 

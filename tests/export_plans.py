@@ -73,17 +73,23 @@ def on_mesh(
     shard: str = "none",
     tp: int = 1,
     sequence_parallel: bool = True,
+    vocab_parallel: bool = True,
 ) -> Plan:
     """``plan`` as one replica of a cluster plan of ``dp`` replicas (each position a group of ``tp`` devices),
     placed as pipeplan's cluster search places them (planner/cluster.py, ``Layout.device``), through the plan
-    reader."""
+    reader; with ``tp`` > 1, modelled with Megatron's layout unless the switches say otherwise."""
     pp = plan.num_ranks
     if placement == "pipeline-in-node":
         devices = tuple(tuple((r * pp + s) * tp for s in range(pp)) for r in range(dp))
     else:
         devices = tuple(tuple((s * dp + r) * tp for s in range(pp)) for r in range(dp))
     if tp > 1:  # as plan_cluster records them
-        constraints = {**plan.constraints, "tensor_parallel": tp, "sequence_parallel": sequence_parallel}
+        constraints = {
+            **plan.constraints,
+            "tensor_parallel": tp,
+            "sequence_parallel": sequence_parallel,
+            "vocab_parallel": vocab_parallel,
+        }
         plan = dataclasses.replace(plan, constraints=constraints)
     mesh = Mesh(
         pp=pp,

@@ -14,12 +14,13 @@ CLUSTER_ONLY = (
     "inter_node_bandwidth",
     "shard",
     "tensor_parallel",
+    "tp_layout",
     "sequence_parallel",
     "attention_heads",
     "jobs",
 )
 """``plan`` options that shape a cluster plan: without ``--devices`` there is none."""
-TENSOR_PARALLEL_ONLY = ("sequence_parallel", "attention_heads")
+TENSOR_PARALLEL_ONLY = ("tp_layout", "sequence_parallel", "attention_heads")
 """``plan`` options that shape tensor parallelism: without ``--tensor-parallel`` there is none."""
 WHAT_IF = ("ranks", "micro_batches", "schedule", "virtual_stages", "stage_times", "backward_times", "weight_times")
 """``simulate`` options that describe a pipeline by hand: a plan brings its own."""

@@ -71,14 +71,23 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="auto|T",
         help="tensor-parallel degree tp: each pipeline rank of each replica is a group of T devices in one node "
-        "(Megatron-style, transformer blocks, embedding and head split T ways); auto searches every T that divides "
+        "whose transformer blocks are split T ways (--tp-layout says what else); auto searches every T that divides "
         "--devices-per-node and the attention heads (default 1: no tensor parallelism)",
+    )
+    g.add_argument(
+        "--tp-layout",
+        choices=("blocks", "megatron"),
+        default=None,
+        help="with --tensor-parallel: what the runtime that runs the plan splits. blocks = pipeplan's runtime "
+        "(apply_plan, verify): the blocks only, embeddings, head and sequence whole; megatron = Megatron-Core and "
+        "torchtitan (for export): the embedding and head by vocabulary too, sequence parallelism on unless "
+        "--sequence-parallel off; verify refuses it (default megatron with --for megatron|torchtitan, else blocks)",
     )
     g.add_argument(
         "--sequence-parallel",
         choices=("on", "off"),
         default=None,
-        help="with --tensor-parallel: split the activations outside the matrices too (Megatron's "
+        help="with --tp-layout megatron: split the activations outside the matrices too (Megatron's "
         "--sequence-parallel; default on)",
     )
     g.add_argument(

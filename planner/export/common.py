@@ -11,6 +11,7 @@ from enum import Enum
 from planner.errors import ExportError, UsageError, shorten
 from planner.plan import Plan
 from planner.schedule.orders import Schedule
+from planner.tensor_parallel import planned_switches
 
 
 class Trainer(str, Enum):
@@ -187,7 +188,20 @@ def _check_looped(plan: Plan, trainer: Trainer) -> None:
 def tensor_parallel_of(plan: Plan) -> tuple[int, bool]:
     """The plan's tensor-parallel degree (1 without a mesh) and whether it planned sequence parallelism."""
     tp = plan.mesh.tp if plan.mesh is not None else 1
-    return tp, tp > 1 and bool(plan.constraints.get("sequence_parallel", True))
+    return tp, tp > 1 and planned_switches(plan.constraints)[0]
+
+
+def whole_vocabulary_note(plan: Plan, trainer: Trainer) -> list[str]:
+    """A note for a tensor-parallel plan modelled with the embedding and head whole (pipeplan's runtime layout),
+    which the trainer splits by vocabulary: the structure carries over, the predicted memory does not."""
+    tp = plan.mesh.tp if plan.mesh is not None else 1
+    if tp == 1 or planned_switches(plan.constraints)[1]:
+        return []
+    return [
+        f"the plan models pipeplan's tensor-parallel layout (embedding and head whole on every device); "
+        f"{trainer.value} splits them by vocabulary, so its memory per device is lower than the plan's: for "
+        "the trainer's own numbers, plan with --tp-layout megatron"
+    ]
 
 
 def _refuse_tensor_parallel(plan: Plan, trainer: Trainer, why: str) -> None:

@@ -16,6 +16,7 @@ from planner.export.common import (
     _pipeline_inner,
     _recompute_note,
     tensor_parallel_of,
+    whole_vocabulary_note,
 )
 from planner.plan import Plan
 from planner.schedule.orders import Schedule
@@ -214,6 +215,7 @@ def _megatron(plan: Plan, version: str) -> MegatronExport:
             "order tp-cp-ep-pp-dp (its default, tp-cp-ep-dp-pp, puts replicas of a stage on consecutive ranks)"
         )
     tp, sequence = tensor_parallel_of(plan)
+    notes += whole_vocabulary_note(plan, Trainer.MEGATRON)
     if tp > 1:
         notes.append(
             f"tensor parallelism {tp}: Megatron splits attention by heads and the MLP by columns/rows, the embedding "

@@ -17,6 +17,7 @@ from planner.export.common import (
     _renamed_stages,
     rank_of_device,
     tensor_parallel_of,
+    whole_vocabulary_note,
 )
 from planner.plan import Plan
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS
@@ -123,6 +124,7 @@ def _torchtitan(plan: Plan, renames: Sequence[tuple[str, str]], version: str) ->
             "(data_parallel_shard_degree), which also shards weights and gradients"
         )
     tp, sequence = tensor_parallel_of(plan)
+    notes += whole_vocabulary_note(plan, Trainer.TORCHTITAN)
     if tp > 1:
         notes.append(
             f"tensor parallelism {tp} (innermost in torchtitan's mesh, as in the plan's): the model's parallelize "

@@ -38,6 +38,7 @@ from planner.runtime.tensor_parallel import (
     TensorParallelLayout,
     TpPlanHook,
     as_dtensor,
+    check_runtime_layout,
     local_shapes,
     original_gradient,
     shard_stage,
@@ -567,11 +568,13 @@ def apply_plan(
 
     Raises:
         ModelMismatchError: the model is not the plan's. ScheduleError: the placement is not looped.
+        UsageError: the plan models a tensor-parallel layout this runtime does not run (Megatron's).
         TensorParallelError: the plan's tensor parallelism has no layout for this model.
     """
     from torch.distributed import pipelining
 
     check_fingerprint(plan, model)
+    check_runtime_layout(plan)
     sched = _check_placement(plan)
     device = torch.device(device)
     if device.type == "cpu":

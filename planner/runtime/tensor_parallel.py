@@ -37,12 +37,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.errors import TensorParallelError
+from planner.errors import TensorParallelError, UsageError
+from planner.plan import Plan
+from planner.tensor_parallel import planned_switches
 
 __all__ = [
     "ShardedLinear",
     "TensorParallelLayout",
     "TpPlanHook",
+    "check_runtime_layout",
     "tp_layout",
     "builtin_tp_plan",
     "local_shapes",
@@ -87,6 +90,26 @@ class TensorParallelLayout:
 
     def linear(self, fqn: str) -> ShardedLinear | None:
         return next((s for s in self.linears if s.fqn == fqn), None)
+
+
+def check_runtime_layout(plan: Plan) -> None:
+    """Refuse a tensor-parallel plan modelled for a layout this runtime does not run: its predicted memory and
+    times would be another runtime's (sequence parallelism, or the embedding and head split by vocabulary).
+
+    Raises:
+        UsageError: the plan's ``constraints`` record sequence or vocabulary parallelism (a plan written before
+            they were recorded counts as Megatron's layout, which it was planned with).
+    """
+    if plan.mesh is None or plan.mesh.tp == 1:
+        return
+    sequence, vocab = planned_switches(plan.constraints)
+    if sequence or vocab:
+        switches = (("sequence parallelism", sequence), ("a vocabulary-parallel embedding and head", vocab))
+        what = " and ".join(w for w, on in switches if on)
+        raise UsageError(
+            f"the plan models Megatron's tensor-parallel layout ({what}), which pipeplan's runtime does not run (it "
+            "splits the blocks only): export it to Megatron or torchtitan, or re-plan with --tp-layout blocks"
+        )
 
 
 def _is_conv1d(module: nn.Module) -> bool:

@@ -41,7 +41,7 @@ from planner.runtime.apply import schedule_microbatches, tied_parameter_groups
 from planner.runtime.launch import run_ranks
 from planner.runtime.rank_timing import MIN_TIME_S, MIN_WARMUP_S, RankResult, rank_main, step_batch
 from planner.runtime.replay import replay_plan
-from planner.runtime.tensor_parallel import tp_layout
+from planner.runtime.tensor_parallel import check_runtime_layout, tp_layout
 from planner.runtime.verify_report import (
     MEMORY_TOLERANCE,
     NUMERICS_ATOL,
@@ -207,10 +207,11 @@ def verify_plan(
     Raises:
         ExecutionError: a rank failed, hung or was killed. ModelMismatchError: not the plan's model.
         UsageError: bad steps, mode, or ranks that cannot get the threads the plan was timed with
-            (:func:`rank_thread_count`).
+            (:func:`rank_thread_count`); a tensor-parallel layout the runtime does not run.
     """
     if steps < 1 or warmup < 0:
         raise UsageError(f"steps must be >= 1 and warmup >= 0 (steps: {steps}, warmup: {warmup})")
+    check_runtime_layout(plan)  # before any process starts
     chosen = _pick_mode(mode, plan, device)
     spec = workload if isinstance(workload, str) else workload.name
     numerics = None

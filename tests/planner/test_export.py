@@ -607,6 +607,21 @@ def test_megatron_and_torchtitan_carry_the_tensor_parallel_degree() -> None:
     assert not any("tensor" in f for f in export_plan(on_mesh(hand_plan(halves), 2), "megatron").flags())
 
 
+def test_a_plan_in_the_runtimes_tensor_parallel_layout_exports_without_sequence_parallelism() -> None:
+    """pipeplan's runtime layout (the default of plan --tensor-parallel): no sequence parallelism to carry, and a
+    note that the trainer splits the embedding and head by vocabulary, which the plan's memory kept whole."""
+    halves = [LLAMA_SMALL[:5], LLAMA_SMALL[5:]]
+    blocks = on_mesh(hand_plan(halves), 1, tp=2, sequence_parallel=False, vocab_parallel=False)
+    megatron = export_plan(blocks, "megatron")
+    assert megatron.flags()[0] == "--tensor-model-parallel-size 2" and "--sequence-parallel" not in megatron.flags()
+    titan = export_plan(blocks, "torchtitan", TORCHTITAN_LLAMA)
+    assert "--parallelism.no_enable_sequence_parallel" in titan.flags()
+    for config in (megatron, titan):
+        assert "embedding and head whole on every device" in config.text()
+        assert "plan with --tp-layout megatron" in config.text()
+    assert "embedding and head whole" not in export_plan(on_mesh(hand_plan(halves), 1, tp=2), "megatron").text()
+
+
 @pytest.mark.parametrize("trainer", ["deepspeed", "accelerate"])
 def test_trainers_without_tensor_parallelism_refuse_it(tmp_path, capsys, trainer: str) -> None:
     plan = on_mesh(hand_plan([GPT2_TINY[:4], GPT2_TINY[4:]]), 1, tp=2)

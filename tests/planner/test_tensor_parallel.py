@@ -18,9 +18,12 @@ from planner.request import PlanRequest
 from planner.tensor_parallel import (
     Role,
     TensorParallel,
+    TpLayout,
     attention_heads,
     check_degree,
     fixed_part_s,
+    layout_switches,
+    planned_switches,
     shardable_degrees,
     sharded_profile,
     unit_roles,
@@ -29,6 +32,8 @@ from profiles.format import save_profile
 from synthetic import make_profile, transformer_profile
 
 SHA = "0" * 64
+MEGATRON = {"sequence_parallel": True, "vocab_parallel": True}
+"""Megatron's layout, as plans for Megatron-Core and torchtitan model it (the default is pipeplan's runtime's)."""
 
 
 def _request(batch: int) -> PlanRequest:
@@ -39,7 +44,7 @@ def _request(batch: int) -> PlanRequest:
 
 
 def test_collectives_are_rings_on_the_node_link() -> None:
-    tp = TensorParallel(4, bytes_per_s=1000.0, latency_s=0.5)
+    tp = TensorParallel(4, bytes_per_s=1000.0, latency_s=0.5, **MEGATRON)
     # all-reduce: 2 (T - 1) = 6 steps of n / T; all-gather or reduce-scatter: T - 1 = 3 steps.
     assert tp.allreduce_s(4000) == pytest.approx(6 * (0.5 + 1.0))
     assert tp.gather_s(4000) == pytest.approx(3 * (0.5 + 1.0))
@@ -72,7 +77,7 @@ def test_a_block_splits_its_work_weights_and_activations() -> None:
         units=tuple(replace(u, forward_s=(3.0, 5.0), backward_s=(4.0, 8.0)) for u in profile.units),
         settings={"attention_heads": 4},
     )
-    tp = TensorParallel(2, bytes_per_s=1024.0, latency_s=0.0)
+    tp = TensorParallel(2, bytes_per_s=1024.0, latency_s=0.0, **MEGATRON)
     sharded = sharded_profile(profile, tp)
     block = sharded.units[0]
     # SP: 4 ring steps of 1024 b / 2 bytes at 1024 B/s = 2 b s each way.
@@ -87,6 +92,11 @@ def test_a_block_splits_its_work_weights_and_activations() -> None:
     plain = sharded_profile(profile, replace(tp, sequence_parallel=False))
     assert plain.units[0].saved_bytes == (5120 + (8192 - 5120) // 2, 10240 + (16384 - 10240) // 2)
     assert plain.units[0].forward_s == pytest.approx((1 + 1 + 2 * 1.0, 1 + 2 + 2 * 2.0))
+    # pipeplan's runtime (the default layout): the same block, but every device sends its whole hidden state.
+    blocks = sharded_profile(profile, TensorParallel(2, bytes_per_s=1024.0, latency_s=0.0))
+    assert blocks.units[0].saved_bytes == plain.units[0].saved_bytes
+    assert [t.bytes for t in blocks.tensors] == [t.bytes for t in profile.tensors]
+    assert blocks.units[0].output_bytes == profile.units[0].output_bytes
     assert sharded_profile(profile, TensorParallel(1, 1.0, 0.0)) is profile
 
 
@@ -100,7 +110,7 @@ def test_embedding_and_head_split_by_vocabulary_and_the_norm_stays_whole() -> No
         Role.REPLICATED,
         Role.HEAD,
     )
-    tp = TensorParallel(2, bytes_per_s=512.0, latency_s=0.0)
+    tp = TensorParallel(2, bytes_per_s=512.0, latency_s=0.0, **MEGATRON)
     sharded = sharded_profile(profile, tp)
     wte, _, _, _, norm, head = sharded.units
     assert wte.param_count == 1000  # 2 x 1000 vocabulary parameters / 2
@@ -109,6 +119,34 @@ def test_embedding_and_head_split_by_vocabulary_and_the_norm_stays_whole() -> No
     assert head.forward_s == pytest.approx((1.0 / 2 + 0.5,)) and head.backward_s == pytest.approx((2.0 / 2 + 0.5,))
     assert head.saved_bytes == (1024,)  # the split logits
     assert norm == profile.units[4]
+    assert sharded.settings["vocab_parallel"] is True
+
+
+def test_the_runtime_layout_keeps_embedding_and_head_whole() -> None:
+    """pipeplan's runtime splits the blocks only: the embeddings and the head keep their whole weights, work,
+    logits and bytes on every device, with no collective of their own."""
+    profile = transformer_profile("gpt2", layers=2, block_params=1000, block_forward_s=1.0, hidden_bytes=512)
+    sharded = sharded_profile(profile, TensorParallel(2, bytes_per_s=512.0, latency_s=0.0))
+    wte, wpe, block, _, norm, head = sharded.units
+    assert (wte, wpe, norm, head) == (profile.units[0], profile.units[1], profile.units[4], profile.units[5])
+    assert head.tied_param_count == 2000 and head.saved_bytes == profile.units[5].saved_bytes  # whole logits
+    assert block.param_count == profile.units[2].param_count // 2
+    assert sharded.settings["sequence_parallel"] is False and sharded.settings["vocab_parallel"] is False
+    # Megatron's layout of the same profile halves them.
+    megatron = sharded_profile(profile, TensorParallel(2, bytes_per_s=512.0, latency_s=0.0, **MEGATRON))
+    assert megatron.units[0].param_bytes == -(-profile.units[0].param_bytes // 2)
+    assert megatron.units[5].saved_bytes == tuple(-(-b // 2) for b in profile.units[5].saved_bytes)
+
+
+def test_layout_switches_of_each_layout() -> None:
+    assert layout_switches(TpLayout.BLOCKS) == (False, False)
+    assert layout_switches(TpLayout.MEGATRON) == (True, True)
+    assert layout_switches(TpLayout.MEGATRON, sequence_parallel=False) == (False, True)
+    with pytest.raises(UsageError, match="--sequence-parallel on: pipeplan's runtime .* keeps the sequence whole"):
+        layout_switches(TpLayout.BLOCKS, sequence_parallel=True)
+    # A plan written before the layout was recorded was planned with Megatron's.
+    assert planned_switches({"tensor_parallel": 2}) == (True, True)
+    assert planned_switches({"sequence_parallel": False, "vocab_parallel": False}) == (False, False)
 
 
 def test_roles_of_a_profile_without_repeated_blocks() -> None:
@@ -164,7 +202,10 @@ def test_the_search_splits_tensors_when_no_stage_fits_otherwise() -> None:
     cluster = Cluster(8, 4, 1.1e9, 1.1e9, 1e-4)
     with pytest.raises(Exception, match="no pp x dp layout"):
         plan_cluster(profile, _request(8), cluster, sha256=SHA)  # tensor parallelism off: nothing fits
-    result = plan_cluster(profile, _request(8), cluster, sha256=SHA, tensor_parallel=None)
+    with pytest.raises(Exception, match="no pp x tp x dp layout"):
+        # pipeplan's runtime keeps the vocabulary table whole on every device: it fits no better.
+        plan_cluster(profile, _request(8), cluster, sha256=SHA, tensor_parallel=None)
+    result = plan_cluster(profile, _request(8), cluster, sha256=SHA, tensor_parallel=None, **MEGATRON)
     mesh = result.plan.mesh
     assert mesh is not None and mesh.tp in (2, 4)
     assert mesh.used_devices == mesh.pp * mesh.dp * mesh.tp <= 8
@@ -210,7 +251,7 @@ def test_plan_auto_writes_a_mesh_with_tp(tmp_path, capsys) -> None:
     profile_file, out = tmp_path / "p.json", tmp_path / "plan.json"
     save_profile(_memory_bound("llama"), profile_file)
     args = ["plan", str(profile_file), "--global-batch", "8", "--devices", "8", "--devices-per-node", "4"]
-    assert main([*args, "--tensor-parallel", "auto", "--out", str(out)]) == 0
+    assert main([*args, "--tensor-parallel", "auto", "--tp-layout", "megatron", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["mesh"]["tp"] in (2, 4)
     assert data["mesh"]["pp"] * data["mesh"]["dp"] * data["mesh"]["tp"] <= 8
@@ -237,7 +278,17 @@ def test_plan_with_a_fixed_degree_writes_it(tmp_path, style) -> None:
     plan = load_plan(out)
     assert plan.mesh is not None and (plan.mesh.pp, plan.mesh.tp, plan.mesh.dp) == (2, 2, 1)
     assert plan.mesh.tp_group(0, 1) == (plan.mesh.devices[0][1], plan.mesh.devices[0][1] + 1)
-    assert plan.constraints["tensor_parallel"] == 2 and plan.constraints["sequence_parallel"] is True
+    assert plan.constraints["tensor_parallel"] == 2
+    # What pipeplan's runtime runs, unless asked for Megatron's layout (or planned --for a trainer with it).
+    assert (plan.constraints["sequence_parallel"], plan.constraints["vocab_parallel"]) == (False, False)
+    for extra, switches in (
+        (["--tp-layout", "megatron"], (True, True)),
+        (["--tp-layout", "megatron", "--sequence-parallel", "off"], (False, True)),
+        (["--for", "megatron"], (True, True)),
+    ):
+        assert main([*argv, "--tensor-parallel", "2", *extra, "--out", str(out)]) == 0
+        plan = load_plan(out)
+        assert (plan.constraints["sequence_parallel"], plan.constraints["vocab_parallel"]) == switches, extra
 
 
 def test_bad_tensor_parallel_input_gets_one_line(tmp_path, capsys) -> None:
@@ -259,6 +310,12 @@ def test_bad_tensor_parallel_input_gets_one_line(tmp_path, capsys) -> None:
         capsys, [*base, "--devices", "1", "--tensor-parallel", "2"], "needs 2 devices, and the plan has --devices 1"
     )
     assert_fails(capsys, [*base, "--devices", "4", "--attention-heads", "8"], "options of tensor parallelism")
+    assert_fails(capsys, [*base, "--devices", "4", "--tp-layout", "megatron"], "options of tensor parallelism")
+    assert_fails(
+        capsys,
+        [*base, "--devices", "4", "--tensor-parallel", "2", "--sequence-parallel", "on"],
+        "--sequence-parallel on: pipeplan's runtime (--tp-layout blocks) keeps the sequence whole",
+    )
 
 
 def test_auto_without_heads_searches_tp_1_and_says_so() -> None:

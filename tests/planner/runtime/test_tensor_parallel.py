@@ -3,6 +3,7 @@ process (loss and every gradient, sharded ones gathered with ``full_tensor()``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -10,8 +11,9 @@ import torch
 from conftest import make_plan
 from torch import nn
 
-from planner.errors import PipeplanError, TensorParallelError
-from planner.plan import Mesh, Plan
+from cli_checks import assert_fails
+from planner.errors import PipeplanError, TensorParallelError, UsageError
+from planner.plan import Mesh, Plan, save_plan
 from planner.runtime.apply import apply_plan, tied_parameter_groups
 from planner.runtime.launch import run_ranks
 from planner.runtime.tensor_parallel import (
@@ -59,7 +61,9 @@ def _tp_plan(spec: str, *, pp: int = 2, dp: int = 1, tp: int = 2, shard: str = "
         ring_latency_s=1e-4,
         tp=tp,
     )
-    return replace(base, mesh=mesh)
+    # The layout pipeplan's runtime runs (a plan without these keys was planned with Megatron's, and is refused).
+    constraints = {**base.constraints, "tensor_parallel": tp, "sequence_parallel": False, "vocab_parallel": False}
+    return replace(base, mesh=mesh, constraints=constraints)
 
 
 # -- one process ------------------------------------------------------------------------------------------------
@@ -196,6 +200,29 @@ def test_verify_runs_pp2_x_tp2_on_four_processes() -> None:
     assert report.mode == "processes" and [r.rank for r in report.ranks] == [0, 1]
     assert report.numerics is not None and report.numerics.ok, report.numerics
     assert report.numerics.max_grad_abs_diff < 1e-6
+
+
+@pytest.mark.parametrize(
+    ("switches", "named"),
+    [
+        ({"sequence_parallel": True, "vocab_parallel": True}, "(sequence parallelism and a vocabulary-parallel"),
+        ({"sequence_parallel": False, "vocab_parallel": True}, "(a vocabulary-parallel embedding and head)"),
+        ({}, "(sequence parallelism and a vocabulary-parallel"),  # a plan file from before the layout was recorded
+    ],
+)
+def test_a_megatron_layout_plan_is_refused_in_one_line(tmp_path, capsys, switches: dict, named: str) -> None:
+    """Its memory and times are a trainer's (vocabulary split, sequence split), not what this runtime runs."""
+    plan = _tp_plan(LLAMA)
+    constraints = {k: v for k, v in plan.constraints.items() if k not in ("sequence_parallel", "vocab_parallel")}
+    megatron = replace(plan, constraints={**constraints, **switches})
+    workload = load_workload(LLAMA)
+    x, _ = workload.make_batch(megatron.mesh.global_batch_size)
+    with pytest.raises(UsageError, match="re-plan with --tp-layout blocks"):
+        apply_plan(megatron, workload.model, x, workload.loss_fn, device="cpu")
+    with pytest.raises(UsageError, match=re.escape(named)):
+        verify_plan(megatron, LLAMA)  # before any process starts
+    save_plan(megatron, tmp_path / "plan.json")
+    assert_fails(capsys, ["verify", tmp_path / "plan.json", "--model", LLAMA], "pipeplan's runtime does not run")
 
 
 def test_replay_refuses_a_tensor_parallel_plan() -> None:
