@@ -176,9 +176,7 @@ def order_floor_s(
     ratios = [b / f for f, b in zip(forward_s, backward_s, strict=True) if f > 0]
     low = min(ratios, default=0.0)
     high = math.inf if len(ratios) < len(forward_s) else max(ratios, default=math.inf)
-    optimum = _order_programme(
-        schedule, num_ranks, num_stages, num_microbatches, total_f / total, low, high if high < 1e12 else math.inf
-    )
+    optimum = _order_programme(schedule, num_ranks, num_stages, num_microbatches, total_f / total, low, high)
     return optimum * total * (1.0 - LP_SHAVE)
 
 
