@@ -31,6 +31,19 @@ bubble of GPipe and 1F1B, as a bound no partition can beat.
    ``(P - 1)/(v M)``, where fact 2's relaxation leaves the looped schedules almost none. It needs the
    partition (which stage is a rank's first), so it is a partition floor only.
 
+4. Facts 1 and 2 are the rank orders' sequence edges and data edges taken one kind at a time. Taken together,
+   under the schedule's own orders (planner/schedule/orders.py), with each stage's forward ``f_s`` and backward
+   ``b_s`` as real variables (totals fixed; each ``b_s / f_s`` within the units' least and greatest ratio), the
+   least longest path of the action graph is a linear programme: a start time per action, no earlier than the
+   end of the rank's previous action and of the action it needs (``F`` of the stage before, ``B`` of the stage
+   after). Every partition's stage times are one feasible point, communication, overhead and recomputation only
+   lengthen actions, and a longest path never shortens when an action does, so no partition simulates
+   faster. Kept whole the programme has ``2 S M`` actions; :func:`order_floor_s` keeps those of the first and
+   the last micro-batch and lets each rank's other actions only add their time to the gap before the next
+   kept one (the edges left out only loosen it). It holds most of the interleaved bubble (Megatron's
+   ``(P - 1) / (v M)`` on equal chunks) that facts 1-3 leave out before a partition is known: e.g. 8.7 % of
+   the work for P = 2, v = 4, M = 2, where fact 2's relaxation finds 1 %.
+
 ``tests/planner/test_bounds.py`` holds the floors under the simulation of every partition of small problems, under
 every schedule.
 """
@@ -40,9 +53,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
-__all__ = ["UnitWork", "candidate_floor_s", "partition_floor_s"]
+import highspy
+import numpy as np
+
+from planner.schedule.orders import Schedule, rank_orders
+from solvers.ilp import quiet_stdout
+
+__all__ = ["UnitWork", "candidate_floor_s", "partition_floor_s", "order_floor_s"]
+
+LP_SHAVE = 1e-6
+""":func:`order_floor_s` is taken this fraction below the programme's optimum: HiGHS meets its constraints to
+1e-7 of the (normalised, order-1) values, and a floor must not rise above the true optimum by that."""
 
 
 @dataclass(frozen=True)
@@ -126,3 +149,121 @@ def partition_floor_s(
             forwards += stage_forward_s[s]
             backwards += stage_chain_s[s] - stage_forward_s[s]
     return floor if math.isfinite(floor) else math.inf
+
+
+def order_floor_s(
+    schedule: Schedule,
+    num_ranks: int,
+    num_stages: int,
+    num_microbatches: int,
+    forward_s: Sequence[float],
+    backward_s: Sequence[float],
+) -> float:
+    """No partition of these units (per-unit forward and full backward) into ``num_stages`` stages simulates
+    faster under ``schedule``'s rank orders (module docstring, fact 4), at full speed. 0 for a split backward
+    (its I and W actions are not modelled here) or no work.
+
+    >>> round(order_floor_s(Schedule.INTERLEAVED_1F1B, 2, 8, 2, [1.0] * 16, [2.0] * 16) / (2 * 48 / 2), 3)
+    1.087
+    """
+    if schedule.splits_backward:
+        return 0.0
+    total_f, total_b = math.fsum(forward_s), math.fsum(backward_s)
+    total = total_f + total_b
+    if not total > 0 or not math.isfinite(total):
+        return 0.0
+    # A stage's ratio b_s / f_s lies between its units' least and greatest (units without a forward allow any).
+    ratios = [b / f for f, b in zip(forward_s, backward_s, strict=True) if f > 0]
+    low = min(ratios, default=0.0)
+    high = math.inf if len(ratios) < len(forward_s) else max(ratios, default=math.inf)
+    optimum = _order_programme(schedule, num_ranks, num_stages, num_microbatches, total_f / total, low, high)
+    return optimum * total * (1.0 - LP_SHAVE)
+
+
+@lru_cache(maxsize=512)
+def _order_programme(
+    schedule: Schedule, ranks: int, stages: int, m: int, forward_share: float, low: float, high: float
+) -> float:
+    """The programme of fact 4 for work 1 (forwards ``forward_share`` of it): its optimum, or 0 when HiGHS
+    finds none (no floor). Cached: a cluster search meets the same (schedule, P, S, M, shares) per placement."""
+    orders = rank_orders(schedule, stages, m, ranks)
+    kept_mbs = {0, m - 1}
+    kept: dict[tuple[int, int, str], int] = {}
+    for order in orders:
+        for step in order:
+            if step.microbatch in kept_mbs:
+                kept[(step.stage, step.microbatch, step.kind)] = len(kept)
+    # Columns: f_s, b_s for every stage, a start per kept action, the step T.
+    start = 2 * stages
+    step_col = start + len(kept)
+    rows: list[dict[int, float]] = []
+
+    def duration(key: tuple[int, int, str], row: dict[int, float]) -> None:
+        column = key[0] if key[2] == "F" else stages + key[0]
+        row[column] = row.get(column, 0.0) + 1.0
+
+    for order in orders:
+        # start(next kept) >= end(previous kept) + the rank's actions between them (from 0 before the first).
+        row: dict[int, float] = {}
+        previous: tuple[int, int, str] | None = None
+        for step in order:
+            key = (step.stage, step.microbatch, step.kind)
+            if key not in kept:
+                duration(key, row)
+                continue
+            if previous is not None:
+                row[start + kept[previous]] = 1.0
+                duration(previous, row)
+            row[start + kept[key]] = row.get(start + kept[key], 0.0) - 1.0
+            rows.append(row)
+            row, previous = {}, key
+        if previous is not None:
+            row[start + kept[previous]] = row.get(start + kept[previous], 0.0) + 1.0
+            duration(previous, row)
+        row[step_col] = -1.0  # T >= the rank's last end
+        rows.append(row)
+    for (s, mb, kind), column in kept.items():
+        # F needs the stage before's F; B the stage after's B (the last stage's own F).
+        if kind == "F":
+            needed = (s - 1, mb, "F") if s > 0 else None
+        else:
+            needed = (s + 1, mb, "B") if s < stages - 1 else (s, mb, "F")
+        if needed is None or needed not in kept:
+            continue
+        row = {start + kept[needed]: 1.0, start + column: -1.0}
+        duration(needed, row)
+        rows.append(row)
+    for s in range(stages):
+        rows.append({s: low, stages + s: -1.0})  # low * f_s <= b_s
+        if math.isfinite(high):
+            rows.append({stages + s: 1.0, s: -high})  # b_s <= high * f_s
+    count = len(rows)
+    sums_row = [dict.fromkeys(range(stages), 1.0), dict.fromkeys(range(stages, 2 * stages), 1.0)]
+    lp = highspy.HighsLp()
+    lp.num_col_ = step_col + 1
+    lp.num_row_ = count + 2
+    lp.col_cost_ = np.eye(1, step_col + 1, step_col).ravel()
+    lp.col_lower_ = np.zeros(step_col + 1)
+    lp.col_upper_ = np.full(step_col + 1, highspy.kHighsInf)
+    lp.row_lower_ = np.array([-highspy.kHighsInf] * count + [forward_share, 1.0 - forward_share])
+    lp.row_upper_ = np.array([0.0] * count + [forward_share, 1.0 - forward_share])
+    starts, indices, values = [0], [], []
+    for row in rows + sums_row:
+        indices.extend(row)
+        values.extend(row.values())
+        starts.append(len(indices))
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
+    lp.a_matrix_.index_ = np.array(indices, dtype=np.int32)
+    lp.a_matrix_.value_ = np.array(values, dtype=np.float64)
+    with quiet_stdout():  # the banner HiGHS prints on a process's first instance: stdout may carry JSON
+        solver = highspy.Highs()
+    solver.setOptionValue("output_flag", False)
+    # One thread, as the ILP solver asks (solvers/ilp.py): HiGHS keeps one thread pool a process, and a run
+    # asking another size than the pool's first fails.
+    solver.setOptionValue("threads", 1)
+    solver.passModel(lp)
+    solver.run()
+    if solver.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return 0.0
+    return max(0.0, float(solver.getInfo().objective_function_value))

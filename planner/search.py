@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-from planner.bounds import candidate_floor_s, partition_floor_s
+from planner.bounds import candidate_floor_s, order_floor_s, partition_floor_s
 from planner.cost import (
     UnitCosts,
     build_problem,
@@ -153,12 +153,16 @@ class _Option:
     floor_s: float
 
 
+def _floor_factor(request: PlanRequest) -> float:
+    """Floors are at full speed on the fastest device, with the co-location slowdown where it is one."""
+    cal = request.settings.calibration
+    slowdown = min(1.0, cal.colocation_factor if cal is not None else 1.0)
+    return slowdown / max(request.settings.device_speeds, default=1.0)
+
+
 def _options(profile: Profile, request: PlanRequest, refusals: list[str]) -> list[_Option]:
     found: list[_Option] = []
-    settings = request.settings
-    # Floors at full speed on the fastest device, with the co-location slowdown where it is one.
-    cal = settings.calibration
-    factor = min(1.0, cal.colocation_factor if cal is not None else 1.0) / max(settings.device_speeds, default=1.0)
+    factor = _floor_factor(request)
     for b in _micro_batch_sizes(profile, request):
         m = request.global_batch_size // b
         costs = unit_costs(profile, b)
@@ -177,6 +181,19 @@ def estimate_step_s(profile: Profile, request: PlanRequest) -> float:
     p = request.num_ranks
     options = _options(profile, request, refusals)
     return min((o.floor_s * (1 + (p - 1) / (o.virtual_stages * o.num_microbatches)) for o in options), default=math.inf)
+
+
+def _order_floor_s(option: _Option, request: PlanRequest) -> float:
+    """The option's floor under its schedule's rank orders (planner/bounds.py, fact 4): a linear programme,
+    so asked only of an option the cheap floors left to solve; 0 (no floor) on one rank, where fact 1 is it."""
+    p = request.num_ranks
+    if p == 1:
+        return 0.0
+    costs = option.costs
+    floor = order_floor_s(
+        option.schedule, p, p * option.virtual_stages, option.num_microbatches, costs.forward_s, costs.backward_s
+    )
+    return floor * _floor_factor(request)
 
 
 def _partition_floor_s(
@@ -295,6 +312,10 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
 
     for option in sorted(_options(profile, request, found.refusals), key=lambda o: (o.floor_s, o.order)):
         if cannot_win(option.floor_s):
+            continue
+        # Before the partition problem and its solve: the orders' floor holds for every partition of the option
+        # (a linear programme, so only once there is a step to beat).
+        if math.isfinite(fastest) and cannot_win(_order_floor_s(option, request)):
             continue
         b, m, schedule, v, costs = (
             option.micro_batch_size,

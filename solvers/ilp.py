@@ -45,7 +45,7 @@ from solvers.problem import (
     transient_arrays,
 )
 
-__all__ = ["solve_ilp", "BACKENDS"]
+__all__ = ["solve_ilp", "BACKENDS", "quiet_stdout"]
 
 BACKENDS = ("auto", "highs", "cbc")
 
@@ -53,7 +53,7 @@ _Term = pulp.LpVariable | int
 
 
 @contextlib.contextmanager
-def _quiet_stdout() -> Iterator[None]:
+def quiet_stdout() -> Iterator[None]:
     """Silence the banner highspy's C++ core prints on stdout even with msg=False: stdout may carry JSON."""
     sys.stdout.flush()
     saved = os.dup(1)
@@ -400,7 +400,7 @@ def solve_ilp(problem: PartitionProblem, time_limit_s: float = 60.0, backend: st
             if not isinstance(term, int):
                 prob += term == want
 
-    with _quiet_stdout():
+    with quiet_stdout():
         prob.solve(solver)
     proven = prob.sol_status == pulp.LpSolutionOptimal
     if prob.status == pulp.LpStatusInfeasible or prob.sol_status == pulp.LpSolutionInfeasible:

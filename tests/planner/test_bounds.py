@@ -7,10 +7,13 @@ import random
 
 import pytest
 
-from planner.bounds import UnitWork, candidate_floor_s, partition_floor_s
+from planner.bounds import UnitWork, candidate_floor_s, order_floor_s, partition_floor_s
+from planner.cost import CostSettings, build_problem, unit_costs
 from planner.errors import ScheduleError
 from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank
-from planner.schedule.simulate import RuntimeTerms, simulate
+from planner.schedule.simulate import RuntimeTerms, in_flight_per_stage, simulate
+from solvers.ilp import solve_ilp
+from synthetic import make_profile
 
 
 def _partitions(num_units: int, num_stages: int) -> list[tuple[int, ...]]:
@@ -44,6 +47,7 @@ def test_floors_lie_under_every_partition_simulated(schedule: Schedule, ranks: i
     split = schedule.splits_backward
     work = UnitWork.of(forward, backward, inputs, weight) if split else UnitWork.of(forward, backward)
     floor = candidate_floor_s(work, m, ranks, num_stages)
+    orders_floor = order_floor_s(schedule, ranks, num_stages, m, forward, backward)
     stage_rank = stage_to_rank(schedule, num_stages, ranks)
     terms = RuntimeTerms(0.05, tuple(rng.uniform(0, 1) for _ in range(ranks)), rng.choice((0.8, 1.0, 1.3)))
     fastest = float("inf")
@@ -74,6 +78,7 @@ def test_floors_lie_under_every_partition_simulated(schedule: Schedule, ranks: i
         )
         assert with_terms <= timed * (1 + 1e-9)
     assert floor <= fastest * (1 + 1e-9)
+    assert orders_floor <= fastest * (1 + 1e-9)
 
 
 def test_the_chain_floor_is_the_bubble_of_gpipe_on_equal_stages() -> None:
@@ -104,3 +109,42 @@ def test_the_rank_floor_is_megatrons_interleaved_bubble_on_equal_chunks(p: int, 
     assert simulated == 2 * (v * m + p - 1)
     assert partition_floor_s(work, chain, stage_rank, m, stage_forward_s=forward) == pytest.approx(simulated)
     assert partition_floor_s(work, chain, stage_rank, m) < simulated * (1 - 0.5 * (p - 1) / (v * m + p - 1))
+
+
+@pytest.mark.parametrize(("schedule", "p", "v", "m"), [("interleaved-1f1b", 2, 4, 2), ("looped-bfs", 2, 2, 4)])
+def test_the_orders_floor_keeps_the_interleaved_bubble_before_any_partition(
+    schedule: str, p: int, v: int, m: int
+) -> None:
+    # Forty equal units in p * v stages, P = 2: facts 1 and 2 leave almost no bubble for any partition, the orders'
+    # programme most of the bubble of the even partition (which it must not exceed).
+    sched = Schedule.parse(schedule)
+    forward, backward = [1.0] * 40, [2.0] * 40
+    stages = p * v
+    no_bubble = m * 120.0 / p
+    cheap = candidate_floor_s(UnitWork.of(forward, backward), m, p, stages)
+    orders_floor = order_floor_s(sched, p, stages, m, forward, backward)
+    even = simulate([120.0 / stages / 3] * stages, [240.0 / stages / 3] * stages, m, sched, num_ranks=p).iteration_s
+    assert cheap < 1.01 * no_bubble
+    assert 1.06 * no_bubble < orders_floor <= even
+
+
+def test_the_orders_floor_is_none_for_a_split_backward() -> None:
+    assert order_floor_s(Schedule.ZERO_BUBBLE, 2, 4, 4, [1.0] * 8, [2.0] * 8) == 0.0
+
+
+def test_the_ilp_still_solves_after_an_orders_floor() -> None:
+    # HiGHS keeps one thread pool a process: the floor's programme asks the ILP's one thread, or the ILP fails.
+    assert order_floor_s(Schedule.LOOPED_BFS, 2, 4, 4, [1.0] * 8, [2.0] * 8) > 0
+    profile = make_profile([1.0] * 4)
+    problem = build_problem(
+        profile,
+        unit_costs(profile, 1),
+        CostSettings(),
+        num_stages=2,
+        num_microbatches=2,
+        in_flight=in_flight_per_stage(Schedule.ONE_F_ONE_B, 2, 2, 2),
+        stage_rank=(0, 1),
+        recompute_choices=(False,),
+        schedule=Schedule.ONE_F_ONE_B,
+    )
+    assert solve_ilp(problem).boundaries == (0, 2)

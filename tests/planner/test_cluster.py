@@ -17,8 +17,9 @@ from planner.errors import PlanFormatError, UsageError
 from planner.plan import load_plan, plan_from_dict, save_plan
 from planner.request import PlanRequest
 from planner.search import make_plan, plan_key
+from planner.tensor_parallel import TensorParallel, sharded_profile
 from profiles.format import save_profile
-from synthetic import make_profile
+from synthetic import make_profile, transformer_profile
 
 SHA = "0" * 64
 
@@ -90,10 +91,16 @@ def test_sharding_divides_the_state_a_stage_keeps() -> None:
     assert zero1.memory_bytes.optimizer == plain.optimizer // 4
 
 
-def _exhaustive(profile, request: PlanRequest, cluster: Cluster) -> tuple[float, int]:
-    """The fastest step over every layout, planned one by one (no bound, no pruning): (step, devices)."""
+def _exhaustive(profile, request: PlanRequest, cluster: Cluster, degrees: tuple[int, ...] = (1,)) -> tuple[float, int]:
+    """The fastest step over every layout of every tensor-parallel degree, planned one by one (no bound, no
+    pruning): (step, devices)."""
     best: tuple[float, int] | None = None
-    for layout in layouts(cluster, profile.num_units, request.global_batch_size):
+    every = [
+        (layout, sharded_profile(profile, TensorParallel(tp, cluster.intra_node_bytes_per_s, cluster.latency_s, True)))
+        for tp in degrees
+        for layout in layouts(cluster, profile.num_units, request.global_batch_size, tp=tp)
+    ]
+    for layout, sharded in every:
         settings = request.settings
         hop, ring = layout.hop_bytes_per_s(cluster), layout.ring_bytes_per_s(cluster)
         if math.isfinite(hop):
@@ -102,10 +109,10 @@ def _exhaustive(profile, request: PlanRequest, cluster: Cluster) -> tuple[float,
             settings = replace(settings, data_parallel=DataParallel(layout.dp, ring, cluster.latency_s, cluster.shard))
         one = replace(request, num_ranks=layout.pp, global_batch_size=request.global_batch_size // layout.dp)
         try:
-            plan = make_plan(profile, replace(one, settings=settings), sha256=SHA)
+            plan = make_plan(sharded, replace(one, settings=settings), sha256=SHA)
         except Exception:  # noqa: BLE001 - a layout without a plan (memory, batch) is simply not a candidate
             continue
-        key = (round(plan.predicted.iteration_s, 12), layout.pp * layout.dp)
+        key = (round(plan.predicted.iteration_s, 12), layout.used_devices)
         best = key if best is None or key < best else best
     assert best is not None
     return best
@@ -137,6 +144,38 @@ def test_the_choice_is_the_exhaustive_searchs(seed: int) -> None:
     assert result.plan.predicted.iteration_s == pytest.approx(step, rel=1e-12)
     assert mesh.pp * mesh.dp == devices
     assert mesh.global_batch_size == request.global_batch_size == mesh.dp * result.plan.global_batch_size
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_choice_with_tensor_parallelism_searched_is_the_exhaustive_searchs(seed: int) -> None:
+    # Every degree's layouts in one branch and bound, each held against the best step of any degree so far:
+    # the bounds and the schedule floors (planner/bounds.py) skip only what cannot win.
+    rng = random.Random(seed)
+    profile = transformer_profile(
+        rng.choice(["llama", "gpt2"]),
+        layers=rng.randint(3, 6),
+        block_params=rng.choice([10**5, 10**6, 10**7]),
+        block_forward_s=rng.uniform(0.005, 0.02),
+        hidden_bytes=rng.choice([4096, 1_000_000]),
+        heads=8,
+        sizes=(1, 2),
+        memory_bytes=rng.choice([2**27, 2**30, 2**36]),
+    )
+    cluster = Cluster(
+        rng.choice([4, 8]),
+        4,
+        intra_node_bytes_per_s=rng.choice([1e9, 1e11]),
+        inter_node_bytes_per_s=1e8,
+        latency_s=1e-5,
+        shard=rng.choice(["none", "optimizer"]),
+    )
+    request = _request(rng.choice([4, 8]), link_bytes_per_s=1e9)
+    result = plan_cluster(profile, request, cluster, sha256=SHA, tensor_parallel=None)
+    mesh = result.plan.mesh
+    assert mesh is not None
+    step, devices = _exhaustive(profile, request, cluster, degrees=(1, 2, 4))
+    assert result.plan.predicted.iteration_s == pytest.approx(step, rel=1e-12, abs=1e-12)  # step: to 12 places
+    assert mesh.used_devices == devices
 
 
 @pytest.mark.parametrize("seed", range(4))
