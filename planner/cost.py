@@ -428,9 +428,9 @@ def schedule_moments(
 ) -> tuple[tuple[Moment, ...], ...]:
     """Per stage, the moments at which it may peak under ``schedule`` (planner/schedule/memory.py), as the solvers
     weigh them. A recomputing stage re-materialises its forward in B and I (it runs its whole backward in I,
-    planner/runtime/apply.py ``_backward_whole``); the first stage under a split backward runs no I otherwise
-    (its input needs no gradient: torch's ``backward_one_chunk`` skips it), so there a micro-batch past I holds
-    what a waiting one does."""
+    planner/runtime/apply.py ``_backward_whole``, the first stage's too); the first stage under a split backward
+    runs no I otherwise (its input needs no gradient: torch's ``backward_one_chunk`` skips it), so there a
+    micro-batch past I holds what a waiting one does, its I moment is named W and its W moment B."""
     out = []
     for s, moments in enumerate(memory_moments(schedule, num_stages, num_microbatches, num_ranks)):
         first_split = s == 0 and schedule.splits_backward

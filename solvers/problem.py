@@ -295,8 +295,10 @@ def relayed_bytes(problem: PartitionProblem, first: int, last: int) -> int:
 
 
 def acting_kind(moment: Moment, recompute: bool) -> str:
-    """Whose working memory a moment's action has: a recomputing stage's I runs its whole backward (B)."""
-    return "B" if recompute and moment.kind == "I" else moment.kind
+    """Whose working memory a moment's action has: a recomputing stage's action that re-materialises the
+    micro-batch runs its whole backward (B): its I, or the first stage's (whose I moment
+    :func:`planner.cost.schedule_moments` names W, as it runs no I without recomputation)."""
+    return "B" if recompute and moment.acting else moment.kind
 
 
 def transient_arrays(problem: PartitionProblem) -> dict[str, tuple[int, ...]]:
@@ -375,7 +377,7 @@ def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: i
         activations = m.waiting * held + past_input + (remat if m.acting else 0) + m.done * kept_loss
         kept = grads if m.grads else 0
         sends = m.sent_grads * sent_grad + m.sent_outputs * sent_output
-        working = transient["B" if recompute and m.kind == "I" else m.kind]  # acting_kind, inlined: a hot loop
+        working = transient["B" if recompute and m.acting else m.kind]  # acting_kind, inlined: a hot loop
         total = state - grads + kept + buffers + sends + activations + working
         if total > best_total:
             best_total, best_moment = total, (kept, sends, activations, working)

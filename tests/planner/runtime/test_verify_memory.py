@@ -101,6 +101,22 @@ def test_the_last_stage_lets_go_of_the_losss_graph_at_its_input_gradient(gpt2_pr
     assert last.memory_error_pct is not None and abs(last.memory_error_pct) <= 2.0, format_report(report)
 
 
+def test_a_recomputing_first_stage_under_a_split_backward_peaks_in_its_whole_backward(
+    gpt2_profile: Profile,
+) -> None:
+    # A recomputing stage runs its whole backward at I (planner/runtime/apply.py ``_backward_whole``), the first
+    # stage too, whose I is otherwise empty: its peak is the re-materialised micro-batch and a full backward's
+    # working memory, not W's: charged W's, this stage was 1.8 % under (cnn13's 10 %); memory is deterministic.
+    plan = make_plan(
+        BUILTIN_MODELS["gpt2-tiny"](), ["transformer.h.2"], "zero-bubble", num_microbatches=4, recompute=(True, False)
+    )
+    memory = plan_memory(gpt2_profile, plan, default_settings(gpt2_profile))
+    plan = replace(plan, stages=tuple(replace(s, memory_bytes=m) for s, m in zip(plan.stages, memory, strict=True)))
+    report = verify_plan(plan, "gpt2-tiny", mode="replay", steps=1, warmup=1, tolerance=1e9)
+    first = report.stages[0]
+    assert first.memory_error_pct is not None and abs(first.memory_error_pct) <= 1.0, format_report(report)
+
+
 @pytest.mark.parametrize("shard", ["none", "full"])
 def test_a_pp2_x_dp2_plan_runs_within_2_percent_of_its_predicted_memory(shard: str) -> None:
     """DDP (``none``): the stage's gradients, its buckets (as many bytes) and Adam's state; FSDP (``full``): the
@@ -155,8 +171,8 @@ def test_a_unet_holds_its_sends_its_skips_and_its_losses_as_predicted(
     step ends. 1F1B's ``bwd_sends`` holds the previous backward's input gradients through the next backward, and
     ``send_work`` the first stage's warm-up output; GPipe keeps every send. Under ZBV the stage at the V's turn
     relays a skip whose gradient (autograd.grad, a split backward) is the very buffer it arrived in, which the
-    stage before it keeps. Every stage within 5 %, but ZBV's last (+5.7 %: what its I keeps for W, measured on
-    the unit alone, is less than in the stage) within the 10 % tolerance."""
+    stage before it keeps. What I keeps for W is the whole storage of a cat's gradient its slices hold. Every
+    stage within 5 %."""
     workload = BUILTIN_MODELS["unet-small"]()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PipeplanWarning)
@@ -168,8 +184,7 @@ def test_a_unet_holds_its_sends_its_skips_and_its_losses_as_predicted(
     report = verify_plan(plan, "unet-small", mode=mode, steps=1, warmup=1, min_warmup_s=0.0, min_time_s=0.0)
     for stage in report.stages:
         assert stage.memory_error_pct is not None
-        limit = 10.0 if schedule == "zbv" and stage.index == plan.num_stages - 1 else 5.0
-        assert abs(stage.memory_error_pct) <= limit, format_report(report)
+        assert abs(stage.memory_error_pct) <= 5.0, format_report(report)
 
 
 def test_a_pp2_x_tp2_plan_runs_within_the_tolerance_of_its_predicted_memory() -> None:
