@@ -73,8 +73,11 @@ def _needs_grad(value: Any) -> bool:
 
 
 class _ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward makes the gradient contiguous: it is sent back to the previous stage,
-    and gloo refuses non-contiguous tensors (``torch.cat``'s backward hands out strided slices)."""
+    """Identity whose backward makes the gradient contiguous and its own: it is sent back to the previous
+    stage, and gloo refuses non-contiguous tensors (``torch.cat``'s backward hands out strided slices). A slice
+    that is contiguous already (a channel slice at micro-batch size 1) would keep the whole of ``cat``'s
+    gradient alive for as long as the send holds it (to the end of the step): unet-small's stages at b = 1 held
+    10-14 % more than the gradients they send."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
@@ -82,6 +85,9 @@ class _ContiguousGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        plain = type(grad) is torch.Tensor  # a DTensor's storage is its shard's
+        if plain and grad.is_contiguous() and grad.untyped_storage().nbytes() > grad.numel() * grad.element_size():
+            return grad.clone()
         return grad.contiguous()
 
 
