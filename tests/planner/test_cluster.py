@@ -96,7 +96,7 @@ def _exhaustive(profile, request: PlanRequest, cluster: Cluster, degrees: tuple[
     pruning): (step, devices)."""
     best: tuple[float, int] | None = None
     every = [
-        (layout, sharded_profile(profile, TensorParallel(tp, cluster.intra_node_bytes_per_s, cluster.latency_s, True)))
+        (layout, sharded_profile(profile, TensorParallel(tp, cluster.intra_node_bytes_per_s, cluster.latency_s)))
         for tp in degrees
         for layout in layouts(cluster, profile.num_units, request.global_batch_size, tp=tp)
     ]
