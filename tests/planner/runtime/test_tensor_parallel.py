@@ -9,11 +9,12 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import make_plan
+from export_plans import on_mesh
 from torch import nn
 
 from cli_checks import assert_fails
 from planner.errors import PipeplanError, TensorParallelError, UsageError
-from planner.plan import Mesh, Plan, save_plan
+from planner.plan import Plan, save_plan
 from planner.runtime.apply import apply_plan, tied_parameter_groups
 from planner.runtime.launch import run_ranks
 from planner.runtime.tensor_parallel import (
@@ -45,25 +46,8 @@ def _tp_plan(spec: str, *, pp: int = 2, dp: int = 1, tp: int = 2, shard: str = "
     (r * pp + p) * tp ...)."""
     splits = [SPLIT[spec]] if pp == 2 else []
     base = make_plan(_workload(spec), splits, "1f1b", num_ranks=pp, num_microbatches=2, micro_batch_size=2)
-    devices = tuple(tuple((r * pp + p) * tp for p in range(pp)) for r in range(dp))
-    mesh = Mesh(
-        pp=pp,
-        dp=dp,
-        placement="pipeline-in-node",
-        shard=shard,
-        num_devices=pp * dp * tp,
-        devices_per_node=pp * dp * tp,
-        global_batch_size=dp * base.global_batch_size,
-        devices=devices,
-        hop_bytes_per_s=1e9,
-        hop_latency_s=1e-4,
-        ring_bytes_per_s=1e9,
-        ring_latency_s=1e-4,
-        tp=tp,
-    )
     # The layout pipeplan's runtime runs (a plan without these keys was planned with Megatron's, and is refused).
-    constraints = {**base.constraints, "tensor_parallel": tp, "sequence_parallel": False, "vocab_parallel": False}
-    return replace(base, mesh=mesh, constraints=constraints)
+    return on_mesh(base, dp, shard=shard, tp=tp, sequence_parallel=False, vocab_parallel=False)
 
 
 # -- one process ------------------------------------------------------------------------------------------------

@@ -14,10 +14,11 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import make_plan
+from export_plans import on_mesh
 
 from planner.cost import DataParallel, default_settings
 from planner.errors import PipeplanWarning
-from planner.plan import Mesh, Plan
+from planner.plan import Plan
 from planner.prediction import plan_memory
 from planner.runtime.verify import verify_plan
 from planner.runtime.verify_report import MEMORY_TOLERANCE, format_report
@@ -127,20 +128,7 @@ def test_a_pp2_x_dp2_plan_runs_within_2_percent_of_its_predicted_memory(shard: s
         warnings.simplefilter("ignore", PipeplanWarning)
         profile = profile_model(workload, micro_batch_sizes=(2,), repeats=1, warmup=1, min_time_s=0.0, progress=False)
     base = make_plan(workload, ["layers.2"], "1f1b", num_microbatches=2, micro_batch_size=2)
-    mesh = Mesh(
-        pp=2,
-        dp=2,
-        placement="pipeline-in-node",
-        shard=shard,
-        num_devices=4,
-        devices_per_node=4,
-        global_batch_size=2 * base.global_batch_size,
-        devices=((0, 1), (2, 3)),
-        hop_bytes_per_s=1e9,
-        hop_latency_s=1e-4,
-        ring_bytes_per_s=1e9,
-        ring_latency_s=1e-4,
-    )
+    mesh = on_mesh(base, 2, shard=shard).mesh
     settings = default_settings(profile, data_parallel=DataParallel(2, 1e9, 1e-4, shard))
     memory = plan_memory(profile, replace(base, mesh=mesh), settings)
     plan = replace(
