@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from profiles.dataflow import Piece, needs_grad, tensor_bytes
+from profiles.memory import tensor_storages
 
 __all__ = [
     "backward_roots",
@@ -253,7 +254,7 @@ def measure_piece(
         kept_grads = [g for group in groups or () for grads in group.get("grads") or () for g in grads or ()]
         # By storage, each once: a kept gradient may be a slice of a larger one (the gradient of a cat's
         # output, split among its inputs) and holds all of it until W (unet-small's decoder: 4/3 of its bytes).
-        storages = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in kept_grads if g is not None}
+        storages = {s.data_ptr(): s.nbytes() for g in kept_grads if g is not None for s in tensor_storages(g)}
         kept = sum(storages.values())
         weight_backward(roots, root_grads, groups)
         sync_device(device)
