@@ -16,7 +16,7 @@ import torch
 from conftest import make_plan
 from export_plans import on_mesh
 
-from planner.cost import DataParallel, default_settings
+from planner.cost import CostSettings, DataParallel, default_settings
 from planner.errors import PipeplanWarning
 from planner.plan import Plan
 from planner.prediction import plan_memory
@@ -40,11 +40,16 @@ def gpt2_profile() -> Profile:
         )
 
 
+def _predicted(plan: Plan, profile: Profile, settings: CostSettings | None = None) -> Plan:
+    """``plan`` with each stage carrying the memory the cost model predicts for it."""
+    memory = plan_memory(profile, plan, settings or default_settings(profile))
+    return replace(plan, stages=tuple(replace(s, memory_bytes=m) for s, m in zip(plan.stages, memory, strict=True)))
+
+
 def _plan(profile: Profile, schedule: str) -> Plan:
     """A hand-cut plan (b = 2, M = 4) whose stages carry the memory the cost model predicts for them."""
     plan = make_plan(BUILTIN_MODELS["gpt2-tiny"](), SPLITS[schedule], schedule, num_microbatches=4, micro_batch_size=2)
-    memory = plan_memory(profile, plan, default_settings(profile))
-    return replace(plan, stages=tuple(replace(s, memory_bytes=m) for s, m in zip(plan.stages, memory, strict=True)))
+    return _predicted(plan, profile)
 
 
 @pytest.mark.parametrize(
@@ -95,8 +100,7 @@ def test_the_last_stage_lets_go_of_the_losss_graph_at_its_input_gradient(gpt2_pr
     # log-probabilities; only the logits' gradient stays for W. Charged as held until W, the stage's prediction
     # was a third over its measurement; charged as let go, it lands within 2 %.
     plan = make_plan(BUILTIN_MODELS["gpt2-tiny"](), ["lm_head"], "zero-bubble", num_microbatches=4, micro_batch_size=2)
-    memory = plan_memory(gpt2_profile, plan, default_settings(gpt2_profile))
-    plan = replace(plan, stages=tuple(replace(s, memory_bytes=m) for s, m in zip(plan.stages, memory, strict=True)))
+    plan = _predicted(plan, gpt2_profile)
     report = verify_plan(plan, "gpt2-tiny", mode="replay", steps=1, warmup=1, tolerance=1e9)
     last = report.stages[1]
     assert last.memory_error_pct is not None and abs(last.memory_error_pct) <= 2.0, format_report(report)
@@ -111,8 +115,7 @@ def test_a_recomputing_first_stage_under_a_split_backward_peaks_in_its_whole_bac
     plan = make_plan(
         BUILTIN_MODELS["gpt2-tiny"](), ["transformer.h.2"], "zero-bubble", num_microbatches=4, recompute=(True, False)
     )
-    memory = plan_memory(gpt2_profile, plan, default_settings(gpt2_profile))
-    plan = replace(plan, stages=tuple(replace(s, memory_bytes=m) for s, m in zip(plan.stages, memory, strict=True)))
+    plan = _predicted(plan, gpt2_profile)
     report = verify_plan(plan, "gpt2-tiny", mode="replay", steps=1, warmup=1, tolerance=1e9)
     first = report.stages[0]
     assert first.memory_error_pct is not None and abs(first.memory_error_pct) <= 1.0, format_report(report)
@@ -130,10 +133,7 @@ def test_a_pp2_x_dp2_plan_runs_within_2_percent_of_its_predicted_memory(shard: s
     base = make_plan(workload, ["layers.2"], "1f1b", num_microbatches=2, micro_batch_size=2)
     mesh = on_mesh(base, 2, shard=shard).mesh
     settings = default_settings(profile, data_parallel=DataParallel(2, 1e9, 1e-4, shard))
-    memory = plan_memory(profile, replace(base, mesh=mesh), settings)
-    plan = replace(
-        base, mesh=mesh, stages=tuple(replace(s, memory_bytes=m) for s, m in zip(base.stages, memory, strict=True))
-    )
+    plan = _predicted(replace(base, mesh=mesh), profile, settings)
     report = verify_plan(plan, "mlp", mode="processes", steps=1, warmup=1, min_warmup_s=0.0, min_time_s=0.0)
     for stage in report.stages:
         assert stage.measured_memory is not None and stage.memory_error_pct is not None
@@ -167,8 +167,7 @@ def test_a_unet_holds_its_sends_its_skips_and_its_losses_as_predicted(
         profile = profile_model(workload, micro_batch_sizes=(2,), repeats=1, warmup=1, min_time_s=0.0, progress=False)
     assert profile.loss is not None and profile.loss.kept_bytes == (24576,)  # 2 x 3 x 32 x 32 float32
     base = make_plan(workload, splits, schedule, num_microbatches=4, micro_batch_size=2)
-    memory = plan_memory(profile, base, default_settings(profile))
-    plan = replace(base, stages=tuple(replace(s, memory_bytes=m) for s, m in zip(base.stages, memory, strict=True)))
+    plan = _predicted(base, profile)
     report = verify_plan(plan, "unet-small", mode=mode, steps=1, warmup=1, min_warmup_s=0.0, min_time_s=0.0)
     for stage in report.stages:
         assert stage.memory_error_pct is not None
@@ -184,8 +183,7 @@ def test_a_unet_at_micro_batch_1_sends_gradients_that_hold_only_themselves() -> 
         warnings.simplefilter("ignore", PipeplanWarning)
         profile = profile_model(workload, micro_batch_sizes=(1,), repeats=1, warmup=1, min_time_s=0.0, progress=False)
     base = make_plan(workload, ["dec.0", "dec.2", "head"], "zbv", num_microbatches=8, micro_batch_size=1)
-    memory = plan_memory(profile, base, default_settings(profile))
-    plan = replace(base, stages=tuple(replace(s, memory_bytes=m) for s, m in zip(base.stages, memory, strict=True)))
+    plan = _predicted(base, profile)
     report = verify_plan(plan, "unet-small", mode="replay", steps=1, warmup=1, min_warmup_s=0.0, min_time_s=0.0)
     for stage in report.stages:
         assert stage.memory_error_pct is not None
@@ -199,7 +197,6 @@ def test_a_pp2_x_tp2_plan_runs_within_the_tolerance_of_its_predicted_memory() ->
     Modelled with Megatron's vocabulary-parallel embedding and head and sequence parallelism, such a plan (batch 8)
     measured 34-38 % over."""
     from planner.cluster import Cluster, plan_cluster
-    from planner.cost import CostSettings
     from planner.request import PlanRequest
     from profiles.workload import load_workload
 
