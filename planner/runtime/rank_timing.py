@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ __all__ = [
     "MAX_TIMED_STEPS",
     "RankResult",
     "rank_main",
+    "rank_main_interleaved",
     "make_optimizer",
     "step_batch",
 ]
@@ -101,6 +102,8 @@ class RankResult:
     """CUDA: the allocator's peak of allocated bytes over the timed steps (``max_memory_allocated``); None on CPU."""
     device_reserved_bytes: int | None = None
     """CUDA: the allocator's peak of reserved bytes (``max_memory_reserved``), what the device really gave."""
+    step_rounds: tuple[int, ...] = ()
+    """Per timed step: the round it ran in, when several plans ran interleaved (all 0 otherwise)."""
 
 
 class _StageTimer:
@@ -200,6 +203,102 @@ def _repeat(step: Callable[[], object], at_least: int, min_s: float, at_most: in
         done += 1
 
 
+class _PlanSteps:
+    """One plan's training loop on this rank, timed: the stages from :func:`apply_plan`, their timers, the
+    optimizer, and every timed step's samples. Several can live in one process (:func:`rank_main_interleaved`):
+    each has its own model, and only one steps at a time."""
+
+    def __init__(self, spec: str, plan: Plan, dev: torch.device, waits: _WaitTimer, numerics: bool) -> None:
+        workload = load_workload(spec)
+        inputs, target = workload.make_batch(step_batch(plan))
+        self.inputs = tuple(t.to(dev) for t in as_tuple(inputs))
+        self.target = target.to(dev)
+        self.dev, self.waits = dev, waits
+        self.run = apply_plan(plan, workload.model, self.inputs, workload.loss_fn, device=dev, tp_plan=workload.tp_plan)
+        self.loss: float | None = None
+        self.grads: dict[str, torch.Tensor] | None = None
+        if numerics:
+            loss = self.run.step(self.inputs, self.target)
+            self.loss = None if loss is None else loss.item()
+            self.grads = self.run.full_gradients()
+        self.timers = [_StageTimer(stage, dev) for stage in self.run.stages]
+        for stage, timer in zip(self.run.stages, self.timers, strict=True):
+            if stage.is_last:
+                timer.time_loss(self.run.schedule, dev)
+        zero = plan.mesh is not None and plan.mesh.shard == "optimizer"
+        self.optimizer = make_optimizer(
+            str(plan.constraints.get("optimizer", "adam")),
+            self.run.parameters(),
+            self.run.replica_group if zero else None,
+        )
+        self.warmup_steps = 0
+        self.iteration: list[float] = []
+        self.busy: list[float] = []
+        self.wait: list[float] = []
+        self.tail: list[float] = []
+        self.own: list[float] = []
+        self.rounds: list[int] = []
+        self.records: list[list[tuple[str, float]]] = [[] for _ in self.timers]
+
+    def step(self) -> tuple[float, float, float]:
+        """One training step between barriers: (start, schedule returned, optimizer done)."""
+        import torch.distributed as dist
+
+        for t in self.timers:
+            t.records.clear()
+        self.waits.total_s = 0.0
+        dist.barrier()
+        t0 = time.perf_counter()
+        self.run.schedule_step(self.inputs, self.target)
+        t1 = time.perf_counter()
+        self.run.sync_tied_grads()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+        t2 = time.perf_counter()
+        dist.barrier()
+        return t0, t1, t2
+
+    def warm_up(self, at_least: int, min_s: float) -> None:
+        self.warmup_steps += _repeat(self.step, at_least, min_s, MAX_WARMUP_STEPS, self.dev)
+
+    def timed_step(self, round_index: int = 0) -> None:
+        t0, t1, t2 = self.step()
+        self.iteration.append(time.perf_counter() - t0)
+        scaling = sum(d for t in self.timers for kind, d in t.records if kind == "R")
+        self.busy.append(sum(d for t in self.timers for kind, d in t.records if kind != "R"))
+        self.wait.append(self.waits.total_s)
+        self.tail.append(t2 - t1 + scaling)
+        self.own.append(t2 - t0)
+        self.rounds.append(round_index)
+        for k, t in enumerate(self.timers):
+            self.records[k].extend(t.records)
+
+    def result(self, reference_s: float | None) -> RankResult:
+        """The samples so far, with one step's memory tracked now (after the timed steps: the tracker's
+        bookkeeping would slow the steps it watched)."""
+        stage_memory, rank_memory = track_rank_memory(self.run, self.optimizer, self.step, self.inputs, self.target)
+        return RankResult(
+            stage_indices=tuple(self.run.stage_indices),
+            replica=self.run.replica,
+            warmup_steps=self.warmup_steps,
+            timed_steps=len(self.iteration),
+            stage_records=tuple(tuple(r) for r in self.records),
+            iteration_s=tuple(self.iteration),
+            busy_s=tuple(self.busy),
+            wait_s=tuple(self.wait),
+            tail_s=tuple(self.tail),
+            own_s=tuple(self.own),
+            reference_s=reference_s,
+            loss=self.loss,
+            grads=self.grads,
+            stage_memory=stage_memory,
+            rank_memory=rank_memory,
+            step_rounds=tuple(self.rounds),
+        )
+
+
 def rank_main(
     rank: int,
     world_size: int,
@@ -213,97 +312,53 @@ def rank_main(
     device: str,
 ) -> RankResult:
     """One rank of the processes mode; returns its measurements (and first-step grads if asked)."""
-    import torch.distributed as dist
-
     dev = torch.device(f"cuda:{rank}") if device.startswith("cuda") else torch.device("cpu")
-    workload = load_workload(spec)
-    inputs, target = workload.make_batch(step_batch(plan))
-    inputs = tuple(t.to(dev) for t in as_tuple(inputs))
-    target = target.to(dev)
-    run = apply_plan(plan, workload.model, inputs, workload.loss_fn, device=dev, tp_plan=workload.tp_plan)
-    loss_value: float | None = None
-    grads: dict[str, torch.Tensor] | None = None
-    if numerics:
-        loss = run.step(inputs, target)
-        loss_value = None if loss is None else loss.item()
-        grads = run.full_gradients()
-    timers = [_StageTimer(stage, dev) for stage in run.stages]
-    for stage, timer in zip(run.stages, timers, strict=True):
-        if stage.is_last:
-            timer.time_loss(run.schedule, dev)
-    waits = _WaitTimer()
-    zero = plan.mesh is not None and plan.mesh.shard == "optimizer"
-    optimizer = make_optimizer(
-        str(plan.constraints.get("optimizer", "adam")), run.parameters(), run.replica_group if zero else None
-    )
-
-    def step() -> tuple[float, float, float]:
-        """One training step between barriers: (start, schedule returned, optimizer done)."""
-        for t in timers:
-            t.records.clear()
-        waits.total_s = 0.0
-        dist.barrier()
-        t0 = time.perf_counter()
-        run.schedule_step(inputs, target)
-        t1 = time.perf_counter()
-        run.sync_tied_grads()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t2 = time.perf_counter()
-        dist.barrier()
-        return t0, t1, t2
-
-    warmed = _repeat(step, warmup, min_warmup_s, MAX_WARMUP_STEPS, dev)
-    iteration: list[float] = []
-    busy: list[float] = []
-    wait: list[float] = []
-    tail: list[float] = []
-    own: list[float] = []
-    records: list[list[tuple[str, float]]] = [[] for _ in timers]
+    steps_of = _PlanSteps(spec, plan, dev, _WaitTimer(), numerics)
+    steps_of.warm_up(warmup, min_warmup_s)
     reference = SpeedReference(dev)
     reference.warm_up()
 
-    def time_reference(index: int) -> None:
-        # Each rank alone: the machine's speed now, not the ranks' contention, which the cost model holds.
-        each_rank_in_turn(rank, world_size, f"verify-reference-{index}", reference.time_once)
-
     def timed_step() -> None:
-        t0, t1, t2 = step()
-        iteration.append(time.perf_counter() - t0)
-        scaling = sum(d for t in timers for kind, d in t.records if kind == "R")
-        busy.append(sum(d for t in timers for kind, d in t.records if kind != "R"))
-        wait.append(waits.total_s)
-        tail.append(t2 - t1 + scaling)
-        own.append(t2 - t0)
-        for k, t in enumerate(timers):
-            records[k].extend(t.records)
-        time_reference(len(iteration))  # after the step's closing barrier: outside every timed interval
+        steps_of.timed_step()
+        # After the step's closing barrier (outside every timed interval), each rank alone: the machine's
+        # speed now, not the ranks' contention, which the cost model holds.
+        each_rank_in_turn(rank, world_size, f"verify-reference-{len(steps_of.iteration)}", reference.time_once)
 
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    timed = _repeat(timed_step, steps, min_time_s, max(steps, MAX_TIMED_STEPS), dev)
+    _repeat(timed_step, steps, min_time_s, max(steps, MAX_TIMED_STEPS), dev)
     allocated = reserved = None
     if dev.type == "cuda":
         allocated, reserved = int(torch.cuda.max_memory_allocated(dev)), int(torch.cuda.max_memory_reserved(dev))
-    stage_memory, rank_memory = track_rank_memory(run, optimizer, step, inputs, target)
-    return RankResult(
-        stage_indices=tuple(run.stage_indices),
-        replica=run.replica,
-        warmup_steps=warmed,
-        timed_steps=timed,
-        stage_records=tuple(tuple(r) for r in records),
-        iteration_s=tuple(iteration),
-        busy_s=tuple(busy),
-        wait_s=tuple(wait),
-        tail_s=tuple(tail),
-        own_s=tuple(own),
-        reference_s=reference.median_s,
-        loss=loss_value,
-        grads=grads,
-        stage_memory=stage_memory,
-        rank_memory=rank_memory,
-        device_allocated_bytes=allocated,
-        device_reserved_bytes=reserved,
-    )
+    result = steps_of.result(reference.median_s)
+    return replace(result, device_allocated_bytes=allocated, device_reserved_bytes=reserved)
+
+
+def rank_main_interleaved(
+    rank: int,
+    world_size: int,
+    spec: str,
+    plans: list[Plan],
+    rounds: int,
+    warmup: int,
+    min_warmup_s: float,
+    min_block_s: float,
+    device: str,
+) -> list[RankResult]:
+    """One rank of several plans run in one launch (:func:`planner.runtime.interleave.verify_plans`): every
+    plan warmed up, then ``rounds`` rounds in which each plan runs a block of steps (at least one, and on until
+    ``min_block_s``), the plans' order rotating from round to round. Plans timed seconds apart see the same
+    machine: their ratio holds while its speed moves. One result per plan, each step marked with its round."""
+    dev = torch.device(f"cuda:{rank}") if device.startswith("cuda") else torch.device("cpu")
+    waits = _WaitTimer()  # one per process: it wraps a module-level function of torch
+    runs = [_PlanSteps(spec, plan, dev, waits, numerics=False) for plan in plans]
+    for r in runs:
+        r.warm_up(warmup, min_warmup_s)
+    reference = SpeedReference(dev)
+    reference.warm_up()
+    for index in range(rounds):
+        for k in range(len(runs)):
+            r = runs[(index + k) % len(runs)]
+            _repeat(lambda r=r, i=index: r.timed_step(i), 1, min_block_s, MAX_TIMED_STEPS, dev)
+        each_rank_in_turn(rank, world_size, f"interleaved-reference-{index}", reference.time_once)
+    return [r.result(reference.median_s) for r in runs]

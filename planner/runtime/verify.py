@@ -31,6 +31,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
@@ -61,6 +62,9 @@ __all__ = [
     "compare_numerics",
     "reference_step",
     "rank_thread_count",
+    "build_report",
+    "measured_from_ranks",
+    "MeasuredRun",
 ]
 
 _MODES = ("auto", "processes", "replay")
@@ -224,33 +228,15 @@ def verify_plan(
         args = (spec, plan, steps, warmup, min_warmup_s, min_time_s, check_numerics, device)
         threads = rank_thread_count(plan, chosen, device)
         everyone = run_ranks(rank_main, args, _processes(plan), timeout_s=timeout_s, backend=backend, threads=threads)
-        # Replicas run the same stages: the first replica's ranks, in pipeline order, stand for them.
-        results = [everyone[d] for d in plan.mesh.devices[0]] if plan.mesh is not None else everyone
-        fwd, bwd = [0.0] * plan.num_stages, [0.0] * plan.num_stages
-        memory: list[MemoryBreakdown | None] = [None] * plan.num_stages
-        for res in results:
-            for k, s in enumerate(res.stage_indices):
-                fwd[s], bwd[s] = _stage_times(res.stage_records[k])
-                if res.stage_memory:
-                    memory[s] = as_breakdown(res.stage_memory[k])
-        rank_memory = tuple(r.rank_memory.total_bytes for r in results if r.rank_memory is not None)
-        allocated = tuple(r.device_allocated_bytes for r in results if r.device_allocated_bytes is not None)
-        reserved = tuple(r.device_reserved_bytes for r in results if r.device_reserved_bytes is not None)
-        measured = max(_median(r.iteration_s) for r in everyone)
-        busy = tuple(_median(r.busy_s) for r in results)
-        tails = predicted_tails(plan)
-        rank_times = tuple(_rank_time(plan, r, res, tails) for r, res in enumerate(results))
-        warmed, timed = everyone[0].warmup_steps, everyone[0].timed_steps
-        references = [r.reference_s for r in everyone if r.reference_s]
-        reference = statistics.median(references) if references else None
+        measured_run = measured_from_ranks(plan, everyone)
         if check_numerics:
+            results = [everyone[d] for d in plan.mesh.devices[0]] if plan.mesh is not None else everyone
             loss = statistics.fmean(r.loss for r in everyone if r.loss is not None)
             fresh = load_workload(spec)
             grads = _merge_rank_grads([r.grads or {} for r in results], tied_parameter_groups(fresh.model))
             numerics = compare_numerics(*reference_step(fresh, plan), loss, grads)
     else:
         local = load_workload(workload) if isinstance(workload, str) else workload
-        warmed, timed = warmup, steps
         with _deadline(timeout_s):
             result = replay_plan(plan, local, steps=steps, warmup=warmup, device=device, keep_grads=check_numerics)
         fwd, bwd = list(result.forward_s), list(result.backward_s)
@@ -263,32 +249,87 @@ def verify_plan(
         if not plan.schedule.splits_backward:
             pipeline = replace(pipeline, input_s=(), weight_s=())
         sim = pipeline.with_backward(bwd).simulate()
-        measured, busy = sim.iteration_s, sim.busy_s
-        reference = result.reference_s
-        rank_times = ()
         memory = [as_breakdown(m) for m in result.stage_memory] if result.stage_memory else [None] * plan.num_stages
-        rank_memory, allocated, reserved = (), (), ()
+        measured_run = MeasuredRun(
+            fwd, bwd, memory, sim.iteration_s, tuple(sim.busy_s), (), warmup, steps, result.reference_s, (), (), ()
+        )
         if check_numerics:
             fresh = load_workload(workload) if isinstance(workload, str) else workload
             assert result.loss is not None and result.grads is not None
             numerics = compare_numerics(*reference_step(fresh, plan), result.loss, result.grads)
+    return build_report(plan, chosen, measured_run, tolerance, memory_tolerance, numerics)
+
+
+class MeasuredRun(NamedTuple):
+    """What a run measured, in the plan's terms, before it is held against the plan."""
+
+    forward_s: list[float]
+    backward_s: list[float]
+    memory: list[MemoryBreakdown | None]
+    iteration_s: float
+    busy_s: tuple[float, ...]
+    ranks: tuple[RankTime, ...]
+    warmup_steps: int
+    timed_steps: int
+    reference_s: float | None
+    rank_memory_bytes: tuple[int, ...]
+    device_allocated_bytes: tuple[int, ...]
+    device_reserved_bytes: tuple[int, ...]
+
+
+def measured_from_ranks(plan: Plan, everyone: Sequence[RankResult]) -> MeasuredRun:
+    """The plan's stages, ranks and iteration from every rank's raw samples (their medians)."""
+    # Replicas run the same stages: the first replica's ranks, in pipeline order, stand for them.
+    results = [everyone[d] for d in plan.mesh.devices[0]] if plan.mesh is not None else everyone
+    fwd, bwd = [0.0] * plan.num_stages, [0.0] * plan.num_stages
+    memory: list[MemoryBreakdown | None] = [None] * plan.num_stages
+    for res in results:
+        for k, s in enumerate(res.stage_indices):
+            fwd[s], bwd[s] = _stage_times(res.stage_records[k])
+            if res.stage_memory:
+                memory[s] = as_breakdown(res.stage_memory[k])
+    rank_memory = tuple(r.rank_memory.total_bytes for r in results if r.rank_memory is not None)
+    allocated = tuple(r.device_allocated_bytes for r in results if r.device_allocated_bytes is not None)
+    reserved = tuple(r.device_reserved_bytes for r in results if r.device_reserved_bytes is not None)
+    measured = max(_median(r.iteration_s) for r in everyone)
+    busy = tuple(_median(r.busy_s) for r in results)
+    tails = predicted_tails(plan)
+    rank_times = tuple(_rank_time(plan, r, res, tails) for r, res in enumerate(results))
+    warmed, timed = everyone[0].warmup_steps, everyone[0].timed_steps
+    references = [r.reference_s for r in everyone if r.reference_s]
+    reference = statistics.median(references) if references else None
+    return MeasuredRun(
+        fwd, bwd, memory, measured, busy, rank_times, warmed, timed, reference, rank_memory, allocated, reserved
+    )
+
+
+def build_report(
+    plan: Plan,
+    chosen: str,
+    m: MeasuredRun,
+    tolerance: float,
+    memory_tolerance: float,
+    numerics: NumericsReport | None = None,
+) -> VerifyReport:
+    """``m`` held against ``plan``'s predictions, with the iteration at the machine's speed where the speed
+    reference was timed."""
     stages = tuple(
         StageReport(
             s.index,
             s.rank,
             s.forward_s,
             s.backward_s,
-            fwd[s.index],
-            bwd[s.index],
+            m.forward_s[s.index],
+            m.backward_s[s.index],
             predicted_memory=s.memory_bytes,
-            measured_memory=memory[s.index],
+            measured_memory=m.memory[s.index],
             capacity_bytes=stage_capacity_bytes(plan, s.index),
         )
         for s in plan.stages
     )
     profiled, adjusted = plan.profile_reference_s, None
-    if reference and profiled:
-        speed = reference / profiled
+    if m.reference_s and profiled:
+        speed = m.reference_s / profiled
         # Replay measures the stages alone and keeps the plan's runtime terms: only the stages scale there.
         terms = plan.predicted.runtime
         adjusted = plan.simulation(terms.at_speed(speed) if chosen == "processes" else terms, speed=speed).iteration_s
@@ -297,22 +338,22 @@ def verify_plan(
         schedule=plan.schedule,
         num_ranks=plan.num_ranks,
         num_microbatches=schedule_microbatches(plan),
-        steps=timed,
-        warmup=warmed,
+        steps=m.timed_steps,
+        warmup=m.warmup_steps,
         tolerance=tolerance,
         predicted_iteration_s=plan.predicted.iteration_s,
-        measured_iteration_s=measured,
-        busy_s=tuple(busy),
+        measured_iteration_s=m.iteration_s,
+        busy_s=m.busy_s,
         stages=stages,
         memory_kind="live-tensors",
         memory_tolerance=memory_tolerance,
-        rank_memory_bytes=rank_memory,
-        device_allocated_bytes=allocated,
-        device_reserved_bytes=reserved,
+        rank_memory_bytes=m.rank_memory_bytes,
+        device_allocated_bytes=m.device_allocated_bytes,
+        device_reserved_bytes=m.device_reserved_bytes,
         numerics=numerics,
         optimizer=str(plan.constraints.get("optimizer", "adam")),
-        ranks=rank_times,
-        reference_s=reference,
+        ranks=m.ranks,
+        reference_s=m.reference_s,
         profile_reference_s=profiled,
         speed_adjusted_iteration_s=adjusted,
     )

@@ -1,0 +1,104 @@
+"""Several plans of one model run in one launch, interleaved: ratios that hold on a machine whose speed moves.
+
+This development VM's speed moves by up to 1.5x within a minute (``profiles/reference.py``'s layer alone:
+100-sample medians 4.6-7.2 ms, docs/BENCHMARKS.md): two plans verified one after the other, each in its own
+launch, differ by as much from that alone. :func:`verify_plans` starts the ranks once; every rank builds each
+plan's stages on a model of its own (same seed), warms each up, then runs ``rounds`` rounds in which every plan
+runs a block of steps (at least one, and on until ``min_block_s``), the order rotating from round to round
+(:func:`planner.runtime.rank_timing.rank_main_interleaved`). Plans timed seconds apart see the same machine,
+so the per-round ratio of two plans (:attr:`InterleavedRun.round_iteration_s`) holds while its speed moves.
+
+Each plan also gets the :class:`~planner.runtime.verify_report.VerifyReport` that ``verify`` would give it
+(stage times, waits, step tail, memory, speed reference), for :func:`planner.runtime.tune.refit_calibration`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.errors import UsageError
+from planner.plan import Plan
+from planner.runtime.launch import run_ranks
+from planner.runtime.rank_timing import MIN_WARMUP_S, RankResult, rank_main_interleaved
+from planner.runtime.tensor_parallel import check_runtime_layout
+from planner.runtime.verify import build_report, measured_from_ranks, rank_thread_count
+from planner.runtime.verify_report import MEMORY_TOLERANCE, VerifyReport
+
+__all__ = ["InterleavedRun", "verify_plans", "MIN_BLOCK_S"]
+
+MIN_BLOCK_S = 0.5
+"""Each plan's block of steps in a round lasts at least this long (and one step): long enough to hold a few
+steps of a small model, short enough that the plans of a round run within seconds of each other."""
+
+
+@dataclass(frozen=True)
+class InterleavedRun:
+    reports: tuple[VerifyReport, ...]
+    """Per plan, in the order given: what ``verify`` reports of it, from all its rounds' steps."""
+    round_iteration_s: tuple[tuple[float, ...], ...]
+    """Per plan, per round: the median iteration of its block (the slowest rank's)."""
+
+    def ratio(self, a: int, b: int) -> float:
+        """Plan ``a``'s iteration over plan ``b``'s: the median over rounds of the ratio in each round."""
+        pairs = zip(self.round_iteration_s[a], self.round_iteration_s[b], strict=True)
+        return statistics.median(x / y for x, y in pairs)
+
+
+def _round_medians(everyone: Sequence[RankResult], rounds: int) -> tuple[float, ...]:
+    """Per round: the slowest rank's median iteration (the ranks step together between barriers)."""
+    out = []
+    for index in range(rounds):
+        per_rank = [
+            statistics.median(t for t, r in zip(res.iteration_s, res.step_rounds, strict=True) if r == index)
+            for res in everyone
+        ]
+        out.append(max(per_rank))
+    return tuple(out)
+
+
+def verify_plans(
+    plans: Sequence[Plan],
+    workload: str,
+    *,
+    rounds: int = 5,
+    warmup: int = 2,
+    min_warmup_s: float = MIN_WARMUP_S,
+    min_block_s: float = MIN_BLOCK_S,
+    timeout_s: float = 900.0,
+    device: str = "cpu",
+    tolerance: float = 0.25,
+    memory_tolerance: float = MEMORY_TOLERANCE,
+) -> InterleavedRun:
+    """Run ``plans`` (of the model ``workload``, a MODEL spec) in one launch on real processes, interleaved.
+
+    Raises:
+        UsageError: no plans, fewer than one round, or plans that need different process counts or threads
+            (one launch has one world size) or a cluster mesh (pipelines only).
+        ExecutionError / ModelMismatchError: a rank failed, or the model is not the plans'.
+    """
+    if not plans or rounds < 1:
+        raise UsageError(f"verify_plans needs plans and at least one round (plans: {len(plans)}, rounds: {rounds})")
+    if any(p.mesh is not None for p in plans):
+        raise UsageError("verify_plans runs pipelines on one process per rank: plans with a cluster mesh one at a time")
+    ranks = {p.num_ranks for p in plans}
+    threads = {rank_thread_count(p, "processes", device) for p in plans}
+    if len(ranks) > 1 or len(threads) > 1:
+        raise UsageError(
+            f"plans run in one launch need the same ranks and threads per rank (ranks {sorted(ranks)}, threads "
+            f"{sorted(threads, key=str)})"
+        )
+    for plan in plans:
+        check_runtime_layout(plan)
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    args = (workload, list(plans), rounds, warmup, min_warmup_s, min_block_s, device)
+    everyone = run_ranks(
+        rank_main_interleaved, args, ranks.pop(), timeout_s=timeout_s, backend=backend, threads=threads.pop()
+    )
+    reports, per_round = [], []
+    for k, plan in enumerate(plans):
+        results = [rank[k] for rank in everyone]
+        reports.append(build_report(plan, "processes", measured_from_ranks(plan, results), tolerance, memory_tolerance))
+        per_round.append(_round_medians(results, rounds))
+    return InterleavedRun(tuple(reports), tuple(per_round))

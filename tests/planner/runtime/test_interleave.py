@@ -1,0 +1,57 @@
+"""verify_plans: several plans of one model in one launch, interleaved round by round."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import sleepy_loss
+from conftest import make_plan
+
+from planner.errors import UsageError
+from planner.runtime.interleave import InterleavedRun, _round_medians, verify_plans
+
+
+def test_round_medians_take_each_rounds_steps_and_the_slowest_rank() -> None:
+    rank0 = SimpleNamespace(iteration_s=(1.0, 3.0, 2.0, 10.0), step_rounds=(0, 0, 0, 1))
+    rank1 = SimpleNamespace(iteration_s=(1.5, 1.5, 1.5, 4.0), step_rounds=(0, 0, 0, 1))
+    assert _round_medians([rank0, rank1], 2) == (2.0, 10.0)
+
+
+def test_a_ratio_is_the_median_of_the_rounds_ratios() -> None:
+    # The machine ran twice as slow in round 1: each round's ratio is 2, the ratio of medians would not be.
+    run = InterleavedRun(reports=(), round_iteration_s=((2.0, 4.0, 2.2), (1.0, 2.0, 1.1)))
+    assert run.ratio(0, 1) == pytest.approx(2.0)
+    assert run.ratio(1, 0) == pytest.approx(0.5)
+
+
+def test_two_plans_in_one_launch_each_get_a_report_and_every_round() -> None:
+    # The loss sleeps 30 ms: a step of 4 micro-batches sleeps 120 ms on the last rank, one of 2 sleeps 60 ms,
+    # so however the machine runs, the first plan is the slower by design.
+    spec = f"{Path(sleepy_loss.__file__)}:workload"
+    four = make_plan(sleepy_loss.workload(), ["2"], "1f1b", num_microbatches=4)
+    two = make_plan(sleepy_loss.workload(), ["2"], "gpipe", num_microbatches=2)
+    run = verify_plans([four, two], spec, rounds=3, warmup=1, min_warmup_s=0.0, min_block_s=0.0, timeout_s=180)
+    assert [r.schedule.value for r in run.reports] == ["1f1b", "gpipe"]
+    assert [r.num_microbatches for r in run.reports] == [4, 2]
+    for report in run.reports:
+        assert report.mode == "processes" and report.steps == 3  # one step a round, three rounds
+        assert all(s.measured_memory is not None and s.measured_memory.peak > 0 for s in report.stages)
+        assert report.reference_s is not None and len(report.ranks) == 2
+    assert [len(r) for r in run.round_iteration_s] == [3, 3]
+    assert min(run.round_iteration_s[0]) >= 4 * sleepy_loss.LOSS_SLEEP_S
+    assert run.ratio(0, 1) > 1.2
+    last = run.reports[0].stages[-1]
+    assert last.measured_forward_s >= sleepy_loss.LOSS_SLEEP_S  # each plan's own stage timers
+
+
+def test_plans_that_cannot_share_a_launch_are_refused_in_one_line() -> None:
+    workload = sleepy_loss.workload()
+    spec = f"{Path(sleepy_loss.__file__)}:workload"
+    with pytest.raises(UsageError, match="at least one round"):
+        verify_plans([], spec)
+    two = make_plan(workload, ["2"], "1f1b")
+    three = make_plan(workload, ["1", "2"], "1f1b", num_ranks=3)
+    with pytest.raises(UsageError, match="same ranks and threads"):
+        verify_plans([two, three], spec)
