@@ -75,6 +75,24 @@ def test_refit_shifts_the_schedules_it_did_not_run_by_what_it_learned() -> None:
     assert refit.action_overhead_s["interleaved-1f1b"] == pytest.approx(8e-3, rel=1e-6)
 
 
+def test_refit_takes_the_colocation_factor_from_runs_of_one_stage_per_rank() -> None:
+    # A multi-stage rank's chunks are small and their per-call cost is timed as compute (tune.py): an
+    # interleaved run measuring 50 % more compute must not move the factor the 1F1B run measured (1.0).
+    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
+    start = calibration()
+    runs = []
+    for schedule, compute in (("1f1b", 1.0), ("interleaved-1f1b", 1.5)):
+        request = PlanRequest(2, 4, schedule=schedule, settings=default_settings(profile, calibration=start))
+        plan = make_plans(profile, request, sha256="0" * 64, count=1)[0]
+        tails = plan.predicted.runtime.step_tail_s
+        sim = plan.simulation(RuntimeTerms(1e-3, tails, 1.0))
+        busy = tuple(b * compute for b in sim.busy_s)
+        runs.append((plan, verify_report(plan, sim.iteration_s, busy, tails[0])))
+    assert runs[1][0].virtual_stages == 2
+    assert refit_calibration(start, runs).colocation_factor == pytest.approx(1.0, abs=1e-3)
+    assert refit_calibration(start, runs[1:]).colocation_factor > 1.3  # alone, it is all there is
+
+
 def test_refit_raises_the_overhead_no_further_than_the_ranks_measured_it() -> None:
     # A 1F1B run 30 % over its prediction while its ranks spent 0.4 ms per action outside compute and waits:
     # the miss is not a per-action cost; the overhead rises to twice what was measured (0.8 ms), no further.
