@@ -139,6 +139,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                 steps=args.steps,
                 device=args.device,
                 timeout_s=args.timeout,
+                every_schedule={"auto": None, "1f1b": False, "every": True}[args.learn],
             )
             calibration = run.calibration
     save_calibration(calibration, args.out)

@@ -1,18 +1,19 @@
 """Fidelity as ratios: does the planner order candidate plans as they measure? The default path, no flags.
 
-    python benchmarks/bench_ratios.py --out benchmarks/results/ratios [--models gpt2-tiny,mlp] [--rounds 3]
+    python benchmarks/bench_ratios.py --out benchmarks/results/ratios [--models gpt2-tiny,mlp] [--rounds 15]
 
 A machine whose speed moves by 1.5x within a minute cannot check an absolute prediction to 10 %, but it
 can check a ratio measured in one run: for each model (P = 2 gloo processes, global batch 8):
 
 1. ``pipeplan profile MODEL`` with default flags (a 2-rank pipeline's threads, the scaling to the others,
-   and the model's own cost in a pipeline learned from a short 1F1B run);
+   and the model's own cost in a pipeline learned from short runs: 1F1B's, and every schedule's for a model
+   whose 1F1B plan steps in under half a second; planner/runtime/model_cost.py);
 2. ``pipeplan plan`` with default flags (the calibration the profile learned): its choice, the next distinct candidates
    it ranked, and the best plan under each of gpipe, 1f1b and interleaved-1f1b;
-3. every distinct plan run for real (``verify``, processes mode, optimizer step included), the plans of one
-   model interleaved round by round, each round's iterations kept;
+3. every distinct plan run for real in one launch (``planner.runtime.interleave.verify_plans``: 2 processes,
+   optimizer step included), interleaved: in each round every plan runs a block of steps of at least 0.5 s;
 4. for every pair of plans (a, b): the predicted ratio ``pred(a) / pred(b)`` against the measured one,
-   ``median over rounds of meas(a) / meas(b)`` (a and b timed a few seconds apart in the same round); and
+   ``median over rounds of meas(a) / meas(b)`` (a and b timed within seconds of each other); and
    whether ``plan``'s choice measured within 5 % of the fastest plan;
 5. the absolute error as timed and at the machine's measured speed (the speed reference, timed in the rank
    processes at the threads each rank has), side by side.
@@ -38,8 +39,8 @@ from bench_fidelity import MODELS, SCHEDULES  # noqa: E402  (the same models and
 from planner.cost import default_settings  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.request import PlanRequest, calibration_settings  # noqa: E402
+from planner.runtime.interleave import InterleavedRun, verify_plans  # noqa: E402
 from planner.runtime.model_cost import learn_after_profile  # noqa: E402
-from planner.runtime.verify import verify_plan  # noqa: E402
 from planner.search import make_plan, make_plans, plan_key  # noqa: E402
 from profiles.format import Profile, save_profile  # noqa: E402
 from profiles.from_spec import profile_spec  # noqa: E402
@@ -60,29 +61,24 @@ def candidates(profile: Profile, ranks: int, batch: int, count: int) -> dict[str
     return {name: plan for name, plan in named.items() if distinct.setdefault(plan_key(plan), name) == name}
 
 
-def measure(spec: str, plans: list[Plan], rounds: int, steps: int) -> list[list[tuple[float, float | None]]]:
-    """Per plan, per round: (iteration as timed, speed factor of that run)."""
-    runs: list[list[tuple[float, float | None]]] = [[] for _ in plans]
-    for _ in range(rounds):
-        for i, plan in enumerate(plans):
-            report = verify_plan(plan, spec, steps=steps, warmup=1, mode="processes", timeout_s=900)
-            runs[i].append((report.measured_iteration_s, report.speed_factor))
-    return runs
+def measure(spec: str, plans: list[Plan], rounds: int) -> InterleavedRun:
+    """Every plan in one launch, interleaved round by round (:func:`planner.runtime.interleave.verify_plans`)."""
+    return verify_plans(plans, spec, rounds=rounds, timeout_s=1800)
 
 
-def bench_model(spec: str, *, ranks: int, batch: int, rounds: int, steps: int, count: int, out: Path) -> dict:
+def bench_model(spec: str, *, ranks: int, batch: int, rounds: int, count: int, out: Path) -> dict:
     started = time.perf_counter()
     profile, _ = learn_after_profile(profile_spec(spec, progress=False), spec)  # as `pipeplan profile` does
     save_profile(profile, out / f"{Path(spec).name.replace(':', '_')}.profile.json")
     named = candidates(profile, ranks, batch, count)
     names, plans = list(named), list(named.values())
-    runs = measure(spec, plans, rounds, steps)
+    run = measure(spec, plans, rounds)
     predicted = [p.predicted.iteration_s for p in plans]
-    measured = [statistics.median(t for t, _ in r) for r in runs]
-    at_speed = [statistics.median(t / f if f else t for t, f in r) for r in runs]
+    measured = [r.measured_iteration_s for r in run.reports]
+    at_speed = [r.at_profile_speed().measured_iteration_s for r in run.reports]
     pairs = []
     for a, b in itertools.combinations(range(len(plans)), 2):
-        ratio_measured = statistics.median(ra[0] / rb[0] for ra, rb in zip(runs[a], runs[b], strict=True))
+        ratio_measured = run.ratio(a, b)
         ratio_predicted = predicted[a] / predicted[b]
         pairs.append(
             {
@@ -111,6 +107,10 @@ def bench_model(spec: str, *, ranks: int, batch: int, rounds: int, steps: int, c
             for n, p, pr, m, s in zip(names, plans, predicted, measured, at_speed, strict=True)
         ],
         "pairs": pairs,
+        "round_iteration_s": [list(r) for r in run.round_iteration_s],
+        "learned_from": list(profile.pipeline_calibration["notes"]["model"]["schedules"])
+        if profile.pipeline_calibration
+        else [],
         "choice_vs_fastest_pct": (measured[0] / fastest - 1) * 100,
         "wall_s": time.perf_counter() - started,
     }
@@ -146,8 +146,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=15, help="rounds in which every plan runs a block of steps")
     parser.add_argument("--candidates", type=int, default=3, help="plan's choice and its runners-up")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -155,15 +154,11 @@ def main() -> None:
     results = []
     for spec in args.models.split(","):
         print(f"{spec} ...", file=sys.stderr)
-        results.append(
-            bench_model(
-                spec, ranks=2, batch=8, rounds=args.rounds, steps=args.steps, count=args.candidates, out=args.out
-            )
-        )
+        results.append(bench_model(spec, ranks=2, batch=8, rounds=args.rounds, count=args.candidates, out=args.out))
         (args.out / "ratios.json").write_text(json.dumps(results, indent=2))
     text = table(results)
     after = os.getloadavg()[0]
-    header = f"load average {load:.2f} before, {after:.2f} after; {args.rounds} rounds x {args.steps} steps"
+    header = f"load average {load:.2f} before, {after:.2f} after; {args.rounds} interleaved rounds"
     (args.out / "ratios.md").write_text(header + "\n\n" + text + "\n")
     print(header)
     print(text)

@@ -87,11 +87,17 @@ class Calibration:
     simulator applies it to every action of a pipeline of two or more ranks."""
     source: str = "measured"
     """``measured`` (``pipeplan calibrate``), ``refit`` (``pipeplan tune``) or ``estimate`` (first principles)."""
+    multi_stage_overhead_s: dict[str, float] = field(default_factory=dict)
+    """Per schedule that runs one stage per rank or several (``zero-bubble``): the overhead per action of its plans
+    with several, where a run of such a plan measured it (planner/runtime/model_cost.py); else
+    :attr:`action_overhead_s` holds for both. A rank with four stages runs four times the actions, each on a
+    quarter of the layers, and each pays more than a single stage's: cnn13's zero-bubble plan with four stages
+    a rank was predicted 52 % too fast from the single-stage plan's overhead (docs/BENCHMARKS.md, section 6.3)."""
     notes: dict[str, Any] = field(default_factory=dict, hash=False)
     """Where and how it was measured (host, date, torch version, load) and the raw samples."""
 
     def __post_init__(self) -> None:
-        numbers = [self.p2p_latency_s, *self.action_overhead_s.values()]
+        numbers = [self.p2p_latency_s, *self.action_overhead_s.values(), *self.multi_stage_overhead_s.values()]
         numbers += [v for o in self.optimizer.values() for v in (o.per_param_s, o.per_step_s, o.per_tensor_s)]
         if not all(isinstance(v, int | float) and math.isfinite(v) and v >= 0 for v in numbers):
             raise CalibrationError(f"invalid calibration: times must be finite and >= 0, got {numbers}")
@@ -112,8 +118,11 @@ class Calibration:
                 f"{device_kind}/{backend}: run `pipeplan calibrate --device {device_kind}` on that machine"
             )
 
-    def overhead_for(self, schedule: Schedule) -> float:
-        """Per-action overhead of ``schedule``; an unmeasured schedule takes the largest measured value."""
+    def overhead_for(self, schedule: Schedule, virtual_stages: int = 1) -> float:
+        """Per-action overhead of ``schedule`` with ``virtual_stages`` stages per rank; an unmeasured schedule
+        takes the largest measured value."""
+        if virtual_stages > 1 and schedule.value in self.multi_stage_overhead_s:
+            return self.multi_stage_overhead_s[schedule.value]
         if schedule.value in self.action_overhead_s:
             return self.action_overhead_s[schedule.value]
         return max(self.action_overhead_s.values(), default=0.0)
@@ -147,10 +156,14 @@ class Calibration:
         return cost.seconds(num_params, num_tensors)
 
     def runtime_terms(
-        self, schedule: Schedule, step_tail_s: tuple[float, ...], tail_groups: tuple[tuple[int, ...], ...] = ()
+        self,
+        schedule: Schedule,
+        step_tail_s: tuple[float, ...],
+        tail_groups: tuple[tuple[int, ...], ...] = (),
+        virtual_stages: int = 1,
     ) -> RuntimeTerms:
         return RuntimeTerms(
-            action_overhead_s=self.overhead_for(schedule),
+            action_overhead_s=self.overhead_for(schedule, virtual_stages),
             step_tail_s=step_tail_s,
             compute_scale=self.colocation_factor,
             tail_groups=tail_groups,
@@ -169,6 +182,11 @@ class Calibration:
             "action_overhead_s": dict(sorted(self.action_overhead_s.items())),
             "optimizer": {k: asdict(v) for k, v in sorted(self.optimizer.items())},
             "colocation_factor": self.colocation_factor,
+            **(
+                {"multi_stage_overhead_s": dict(sorted(self.multi_stage_overhead_s.items()))}
+                if self.multi_stage_overhead_s
+                else {}
+            ),
             "source": self.source,
             "notes": self.notes,
         }
@@ -197,6 +215,7 @@ def calibration_from_dict(data: Any) -> Calibration:
             for k, v in data["optimizer"].items()
         },
         colocation_factor=float(data["colocation_factor"]),
+        multi_stage_overhead_s={k: float(v) for k, v in data.get("multi_stage_overhead_s", {}).items()},
         source=data.get("source", "measured"),
         notes=dict(data.get("notes", {})),
     )
@@ -230,6 +249,8 @@ def format_calibration(calibration: Calibration) -> str:
     ]
     for name, seconds in sorted(c.action_overhead_s.items()):
         lines.append(f"  overhead per action, {name:<17} {seconds * 1e3:.3f} ms")
+    for name, seconds in sorted(c.multi_stage_overhead_s.items()):
+        lines.append(f"  overhead per action, {name + ', v > 1':<17} {seconds * 1e3:.3f} ms")
     for name, cost in sorted(c.optimizer.items()):
         lines.append(f"  {name} step: {cost.per_step_s * 1e3:.3f} ms + {cost.per_param_s * 1e9:.2f} ns per parameter")
     lines.append(f"  co-location factor: {c.colocation_factor:.3f} (compute inside the pipeline / profiled alone)")

@@ -199,11 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
             "each action of each torch schedule, optimizer step time per parameter (Adam, SGD), and how\n"
             "much slower compute runs when every rank is busy (co-location). Takes under a minute on CPU.\n"
             "Give the file to `pipeplan plan --calibration`. Measure on a quiet machine.\n\n"
-            "With --model and --profile it then runs that model once under 1F1B on the same ranks and\n"
-            "refits the calibration from it: real stages pay more per action in a pipeline than the\n"
-            "trivial ones measured first (0.15 ms for a small MLP, 0.45 ms for gpt2-tiny on a 2-core CPU),\n"
-            "and only a run of the model shows how much. Plans of that model predicted with the result\n"
-            "came within 4-8 % (median) where the machine's constants alone were 10-53 % off.\n\n"
+            "With --model and --profile it then runs that model on the same ranks under 1F1B (and, with\n"
+            "--learn every, or auto for a model whose 1F1B plan steps in under 0.5 s, the best plan of every\n"
+            "other schedule, in the same launch, interleaved) and refits the calibration from the runs: real\n"
+            "stages pay more per action in a pipeline than the trivial ones measured first (0.15 ms for a\n"
+            "small MLP, 0.45 ms for gpt2-tiny on a 2-core CPU), and only a run of the model shows how much.\n"
+            "Plans of that model predicted with the result came within 4-8 % (median) where the machine's\n"
+            "constants alone were 10-53 % off. `pipeplan profile` does the same on CPU unless told not to.\n\n"
             "examples:\n  pipeplan calibrate --ranks 2 --out cpu.calibration.json\n"
             "  pipeplan calibrate --ranks 2 --model gpt2-tiny --profile gpt2-tiny.profile.json \\\n"
             "      --out gpt2-tiny.calibration.json\n"
@@ -221,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--repeats", type=int_range(1, MAX_REPEATS), default=15, help="timed repeats of each measurement (median)"
     )
     p.add_argument("--timeout", type=positive_float, default=300.0, help="seconds before every rank is stopped")
-    p.add_argument("--model", metavar="MODEL", help="also run this model once under 1F1B and learn its per-action cost")
+    p.add_argument("--model", metavar="MODEL", help="also run this model's plans and learn its per-action cost")
     p.add_argument("--profile", metavar="PROFILE.json", help="with --model: the model's profile (plans its run)")
     p.add_argument(
         "--global-batch",
@@ -230,6 +232,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--steps", type=int_range(1, MAX_STEPS), default=5, help="with --model: timed steps of its run (default 5)"
+    )
+    p.add_argument(
+        "--learn",
+        choices=("auto", "1f1b", "every"),
+        default="auto",
+        help="with --model: run 1F1B's plan only, or every schedule's, each learning its own overhead "
+        "(auto: every where 1F1B's plan steps in under 0.5 s; default auto)",
     )
     p.add_argument(
         "--start",

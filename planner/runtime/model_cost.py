@@ -1,4 +1,4 @@
-"""What a model's own actions cost in a pipeline, learned from one measured 1F1B run of it.
+"""What a model's own actions cost in a pipeline, learned from measured runs of it.
 
 ``pipeplan calibrate`` measures the runtime with stages of one tiny ``Linear``. Real stages pay more per
 action once they run in a pipeline: on this 2-core CPU about 0.15 ms for a small MLP and 0.45 ms for
@@ -15,6 +15,15 @@ the optimizer by the measured step tail). Held out of sample on the other plans 
 calibration predicted within 3.9-8.0 % (median, five runs; one plan of 49 above 20 % in the last three),
 where the one made with trivial stages was 9.9-52.7 % off (docs/BENCHMARKS.md, "Fidelity", 2026-12-01).
 
+Where the model's 1F1B plan is short (:data:`EVERY_SCHEDULE_BELOW_S`), the best plan of every other schedule
+runs too (zero-bubble's with one stage per rank and with several), in the same launch and interleaved with it
+(:func:`planner.runtime.interleave.verify_plans`), and each schedule's overhead is learned from its plan's
+measured ratio to the 1F1B plan (:func:`learn_from_runs`). A small model's actions are a few milliseconds, and
+there what a schedule's bookkeeping costs per action differs from model to model as much as from schedule to
+schedule: on mlp (P = 2, b = 4) the shipped calibration put GPipe 1.32x 1F1B and the ranks ran it 1.04x
+(docs/BENCHMARKS.md, section 6.3). Where actions are long, their overhead is a few percent of the step, and one
+1F1B run, its change shifted onto the other schedules, is enough for what the extra runs would cost.
+
 The result is the model's: ``notes.model`` names it, and ``pipeplan plan`` warns when a profile of another
 model is planned with it.
 """
@@ -24,24 +33,31 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from planner.calibration import Calibration, shipped_calibration
 from planner.cost import default_settings
 from planner.errors import PipeplanError, PipeplanWarning, UsageError
 from planner.plan import Plan
+from planner.prediction import repredicted_plan
 from planner.request import PlanRequest
-from planner.runtime.tune import refit_calibration
+from planner.runtime.calibrate import fit_overhead
+from planner.runtime.interleave import verify_plans
+from planner.runtime.tune import overhead_cap, refit_calibration
 from planner.runtime.verify import verify_plan
 from planner.runtime.verify_report import VerifyReport
 from planner.schedule.orders import Schedule
-from planner.search import make_plan
+from planner.search import make_plan, make_plans
 from profiles.format import Profile
 
 __all__ = [
     "ModelRun",
     "learning_plan",
+    "learning_plans",
     "learn_from_run",
+    "learn_from_runs",
+    "EVERY_SCHEDULE_BELOW_S",
     "learn_model_cost",
     "learn_model_cost_on_ranks",
     "learn_while_profiling",
@@ -54,14 +70,35 @@ __all__ = [
 
 log = logging.getLogger("pipeplan")
 
+EVERY_SCHEDULE_BELOW_S = 0.5
+"""Every schedule's plan runs to learn its own overhead when the 1F1B plan is predicted to step in less than
+this; 1F1B's alone otherwise. Under it a rank's actions are tens of milliseconds or less (2 ranks, 4
+micro-batches: 16 actions a step), where a millisecond of bookkeeping per action is several percent of the step,
+and five more plans' runs still take seconds (module docstring)."""
+
+
+LEARNING_ROUNDS = 7
+"""Rounds of an interleaved learning launch: its ratios are medians over them, and one round's ratio of two
+plans of mlp ranged 0.65-0.91 within a minute on the development VM."""
+
 
 @dataclass(frozen=True)
 class ModelRun:
     calibration: Calibration
-    """The calibration refit from the run (``source`` ``refit``, ``notes.model`` set)."""
-    plan: Plan
-    """The 1F1B plan that ran, with its prediction under the calibration it started from."""
-    report: VerifyReport
+    """The calibration refit from the runs (``source`` ``refit``, ``notes.model`` set)."""
+    runs: tuple[tuple[Plan, VerifyReport], ...]
+    """Each plan that ran (the 1F1B plan first), with its prediction under the calibration it started from,
+    and what it measured."""
+
+    @property
+    def plan(self) -> Plan:
+        """The 1F1B plan."""
+        return self.runs[0][0]
+
+    @property
+    def report(self) -> VerifyReport:
+        """What the 1F1B plan measured."""
+        return self.runs[0][1]
 
 
 def default_global_batch(profile: Profile, num_ranks: int) -> int:
@@ -86,14 +123,82 @@ def learning_plan(profile: Profile, calibration: Calibration, global_batch: int,
     return make_plan(profile, request, sha256=sha256)
 
 
+def learning_plans(
+    profile: Profile, calibration: Calibration, global_batch: int, *, sha256: str, every_schedule: bool | None = None
+) -> list[Plan]:
+    """The runs a model's cost is learned from: :func:`learning_plan` (1F1B), then, with ``every_schedule``
+    (None: where that plan is predicted under :data:`EVERY_SCHEDULE_BELOW_S`), the best plan of each other
+    schedule the calibration's ranks can run with this model (one it cannot plan is left out)."""
+    first = learning_plan(profile, calibration, global_batch, sha256=sha256)
+    if every_schedule is None:
+        every_schedule = first.predicted.iteration_s < EVERY_SCHEDULE_BELOW_S
+    plans = [first]
+    if not every_schedule:
+        return plans
+    settings = default_settings(profile, calibration=calibration, calibration_label="calibrate")
+    for schedule in Schedule:
+        if schedule in (Schedule.ONE_F_ONE_B, Schedule.NAIVE):
+            continue
+        request = PlanRequest(calibration.num_ranks, global_batch, schedule=schedule, settings=settings)
+        try:
+            ranked = make_plans(profile, request, sha256=sha256, count=8)
+        except PipeplanError as exc:  # e.g. too few units for two stages per rank
+            log.info("not learning %s for %s: %s", schedule.value, profile.model.name, exc)
+            continue
+        plans.append(ranked[0])
+        if schedule is Schedule.ZERO_BUBBLE:  # it runs one stage per rank or several, at different costs
+            v = ranked[0].virtual_stages
+            plans.extend([p for p in ranked if (p.virtual_stages > 1) != (v > 1)][:1])
+    return plans
+
+
 def learn_from_run(calibration: Calibration, profile: Profile, plan: Plan, report: VerifyReport) -> Calibration:
     """``calibration`` refit from one measured run of ``plan`` (pure: no process is started)."""
+    return learn_from_runs(calibration, profile, [(plan, report)])
+
+
+def learn_from_runs(
+    calibration: Calibration,
+    profile: Profile,
+    runs: Sequence[tuple[Plan, VerifyReport]],
+    ratios: Sequence[float] | None = None,
+) -> Calibration:
+    """``calibration`` refit from measured runs of the model's plans, the 1F1B plan first (pure).
+
+    The 1F1B run sets the co-location factor, the step tail and 1F1B's overhead (every other schedule shifted by
+    as much: :func:`~planner.runtime.tune.refit_calibration`). Each other run, made in the same launch, sets its
+    own schedule's overhead from its ratio to the 1F1B run, ``ratios[k]`` (default: the ratio of their measured
+    iterations): the overhead at which the refit model predicts that ratio. A ratio measured interleaved holds
+    while the machine's speed moves; an absolute fit does not, and where the 1F1B run measured faster than the
+    model can go (no overhead, no slowdown) every schedule's fit stops at zero and their differences are lost:
+    cnn13's runs all measured about 20 % under their prediction at the machine's speed, every overhead came out
+    0, and the plans with four times the actions were predicted 1 % from 1F1B and ran 20-27 % behind it
+    (``python benchmarks/bench_ratios.py``, 2026-12-02).
+    """
+    (first, first_report), others = runs[0], runs[1:]
     # At the machine's speed while profiling (the speed reference, timed in the ranks): what a busy minute
     # added is the machine's, not the model's, and must not be learned as its cost.
-    refit = refit_calibration(calibration, [(plan, report.at_profile_speed())])
+    refit = refit_calibration(calibration, [(first, first_report.at_profile_speed())])
     if refit is calibration:
         raise UsageError("learning a model's pipeline cost needs a run on real processes, not a replay")
-    return refit.learned_from(
+    if ratios is None:
+        ratios = [r.measured_iteration_s / first_report.measured_iteration_s for _, r in runs]
+    settings = default_settings(profile, calibration=refit, calibration_label="refit")
+    reference_s = repredicted_plan(profile, first, settings).predicted.iteration_s
+    overheads, multi = dict(refit.action_overhead_s), dict(refit.multi_stage_overhead_s)
+    for (plan, report), ratio in zip(others, ratios[1:], strict=True):
+        again = repredicted_plan(profile, plan, settings)
+        cap = overhead_cap(plan, report, refit.overhead_for(plan.schedule, plan.virtual_stages))
+        fitted = min(cap, fit_overhead(reference_s * ratio, lambda o, p=again: _iteration_s(p, o)))
+        name = plan.schedule.value
+        # A schedule that ran with one stage per rank and with several (zero-bubble) keeps both.
+        single = [p for p, _ in runs if p.schedule is plan.schedule and p.virtual_stages == 1]
+        if plan.virtual_stages > 1 and single:
+            multi[name] = fitted
+        else:
+            overheads[name] = fitted
+    plan, report = runs[0]
+    return replace(refit, action_overhead_s=overheads, multi_stage_overhead_s=multi).learned_from(
         profile.model.name,
         profile.model.fingerprint,
         schedule=plan.schedule.value,
@@ -102,28 +207,47 @@ def learn_from_run(calibration: Calibration, profile: Profile, plan: Plan, repor
         predicted_s=plan.predicted.iteration_s,
         measured_s=report.measured_iteration_s,
         steps=report.steps,
+        schedules=[p.schedule.value + (f" v={p.virtual_stages}" if p.virtual_stages > 1 else "") for p, _ in runs],
+        ratios_to_first=list(ratios),
     )
+
+
+def _iteration_s(plan: Plan, overhead_s: float) -> float:
+    """``plan``'s iteration with its runtime terms but the per-action overhead (stage times: the profiled ones)."""
+    return plan.simulation(replace(plan.predicted.runtime, action_overhead_s=overhead_s)).iteration_s
 
 
 def learn_model_cost(
     calibration: Calibration,
     profile: Profile,
     model: str,
-    plan: Plan,
+    plans: Sequence[Plan],
     *,
     steps: int = 5,
     warmup: int = 1,
     device: str = "cpu",
     timeout_s: float = 600.0,
 ) -> ModelRun:
-    """Run ``plan`` (:func:`learning_plan`) of ``model`` on real processes and refit ``calibration`` from it.
+    """Run ``plans`` (:func:`learning_plans`) of ``model`` on real processes and refit ``calibration`` from them:
+    one plan as ``verify`` runs it, several in one launch, interleaved (:data:`LEARNING_ROUNDS` rounds).
 
     Raises:
         UsageError: the run was not on real processes.
         ExecutionError / ModelMismatchError: the run failed or the model is not the profile's.
     """
-    report = verify_plan(plan, model, steps=steps, warmup=warmup, mode="processes", device=device, timeout_s=timeout_s)
-    return ModelRun(learn_from_run(calibration, profile, plan, report), plan, report)
+    ratios = None
+    if len(plans) == 1:
+        reports = [
+            verify_plan(
+                plans[0], model, steps=steps, warmup=warmup, mode="processes", device=device, timeout_s=timeout_s
+            )
+        ]
+    else:
+        run = verify_plans(plans, model, rounds=LEARNING_ROUNDS, warmup=warmup, device=device, timeout_s=timeout_s)
+        reports = list(run.reports)
+        ratios = [run.ratio(k, 0) for k in range(len(plans))]
+    runs = tuple(zip(plans, reports, strict=True))
+    return ModelRun(learn_from_runs(calibration, profile, runs, ratios), runs)
 
 
 def learn_model_cost_on_ranks(
@@ -137,22 +261,24 @@ def learn_model_cost_on_ranks(
     steps: int = 5,
     device: str = "cpu",
     timeout_s: float = 600.0,
+    every_schedule: bool | None = None,
 ) -> ModelRun:
-    """``calibrate --model``: plan ``model``'s 1F1B run on ``num_ranks`` ranks (the calibration's), run it, and
-    refit ``calibration`` from it (:func:`learning_plan`, :func:`learn_model_cost`)."""
+    """``calibrate --model``: plan ``model``'s runs on ``num_ranks`` ranks (the calibration's), run them, and
+    refit ``calibration`` from them (:func:`learning_plans`, :func:`learn_model_cost`)."""
     calibration.check_device(profile.device.kind)
     if calibration.num_ranks != num_ranks:
         raise UsageError(f"--start was measured on {calibration.num_ranks} ranks, not --ranks {num_ranks}")
     batch = global_batch or default_global_batch(profile, num_ranks)
-    plan = learning_plan(profile, calibration, batch, sha256=sha256)
+    plans = learning_plans(profile, calibration, batch, sha256=sha256, every_schedule=every_schedule)
     log.info(
-        "running %s under 1f1b on %d ranks (b=%d x %d) to learn its own per-action cost ...",
+        "running %s on %d ranks (%s, b=%d x %d) to learn its own per-action cost ...",
         model,
         num_ranks,
-        plan.micro_batch_size,
-        plan.num_microbatches,
+        ", ".join(p.schedule.value for p in plans),
+        plans[0].micro_batch_size,
+        plans[0].num_microbatches,
     )
-    return learn_model_cost(calibration, profile, model, plan, steps=steps, device=device, timeout_s=timeout_s)
+    return learn_model_cost(calibration, profile, model, plans, steps=steps, device=device, timeout_s=timeout_s)
 
 
 def can_learn_while_profiling(profile: Profile) -> bool:
@@ -165,9 +291,9 @@ def can_learn_while_profiling(profile: Profile) -> bool:
 
 def learn_while_profiling(profile: Profile, model: str, *, steps: int = 3, timeout_s: float = 600.0) -> ModelRun:
     """What ``calibrate --model`` learns, in the default path: the model's best 1F1B plan on the shipped
-    calibration's ranks, run for ``steps`` steps on real processes, and the calibration refit from it
-    (:func:`learn_model_cost_on_ranks`). Store ``run.calibration.to_dict()`` as the profile's
-    ``pipeline_calibration`` (:func:`with_learned`) and ``plan`` uses it by default."""
+    calibration's ranks (and, for a short one, every schedule's: :func:`learning_plans`), run on real processes,
+    and the calibration refit from them (:func:`learn_model_cost_on_ranks`). Store ``run.calibration.to_dict()``
+    as the profile's ``pipeline_calibration`` (:func:`with_learned`) and ``plan`` uses it by default."""
     shipped = shipped_calibration(profile.device.kind)
     return learn_model_cost_on_ranks(
         shipped, profile, model, num_ranks=shipped.num_ranks, sha256="0" * 64, steps=steps, timeout_s=timeout_s
@@ -199,12 +325,20 @@ def learn_after_profile(profile: Profile, model: str) -> tuple[Profile, str | No
 
 
 def format_learned(run: ModelRun, before: Calibration, model: str) -> str:
-    """What ``run`` of ``model`` taught the calibration it started from (one line, under its terms)."""
-    plan, report, after = run.plan, run.report, run.calibration
-    learned = after.overhead_for(plan.schedule) - before.overhead_for(plan.schedule)
-    return (
-        f"  learned from {model} ({plan.schedule.value}, b={plan.micro_batch_size} x "
-        f"{plan.num_microbatches}): predicted {plan.predicted.iteration_s * 1e3:.2f} ms, measured "
-        f"{report.measured_iteration_s * 1e3:.2f} ms; its actions cost {learned * 1e3:+.3f} ms each beyond the "
-        f"machine's, co-location {before.colocation_factor:.3f} -> {after.colocation_factor:.3f}"
-    )
+    """What ``run`` of ``model`` taught the calibration it started from, one line per plan that ran."""
+    after = run.calibration
+    lines = [
+        f"  learned from {model} on {run.plan.num_ranks} ranks (co-location {before.colocation_factor:.3f} -> "
+        f"{after.colocation_factor:.3f}); each action costs, beyond the machine's:"
+    ]
+    for plan, report in run.runs:
+        learned = after.overhead_for(plan.schedule, plan.virtual_stages) - before.overhead_for(plan.schedule)
+        label = plan.schedule.value + (f" v={plan.virtual_stages}" if plan.virtual_stages > 1 else "")
+        lines.append(
+            f"    {label:<21} {learned * 1e3:+.3f} ms  (b={plan.micro_batch_size} x "
+            f"{plan.num_microbatches}: predicted {plan.predicted.iteration_s * 1e3:.2f} ms, measured "
+            f"{report.measured_iteration_s * 1e3:.2f} ms)"
+        )
+    if len(run.runs) == 1:
+        lines.append("    (the other schedules: shifted by as much)")
+    return "\n".join(lines)

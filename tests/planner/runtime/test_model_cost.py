@@ -1,4 +1,4 @@
-"""`pipeplan calibrate --model`: a model's own per-action cost learned from one 1F1B run of it."""
+"""`pipeplan calibrate --model`: a model's own per-action cost learned from runs of it (1F1B's, or every schedule's)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,19 @@ from dataclasses import replace
 import pytest
 
 from cli import main
-from planner.calibration import load_calibration, shipped_calibration
+from planner.calibration import calibration_from_dict, load_calibration, shipped_calibration
+from planner.cost import default_settings
 from planner.errors import UsageError
-from planner.runtime.model_cost import default_global_batch, learn_from_run, learning_plan
+from planner.prediction import repredicted_plan
+from planner.runtime.model_cost import (
+    EVERY_SCHEDULE_BELOW_S,
+    default_global_batch,
+    learn_from_run,
+    learn_from_runs,
+    learning_plan,
+    learning_plans,
+)
+from planner.schedule.orders import Schedule
 from planner.schedule.simulate import RuntimeTerms
 from profiles.format import load_profile, save_profile
 from synthetic import calibration, make_profile, verify_report
@@ -39,6 +49,92 @@ def test_learning_from_a_run_shifts_every_schedule_and_names_the_model() -> None
     replayed = replace(verify_report(plan, 1.0, (1.0, 1.0), 0.0), mode="replay", ranks=())
     with pytest.raises(UsageError, match="real processes"):
         learn_from_run(start, profile, plan, replayed)
+
+
+def test_a_short_model_learns_from_every_schedules_plan_and_a_long_one_from_1f1b_alone() -> None:
+    short = make_profile([0.001] * 6, sizes=(1, 2))
+    plans = learning_plans(short, calibration(), 8, sha256="0" * 64)
+    assert plans[0].schedule is Schedule.ONE_F_ONE_B and plans[0].predicted.iteration_s < EVERY_SCHEDULE_BELOW_S
+    schedules = {p.schedule for p in plans}
+    assert {Schedule.GPIPE, Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE, Schedule.ZBV} <= schedules
+    assert Schedule.NAIVE not in schedules
+    # zero-bubble runs with one stage per rank and with several, the others once each
+    assert sorted(p.virtual_stages > 1 for p in plans if p.schedule is Schedule.ZERO_BUBBLE) == [False, True]
+    assert len(plans) == len(schedules) + 1
+    assert all(p.num_ranks == 2 and p.global_batch_size == 8 for p in plans)
+    assert [p.schedule for p in learning_plans(short, calibration(), 8, sha256="0" * 64, every_schedule=False)] == [
+        Schedule.ONE_F_ONE_B
+    ]
+    long = make_profile([0.2] * 6, sizes=(1, 2))
+    assert [p.schedule for p in learning_plans(long, calibration(), 8, sha256="0" * 64)] == [Schedule.ONE_F_ONE_B]
+
+
+def _measured(plan, overhead_s: float, *, speed: float = 1.0):
+    """``plan`` measured as the model predicts it with ``overhead_s`` per action, ``speed`` times as long."""
+    tails = plan.predicted.runtime.step_tail_s
+    sim = plan.simulation(RuntimeTerms(overhead_s, tails, 1.0))
+    return plan, verify_report(plan, sim.iteration_s * speed, tuple(b * speed for b in sim.busy_s), tails[0] * speed)
+
+
+def test_each_schedule_that_ran_keeps_its_own_overhead_and_the_others_shift_with_1f1b() -> None:
+    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
+    start = calibration(action_overhead_s={"gpipe": 1e-3, "1f1b": 1e-3, "interleaved-1f1b": 1e-3})
+    plans = {p.schedule: p for p in learning_plans(profile, start, 4, sha256="0" * 64, every_schedule=True)}
+    runs = [_measured(plans[Schedule.ONE_F_ONE_B], 3e-3), _measured(plans[Schedule.ZERO_BUBBLE], 6e-3)]
+    learned = learn_from_runs(start, profile, runs)
+    assert learned.action_overhead_s["1f1b"] == pytest.approx(3e-3)
+    assert learned.action_overhead_s["zero-bubble"] == pytest.approx(6e-3)
+    assert learned.action_overhead_s["gpipe"] == pytest.approx(3e-3)  # did not run: shifted by 1F1B's +2 ms
+    assert learned.colocation_factor == pytest.approx(1.0, abs=1e-3)
+    assert learned.learned_model["schedules"] == ["1f1b", "zero-bubble"]
+
+
+def test_the_other_schedules_learn_from_their_ratio_to_1f1b_when_the_runs_beat_the_model() -> None:
+    # Every run measured at 0.4x what the model can predict with its lowest factor (0.5) and no overhead: 1F1B's
+    # fit stops there, and an absolute fit of zero-bubble's would stop at zero too. Its ratio to 1F1B still says
+    # how much more it pays per action: 4 ms at the runs' speed, about 2 ms at the factor's 0.5.
+    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
+    start = calibration(action_overhead_s={"zero-bubble": 1e-3, "1f1b": 1e-3})
+    plans = {p.schedule: p for p in learning_plans(profile, start, 4, sha256="0" * 64, every_schedule=True)}
+    one = _measured(plans[Schedule.ONE_F_ONE_B], 0.0, speed=0.4)
+    other = _measured(plans[Schedule.ZERO_BUBBLE], 4e-3, speed=0.4)
+    learned = learn_from_runs(start, profile, [one, other])
+    assert learned.action_overhead_s["1f1b"] == 0.0 and learned.colocation_factor == pytest.approx(0.5)
+    assert learned.action_overhead_s["zero-bubble"] == pytest.approx(2e-3, rel=0.1)
+    # Ratios given (an interleaved launch's per-round medians) are used in place of the reports' medians.
+    given = learn_from_runs(start, profile, [one, other], [1.0, 1.0])
+    assert given.action_overhead_s["zero-bubble"] < 1e-3  # the ratio of 1 asked for less
+
+
+def test_zero_bubble_with_several_stages_a_rank_keeps_its_own_overhead() -> None:
+    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
+    start = calibration(action_overhead_s={"zero-bubble": 1e-3, "1f1b": 1e-3})
+    plans = learning_plans(profile, start, 4, sha256="0" * 64, every_schedule=True)
+    single = next(p for p in plans if p.schedule is Schedule.ZERO_BUBBLE and p.virtual_stages == 1)
+    several = next(p for p in plans if p.schedule is Schedule.ZERO_BUBBLE and p.virtual_stages > 1)
+    one = next(p for p in plans if p.schedule is Schedule.ONE_F_ONE_B)
+    runs = [_measured(one, 1e-3), _measured(single, 2e-3), _measured(several, 5e-3)]
+    learned = learn_from_runs(start, profile, runs)
+    assert learned.overhead_for(Schedule.ZERO_BUBBLE) == pytest.approx(2e-3, rel=1e-3)
+    assert learned.overhead_for(Schedule.ZERO_BUBBLE, several.virtual_stages) == pytest.approx(5e-3, rel=1e-3)
+    assert learned.overhead_for(Schedule.ONE_F_ONE_B, 2) == learned.overhead_for(Schedule.ONE_F_ONE_B)
+    assert calibration_from_dict(learned.to_dict()).multi_stage_overhead_s == learned.multi_stage_overhead_s
+    # The planner predicts a plan with several stages a rank with it.
+    again = repredicted_plan(profile, several, default_settings(profile, calibration=learned))
+    assert again.predicted.runtime.action_overhead_s == pytest.approx(5e-3, rel=1e-3)
+
+
+def test_a_profile_timed_slow_is_corrected_by_a_factor_below_one() -> None:
+    # The ranks measured every action at 0.7x its profile, the machine at its profiling speed: the profile was
+    # slow (mlp's, 2026-12-02), and the factor corrects it rather than the overhead absorbing the difference.
+    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
+    start = calibration()
+    plan = learning_plan(profile, start, 4, sha256="0" * 64)
+    tails = plan.predicted.runtime.step_tail_s
+    truth = plan.simulation(RuntimeTerms(1e-3, tails, 0.7))
+    learned = learn_from_run(start, profile, plan, verify_report(plan, truth.iteration_s, truth.busy_s, tails[0]))
+    assert learned.colocation_factor == pytest.approx(0.7, rel=1e-3)
+    assert learned.action_overhead_s["1f1b"] == pytest.approx(1e-3, rel=1e-3)
 
 
 @pytest.mark.parametrize(
@@ -79,7 +175,7 @@ def test_calibrate_learns_the_models_cost_on_two_gloo_ranks_and_plan_warns_for_a
     )
     out = tmp_path / "mlp.calibration.json"
     code = main(["calibrate", "--ranks", "2", "--start", "auto", "--model", "mlp", "--profile", str(mlp),
-                 "--global-batch", "8", "--steps", "1", "--out", str(out)])  # fmt: skip
+                 "--global-batch", "8", "--steps", "1", "--learn", "1f1b", "--out", str(out)])  # fmt: skip
     assert code == 0
     learned = load_calibration(out)
     note = learned.learned_model
@@ -89,8 +185,8 @@ def test_calibrate_learns_the_models_cost_on_two_gloo_ranks_and_plan_warns_for_a
     assert learned.p2p_latency_s == shipped_calibration("cpu").p2p_latency_s  # --start: the machine not re-measured
     printed = capsys.readouterr()
     assert f"pipeplan calibrate --ranks 2 --model mlp --profile {mlp} --out" in printed.out  # profile's next step
-    assert "learned from mlp (1f1b" in printed.out
-    assert "running mlp under 1f1b on 2 ranks (b=" in printed.err
+    assert "learned from mlp on 2 ranks" in printed.out and "(the other schedules: shifted by as much)" in printed.out
+    assert "running mlp on 2 ranks (1f1b, b=" in printed.err
     # No warning of the run's own (the profile warns of a busy machine, which this test does not control).
     assert [line for line in printed.err.splitlines() if "warning" in line and "load average" not in line] == []
 
