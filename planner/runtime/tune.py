@@ -84,14 +84,6 @@ def simulate_with(plan: Plan, compute_scale: float, overhead_s: float, tail_fact
     return plan.simulation(replace(terms, action_overhead_s=overhead_s, step_tail_s=tails, compute_scale=compute_scale))
 
 
-COLOCATION_FLOOR = 0.5
-"""The smallest co-location factor a refit may set. Beside another rank an action does not compute faster than
-alone, but a profile can time a unit slower than it runs: mlp's profile, made in a slow minute the speed
-reference did not see, put each rank's compute at 4.8 ms where its ranks then measured 2.9-3.6 ms at the
-same reference speed (2026-12-02). Held at 1, the refit put the difference into the per-action overhead,
-and the plans with fewer actions were predicted 40 % too slow. The factor is then the profile's correction."""
-
-
 def _fit_colocation(measured: list[tuple[Plan, VerifyReport]], overheads: list[float], start: float) -> float:
     """The co-location factor whose simulated compute matches the measured compute, summed over the runs."""
     target = sum(r.measured_compute_s for _, rep in measured for r in rep.ranks)
@@ -99,7 +91,7 @@ def _fit_colocation(measured: list[tuple[Plan, VerifyReport]], overheads: list[f
     def simulated(k: float) -> float:
         return sum(sum(simulate_with(p, k, o, 1.0).busy_s) for (p, _), o in zip(measured, overheads, strict=True))
 
-    return solve_increasing(simulated, target, COLOCATION_FLOOR, 2.0, limit=1e3) if target > 0 else start
+    return solve_increasing(simulated, target, 1.0, 2.0, limit=1e3) if target > 0 else start
 
 
 OVERHEAD_SLACK = 2.0
@@ -133,8 +125,8 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
     tail_factor = statistics.median(tails) if tails else 1.0
     # The factor and the overheads depend on each other (overhead moves actions, hence the waits the
     # overhead fit sees): alternate the two fits; a few rounds settle them.
-    per_run = [calibration.overhead_for(plan.schedule) for plan, _ in measured]
-    caps = [overhead_cap(plan, report, calibration.overhead_for(plan.schedule)) for plan, report in measured]
+    per_run = [calibration.overhead_for(plan.schedule, plan.virtual_stages) for plan, _ in measured]
+    caps = [overhead_cap(plan, report, start) for (plan, report), start in zip(measured, per_run, strict=True)]
     scale = calibration.colocation_factor
     # A rank of a multi-stage schedule runs twice the actions on stages half as deep: what each action costs
     # beyond its compute inside torch's forward_one_chunk / backward_one_chunk (argument flattening, hooks) is
@@ -156,8 +148,11 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
             for (plan, report), cap in zip(measured, caps, strict=True)
         ]
     by_schedule: dict[str, list[float]] = {}
+    by_multi: dict[str, list[float]] = {}  # the schedules whose plans with several stages a rank cost their own
     for (plan, _), overhead in zip(measured, per_run, strict=True):
-        by_schedule.setdefault(plan.schedule.value, []).append(overhead)
+        apart = plan.virtual_stages > 1 and plan.schedule.value in calibration.multi_stage_overhead_s
+        (by_multi if apart else by_schedule).setdefault(plan.schedule.value, []).append(overhead)
+    multi = {**calibration.multi_stage_overhead_s, **{k: statistics.median(v) for k, v in by_multi.items()}}
     overheads = dict(calibration.action_overhead_s)
     shifts = []
     for name, values in by_schedule.items():
@@ -169,7 +164,7 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
     # whatever the schedule: shift the others by it. A ratio also multiplied interleaving's larger
     # bookkeeping and predicted its plans 26-43 % too slow from one 1F1B run (docs/BENCHMARKS.md, section 6,
     # "Fidelity", run B of 2026-12-01); the shift, within 15 %.
-    shift = statistics.median(shifts)
+    shift = statistics.median(shifts) if shifts else 0.0
     for name in overheads:
         if name not in by_schedule:
             overheads[name] = max(overheads[name] + shift, 0.0)
@@ -188,6 +183,7 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
         calibration,
         colocation_factor=scale,
         action_overhead_s=overheads,
+        multi_stage_overhead_s=multi,
         optimizer=optimizer,
         source="refit",
         notes=notes,

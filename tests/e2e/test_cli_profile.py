@@ -91,12 +91,13 @@ def test_profile_then_show_then_plan(capsys, tmp_path):
     assert main(["plan", str(out), "--stages", "2", "--global-batch", "4", "--out", str(plan)]) == 0
     planned = json.loads(plan.read_text())
     assert planned["model"]["fingerprint"] == profile["model"]["fingerprint"]
-    # With a core per rank, the profile ran the model as a 2-rank 1F1B pipeline and kept what it learned;
-    # plan takes its runtime terms from there, and says so.
+    # With a core per rank, the profile ran the model as a 2-rank 1F1B pipeline (mlp is short: every schedule's
+    # plan too, in the same launch) and kept what it learned; plan takes its runtime terms from there, and says so.
     learned = profile.get("pipeline_calibration")
     if (os.cpu_count() or 1) >= 2:
-        assert "learned from mlp (1f1b, b=" in printed
+        assert "learned from mlp on 2 ranks" in printed and "    gpipe " in printed
         assert learned["notes"]["model"]["name"] == "mlp" and learned["num_ranks"] == 2
+        assert learned["notes"]["model"]["schedules"][:2] == ["1f1b", "gpipe"]
         assert planned["predicted"]["calibration"] == "learned while profiling"
         assert planned["predicted"]["compute_scale"] == learned["colocation_factor"]
         assert "runtime terms from calibration learned while profiling: " in capsys.readouterr().out

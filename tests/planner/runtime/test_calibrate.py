@@ -93,6 +93,23 @@ def test_refit_takes_the_colocation_factor_from_runs_of_one_stage_per_rank() -> 
     assert refit_calibration(start, runs[1:]).colocation_factor > 1.3  # alone, it is all there is
 
 
+def test_refit_keeps_a_multi_stage_overhead_apart_where_the_calibration_has_one() -> None:
+    # A calibration that learned zero-bubble with several stages a rank (multi_stage_overhead_s): a tune run of
+    # such a plan refits that value, not the single-stage one.
+    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
+    start = calibration(
+        action_overhead_s={"zero-bubble": 1e-3, "1f1b": 1e-3}, multi_stage_overhead_s={"zero-bubble": 2e-3}
+    )
+    request = PlanRequest(2, 4, schedule="zero-bubble", settings=default_settings(profile, calibration=start))
+    plan = next(p for p in make_plans(profile, request, sha256="0" * 64, count=8) if p.virtual_stages > 1)
+    assert plan.predicted.runtime.action_overhead_s == 2e-3
+    tails = plan.predicted.runtime.step_tail_s
+    truth = plan.simulation(RuntimeTerms(5e-3, tails, 1.0))
+    refit = refit_calibration(start, [(plan, verify_report(plan, truth.iteration_s, truth.busy_s, tails[0]))])
+    assert refit.multi_stage_overhead_s["zero-bubble"] == pytest.approx(5e-3, rel=1e-6)
+    assert refit.action_overhead_s["zero-bubble"] == 1e-3 and refit.action_overhead_s["1f1b"] == 1e-3
+
+
 def test_refit_raises_the_overhead_no_further_than_the_ranks_measured_it() -> None:
     # A 1F1B run 30 % over its prediction while its ranks spent 0.4 ms per action outside compute and waits:
     # the miss is not a per-action cost; the overhead rises to twice what was measured (0.8 ms), no further.

@@ -90,20 +90,19 @@ def test_each_schedule_that_ran_keeps_its_own_overhead_and_the_others_shift_with
 
 
 def test_the_other_schedules_learn_from_their_ratio_to_1f1b_when_the_runs_beat_the_model() -> None:
-    # Every run measured at 0.4x what the model can predict with its lowest factor (0.5) and no overhead: 1F1B's
-    # fit stops there, and an absolute fit of zero-bubble's would stop at zero too. Its ratio to 1F1B still says
-    # how much more it pays per action: 4 ms at the runs' speed, about 2 ms at the factor's 0.5.
+    # Every run measured 20 % under what the model can predict (no overhead, no slowdown): 1F1B's fit stops at
+    # zero, and an absolute fit of zero-bubble's would too. Its ratio to 1F1B still says 4 ms per action.
     profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
     start = calibration(action_overhead_s={"zero-bubble": 1e-3, "1f1b": 1e-3})
     plans = {p.schedule: p for p in learning_plans(profile, start, 4, sha256="0" * 64, every_schedule=True)}
-    one = _measured(plans[Schedule.ONE_F_ONE_B], 0.0, speed=0.4)
-    other = _measured(plans[Schedule.ZERO_BUBBLE], 4e-3, speed=0.4)
+    one = _measured(plans[Schedule.ONE_F_ONE_B], 0.0, speed=0.8)
+    other = _measured(plans[Schedule.ZERO_BUBBLE], 4e-3, speed=0.8)
     learned = learn_from_runs(start, profile, [one, other])
-    assert learned.action_overhead_s["1f1b"] == 0.0 and learned.colocation_factor == pytest.approx(0.5)
-    assert learned.action_overhead_s["zero-bubble"] == pytest.approx(2e-3, rel=0.1)
+    assert learned.action_overhead_s["1f1b"] == 0.0 and learned.colocation_factor == 1.0
+    assert learned.action_overhead_s["zero-bubble"] == pytest.approx(4e-3, rel=1e-3)
     # Ratios given (an interleaved launch's per-round medians) are used in place of the reports' medians.
     given = learn_from_runs(start, profile, [one, other], [1.0, 1.0])
-    assert given.action_overhead_s["zero-bubble"] < 1e-3  # the ratio of 1 asked for less
+    assert given.action_overhead_s["zero-bubble"] < 2e-3  # the ratio of 1 asked for less
 
 
 def test_zero_bubble_with_several_stages_a_rank_keeps_its_own_overhead() -> None:
@@ -122,19 +121,6 @@ def test_zero_bubble_with_several_stages_a_rank_keeps_its_own_overhead() -> None
     # The planner predicts a plan with several stages a rank with it.
     again = repredicted_plan(profile, several, default_settings(profile, calibration=learned))
     assert again.predicted.runtime.action_overhead_s == pytest.approx(5e-3, rel=1e-3)
-
-
-def test_a_profile_timed_slow_is_corrected_by_a_factor_below_one() -> None:
-    # The ranks measured every action at 0.7x its profile, the machine at its profiling speed: the profile was
-    # slow (mlp's, 2026-12-02), and the factor corrects it rather than the overhead absorbing the difference.
-    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
-    start = calibration()
-    plan = learning_plan(profile, start, 4, sha256="0" * 64)
-    tails = plan.predicted.runtime.step_tail_s
-    truth = plan.simulation(RuntimeTerms(1e-3, tails, 0.7))
-    learned = learn_from_run(start, profile, plan, verify_report(plan, truth.iteration_s, truth.busy_s, tails[0]))
-    assert learned.colocation_factor == pytest.approx(0.7, rel=1e-3)
-    assert learned.action_overhead_s["1f1b"] == pytest.approx(1e-3, rel=1e-3)
 
 
 @pytest.mark.parametrize(
@@ -197,3 +183,23 @@ def test_calibrate_learns_the_models_cost_on_two_gloo_ranks_and_plan_warns_for_a
     save_profile(make_profile([0.01] * 4), other)
     assert main([plan[0], str(other), *plan[1:], "--out", str(tmp_path / "other.plan.json")]) == 0
     assert "the calibration learned mlp's per-action cost" in capsys.readouterr().err
+
+
+def test_several_plans_learn_in_one_interleaved_launch_on_two_gloo_ranks(tmp_path) -> None:
+    from planner.runtime.model_cost import learn_model_cost
+
+    out = tmp_path / "mlp.profile.json"
+    argv = ["profile", "mlp", "--no-pipeline-run", "--ranks", "2", "--micro-batch-sizes", "2,4", "--repeats", "1"]
+    assert main([*argv, "--no-progress", "--out", str(out)]) == 0
+    profile = load_profile(out)
+    start = shipped_calibration("cpu")
+    plans = learning_plans(profile, start, 8, sha256="0" * 64, every_schedule=True)
+    chosen = [p for p in plans if p.schedule in (Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED_1F1B)]
+    run = learn_model_cost(start, profile, "mlp", chosen, timeout_s=300)
+    assert [p.schedule for p, _ in run.runs] == [Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED_1F1B]
+    assert all(r.mode == "processes" and r.steps >= 7 for _, r in run.runs)  # a block of steps in each round
+    note = run.calibration.learned_model
+    assert note["schedules"] == ["1f1b", "gpipe", "interleaved-1f1b v=2"]
+    assert note["ratios_to_first"][0] == 1.0 and all(r > 0 for r in note["ratios_to_first"])
+    assert run.calibration.source == "refit"
+    assert all(v >= 0 for v in run.calibration.action_overhead_s.values())
