@@ -131,8 +131,8 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
     # A rank of a multi-stage schedule runs twice the actions on stages half as deep: what each action costs
     # beyond its compute inside torch's forward_one_chunk / backward_one_chunk (argument flattening, hooks) is
     # timed as compute there, and would read as co-location. On mlp (P = 2, b = 4) its interleaved,
-    # looped-bfs, zbv and dualpipev runs measured 30-60 % more compute than profiled where its 1F1B and
-    # GPipe runs measured 0-15 %, and one factor fitted to all seven put 1F1B 31 % slow. Where there are
+    # looped-bfs, zbv and dualpipev runs measured 21-66 % more compute than profiled where its 1F1B and
+    # GPipe runs measured -14..+17 %, and one factor fitted to all seven put 1F1B 31 % slow. Where there are
     # runs of one stage per rank, the factor is theirs; the overhead fit absorbs the rest.
     single = [k for k, (plan, _) in enumerate(measured) if plan.virtual_stages == 1] or list(range(len(measured)))
     for _ in range(4):
