@@ -58,6 +58,7 @@ __all__ = [
     "learn_from_run",
     "learn_from_runs",
     "EVERY_SCHEDULE_BELOW_S",
+    "LEARNING_ROUNDS",
     "learn_model_cost",
     "learn_model_cost_on_ranks",
     "learn_while_profiling",
@@ -74,8 +75,7 @@ EVERY_SCHEDULE_BELOW_S = 0.5
 """Every schedule's plan runs to learn its own overhead when the 1F1B plan is predicted to step in less than
 this; 1F1B's alone otherwise. Under it a rank's actions are tens of milliseconds or less (2 ranks, 4
 micro-batches: 16 actions a step), where a millisecond of bookkeeping per action is several percent of the step,
-and five more plans' runs still take seconds (module docstring)."""
-
+and seven more plans' runs take under a minute (module docstring)."""
 
 LEARNING_ROUNDS = 7
 """Rounds of an interleaved learning launch: its ratios are medians over them, and one round's ratio of two
