@@ -44,7 +44,6 @@ __all__ = [
     "tune",
     "refit_calibration",
     "format_tune_table",
-    "simulate_with",
     "overhead_cap",
 ]
 
@@ -77,7 +76,7 @@ def _label(plan: Plan) -> str:
     return f"{plan.schedule.value}{v}, b={plan.micro_batch_size} x {plan.num_microbatches}, recompute {recompute}"
 
 
-def simulate_with(plan: Plan, compute_scale: float, overhead_s: float, tail_factor: float) -> SimulationResult:
+def _simulate_with(plan: Plan, compute_scale: float, overhead_s: float, tail_factor: float) -> SimulationResult:
     """The plan under other runtime terms (stage times in a plan are the profiled, unscaled ones)."""
     terms = plan.predicted.runtime
     tails = tuple(t * tail_factor for t in terms.step_tail_s)
@@ -89,7 +88,7 @@ def _fit_colocation(measured: list[tuple[Plan, VerifyReport]], overheads: list[f
     target = sum(r.measured_compute_s for _, rep in measured for r in rep.ranks)
 
     def simulated(k: float) -> float:
-        return sum(sum(simulate_with(p, k, o, 1.0).busy_s) for (p, _), o in zip(measured, overheads, strict=True))
+        return sum(sum(_simulate_with(p, k, o, 1.0).busy_s) for (p, _), o in zip(measured, overheads, strict=True))
 
     return solve_increasing(simulated, target, 1.0, 2.0, limit=1e3) if target > 0 else start
 
@@ -132,7 +131,7 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
     # beyond its compute inside torch's forward_one_chunk / backward_one_chunk (argument flattening, hooks) is
     # timed as compute there, and would read as co-location. On mlp (P = 2, b = 4) its interleaved,
     # looped-bfs, zbv and dualpipev runs measured 21-66 % more compute than profiled where its 1F1B and
-    # GPipe runs measured -14..+17 %, and one factor fitted to all seven put 1F1B 31 % slow. Where there are
+    # GPipe runs measured -14..+17 %; one factor fitted to all seven put 1F1B 46 % over its run. Where there are
     # runs of one stage per rank, the factor is theirs; the overhead fit absorbs the rest.
     single = [k for k, (plan, _) in enumerate(measured) if plan.virtual_stages == 1] or list(range(len(measured)))
     for _ in range(4):
@@ -142,7 +141,7 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
                 cap,
                 fit_overhead(
                     report.measured_iteration_s,
-                    lambda o, p=plan, k=scale: simulate_with(p, k, o, tail_factor).iteration_s,
+                    lambda o, p=plan, k=scale: _simulate_with(p, k, o, tail_factor).iteration_s,
                 ),
             )
             for (plan, report), cap in zip(measured, caps, strict=True)
