@@ -186,17 +186,16 @@ def learn_from_runs(
     settings = default_settings(profile, calibration=refit, calibration_label="refit")
     reference_s = repredicted_plan(profile, first, settings).predicted.iteration_s
     overheads, multi = dict(refit.action_overhead_s), dict(refit.multi_stage_overhead_s)
+    # A schedule that ran with one stage per rank and with several (zero-bubble) keeps both.
+    single_stage = {p.schedule for p, _ in runs if p.virtual_stages == 1}
     for (plan, report), ratio in zip(others, ratios[1:], strict=True):
         again = repredicted_plan(profile, plan, settings)
         cap = overhead_cap(plan, report, refit.overhead_for(plan.schedule, plan.virtual_stages))
         fitted = min(cap, fit_overhead(reference_s * ratio, lambda o, p=again: _iteration_s(p, o)))
-        name = plan.schedule.value
-        # A schedule that ran with one stage per rank and with several (zero-bubble) keeps both.
-        single = [p for p, _ in runs if p.schedule is plan.schedule and p.virtual_stages == 1]
-        if plan.virtual_stages > 1 and single:
-            multi[name] = fitted
+        if plan.virtual_stages > 1 and plan.schedule in single_stage:
+            multi[plan.schedule.value] = fitted
         else:
-            overheads[name] = fitted
+            overheads[plan.schedule.value] = fitted
     plan, report = runs[0]
     return replace(refit, action_overhead_s=overheads, multi_stage_overhead_s=multi).learned_from(
         profile.model.name,

@@ -230,7 +230,7 @@ def verify_plan(
         everyone = run_ranks(rank_main, args, _processes(plan), timeout_s=timeout_s, backend=backend, threads=threads)
         measured_run = measured_from_ranks(plan, everyone)
         if check_numerics:
-            results = [everyone[d] for d in plan.mesh.devices[0]] if plan.mesh is not None else everyone
+            results = _first_replica(plan, everyone)
             loss = statistics.fmean(r.loss for r in everyone if r.loss is not None)
             fresh = load_workload(spec)
             grads = _merge_rank_grads([r.grads or {} for r in results], tied_parameter_groups(fresh.model))
@@ -277,10 +277,14 @@ class MeasuredRun(NamedTuple):
     device_reserved_bytes: tuple[int, ...]
 
 
+def _first_replica(plan: Plan, everyone: Sequence[RankResult]) -> Sequence[RankResult]:
+    """Replicas run the same stages: the first replica's ranks, in pipeline order, stand for them."""
+    return [everyone[d] for d in plan.mesh.devices[0]] if plan.mesh is not None else everyone
+
+
 def measured_from_ranks(plan: Plan, everyone: Sequence[RankResult]) -> MeasuredRun:
     """The plan's stages, ranks and iteration from every rank's raw samples (their medians)."""
-    # Replicas run the same stages: the first replica's ranks, in pipeline order, stand for them.
-    results = [everyone[d] for d in plan.mesh.devices[0]] if plan.mesh is not None else everyone
+    results = _first_replica(plan, everyone)
     fwd, bwd = [0.0] * plan.num_stages, [0.0] * plan.num_stages
     memory: list[MemoryBreakdown | None] = [None] * plan.num_stages
     for res in results:
