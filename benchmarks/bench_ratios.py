@@ -1,6 +1,6 @@
 """Fidelity as ratios: does the planner order candidate plans as they measure? The default path, no flags.
 
-    python benchmarks/bench_ratios.py --out benchmarks/results/ratios [--models gpt2-tiny,mlp] [--rounds 15]
+    python benchmarks/bench_ratios.py --out benchmarks/results/ratios [--models gpt2-tiny,mlp] [--budget-s 60]
 
 A machine whose speed moves by 1.5x within a minute cannot check an absolute prediction to 10 %, but it
 can check a ratio measured in one run: for each model (P = 2 gloo processes, global batch 8):
@@ -11,12 +11,15 @@ can check a ratio measured in one run: for each model (P = 2 gloo processes, glo
 2. ``pipeplan plan`` with default flags (the calibration the profile learned): its choice, the next distinct candidates
    it ranked, and the best plan under each of gpipe, 1f1b and interleaved-1f1b;
 3. every distinct plan run for real in one launch (``planner.runtime.interleave.verify_plans``: 2 processes,
-   optimizer step included), interleaved: in each round every plan runs a block of steps of at least 0.5 s;
+   optimizer step included), as two copies each on models of their own, interleaved: in each round every copy
+   runs a block of steps of at least 0.1 s, for about ``--budget-s`` of rounds (at least 8);
 4. for every pair of plans (a, b): the predicted ratio ``pred(a) / pred(b)`` against the measured one,
-   ``median over rounds of meas(a) / meas(b)`` (a and b timed within seconds of each other); and
-   whether ``plan``'s choice measured within 5 % of the fastest plan;
+   ``median over rounds of meas(a) / meas(b)`` (a and b timed within a second or two of each other, each the
+   geometric mean of its copies); and whether ``plan``'s choice measured within 5 % of the fastest plan
+   (by the same ratios);
 5. the absolute error as timed and at the machine's measured speed (the speed reference, timed in the rank
-   processes at the threads each rank has), side by side.
+   processes at the threads each rank has), side by side;
+6. the floor under all of it: each plan's first copy against its second, whose predicted ratio is exactly 1.
 
 Writes ``ratios.json`` and ``ratios.md`` into ``--out``; prints the table.
 """
@@ -39,7 +42,7 @@ from bench_fidelity import MODELS, SCHEDULES  # noqa: E402  (the same models and
 from planner.cost import default_settings  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.request import PlanRequest, calibration_settings  # noqa: E402
-from planner.runtime.interleave import InterleavedRun, verify_plans  # noqa: E402
+from planner.runtime.interleave import InterleavedRun, rounds_within, verify_plans  # noqa: E402
 from planner.runtime.model_cost import learn_after_profile  # noqa: E402
 from planner.search import make_plan, make_plans, plan_key  # noqa: E402
 from profiles.format import Profile, save_profile  # noqa: E402
@@ -61,24 +64,34 @@ def candidates(profile: Profile, ranks: int, batch: int, count: int) -> dict[str
     return {name: plan for name, plan in named.items() if distinct.setdefault(plan_key(plan), name) == name}
 
 
-def measure(spec: str, plans: list[Plan], rounds: int) -> InterleavedRun:
-    """Every plan in one launch, interleaved round by round (:func:`planner.runtime.interleave.verify_plans`)."""
-    return verify_plans(plans, spec, rounds=rounds, timeout_s=1800)
+def measure(spec: str, plans: list[Plan], copies: int, budget_s: float, rounds: int | None) -> InterleavedRun:
+    """Every plan in one launch as ``copies`` copies, interleaved round by round
+    (:func:`planner.runtime.interleave.verify_plans`); copy ``c`` of plan ``k`` is at ``c * len(plans) + k``."""
+    launch = plans * copies
+    rounds = rounds or rounds_within(launch, budget_s, at_least=8, at_most=75)
+    return verify_plans(launch, spec, rounds=rounds, timeout_s=1800)
 
 
-def bench_model(spec: str, *, ranks: int, batch: int, rounds: int, count: int, out: Path) -> dict:
+def bench_model(
+    spec: str, *, ranks: int, batch: int, copies: int, budget_s: float, rounds: int | None, count: int, out: Path
+) -> dict:
     started = time.perf_counter()
     profile, _ = learn_after_profile(profile_spec(spec, progress=False), spec)  # as `pipeplan profile` does
     save_profile(profile, out / f"{Path(spec).name.replace(':', '_')}.profile.json")
     named = candidates(profile, ranks, batch, count)
     names, plans = list(named), list(named.values())
-    run = measure(spec, plans, rounds)
+    run = measure(spec, plans, copies, budget_s, rounds)
+    n = len(plans)
+    of = [[c * n + k for c in range(copies)] for k in range(n)]  # each plan's copies in the launch
     predicted = [p.predicted.iteration_s for p in plans]
-    measured = [r.measured_iteration_s for r in run.reports]
-    at_speed = [r.at_profile_speed().measured_iteration_s for r in run.reports]
+    measured = [statistics.fmean(run.reports[i].measured_iteration_s for i in of[k]) for k in range(n)]
+    at_speed = [
+        statistics.fmean(run.reports[i].at_profile_speed().measured_iteration_s for i in of[k]) for k in range(n)
+    ]
+    copy_errors = [(1 / run.ratio(of[k][0], of[k][1]) - 1) * 100 for k in range(n)] if copies > 1 else []
     pairs = []
-    for a, b in itertools.combinations(range(len(plans)), 2):
-        ratio_measured = run.ratio(a, b)
+    for a, b in itertools.combinations(range(n), 2):
+        ratio_measured = run.ratio(of[a], of[b])
         ratio_predicted = predicted[a] / predicted[b]
         pairs.append(
             {
@@ -89,7 +102,7 @@ def bench_model(spec: str, *, ranks: int, batch: int, rounds: int, count: int, o
                 "error_pct": (ratio_predicted / ratio_measured - 1) * 100,
             }
         )
-    fastest = min(measured)
+    fastest = min(range(n), key=lambda k: run.ratio(of[k], of[0]))
     return {
         "model": spec,
         "plans": [
@@ -107,11 +120,13 @@ def bench_model(spec: str, *, ranks: int, batch: int, rounds: int, count: int, o
             for n, p, pr, m, s in zip(names, plans, predicted, measured, at_speed, strict=True)
         ],
         "pairs": pairs,
+        "copy_error_pct": copy_errors,
+        "rounds": len(run.round_iteration_s[0]),
         "round_iteration_s": [list(r) for r in run.round_iteration_s],
         "learned_from": list(profile.pipeline_calibration["notes"]["model"]["schedules"])
         if profile.pipeline_calibration
         else [],
-        "choice_vs_fastest_pct": (measured[0] / fastest - 1) * 100,
+        "choice_vs_fastest_pct": (run.ratio(of[0], of[fastest]) - 1) * 100,
         "wall_s": time.perf_counter() - started,
     }
 
@@ -119,8 +134,8 @@ def bench_model(spec: str, *, ranks: int, batch: int, rounds: int, count: int, o
 def table(results: list[dict]) -> str:
     lines = [
         "| model | plans | pairs: ratio error median / worst | plan's choice vs fastest "
-        "| abs. error as timed / at speed (median) |",
-        "|---|---|---|---|---|",
+        "| abs. error as timed / at speed (median) | copy vs copy: worst |",
+        "|---|---|---|---|---|---|",
     ]
     for r in results:
         errors = sorted(abs(p["error_pct"]) for p in r["pairs"])
@@ -128,16 +143,18 @@ def table(results: list[dict]) -> str:
         speed = statistics.median(abs(p["error_at_speed_pct"]) for p in r["plans"])
         worst = f"{errors[-1]:.1f} %" if errors else "-"
         median = f"{statistics.median(errors):.1f} %" if errors else "-"
+        copies = f"{max(abs(e) for e in r['copy_error_pct']):.1f} %" if r["copy_error_pct"] else "-"
         lines.append(
             f"| {r['model']} | {len(r['plans'])} | {median} / {worst} | {r['choice_vs_fastest_pct']:+.1f} % "
-            f"| {timed:.1f} % / {speed:.1f} % |"
+            f"| {timed:.1f} % / {speed:.1f} % | {copies} |"
         )
     every = [abs(p["error_pct"]) for r in results for p in r["pairs"]]
+    copies = [abs(e) for r in results for e in r["copy_error_pct"]]
     if every:
         lines.append(
             f"| all | {sum(len(r['plans']) for r in results)} | {statistics.median(every):.1f} % / "
             f"{max(every):.1f} % | {sum(r['choice_vs_fastest_pct'] <= 5 for r in results)} of {len(results)} "
-            "within 5 % | |"
+            f"within 5 % | | {max(copies):.1f} % |" if copies else "within 5 % | | - |"
         )
     return "\n".join(lines)
 
@@ -146,7 +163,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--rounds", type=int, default=15, help="rounds in which every plan runs a block of steps")
+    parser.add_argument("--copies", type=int, default=2, help="copies of each plan in the launch (>= 1)")
+    parser.add_argument("--budget-s", type=float, default=60.0, help="about how long each model's rounds take")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds, in place of what the budget fits")
     parser.add_argument("--candidates", type=int, default=3, help="plan's choice and its runners-up")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -154,11 +173,26 @@ def main() -> None:
     results = []
     for spec in args.models.split(","):
         print(f"{spec} ...", file=sys.stderr)
-        results.append(bench_model(spec, ranks=2, batch=8, rounds=args.rounds, count=args.candidates, out=args.out))
+        results.append(
+            bench_model(
+                spec,
+                ranks=2,
+                batch=8,
+                copies=args.copies,
+                budget_s=args.budget_s,
+                rounds=args.rounds,
+                count=args.candidates,
+                out=args.out,
+            )
+        )
         (args.out / "ratios.json").write_text(json.dumps(results, indent=2))
     text = table(results)
     after = os.getloadavg()[0]
-    header = f"load average {load:.2f} before, {after:.2f} after; {args.rounds} interleaved rounds"
+    rounds = ", ".join(f"{r['model']} {r['rounds']}" for r in results)
+    header = (
+        f"load average {load:.2f} before, {after:.2f} after; {args.copies} copies of each plan; "
+        f"interleaved rounds: {rounds}"
+    )
     (args.out / "ratios.md").write_text(header + "\n\n" + text + "\n")
     print(header)
     print(text)

@@ -93,11 +93,23 @@ class Calibration:
     :attr:`action_overhead_s` holds for both. A rank with four stages runs four times the actions, each on a
     quarter of the layers, and each pays more than a single stage's: cnn13's zero-bubble plan with four stages
     a rank was predicted 52 % too fast from the single-stage plan's overhead (docs/BENCHMARKS.md, section 6.3)."""
+    action_overhead_by_microbatches_s: dict[str, dict[int, float]] = field(default_factory=dict)
+    """Per schedule whose plans ran at several micro-batch counts (planner/runtime/model_cost.py): the overhead
+    per action at each count. A plan at another count takes the line between the two nearest (the nearest's value
+    beyond them); :attr:`action_overhead_s` holds the value at the count the 1F1B anchor ran. On mlp (P = 2,
+    b = 4, one launch) GPipe ran 1.14x 1F1B at 2 micro-batches and 1.31x at 4, where one overhead for both
+    predicted 1.30x at 2 (``python benchmarks/bench_ratios.py``, 2026-12-02)."""
+    multi_stage_overhead_by_microbatches_s: dict[str, dict[int, float]] = field(default_factory=dict)
+    """As :attr:`action_overhead_by_microbatches_s`, for :attr:`multi_stage_overhead_s`."""
     notes: dict[str, Any] = field(default_factory=dict, hash=False)
     """Where and how it was measured (host, date, torch version, load) and the raw samples."""
 
     def __post_init__(self) -> None:
         numbers = [self.p2p_latency_s, *self.action_overhead_s.values(), *self.multi_stage_overhead_s.values()]
+        for table in (self.action_overhead_by_microbatches_s, self.multi_stage_overhead_by_microbatches_s):
+            numbers += [v for by_count in table.values() for v in by_count.values()]
+            if any(m < 1 for by_count in table.values() for m in by_count):
+                raise CalibrationError("invalid calibration: micro-batch counts must be >= 1")
         numbers += [v for o in self.optimizer.values() for v in (o.per_param_s, o.per_step_s, o.per_tensor_s)]
         if not all(isinstance(v, int | float) and math.isfinite(v) and v >= 0 for v in numbers):
             raise CalibrationError(f"invalid calibration: times must be finite and >= 0, got {numbers}")
@@ -118,12 +130,19 @@ class Calibration:
                 f"{device_kind}/{backend}: run `pipeplan calibrate --device {device_kind}` on that machine"
             )
 
-    def overhead_for(self, schedule: Schedule, virtual_stages: int = 1) -> float:
-        """Per-action overhead of ``schedule`` with ``virtual_stages`` stages per rank; an unmeasured schedule
-        takes the largest measured value."""
+    def overhead_for(self, schedule: Schedule, virtual_stages: int = 1, num_microbatches: int | None = None) -> float:
+        """Per-action overhead of ``schedule`` with ``virtual_stages`` stages per rank and ``num_microbatches``
+        micro-batches (None: at the count it was learned at); an unmeasured schedule takes the largest measured
+        value."""
         if virtual_stages > 1 and schedule.value in self.multi_stage_overhead_s:
+            by_count = self.multi_stage_overhead_by_microbatches_s.get(schedule.value)
+            if by_count and num_microbatches is not None:
+                return _along(by_count, num_microbatches)
             return self.multi_stage_overhead_s[schedule.value]
         if schedule.value in self.action_overhead_s:
+            by_count = self.action_overhead_by_microbatches_s.get(schedule.value)
+            if by_count and num_microbatches is not None:
+                return _along(by_count, num_microbatches)
             return self.action_overhead_s[schedule.value]
         return max(self.action_overhead_s.values(), default=0.0)
 
@@ -161,9 +180,10 @@ class Calibration:
         step_tail_s: tuple[float, ...],
         tail_groups: tuple[tuple[int, ...], ...] = (),
         virtual_stages: int = 1,
+        num_microbatches: int | None = None,
     ) -> RuntimeTerms:
         return RuntimeTerms(
-            action_overhead_s=self.overhead_for(schedule, virtual_stages),
+            action_overhead_s=self.overhead_for(schedule, virtual_stages, num_microbatches),
             step_tail_s=step_tail_s,
             compute_scale=self.colocation_factor,
             tail_groups=tail_groups,
@@ -187,6 +207,14 @@ class Calibration:
                 if self.multi_stage_overhead_s
                 else {}
             ),
+            **{
+                name: {k: {str(m): v for m, v in sorted(by.items())} for k, by in sorted(table.items())}
+                for name, table in (
+                    ("action_overhead_by_microbatches_s", self.action_overhead_by_microbatches_s),
+                    ("multi_stage_overhead_by_microbatches_s", self.multi_stage_overhead_by_microbatches_s),
+                )
+                if table
+            },
             "source": self.source,
             "notes": self.notes,
         }
@@ -216,9 +244,28 @@ def calibration_from_dict(data: Any) -> Calibration:
         },
         colocation_factor=float(data["colocation_factor"]),
         multi_stage_overhead_s={k: float(v) for k, v in data.get("multi_stage_overhead_s", {}).items()},
+        action_overhead_by_microbatches_s=_tables(data.get("action_overhead_by_microbatches_s", {})),
+        multi_stage_overhead_by_microbatches_s=_tables(data.get("multi_stage_overhead_by_microbatches_s", {})),
         source=data.get("source", "measured"),
         notes=dict(data.get("notes", {})),
     )
+
+
+def _tables(data: dict[str, dict[str, float]]) -> dict[str, dict[int, float]]:
+    return {k: {int(m): float(v) for m, v in by.items()} for k, by in data.items()}
+
+
+def _along(by_count: dict[int, float], num_microbatches: int) -> float:
+    """The value at ``num_microbatches`` on the line through the two nearest counts; the nearest's beyond them."""
+    counts = sorted(by_count)
+    if num_microbatches <= counts[0]:
+        return by_count[counts[0]]
+    if num_microbatches >= counts[-1]:
+        return by_count[counts[-1]]
+    hi = next(m for m in counts if m >= num_microbatches)
+    lo = max(m for m in counts if m < hi)
+    share = (num_microbatches - lo) / (hi - lo)
+    return by_count[lo] + share * (by_count[hi] - by_count[lo])
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -249,8 +296,14 @@ def format_calibration(calibration: Calibration) -> str:
     ]
     for name, seconds in sorted(c.action_overhead_s.items()):
         lines.append(f"  overhead per action, {name:<17} {seconds * 1e3:.3f} ms")
+        by_count = c.action_overhead_by_microbatches_s.get(name, {})
+        if by_count:
+            lines[-1] += "  (" + ", ".join(f"{v * 1e3:.3f} at {m}" for m, v in sorted(by_count.items())) + ")"
     for name, seconds in sorted(c.multi_stage_overhead_s.items()):
         lines.append(f"  overhead per action, {name + ', v > 1':<17} {seconds * 1e3:.3f} ms")
+        by_count = c.multi_stage_overhead_by_microbatches_s.get(name, {})
+        if by_count:
+            lines[-1] += "  (" + ", ".join(f"{v * 1e3:.3f} at {m}" for m, v in sorted(by_count.items())) + ")"
     for name, cost in sorted(c.optimizer.items()):
         lines.append(f"  {name} step: {cost.per_step_s * 1e3:.3f} ms + {cost.per_param_s * 1e9:.2f} ns per parameter")
     lines.append(f"  co-location factor: {c.colocation_factor:.3f} (compute inside the pipeline / profiled alone)")

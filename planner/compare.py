@@ -37,5 +37,10 @@ def compare_plan(
     """Each of ``schedules`` run on the plan's stages (``compare_schedules``); the plan's own schedule gives
     exactly the plan's predicted iteration."""
     calibration = plan_calibration(plan)
-    overhead_of = calibration.overhead_for if calibration is not None else None
+    if calibration is None:
+        return compare_schedules(plan.pipeline(), schedules, virtual_stages)
+
+    def overhead_of(schedule: Schedule, stages_per_rank: int) -> float:
+        return calibration.overhead_for(schedule, stages_per_rank, plan.num_microbatches)
+
     return compare_schedules(plan.pipeline(), schedules, virtual_stages, overhead_of)

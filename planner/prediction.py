@@ -172,7 +172,9 @@ def partition_runtime_terms(
     if settings.calibration is None:
         return RuntimeTerms(step_tail_s=tails)
     groups = tail_groups(profile, solution.stage_units(problem.num_units), stage_rank)
-    terms = settings.calibration.runtime_terms(schedule, tails, groups, problem.num_stages // num_ranks)
+    terms = settings.calibration.runtime_terms(
+        schedule, tails, groups, problem.num_stages // num_ranks, problem.num_microbatches
+    )
     if profile.resume is None:
         return terms
     return replace(terms, resume=profile.resume.curve(profile.size_index(micro_batch_size)))

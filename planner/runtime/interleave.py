@@ -7,6 +7,14 @@ plan's stages on a model of its own (same seed), warms each up, then runs ``roun
 runs a block of steps (at least one, and on until ``min_block_s``), the order rotating from round to round
 (:func:`planner.runtime.rank_timing.rank_main_interleaved`). Plans timed seconds apart see the same machine,
 so the per-round ratio of two plans (:attr:`InterleavedRun.round_iteration_s`) holds while its speed moves.
+Short blocks and many rounds pair the plans' times closer than long blocks and few rounds in the same time: on
+mlp (P = 2, 8 plans, about 30 s a launch) GPipe's ratio to 1F1B ranged 1.02-1.40 over five launches of 9 rounds
+of 0.5 s blocks and 1.24-1.28 over three of 45 rounds of 0.1 s blocks (2026-12-02, development VM, nothing else
+running).
+
+Two copies of one plan, each on a model of its own, still differ: in one launch of 40 rounds, three copies of
+mlp's 1F1B plan measured 0.94-1.06x one another (2026-12-02). Where a ratio must hold to a few percent, run a plan
+as several copies and pass their indices to :meth:`InterleavedRun.ratio` together.
 
 Each plan also gets the :class:`~planner.runtime.verify_report.VerifyReport` that ``verify`` would give it
 (stage times, waits, step tail, memory, speed reference), for :func:`planner.runtime.tune.refit_calibration`.
@@ -14,6 +22,7 @@ Each plan also gets the :class:`~planner.runtime.verify_report.VerifyReport` tha
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,11 +35,12 @@ from planner.runtime.tensor_parallel import check_runtime_layout
 from planner.runtime.verify import build_report, measured_from_ranks, rank_thread_count
 from planner.runtime.verify_report import MEMORY_TOLERANCE, VerifyReport
 
-__all__ = ["InterleavedRun", "verify_plans", "MIN_BLOCK_S"]
+__all__ = ["InterleavedRun", "verify_plans", "rounds_within", "MIN_BLOCK_S"]
 
-MIN_BLOCK_S = 0.5
-"""Each plan's block of steps in a round lasts at least this long (and one step): long enough to hold a few
-steps of a small model, short enough that the plans of a round run within seconds of each other."""
+MIN_BLOCK_S = 0.1
+"""Each plan's block of steps in a round lasts at least this long (and one step): long enough for a few steps of
+a small model (mlp's are 5-15 ms on 2 CPU ranks), short enough that the plans of a round run within a second or
+two of each other (module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -40,10 +50,29 @@ class InterleavedRun:
     round_iteration_s: tuple[tuple[float, ...], ...]
     """Per plan, per round: the median iteration of its block (the slowest rank's)."""
 
-    def ratio(self, a: int, b: int) -> float:
-        """Plan ``a``'s iteration over plan ``b``'s: the median over rounds of the ratio in each round."""
-        pairs = zip(self.round_iteration_s[a], self.round_iteration_s[b], strict=True)
+    def ratio(self, a: int | Sequence[int], b: int | Sequence[int]) -> float:
+        """Plan ``a``'s iteration over plan ``b``'s: the median over rounds of the ratio in each round. Either may
+        name several copies of one plan (indices of the same plan given several times): a round's time of the
+        plan is then the geometric mean of its copies' times in that round."""
+        pairs = zip(self._round_times(a), self._round_times(b), strict=True)
         return statistics.median(x / y for x, y in pairs)
+
+    def _round_times(self, plan: int | Sequence[int]) -> list[float]:
+        copies = [plan] if isinstance(plan, int) else list(plan)
+        return [
+            math.exp(statistics.fmean(math.log(self.round_iteration_s[k][index]) for k in copies))
+            for index in range(len(self.round_iteration_s[copies[0]]))
+        ]
+
+
+def rounds_within(
+    plans: Sequence[Plan], budget_s: float, *, at_least: int, at_most: int, min_block_s: float = MIN_BLOCK_S
+) -> int:
+    """How many rounds of :func:`verify_plans` fit in about ``budget_s`` of timed steps: a round gives each plan
+    a block of ``min_block_s`` or one predicted iteration, whichever is longer; never fewer than ``at_least``
+    nor more than ``at_most`` rounds."""
+    per_round = sum(max(min_block_s, p.predicted.iteration_s) for p in plans)
+    return max(at_least, min(at_most, int(budget_s / per_round)))
 
 
 def _round_medians(everyone: Sequence[RankResult], rounds: int) -> tuple[float, ...]:

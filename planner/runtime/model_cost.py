@@ -37,13 +37,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from planner.calibration import Calibration, shipped_calibration
-from planner.cost import default_settings
+from planner.cost import CostSettings, default_settings
 from planner.errors import PipeplanError, PipeplanWarning, UsageError
 from planner.plan import Plan
 from planner.prediction import repredicted_plan
 from planner.request import PlanRequest
 from planner.runtime.calibrate import fit_overhead
-from planner.runtime.interleave import verify_plans
+from planner.runtime.interleave import rounds_within, verify_plans
 from planner.runtime.tune import overhead_cap, refit_calibration
 from planner.runtime.verify import verify_plan
 from planner.runtime.verify_report import VerifyReport
@@ -59,6 +59,8 @@ __all__ = [
     "learn_from_runs",
     "EVERY_SCHEDULE_BELOW_S",
     "LEARNING_ROUNDS",
+    "LEARNING_MAX_ROUNDS",
+    "LEARNING_BUDGET_S",
     "learn_model_cost",
     "learn_model_cost_on_ranks",
     "learn_while_profiling",
@@ -77,9 +79,16 @@ this; 1F1B's alone otherwise. Under it a rank's actions are tens of milliseconds
 micro-batches: 16 actions a step), where a millisecond of bookkeeping per action is several percent of the step,
 and seven more plans' runs take under a minute (module docstring)."""
 
+LEARNING_BUDGET_S = 45.0
+"""About how long an interleaved learning launch times steps (:func:`~planner.runtime.interleave.rounds_within`):
+for mlp's fifteen plans and the 1F1B plan's second copy, 28 rounds of 0.1 s blocks."""
+
 LEARNING_ROUNDS = 7
-"""Rounds of an interleaved learning launch: its ratios are medians over them, and one round's ratio of two
-plans of mlp ranged 0.65-0.91 within a minute on the development VM."""
+"""The fewest rounds of an interleaved learning launch: its ratios are medians over them, and one round's ratio of
+two plans of mlp ranged 0.65-0.91 within a minute on the development VM."""
+
+LEARNING_MAX_ROUNDS = 60
+"""The most rounds of an interleaved learning launch, however short its plans."""
 
 
 @dataclass(frozen=True)
@@ -136,13 +145,36 @@ def learning_plans(
     if not every_schedule:
         return plans
     settings = default_settings(profile, calibration=calibration, calibration_label="calibrate")
-    for schedule in Schedule:
-        if schedule in (Schedule.ONE_F_ONE_B, Schedule.NAIVE):
-            continue
-        request = PlanRequest(calibration.num_ranks, global_batch, schedule=schedule, settings=settings)
+    others = _best_of_each_schedule(profile, settings, calibration.num_ranks, global_batch, None, sha256)
+    plans += [p for p in others if p.schedule is not Schedule.ONE_F_ONE_B]
+    # The same micro-batch size at the fewest micro-batches that keep every rank of 1F1B busy: what an action
+    # costs beyond its compute moves with the count (module docstring).
+    fewest = calibration.num_ranks * first.micro_batch_size
+    if fewest < global_batch:
+        plans += _best_of_each_schedule(
+            profile, settings, calibration.num_ranks, fewest, first.micro_batch_size, sha256
+        )
+    return plans
+
+
+def _best_of_each_schedule(
+    profile: Profile,
+    settings: CostSettings,
+    num_ranks: int,
+    global_batch: int,
+    micro_batch_size: int | None,
+    sha256: str,
+) -> list[Plan]:
+    """The best plan of each schedule but naive, 1F1B first, zero-bubble's with one stage per rank and with several;
+    a schedule that cannot be planned (too few units for two stages a rank, too few micro-batches) is left out."""
+    plans = []
+    for schedule in [Schedule.ONE_F_ONE_B, *(s for s in Schedule if s not in (Schedule.ONE_F_ONE_B, Schedule.NAIVE))]:
+        request = PlanRequest(
+            num_ranks, global_batch, schedule=schedule, micro_batch_size=micro_batch_size, settings=settings
+        )
         try:
             ranked = make_plans(profile, request, sha256=sha256, count=8)
-        except PipeplanError as exc:  # e.g. too few units for two stages per rank
+        except PipeplanError as exc:
             log.info("not learning %s for %s: %s", schedule.value, profile.model.name, exc)
             continue
         plans.append(ranked[0])
@@ -162,11 +194,13 @@ def learn_from_runs(
     profile: Profile,
     runs: Sequence[tuple[Plan, VerifyReport]],
     ratios: Sequence[float] | None = None,
+    first_copies: Sequence[VerifyReport] = (),
 ) -> Calibration:
     """``calibration`` refit from measured runs of the model's plans, the 1F1B plan first (pure).
 
-    The 1F1B run sets the co-location factor, the step tail and 1F1B's overhead (every other schedule shifted by
-    as much: :func:`~planner.runtime.tune.refit_calibration`). Each other run, made in the same launch, sets its
+    The 1F1B run (with ``first_copies``, what other copies of its plan measured in the same launch) sets the
+    co-location factor, the step tail and 1F1B's overhead (every other schedule shifted by as much:
+    :func:`~planner.runtime.tune.refit_calibration`). Each other run, made in the same launch, sets its
     own schedule's overhead from its ratio to the 1F1B run, ``ratios[k]`` (default: the ratio of their measured
     iterations): the overhead at which the refit model predicts that ratio. A ratio measured interleaved holds
     while the machine's speed moves; an absolute fit does not, and where the 1F1B run measured faster than the
@@ -178,7 +212,7 @@ def learn_from_runs(
     (first, first_report), others = runs[0], runs[1:]
     # At the machine's speed while profiling (the speed reference, timed in the ranks): what a busy minute
     # added is the machine's, not the model's, and must not be learned as its cost.
-    refit = refit_calibration(calibration, [(first, first_report.at_profile_speed())])
+    refit = refit_calibration(calibration, [(first, r.at_profile_speed()) for r in (first_report, *first_copies)])
     if refit is calibration:
         raise UsageError("learning a model's pipeline cost needs a run on real processes, not a replay")
     if ratios is None:
@@ -186,18 +220,31 @@ def learn_from_runs(
     settings = default_settings(profile, calibration=refit, calibration_label="refit")
     reference_s = repredicted_plan(profile, first, settings).predicted.iteration_s
     overheads, multi = dict(refit.action_overhead_s), dict(refit.multi_stage_overhead_s)
+    by_count: dict[str, dict[int, float]] = {}
+    multi_by_count: dict[str, dict[int, float]] = {}
+    if len({p.num_microbatches for p, _ in runs}) > 1:
+        by_count[first.schedule.value] = {first.num_microbatches: overheads[first.schedule.value]}
     # A schedule that ran with one stage per rank and with several (zero-bubble) keeps both.
     single_stage = {p.schedule for p, _ in runs if p.virtual_stages == 1}
     for (plan, report), ratio in zip(others, ratios[1:], strict=True):
         again = repredicted_plan(profile, plan, settings)
         cap = overhead_cap(plan, report, refit.overhead_for(plan.schedule, plan.virtual_stages))
         fitted = min(cap, fit_overhead(reference_s * ratio, lambda o, p=again: _iteration_s(p, o)))
-        if plan.virtual_stages > 1 and plan.schedule in single_stage:
-            multi[plan.schedule.value] = fitted
-        else:
-            overheads[plan.schedule.value] = fitted
+        apart = plan.virtual_stages > 1 and plan.schedule in single_stage
+        scalars, counts = (multi, multi_by_count) if apart else (overheads, by_count)
+        if plan.num_microbatches == first.num_microbatches or plan.schedule.value not in scalars:
+            scalars[plan.schedule.value] = fitted
+        if by_count:  # plans at several counts: each count keeps its own
+            counts.setdefault(plan.schedule.value, {})[plan.num_microbatches] = fitted
+    learned = replace(
+        refit,
+        action_overhead_s=overheads,
+        multi_stage_overhead_s=multi,
+        action_overhead_by_microbatches_s={**refit.action_overhead_by_microbatches_s, **by_count},
+        multi_stage_overhead_by_microbatches_s={**refit.multi_stage_overhead_by_microbatches_s, **multi_by_count},
+    )
     plan, report = runs[0]
-    return replace(refit, action_overhead_s=overheads, multi_stage_overhead_s=multi).learned_from(
+    return learned.learned_from(
         profile.model.name,
         profile.model.fingerprint,
         schedule=plan.schedule.value,
@@ -206,9 +253,16 @@ def learn_from_runs(
         predicted_s=plan.predicted.iteration_s,
         measured_s=report.measured_iteration_s,
         steps=report.steps,
-        schedules=[p.schedule.value + (f" v={p.virtual_stages}" if p.virtual_stages > 1 else "") for p, _ in runs],
+        schedules=[_label(p, first.num_microbatches) for p, _ in runs],
         ratios_to_first=list(ratios),
     )
+
+
+def _label(plan: Plan, anchor_microbatches: int) -> str:
+    """``gpipe``, ``zero-bubble v=2``; ``gpipe x2`` for a plan at another micro-batch count than the anchor's."""
+    v = f" v={plan.virtual_stages}" if plan.virtual_stages > 1 else ""
+    m = f" x{plan.num_microbatches}" if plan.num_microbatches != anchor_microbatches else ""
+    return plan.schedule.value + v + m
 
 
 def _iteration_s(plan: Plan, overhead_s: float) -> float:
@@ -228,25 +282,32 @@ def learn_model_cost(
     timeout_s: float = 600.0,
 ) -> ModelRun:
     """Run ``plans`` (:func:`learning_plans`) of ``model`` on real processes and refit ``calibration`` from them:
-    one plan as ``verify`` runs it, several in one launch, interleaved (:data:`LEARNING_ROUNDS` rounds).
+    one plan as ``verify`` runs it, several in one launch, interleaved (about :data:`LEARNING_BUDGET_S` of rounds).
+
+    Every other plan's ratio is taken to the first plan's, so the first runs as two copies, one at each end of
+    the launch's order: a plan's copy can measure 6 % from another copy of it in the same launch (one on mlp,
+    :mod:`planner.runtime.interleave`), and gpt2-tiny's one copy once measured 51 % over its prediction while
+    the plans around it ran as predicted, which set every other schedule's overhead to 0
+    (``python benchmarks/bench_default_path.py``, 2026-12-02).
 
     Raises:
         UsageError: the run was not on real processes.
         ExecutionError / ModelMismatchError: the run failed or the model is not the profile's.
     """
-    ratios = None
     if len(plans) == 1:
-        reports = [
-            verify_plan(
-                plans[0], model, steps=steps, warmup=warmup, mode="processes", device=device, timeout_s=timeout_s
-            )
-        ]
-    else:
-        run = verify_plans(plans, model, rounds=LEARNING_ROUNDS, warmup=warmup, device=device, timeout_s=timeout_s)
-        reports = list(run.reports)
-        ratios = [run.ratio(k, 0) for k in range(len(plans))]
-    runs = tuple(zip(plans, reports, strict=True))
-    return ModelRun(learn_from_runs(calibration, profile, runs, ratios), runs)
+        report = verify_plan(
+            plans[0], model, steps=steps, warmup=warmup, mode="processes", device=device, timeout_s=timeout_s
+        )
+        runs = ((plans[0], report),)
+        return ModelRun(learn_from_runs(calibration, profile, runs), runs)
+    launch = [*plans, plans[0]]
+    anchor = [0, len(plans)]
+    rounds = rounds_within(launch, LEARNING_BUDGET_S, at_least=LEARNING_ROUNDS, at_most=LEARNING_MAX_ROUNDS)
+    run = verify_plans(launch, model, rounds=rounds, warmup=warmup, device=device, timeout_s=timeout_s)
+    ratios = [run.ratio(k if k else anchor, anchor) for k in range(len(plans))]
+    runs = tuple(zip(plans, run.reports, strict=False))
+    calibration = learn_from_runs(calibration, profile, runs, ratios, first_copies=run.reports[len(plans) :])
+    return ModelRun(calibration, runs)
 
 
 def learn_model_cost_on_ranks(
@@ -331,8 +392,9 @@ def format_learned(run: ModelRun, before: Calibration, model: str) -> str:
         f"{after.colocation_factor:.3f}); each action costs, beyond the machine's:"
     ]
     for plan, report in run.runs:
-        learned = after.overhead_for(plan.schedule, plan.virtual_stages) - before.overhead_for(plan.schedule)
-        label = plan.schedule.value + (f" v={plan.virtual_stages}" if plan.virtual_stages > 1 else "")
+        learned = after.overhead_for(plan.schedule, plan.virtual_stages, plan.num_microbatches)
+        learned -= before.overhead_for(plan.schedule)
+        label = _label(plan, run.plan.num_microbatches)
         lines.append(
             f"    {label:<21} {learned * 1e3:+.3f} ms  (b={plan.micro_batch_size} x "
             f"{plan.num_microbatches}: predicted {plan.predicted.iteration_s * 1e3:.2f} ms, measured "

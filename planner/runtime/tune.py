@@ -152,6 +152,8 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
         apart = plan.virtual_stages > 1 and plan.schedule.value in calibration.multi_stage_overhead_s
         (by_multi if apart else by_schedule).setdefault(plan.schedule.value, []).append(overhead)
     multi = {**calibration.multi_stage_overhead_s, **{k: statistics.median(v) for k, v in by_multi.items()}}
+    # A schedule refit here has one value, from these runs; one that was not keeps its counts, shifted below.
+    multi_by_count = {k: v for k, v in calibration.multi_stage_overhead_by_microbatches_s.items() if k not in by_multi}
     overheads = dict(calibration.action_overhead_s)
     shifts = []
     for name, values in by_schedule.items():
@@ -167,6 +169,11 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
     for name in overheads:
         if name not in by_schedule:
             overheads[name] = max(overheads[name] + shift, 0.0)
+    by_count = {
+        name: {m: max(v + shift, 0.0) for m, v in values.items()}
+        for name, values in calibration.action_overhead_by_microbatches_s.items()
+        if name not in by_schedule
+    }
     optimizer = {
         k: OptimizerCost(v.per_param_s * tail_factor, v.per_step_s * tail_factor, v.per_tensor_s * tail_factor)
         for k, v in calibration.optimizer.items()
@@ -183,6 +190,8 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
         colocation_factor=scale,
         action_overhead_s=overheads,
         multi_stage_overhead_s=multi,
+        action_overhead_by_microbatches_s=by_count,
+        multi_stage_overhead_by_microbatches_s=multi_by_count,
         optimizer=optimizer,
         source="refit",
         notes=notes,

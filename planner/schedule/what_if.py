@@ -77,11 +77,11 @@ def compare_schedules(
     pipeline: Pipeline,
     schedules: Sequence[Schedule],
     virtual_stages: int | None = None,
-    overhead_of: Callable[[Schedule], float | None] | None = None,
+    overhead_of: Callable[[Schedule, int], float | None] | None = None,
 ) -> list[SimulationResult]:
     """``pipeline``'s per-rank work simulated under each of ``schedules`` (``Pipeline.as_schedule``), with its
-    runtime terms and, where ``overhead_of`` knows it, each schedule's own overhead per action; the pipeline's
-    own schedule is simulated as it is."""
+    runtime terms and, where ``overhead_of(schedule, stages_per_rank)`` knows it, each schedule's own overhead per
+    action; the pipeline's own schedule is simulated as it is."""
     check_simulation(max(pipeline.num_stages, pipeline.num_ranks * (virtual_stages or 2)), pipeline.num_microbatches)
     results = []
     for schedule in schedules:
@@ -89,6 +89,6 @@ def compare_schedules(
             results.append(pipeline.simulate())
             continue
         v = stages_per_rank(schedule, virtual_stages) if schedule.multi_stage else 1
-        overhead = overhead_of(schedule) if overhead_of is not None else None
+        overhead = overhead_of(schedule, v) if overhead_of is not None else None
         results.append(pipeline.as_schedule(schedule, v, action_overhead_s=overhead).simulate())
     return results

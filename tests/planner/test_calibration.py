@@ -10,6 +10,7 @@ import pytest
 from planner.calibration import (
     OptimizerCost,
     calibration_from_dict,
+    format_calibration,
     load_calibration,
     save_calibration,
     shipped_calibration,
@@ -30,6 +31,24 @@ def test_round_trip(tmp_path) -> None:
     assert load_calibration(tmp_path / "c.json") == cal
 
 
+def test_an_overhead_learned_at_several_micro_batch_counts_follows_the_count(tmp_path) -> None:
+    cal = calibration(
+        action_overhead_s={"gpipe": 3e-3, "1f1b": 1e-3},
+        multi_stage_overhead_s={"zero-bubble": 5e-3},
+        action_overhead_by_microbatches_s={"gpipe": {2: 1e-3, 4: 3e-3, 8: 4e-3}},
+        multi_stage_overhead_by_microbatches_s={"zero-bubble": {2: 5e-3, 4: 7e-3}},
+    )
+    gpipe = [cal.overhead_for(Schedule.GPIPE, 1, m) for m in (1, 2, 3, 4, 6, 8, 32)]
+    assert gpipe == pytest.approx([1e-3, 1e-3, 2e-3, 3e-3, 3.5e-3, 4e-3, 4e-3])
+    assert cal.overhead_for(Schedule.GPIPE) == 3e-3  # no count: the value learned at the anchor's
+    assert cal.overhead_for(Schedule.ONE_F_ONE_B, 1, 2) == 1e-3  # no counts learned: one value
+    assert cal.overhead_for(Schedule.ZERO_BUBBLE, 2, 3) == pytest.approx(6e-3)
+    assert cal.runtime_terms(Schedule.GPIPE, (0.0,), (), 1, 3).action_overhead_s == pytest.approx(2e-3)
+    save_calibration(cal, tmp_path / "c.json")
+    assert load_calibration(tmp_path / "c.json") == cal
+    assert "3.000 ms  (1.000 at 2, 3.000 at 4, 4.000 at 8)" in format_calibration(cal)
+
+
 def test_shipped_calibrations_load() -> None:
     cpu, cuda = shipped_calibration("cpu"), shipped_calibration("cuda")
     assert (cpu.device_kind, cpu.backend, cpu.source) == ("cpu", "gloo", "measured")
@@ -45,6 +64,8 @@ def test_shipped_calibrations_load() -> None:
         ({"p2p_bytes_per_s": 0}, r"\$\.p2p_bytes_per_s"),
         ({"action_overhead_s": {"pipedream": 1.0}}, r"\$\.action_overhead_s"),
         ({"device_kind": "tpu"}, r"\$\.device_kind"),
+        ({"action_overhead_by_microbatches_s": {"gpipe": {"0": 1e-3}}}, r"\$\.action_overhead_by_microbatches_s"),
+        ({"action_overhead_by_microbatches_s": {"gpipe": {}}}, r"\$\.action_overhead_by_microbatches_s"),
     ],
 )
 def test_invalid_documents_are_refused(change: dict, message: str) -> None:

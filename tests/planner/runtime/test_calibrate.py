@@ -75,6 +75,23 @@ def test_refit_shifts_the_schedules_it_did_not_run_by_what_it_learned() -> None:
     assert refit.action_overhead_s["interleaved-1f1b"] == pytest.approx(8e-3, rel=1e-6)
 
 
+def test_refit_shifts_each_count_of_a_schedule_it_did_not_run_and_drops_the_counts_of_one_it_did() -> None:
+    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
+    start = calibration(
+        action_overhead_s={"gpipe": 2e-3, "1f1b": 1e-3},
+        action_overhead_by_microbatches_s={"gpipe": {2: 1e-3, 4: 2e-3}, "1f1b": {2: 0.5e-3, 4: 1e-3}},
+    )
+    request = PlanRequest(
+        num_ranks=2, global_batch_size=4, schedule="1f1b", settings=default_settings(profile, calibration=start)
+    )
+    plan = make_plans(profile, request, sha256="0" * 64, count=1)[0]
+    tails = plan.predicted.runtime.step_tail_s
+    truth = plan.simulation(RuntimeTerms(4e-3, tails, 1.0))
+    refit = refit_calibration(start, [(plan, verify_report(plan, truth.iteration_s, truth.busy_s, tails[0]))])
+    assert refit.action_overhead_s["1f1b"] == pytest.approx(4e-3, rel=1e-6)
+    assert refit.action_overhead_by_microbatches_s == {"gpipe": pytest.approx({2: 4e-3, 4: 5e-3}, rel=1e-6)}
+
+
 def test_refit_takes_the_colocation_factor_from_runs_of_one_stage_per_rank() -> None:
     # A multi-stage rank's chunks are small and their per-call cost is timed as compute (tune.py): an
     # interleaved run measuring 50 % more compute must not move the factor the 1F1B run measured (1.0).

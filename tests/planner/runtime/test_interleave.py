@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,7 +11,7 @@ import sleepy_loss
 from conftest import make_plan
 
 from planner.errors import UsageError
-from planner.runtime.interleave import InterleavedRun, _round_medians, verify_plans
+from planner.runtime.interleave import InterleavedRun, _round_medians, rounds_within, verify_plans
 
 
 def test_round_medians_take_each_rounds_steps_and_the_slowest_rank() -> None:
@@ -24,6 +25,24 @@ def test_a_ratio_is_the_median_of_the_rounds_ratios() -> None:
     run = InterleavedRun(reports=(), round_iteration_s=((2.0, 4.0, 2.2), (1.0, 2.0, 1.1)))
     assert run.ratio(0, 1) == pytest.approx(2.0)
     assert run.ratio(1, 0) == pytest.approx(0.5)
+
+
+def test_copies_of_a_plan_count_by_the_geometric_mean_of_their_round_times() -> None:
+    # Plan 0 ran as copies 0 and 2 (1.0 and 4.0 in round 0: geometric mean 2.0), plan 1 as copy 1.
+    run = InterleavedRun(reports=(), round_iteration_s=((1.0, 2.0, 3.0), (4.0, 8.0, 6.0), (4.0, 8.0, 12.0)))
+    assert run.ratio([0, 2], 1) == pytest.approx(statistics.median([2.0 / 4.0, 4.0 / 8.0, 6.0 / 6.0]))
+    assert run.ratio(1, (0, 2)) == pytest.approx(2.0)
+    assert run.ratio([0], [1]) == run.ratio(0, 1)
+
+
+def test_rounds_fill_the_budget_by_blocks_or_predicted_steps_whichever_is_longer() -> None:
+    short = SimpleNamespace(predicted=SimpleNamespace(iteration_s=0.01))
+    long = SimpleNamespace(predicted=SimpleNamespace(iteration_s=2.0))
+    # A round: 0.1 s + 0.1 s for two short plans, 0.1 s + 2 s with a long one.
+    assert rounds_within([short, short], 10.0, at_least=3, at_most=100, min_block_s=0.1) == 50
+    assert rounds_within([short, long], 10.0, at_least=3, at_most=100, min_block_s=0.1) == 4
+    assert rounds_within([long, long], 10.0, at_least=3, at_most=100, min_block_s=0.1) == 3
+    assert rounds_within([short], 100.0, at_least=3, at_most=20, min_block_s=0.1) == 20
 
 
 def test_two_plans_in_one_launch_each_get_a_report_and_every_round() -> None:

@@ -55,18 +55,38 @@ def test_a_short_model_learns_from_every_schedules_plan_and_a_long_one_from_1f1b
     short = make_profile([0.001] * 6, sizes=(1, 2))
     plans = learning_plans(short, calibration(), 8, sha256="0" * 64)
     assert plans[0].schedule is Schedule.ONE_F_ONE_B and plans[0].predicted.iteration_s < EVERY_SCHEDULE_BELOW_S
-    schedules = {p.schedule for p in plans}
-    assert {Schedule.GPIPE, Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE, Schedule.ZBV} <= schedules
-    assert Schedule.NAIVE not in schedules
-    # zero-bubble runs with one stage per rank and with several, the others once each
-    assert sorted(p.virtual_stages > 1 for p in plans if p.schedule is Schedule.ZERO_BUBBLE) == [False, True]
-    assert len(plans) == len(schedules) + 1
-    assert all(p.num_ranks == 2 and p.global_batch_size == 8 for p in plans)
+    # Every schedule at the global batch asked for, then again at the same micro-batch size with as many
+    # micro-batches as ranks (the fewest that keep 1F1B's ranks busy), 1F1B first in each.
+    b = plans[0].micro_batch_size
+    at_8 = [p for p in plans if p.global_batch_size == 8]
+    at_fewest = [p for p in plans if p.global_batch_size == 2 * b]
+    assert plans == at_8 + at_fewest and at_fewest[0].schedule is Schedule.ONE_F_ONE_B
+    assert all(p.micro_batch_size == b and p.num_microbatches == 2 for p in at_fewest)
+    for group in (at_8, at_fewest):
+        schedules = {p.schedule for p in group}
+        assert {Schedule.GPIPE, Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE, Schedule.ZBV} <= schedules
+        assert Schedule.NAIVE not in schedules
+        # zero-bubble runs with one stage per rank and with several, the others once each
+        assert sorted(p.virtual_stages > 1 for p in group if p.schedule is Schedule.ZERO_BUBBLE) == [False, True]
+        assert len(group) == len(schedules) + 1
+    assert all(p.num_ranks == 2 for p in plans)
     assert [p.schedule for p in learning_plans(short, calibration(), 8, sha256="0" * 64, every_schedule=False)] == [
         Schedule.ONE_F_ONE_B
     ]
     long = make_profile([0.2] * 6, sizes=(1, 2))
     assert [p.schedule for p in learning_plans(long, calibration(), 8, sha256="0" * 64)] == [Schedule.ONE_F_ONE_B]
+
+
+def _first_of_each(plans):
+    """Each schedule's plan at the global batch asked for (not at the fewest micro-batches), one stage a rank
+    where it has one."""
+    first = {}
+    for p in plans:
+        if p.global_batch_size != plans[0].global_batch_size:
+            continue
+        if p.schedule not in first or p.virtual_stages < first[p.schedule].virtual_stages:
+            first[p.schedule] = p
+    return first
 
 
 def _measured(plan, overhead_s: float, *, speed: float = 1.0):
@@ -79,7 +99,7 @@ def _measured(plan, overhead_s: float, *, speed: float = 1.0):
 def test_each_schedule_that_ran_keeps_its_own_overhead_and_the_others_shift_with_1f1b() -> None:
     profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
     start = calibration(action_overhead_s={"gpipe": 1e-3, "1f1b": 1e-3, "interleaved-1f1b": 1e-3})
-    plans = {p.schedule: p for p in learning_plans(profile, start, 4, sha256="0" * 64, every_schedule=True)}
+    plans = _first_of_each(learning_plans(profile, start, 4, sha256="0" * 64, every_schedule=True))
     runs = [_measured(plans[Schedule.ONE_F_ONE_B], 3e-3), _measured(plans[Schedule.ZERO_BUBBLE], 6e-3)]
     learned = learn_from_runs(start, profile, runs)
     assert learned.action_overhead_s["1f1b"] == pytest.approx(3e-3)
@@ -94,7 +114,7 @@ def test_the_other_schedules_learn_from_their_ratio_to_1f1b_when_the_runs_beat_t
     # zero, and an absolute fit of zero-bubble's would too. Its ratio to 1F1B still says 4 ms per action.
     profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
     start = calibration(action_overhead_s={"zero-bubble": 1e-3, "1f1b": 1e-3})
-    plans = {p.schedule: p for p in learning_plans(profile, start, 4, sha256="0" * 64, every_schedule=True)}
+    plans = _first_of_each(learning_plans(profile, start, 4, sha256="0" * 64, every_schedule=True))
     one = _measured(plans[Schedule.ONE_F_ONE_B], 0.0, speed=0.8)
     other = _measured(plans[Schedule.ZERO_BUBBLE], 4e-3, speed=0.8)
     learned = learn_from_runs(start, profile, [one, other])
@@ -103,6 +123,43 @@ def test_the_other_schedules_learn_from_their_ratio_to_1f1b_when_the_runs_beat_t
     # Ratios given (an interleaved launch's per-round medians) are used in place of the reports' medians.
     given = learn_from_runs(start, profile, [one, other], [1.0, 1.0])
     assert given.action_overhead_s["zero-bubble"] < 2e-3  # the ratio of 1 asked for less
+
+
+def test_copies_of_the_1f1b_plan_in_the_launch_refit_it_together() -> None:
+    # Two copies of one plan measured 3 and 5 ms per action: the anchor is learned from both, not from either.
+    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
+    start = calibration(action_overhead_s={"gpipe": 1e-3, "1f1b": 1e-3})
+    plan = learning_plan(profile, start, 4, sha256="0" * 64)
+    alone = learn_from_runs(start, profile, [_measured(plan, 3e-3)])
+    both = learn_from_runs(start, profile, [_measured(plan, 3e-3)], first_copies=[_measured(plan, 5e-3)[1]])
+    assert alone.action_overhead_s["1f1b"] == pytest.approx(3e-3, rel=1e-3)
+    assert both.action_overhead_s["1f1b"] == pytest.approx(4e-3, rel=1e-3)
+    assert both.action_overhead_s["gpipe"] == pytest.approx(4e-3, rel=1e-3)  # shifted by as much
+
+
+def test_plans_at_two_micro_batch_counts_learn_an_overhead_for_each_count() -> None:
+    # GPipe's actions cost 1 ms at 2 micro-batches and 3 ms at 4; 1F1B's 1 ms at both.
+    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
+    start = calibration(action_overhead_s={"gpipe": 1e-3, "1f1b": 1e-3})
+    plans = learning_plans(profile, start, 4, sha256="0" * 64, every_schedule=True)  # b = 1: 4, then 2
+    pick = {(p.schedule, p.num_microbatches): p for p in plans if p.virtual_stages == 1}
+    truth = {(Schedule.ONE_F_ONE_B, 4): 1e-3, (Schedule.GPIPE, 4): 3e-3, (Schedule.ONE_F_ONE_B, 2): 1e-3}
+    truth[Schedule.GPIPE, 2] = 1e-3
+    runs = [_measured(pick[key], overhead) for key, overhead in truth.items()]
+    learned = learn_from_runs(start, profile, runs)
+    by_count = learned.action_overhead_by_microbatches_s
+    assert by_count["gpipe"] == pytest.approx({4: 3e-3, 2: 1e-3}, rel=1e-3)
+    assert by_count["1f1b"] == pytest.approx({4: 1e-3, 2: 1e-3}, rel=1e-3)
+    assert learned.action_overhead_s["gpipe"] == pytest.approx(3e-3, rel=1e-3)  # at the anchor's count
+    assert learned.overhead_for(Schedule.GPIPE, 1, 3) == pytest.approx(2e-3, rel=1e-3)  # between the two
+    assert learned.overhead_for(Schedule.GPIPE, 1, 16) == pytest.approx(3e-3, rel=1e-3)  # the nearest beyond
+    assert learned.learned_model["schedules"] == ["1f1b", "gpipe", "1f1b x2", "gpipe x2"]
+    assert calibration_from_dict(learned.to_dict()).action_overhead_by_microbatches_s == by_count
+    # The planner predicts each plan with the overhead at its own count.
+    settings = default_settings(profile, calibration=learned)
+    for key, overhead in truth.items():
+        again = repredicted_plan(profile, pick[key], settings)
+        assert again.predicted.runtime.action_overhead_s == pytest.approx(overhead, rel=1e-3)
 
 
 def test_zero_bubble_with_several_stages_a_rank_keeps_its_own_overhead() -> None:
@@ -185,8 +242,11 @@ def test_calibrate_learns_the_models_cost_on_two_gloo_ranks_and_plan_warns_for_a
     assert "the calibration learned mlp's per-action cost" in capsys.readouterr().err
 
 
-def test_several_plans_learn_in_one_interleaved_launch_on_two_gloo_ranks(tmp_path) -> None:
+def test_several_plans_learn_in_one_interleaved_launch_on_two_gloo_ranks(tmp_path, monkeypatch) -> None:
+    from planner.runtime import model_cost
     from planner.runtime.model_cost import learn_model_cost
+
+    monkeypatch.setattr(model_cost, "LEARNING_BUDGET_S", 1.0)  # the fewest rounds: LEARNING_ROUNDS
 
     out = tmp_path / "mlp.profile.json"
     argv = ["profile", "mlp", "--no-pipeline-run", "--ranks", "2", "--micro-batch-sizes", "2,4", "--repeats", "1"]
@@ -196,8 +256,9 @@ def test_several_plans_learn_in_one_interleaved_launch_on_two_gloo_ranks(tmp_pat
     plans = learning_plans(profile, start, 8, sha256="0" * 64, every_schedule=True)
     chosen = [p for p in plans if p.schedule in (Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED_1F1B)]
     run = learn_model_cost(start, profile, "mlp", chosen, timeout_s=300)
+    # The 1F1B plan ran as two copies (the ratios' anchor); each plan is reported once.
     assert [p.schedule for p, _ in run.runs] == [Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED_1F1B]
-    assert all(r.mode == "processes" and r.steps >= 7 for _, r in run.runs)  # a block of steps in each round
+    assert all(r.mode == "processes" and r.steps >= model_cost.LEARNING_ROUNDS for _, r in run.runs)
     note = run.calibration.learned_model
     assert note["schedules"] == ["1f1b", "gpipe", "interleaved-1f1b v=2"]
     assert note["ratios_to_first"][0] == 1.0 and all(r > 0 for r in note["ratios_to_first"])
