@@ -21,8 +21,12 @@ runs too (zero-bubble's with one stage per rank and with several), in the same l
 measured ratio to the 1F1B plan (:func:`learn_from_runs`). A small model's actions are a few milliseconds, and
 there what a schedule's bookkeeping costs per action differs from model to model as much as from schedule to
 schedule: on mlp (P = 2, b = 4) the shipped calibration put GPipe 1.32x 1F1B and the ranks ran it 1.04x
-(docs/BENCHMARKS.md, section 6.3). Where actions are long, their overhead is a few percent of the step, and one
-1F1B run, its change shifted onto the other schedules, is enough for what the extra runs would cost.
+(docs/BENCHMARKS.md, section 6.3). It differs from one micro-batch count to another too: in one launch mlp's
+GPipe ran 1.14x 1F1B at 2 micro-batches and 1.31x at 4, so every schedule runs at two counts, the global batch's
+and as many micro-batches as ranks (same micro-batch size), and keeps an overhead for each
+(``Calibration.action_overhead_by_microbatches_s``). Where actions are long, their overhead is a few percent
+of the step, and one 1F1B run, its change shifted onto the other schedules, is enough for what the extra runs
+would cost.
 
 The result is the model's: ``notes.model`` names it, and ``pipeplan plan`` warns when a profile of another
 model is planned with it.
@@ -77,7 +81,7 @@ EVERY_SCHEDULE_BELOW_S = 0.5
 """Every schedule's plan runs to learn its own overhead when the 1F1B plan is predicted to step in less than
 this; 1F1B's alone otherwise. Under it a rank's actions are tens of milliseconds or less (2 ranks, 4
 micro-batches: 16 actions a step), where a millisecond of bookkeeping per action is several percent of the step,
-and seven more plans' runs take under a minute (module docstring)."""
+and the other plans' runs take about a minute (:data:`LEARNING_BUDGET_S`, module docstring)."""
 
 LEARNING_BUDGET_S = 45.0
 """About how long an interleaved learning launch times steps (:func:`~planner.runtime.interleave.rounds_within`):
@@ -137,7 +141,8 @@ def learning_plans(
 ) -> list[Plan]:
     """The runs a model's cost is learned from: :func:`learning_plan` (1F1B), then, with ``every_schedule``
     (None: where that plan is predicted under :data:`EVERY_SCHEDULE_BELOW_S`), the best plan of each other
-    schedule the calibration's ranks can run with this model (one it cannot plan is left out)."""
+    schedule the calibration's ranks can run with this model at its micro-batch size (one it cannot plan is left
+    out), and every schedule's again with as many micro-batches as ranks."""
     first = learning_plan(profile, calibration, global_batch, sha256=sha256)
     if every_schedule is None:
         every_schedule = first.predicted.iteration_s < EVERY_SCHEDULE_BELOW_S
@@ -145,15 +150,19 @@ def learning_plans(
     if not every_schedule:
         return plans
     settings = default_settings(profile, calibration=calibration, calibration_label="calibrate")
-    others = _best_of_each_schedule(profile, settings, calibration.num_ranks, global_batch, None, sha256)
+    # Every plan at the 1F1B plan's micro-batch size: a ratio across sizes would carry how far the profile's
+    # times at one size are from the other's into the overhead. cnn13's 1F1B plan took b = 2, four other
+    # schedules' b = 4, and their overheads, fitted to ratios of 0.78-0.94 to 1F1B, all came out 0: their plans
+    # at b = 2 were then predicted 20-36 % too fast against the others (`python benchmarks/bench_ratios.py
+    # --models benchmarks/models.py:cnn13`, 2026-12-02).
+    b = first.micro_batch_size
+    others = _best_of_each_schedule(profile, settings, calibration.num_ranks, global_batch, b, sha256)
     plans += [p for p in others if p.schedule is not Schedule.ONE_F_ONE_B]
-    # The same micro-batch size at the fewest micro-batches that keep every rank of 1F1B busy: what an action
-    # costs beyond its compute moves with the count (module docstring).
-    fewest = calibration.num_ranks * first.micro_batch_size
+    # The fewest micro-batches that keep every rank of 1F1B busy: what an action costs beyond its compute moves
+    # with the count (module docstring).
+    fewest = calibration.num_ranks * b
     if fewest < global_batch:
-        plans += _best_of_each_schedule(
-            profile, settings, calibration.num_ranks, fewest, first.micro_batch_size, sha256
-        )
+        plans += _best_of_each_schedule(profile, settings, calibration.num_ranks, fewest, b, sha256)
     return plans
 
 
