@@ -97,8 +97,8 @@ class Calibration:
     """Per schedule whose plans ran at several micro-batch counts (planner/runtime/model_cost.py): the overhead
     per action at each count. A plan at another count takes the line between the two nearest (the nearest's value
     beyond them); :attr:`action_overhead_s` holds the value at the count the 1F1B anchor ran. On mlp (P = 2,
-    b = 4, one launch) GPipe ran 1.14x 1F1B at 2 micro-batches and 1.31x at 4, where one overhead for both
-    predicted 1.30x at 2 (``python benchmarks/bench_ratios.py``, 2026-12-02)."""
+    b = 4, one launch of 45 rounds) GPipe ran 1.09x 1F1B at 2 micro-batches and 1.25x at 4, and one overhead
+    learned at 4 predicted it 1.30x at 2 (docs/BENCHMARKS.md, section 6.3, 2026-12-02)."""
     multi_stage_overhead_by_microbatches_s: dict[str, dict[int, float]] = field(default_factory=dict)
     """As :attr:`action_overhead_by_microbatches_s`, for :attr:`multi_stage_overhead_s`."""
     notes: dict[str, Any] = field(default_factory=dict, hash=False)
@@ -135,16 +135,15 @@ class Calibration:
         micro-batches (None: at the count it was learned at); an unmeasured schedule takes the largest measured
         value."""
         if virtual_stages > 1 and schedule.value in self.multi_stage_overhead_s:
-            by_count = self.multi_stage_overhead_by_microbatches_s.get(schedule.value)
-            if by_count and num_microbatches is not None:
-                return _along(by_count, num_microbatches)
-            return self.multi_stage_overhead_s[schedule.value]
-        if schedule.value in self.action_overhead_s:
-            by_count = self.action_overhead_by_microbatches_s.get(schedule.value)
-            if by_count and num_microbatches is not None:
-                return _along(by_count, num_microbatches)
-            return self.action_overhead_s[schedule.value]
-        return max(self.action_overhead_s.values(), default=0.0)
+            values, by_counts = self.multi_stage_overhead_s, self.multi_stage_overhead_by_microbatches_s
+        elif schedule.value in self.action_overhead_s:
+            values, by_counts = self.action_overhead_s, self.action_overhead_by_microbatches_s
+        else:
+            return max(self.action_overhead_s.values(), default=0.0)
+        by_count = by_counts.get(schedule.value)
+        if by_count and num_microbatches is not None:
+            return _along(by_count, num_microbatches)
+        return values[schedule.value]
 
     @property
     def learned_model(self) -> dict[str, Any] | None:
@@ -295,16 +294,19 @@ def format_calibration(calibration: Calibration) -> str:
         f"  point-to-point: {c.p2p_latency_s * 1e6:.0f} us + bytes / {c.p2p_bytes_per_s / 1e9:.2f} GB/s",
     ]
     for name, seconds in sorted(c.action_overhead_s.items()):
-        lines.append(f"  overhead per action, {name:<17} {seconds * 1e3:.3f} ms")
-        by_count = c.action_overhead_by_microbatches_s.get(name, {})
-        if by_count:
-            lines[-1] += "  (" + ", ".join(f"{v * 1e3:.3f} at {m}" for m, v in sorted(by_count.items())) + ")"
+        by_count = _at_counts(c.action_overhead_by_microbatches_s.get(name, {}))
+        lines.append(f"  overhead per action, {name:<17} {seconds * 1e3:.3f} ms{by_count}")
     for name, seconds in sorted(c.multi_stage_overhead_s.items()):
-        lines.append(f"  overhead per action, {name + ', v > 1':<17} {seconds * 1e3:.3f} ms")
-        by_count = c.multi_stage_overhead_by_microbatches_s.get(name, {})
-        if by_count:
-            lines[-1] += "  (" + ", ".join(f"{v * 1e3:.3f} at {m}" for m, v in sorted(by_count.items())) + ")"
+        by_count = _at_counts(c.multi_stage_overhead_by_microbatches_s.get(name, {}))
+        lines.append(f"  overhead per action, {name + ', v > 1':<17} {seconds * 1e3:.3f} ms{by_count}")
     for name, cost in sorted(c.optimizer.items()):
         lines.append(f"  {name} step: {cost.per_step_s * 1e3:.3f} ms + {cost.per_param_s * 1e9:.2f} ns per parameter")
     lines.append(f"  co-location factor: {c.colocation_factor:.3f} (compute inside the pipeline / profiled alone)")
     return "\n".join(lines)
+
+
+def _at_counts(by_count: dict[int, float]) -> str:
+    """``  (1.000 at 2, 3.000 at 4)``: milliseconds per action at each micro-batch count; empty without counts."""
+    if not by_count:
+        return ""
+    return "  (" + ", ".join(f"{v * 1e3:.3f} at {m}" for m, v in sorted(by_count.items())) + ")"

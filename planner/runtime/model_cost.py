@@ -22,7 +22,7 @@ measured ratio to the 1F1B plan (:func:`learn_from_runs`). A small model's actio
 there what a schedule's bookkeeping costs per action differs from model to model as much as from schedule to
 schedule: on mlp (P = 2, b = 4) the shipped calibration put GPipe 1.32x 1F1B and the ranks ran it 1.04x
 (docs/BENCHMARKS.md, section 6.3). It differs from one micro-batch count to another too: in one launch mlp's
-GPipe ran 1.14x 1F1B at 2 micro-batches and 1.31x at 4, so every schedule runs at two counts, the global batch's
+GPipe ran 1.09x 1F1B at 2 micro-batches and 1.25x at 4, so every schedule runs at two counts, the global batch's
 and as many micro-batches as ranks (same micro-batch size), and keeps an overhead for each
 (``Calibration.action_overhead_by_microbatches_s``). Where actions are long, their overhead is a few percent
 of the step, and one 1F1B run, its change shifted onto the other schedules, is enough for what the extra runs
