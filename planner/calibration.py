@@ -101,6 +101,12 @@ class Calibration:
     learned at 4 predicted it 1.30x at 2 (docs/BENCHMARKS.md, section 6.3, 2026-12-02)."""
     multi_stage_overhead_by_microbatches_s: dict[str, dict[int, float]] = field(default_factory=dict)
     """As :attr:`action_overhead_by_microbatches_s`, for :attr:`multi_stage_overhead_s`."""
+    colocation_factor_by_micro_batch_size: dict[int, float] = field(default_factory=dict)
+    """Per micro-batch size a run of the model measured (planner/runtime/model_cost.py): the co-location factor at
+    that size. A size between two takes the line between them, one beyond them the nearest's; without entries
+    :attr:`colocation_factor` holds for every size. How much slower compute runs beside the other rank depends on
+    the size: cnn13's 1F1B plans (one launch) ran their compute at 0.86-0.96x the profile at b = 4 and b = 2 and
+    1.09-1.22x at b = 1, where a plan at b = 1 was predicted 32 % too fast (docs/BENCHMARKS.md, section 6.3)."""
     notes: dict[str, Any] = field(default_factory=dict, hash=False)
     """Where and how it was measured (host, date, torch version, load) and the raw samples."""
 
@@ -110,10 +116,12 @@ class Calibration:
             numbers += [v for by_count in table.values() for v in by_count.values()]
             if any(m < 1 for by_count in table.values() for m in by_count):
                 raise CalibrationError("invalid calibration: micro-batch counts must be >= 1")
+        if any(b < 1 for b in self.colocation_factor_by_micro_batch_size):
+            raise CalibrationError("invalid calibration: micro-batch sizes must be >= 1")
         numbers += [v for o in self.optimizer.values() for v in (o.per_param_s, o.per_step_s, o.per_tensor_s)]
         if not all(isinstance(v, int | float) and math.isfinite(v) and v >= 0 for v in numbers):
             raise CalibrationError(f"invalid calibration: times must be finite and >= 0, got {numbers}")
-        positive = (self.p2p_bytes_per_s, self.colocation_factor)
+        positive = (self.p2p_bytes_per_s, self.colocation_factor, *self.colocation_factor_by_micro_batch_size.values())
         if not all(math.isfinite(v) and v > 0 for v in positive):
             raise CalibrationError(
                 f"invalid calibration: bandwidth and co-location factor must be positive, got {positive}"
@@ -144,6 +152,17 @@ class Calibration:
         if by_count and num_microbatches is not None:
             return _along(by_count, num_microbatches)
         return values[schedule.value]
+
+    def colocation_for(self, micro_batch_size: int | None = None) -> float:
+        """The co-location factor at ``micro_batch_size`` (None: :attr:`colocation_factor`)."""
+        if not self.colocation_factor_by_micro_batch_size or micro_batch_size is None:
+            return self.colocation_factor
+        return _along(self.colocation_factor_by_micro_batch_size, micro_batch_size)
+
+    @property
+    def lowest_colocation_factor(self) -> float:
+        """The smallest co-location factor at any size: what a lower bound on a step may assume."""
+        return min([self.colocation_factor, *self.colocation_factor_by_micro_batch_size.values()])
 
     @property
     def learned_model(self) -> dict[str, Any] | None:
@@ -180,11 +199,12 @@ class Calibration:
         tail_groups: tuple[tuple[int, ...], ...] = (),
         virtual_stages: int = 1,
         num_microbatches: int | None = None,
+        micro_batch_size: int | None = None,
     ) -> RuntimeTerms:
         return RuntimeTerms(
             action_overhead_s=self.overhead_for(schedule, virtual_stages, num_microbatches),
             step_tail_s=step_tail_s,
-            compute_scale=self.colocation_factor,
+            compute_scale=self.colocation_for(micro_batch_size),
             tail_groups=tail_groups,
         )
 
@@ -214,6 +234,15 @@ class Calibration:
                 )
                 if table
             },
+            **(
+                {
+                    "colocation_factor_by_micro_batch_size": {
+                        str(b): v for b, v in sorted(self.colocation_factor_by_micro_batch_size.items())
+                    }
+                }
+                if self.colocation_factor_by_micro_batch_size
+                else {}
+            ),
             "source": self.source,
             "notes": self.notes,
         }
@@ -245,6 +274,9 @@ def calibration_from_dict(data: Any) -> Calibration:
         multi_stage_overhead_s={k: float(v) for k, v in data.get("multi_stage_overhead_s", {}).items()},
         action_overhead_by_microbatches_s=_tables(data.get("action_overhead_by_microbatches_s", {})),
         multi_stage_overhead_by_microbatches_s=_tables(data.get("multi_stage_overhead_by_microbatches_s", {})),
+        colocation_factor_by_micro_batch_size={
+            int(b): float(v) for b, v in data.get("colocation_factor_by_micro_batch_size", {}).items()
+        },
         source=data.get("source", "measured"),
         notes=dict(data.get("notes", {})),
     )
@@ -254,17 +286,18 @@ def _tables(data: dict[str, dict[str, float]]) -> dict[str, dict[int, float]]:
     return {k: {int(m): float(v) for m, v in by.items()} for k, by in data.items()}
 
 
-def _along(by_count: dict[int, float], num_microbatches: int) -> float:
-    """The value at ``num_microbatches`` on the line through the two nearest counts; the nearest's beyond them."""
-    counts = sorted(by_count)
-    if num_microbatches <= counts[0]:
-        return by_count[counts[0]]
-    if num_microbatches >= counts[-1]:
-        return by_count[counts[-1]]
-    hi = next(m for m in counts if m >= num_microbatches)
-    lo = max(m for m in counts if m < hi)
-    share = (num_microbatches - lo) / (hi - lo)
-    return by_count[lo] + share * (by_count[hi] - by_count[lo])
+def _along(by_key: dict[int, float], key: int) -> float:
+    """The value at ``key`` (a micro-batch count or size) on the line through the two nearest keys; the nearest's
+    beyond them."""
+    keys = sorted(by_key)
+    if key <= keys[0]:
+        return by_key[keys[0]]
+    if key >= keys[-1]:
+        return by_key[keys[-1]]
+    hi = next(k for k in keys if k >= key)
+    lo = max(k for k in keys if k < hi)
+    share = (key - lo) / (hi - lo)
+    return by_key[lo] + share * (by_key[hi] - by_key[lo])
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -301,7 +334,11 @@ def format_calibration(calibration: Calibration) -> str:
         lines.append(f"  overhead per action, {name + ', v > 1':<17} {seconds * 1e3:.3f} ms{by_count}")
     for name, cost in sorted(c.optimizer.items()):
         lines.append(f"  {name} step: {cost.per_step_s * 1e3:.3f} ms + {cost.per_param_s * 1e9:.2f} ns per parameter")
-    lines.append(f"  co-location factor: {c.colocation_factor:.3f} (compute inside the pipeline / profiled alone)")
+    by_size = ", ".join(f"{v:.3f} at b = {b}" for b, v in sorted(c.colocation_factor_by_micro_batch_size.items()))
+    lines.append(
+        f"  co-location factor: {c.colocation_factor:.3f} (compute inside the pipeline / profiled alone)"
+        + (f"; {by_size}" if by_size else "")
+    )
     return "\n".join(lines)
 
 

@@ -173,7 +173,7 @@ def partition_runtime_terms(
         return RuntimeTerms(step_tail_s=tails)
     groups = tail_groups(profile, solution.stage_units(problem.num_units), stage_rank)
     terms = settings.calibration.runtime_terms(
-        schedule, tails, groups, problem.num_stages // num_ranks, problem.num_microbatches
+        schedule, tails, groups, problem.num_stages // num_ranks, problem.num_microbatches, micro_batch_size
     )
     if profile.resume is None:
         return terms

@@ -156,7 +156,7 @@ class _Option:
 def _floor_factor(request: PlanRequest) -> float:
     """Floors are at full speed on the fastest device, with the co-location slowdown where it is one."""
     cal = request.settings.calibration
-    slowdown = min(1.0, cal.colocation_factor if cal is not None else 1.0)
+    slowdown = min(1.0, cal.lowest_colocation_factor if cal is not None else 1.0)
     return slowdown / max(request.settings.device_speeds, default=1.0)
 
 

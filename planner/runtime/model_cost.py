@@ -142,7 +142,7 @@ def learning_plans(
     """The runs a model's cost is learned from: :func:`learning_plan` (1F1B), then, with ``every_schedule``
     (None: where that plan is predicted under :data:`EVERY_SCHEDULE_BELOW_S`), the best plan of each other
     schedule the calibration's ranks can run with this model at its micro-batch size (one it cannot plan is left
-    out), and every schedule's again with as many micro-batches as ranks."""
+    out), every schedule's again with as many micro-batches as ranks, and 1F1B's at each other profiled size."""
     first = learning_plan(profile, calibration, global_batch, sha256=sha256)
     if every_schedule is None:
         every_schedule = first.predicted.iteration_s < EVERY_SCHEDULE_BELOW_S
@@ -163,6 +163,22 @@ def learning_plans(
     fewest = calibration.num_ranks * b
     if fewest < global_batch:
         plans += _best_of_each_schedule(profile, settings, calibration.num_ranks, fewest, b, sha256)
+    # 1F1B at each other profiled micro-batch size, as many micro-batches as its first plan: how much slower
+    # compute runs beside the other rank depends on the size (Calibration.colocation_factor_by_micro_batch_size).
+    for size in profile.micro_batch_sizes:
+        if size == b:
+            continue
+        request = PlanRequest(
+            calibration.num_ranks,
+            size * first.num_microbatches,
+            schedule=Schedule.ONE_F_ONE_B,
+            micro_batch_size=size,
+            settings=settings,
+        )
+        try:
+            plans.append(make_plan(profile, request, sha256=sha256))
+        except PipeplanError as exc:  # e.g. a size whose stages do not fit
+            log.info("not learning b=%d for %s: %s", size, profile.model.name, exc)
     return plans
 
 
@@ -235,7 +251,10 @@ def learn_from_runs(
         by_count[first.schedule.value] = {first.num_microbatches: overheads[first.schedule.value]}
     # A schedule that ran with one stage per rank and with several (zero-bubble) keeps both.
     single_stage = {p.schedule for p, _ in runs if p.virtual_stages == 1}
+    by_size = _colocation_by_size(refit, runs, first_copies)
     for (plan, report), ratio in zip(others, ratios[1:], strict=True):
+        if plan.micro_batch_size != first.micro_batch_size:
+            continue  # it teaches its size's co-location factor, above
         again = repredicted_plan(profile, plan, settings)
         cap = overhead_cap(plan, report, refit.overhead_for(plan.schedule, plan.virtual_stages))
         fitted = min(cap, fit_overhead(reference_s * ratio, lambda o, p=again: _iteration_s(p, o)))
@@ -251,6 +270,7 @@ def learn_from_runs(
         multi_stage_overhead_s=multi,
         action_overhead_by_microbatches_s={**refit.action_overhead_by_microbatches_s, **by_count},
         multi_stage_overhead_by_microbatches_s={**refit.multi_stage_overhead_by_microbatches_s, **multi_by_count},
+        colocation_factor_by_micro_batch_size=by_size or refit.colocation_factor_by_micro_batch_size,
     )
     plan, report = runs[0]
     return learned.learned_from(
@@ -262,16 +282,42 @@ def learn_from_runs(
         predicted_s=plan.predicted.iteration_s,
         measured_s=report.measured_iteration_s,
         steps=report.steps,
-        schedules=[_label(p, first.num_microbatches) for p, _ in runs],
+        schedules=[_label(p, first) for p, _ in runs],
         ratios_to_first=list(ratios),
     )
 
 
-def _label(plan: Plan, anchor_microbatches: int) -> str:
-    """``gpipe``, ``zero-bubble v=2``; ``gpipe x2`` for a plan at another micro-batch count than the anchor's."""
+def _colocation_by_size(
+    refit: Calibration, runs: Sequence[tuple[Plan, VerifyReport]], first_copies: Sequence[VerifyReport]
+) -> dict[int, float]:
+    """Per micro-batch size that ran, the co-location factor: the refit one times how much more the size's 1F1B
+    run's compute exceeded its profile than the first run's did (their measured over profiled compute, both timed
+    in the same launch: a ratio that holds while the machine's speed moves). Empty where one size ran."""
+    first = runs[0][0]
+    sizes = {p.micro_batch_size for p, _ in runs if p.schedule is first.schedule and p.virtual_stages == 1}
+    if len(sizes) < 2:
+        return {}
+
+    def excess(plan: Plan, reports: Sequence[VerifyReport]) -> float:
+        measured = sum(r.measured_compute_s for report in reports for r in report.ranks)
+        predicted = sum(r.predicted_compute_s for report in reports for r in report.ranks)
+        return measured / (predicted / plan.predicted.runtime.compute_scale)  # over the profile's compute
+
+    anchor = excess(first, [runs[0][1], *first_copies])
+    by_size = {first.micro_batch_size: refit.colocation_factor}
+    for plan, report in runs[1:]:
+        if plan.micro_batch_size != first.micro_batch_size and plan.schedule is first.schedule:
+            by_size[plan.micro_batch_size] = refit.colocation_factor * excess(plan, [report]) / anchor
+    return by_size
+
+
+def _label(plan: Plan, first: Plan) -> str:
+    """``gpipe``, ``zero-bubble v=2``; ``gpipe x2`` at another micro-batch count than ``first``'s, ``1f1b b=1`` at
+    another micro-batch size."""
     v = f" v={plan.virtual_stages}" if plan.virtual_stages > 1 else ""
-    m = f" x{plan.num_microbatches}" if plan.num_microbatches != anchor_microbatches else ""
-    return plan.schedule.value + v + m
+    m = f" x{plan.num_microbatches}" if plan.num_microbatches != first.num_microbatches else ""
+    b = f" b={plan.micro_batch_size}" if plan.micro_batch_size != first.micro_batch_size else ""
+    return plan.schedule.value + v + m + b
 
 
 def _iteration_s(plan: Plan, overhead_s: float) -> float:
@@ -401,11 +447,13 @@ def format_learned(run: ModelRun, before: Calibration, model: str) -> str:
         f"{after.colocation_factor:.3f}); each action costs, beyond the machine's:"
     ]
     for plan, report in run.runs:
-        learned = after.overhead_for(plan.schedule, plan.virtual_stages, plan.num_microbatches)
-        learned -= before.overhead_for(plan.schedule)
-        label = _label(plan, run.plan.num_microbatches)
+        if plan.micro_batch_size == run.plan.micro_batch_size:
+            learned = after.overhead_for(plan.schedule, plan.virtual_stages, plan.num_microbatches)
+            what = f"{(learned - before.overhead_for(plan.schedule)) * 1e3:+.3f} ms"
+        else:
+            what = f"co-location {after.colocation_for(plan.micro_batch_size):.3f}"
         lines.append(
-            f"    {label:<21} {learned * 1e3:+.3f} ms  (b={plan.micro_batch_size} x "
+            f"    {_label(plan, run.plan):<21} {what}  (b={plan.micro_batch_size} x "
             f"{plan.num_microbatches}: predicted {plan.predicted.iteration_s * 1e3:.2f} ms, measured "
             f"{report.measured_iteration_s * 1e3:.2f} ms)"
         )

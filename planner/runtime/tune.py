@@ -192,6 +192,11 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
         multi_stage_overhead_s=multi,
         action_overhead_by_microbatches_s=by_count,
         multi_stage_overhead_by_microbatches_s=multi_by_count,
+        # The other sizes' factors move with the one refit here (they were learned as ratios to it).
+        colocation_factor_by_micro_batch_size={
+            b: k * scale / calibration.colocation_factor
+            for b, k in calibration.colocation_factor_by_micro_batch_size.items()
+        },
         optimizer=optimizer,
         source="refit",
         notes=notes,

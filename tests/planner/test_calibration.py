@@ -49,6 +49,23 @@ def test_an_overhead_learned_at_several_micro_batch_counts_follows_the_count(tmp
     assert "3.000 ms  (1.000 at 2, 3.000 at 4, 4.000 at 8)" in format_calibration(cal)
 
 
+def test_a_co_location_factor_learned_at_several_sizes_follows_the_size(tmp_path) -> None:
+    cal = calibration(colocation_factor=1.1, colocation_factor_by_micro_batch_size={1: 1.3, 4: 1.1, 8: 0.9})
+    assert [cal.colocation_for(b) for b in (None, 1, 2, 4, 6, 8, 64)] == pytest.approx(
+        [1.1, 1.3, 1.3 - 0.2 / 3, 1.1, 1.0, 0.9, 0.9]
+    )
+    assert cal.lowest_colocation_factor == 0.9  # what a lower bound may assume
+    assert calibration().colocation_for(2) == 1.0 and calibration().lowest_colocation_factor == 1.0
+    assert cal.runtime_terms(Schedule.GPIPE, (0.0,), micro_batch_size=1).compute_scale == 1.3
+    save_calibration(cal, tmp_path / "c.json")
+    assert load_calibration(tmp_path / "c.json") == cal
+    assert "co-location factor: 1.100 (compute inside the pipeline / profiled alone); 1.300 at b = 1" in (
+        format_calibration(cal)
+    )
+    with pytest.raises(CalibrationError, match="colocation_factor_by_micro_batch_size"):
+        calibration_from_dict({**cal.to_dict(), "colocation_factor_by_micro_batch_size": {"2": 0}})
+
+
 def test_shipped_calibrations_load() -> None:
     cpu, cuda = shipped_calibration("cpu"), shipped_calibration("cuda")
     assert (cpu.device_kind, cpu.backend, cpu.source) == ("cpu", "gloo", "measured")

@@ -56,13 +56,17 @@ def test_a_short_model_learns_from_every_schedules_plan_and_a_long_one_from_1f1b
     plans = learning_plans(short, calibration(), 8, sha256="0" * 64)
     assert plans[0].schedule is Schedule.ONE_F_ONE_B and plans[0].predicted.iteration_s < EVERY_SCHEDULE_BELOW_S
     # Every schedule at the global batch asked for, then again at the same micro-batch size with as many
-    # micro-batches as ranks (the fewest that keep 1F1B's ranks busy), 1F1B first in each.
-    b = plans[0].micro_batch_size
-    at_8 = [p for p in plans if p.global_batch_size == 8]
-    at_fewest = [p for p in plans if p.global_batch_size == 2 * b]
-    assert plans == at_8 + at_fewest and at_fewest[0].schedule is Schedule.ONE_F_ONE_B
+    # micro-batches as ranks (the fewest that keep 1F1B's ranks busy), 1F1B first in each; last, 1F1B at the
+    # other profiled size with as many micro-batches as the first plan.
+    b, m = plans[0].micro_batch_size, plans[0].num_microbatches
+    at_8 = [p for p in plans if p.global_batch_size == 8 and p.micro_batch_size == b]
+    at_fewest = [p for p in plans if p.global_batch_size == 2 * b and p.micro_batch_size == b]
+    other_size = [p for p in plans if p.micro_batch_size != b]
+    assert plans == at_8 + at_fewest + other_size and at_fewest[0].schedule is Schedule.ONE_F_ONE_B
     assert all(p.num_microbatches == 2 for p in at_fewest)
-    assert {p.micro_batch_size for p in plans} == {b}  # every ratio between plans of the same actions' sizes
+    assert [(p.schedule, p.micro_batch_size, p.num_microbatches) for p in other_size] == [
+        (Schedule.ONE_F_ONE_B, 3 - b, m)  # sizes (1, 2)
+    ]
     for group in (at_8, at_fewest):
         schedules = {p.schedule for p in group}
         assert {Schedule.GPIPE, Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE, Schedule.ZBV} <= schedules
@@ -90,10 +94,11 @@ def _first_of_each(plans):
     return first
 
 
-def _measured(plan, overhead_s: float, *, speed: float = 1.0):
-    """``plan`` measured as the model predicts it with ``overhead_s`` per action, ``speed`` times as long."""
+def _measured(plan, overhead_s: float, *, speed: float = 1.0, compute_scale: float = 1.0):
+    """``plan`` measured as the model predicts it with ``overhead_s`` per action and compute ``compute_scale`` x
+    the profile's, all ``speed`` times as long."""
     tails = plan.predicted.runtime.step_tail_s
-    sim = plan.simulation(RuntimeTerms(overhead_s, tails, 1.0))
+    sim = plan.simulation(RuntimeTerms(overhead_s, tails, compute_scale))
     return plan, verify_report(plan, sim.iteration_s * speed, tuple(b * speed for b in sim.busy_s), tails[0] * speed)
 
 
@@ -143,7 +148,8 @@ def test_plans_at_two_micro_batch_counts_learn_an_overhead_for_each_count() -> N
     profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
     start = calibration(action_overhead_s={"gpipe": 1e-3, "1f1b": 1e-3})
     plans = learning_plans(profile, start, 4, sha256="0" * 64, every_schedule=True)  # b = 1: 4, then 2
-    pick = {(p.schedule, p.num_microbatches): p for p in plans if p.virtual_stages == 1}
+    b = plans[0].micro_batch_size
+    pick = {(p.schedule, p.num_microbatches): p for p in plans if p.virtual_stages == 1 and p.micro_batch_size == b}
     truth = {(Schedule.ONE_F_ONE_B, 4): 1e-3, (Schedule.GPIPE, 4): 3e-3, (Schedule.ONE_F_ONE_B, 2): 1e-3}
     truth[Schedule.GPIPE, 2] = 1e-3
     runs = [_measured(pick[key], overhead) for key, overhead in truth.items()]
@@ -161,6 +167,25 @@ def test_plans_at_two_micro_batch_counts_learn_an_overhead_for_each_count() -> N
     for key, overhead in truth.items():
         again = repredicted_plan(profile, pick[key], settings)
         assert again.predicted.runtime.action_overhead_s == pytest.approx(overhead, rel=1e-3)
+
+
+def test_a_1f1b_run_at_another_micro_batch_size_learns_that_sizes_co_location_factor() -> None:
+    # At the first plan's size (b = 1) compute ran as profiled, at b = 2 20 % slower; the whole launch ran 10 %
+    # slow (speed), which a ratio within the launch does not see.
+    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
+    start = calibration(action_overhead_s={"gpipe": 1e-3, "1f1b": 1e-3})
+    plans = learning_plans(profile, start, 8, sha256="0" * 64, every_schedule=True)
+    first, other = plans[0], plans[-1]
+    assert (first.micro_batch_size, other.micro_batch_size, other.schedule) == (1, 2, Schedule.ONE_F_ONE_B)
+    runs = [_measured(first, 1e-3, speed=1.1), _measured(other, 1e-3, speed=1.1, compute_scale=1.2)]
+    learned = learn_from_runs(start, profile, runs)
+    assert learned.colocation_factor_by_micro_batch_size == pytest.approx(
+        {1: learned.colocation_factor, 2: 1.2 * learned.colocation_factor}, rel=1e-6
+    )
+    assert learned.learned_model["schedules"] == ["1f1b", "1f1b b=2"]
+    # The planner predicts a plan at b = 2 with its own factor.
+    again = repredicted_plan(profile, other, default_settings(profile, calibration=learned))
+    assert again.predicted.runtime.compute_scale == pytest.approx(1.2 * learned.colocation_factor, rel=1e-6)
 
 
 def test_zero_bubble_with_several_stages_a_rank_keeps_its_own_overhead() -> None:
