@@ -154,7 +154,9 @@ def table(results: list[dict]) -> str:
         lines.append(
             f"| all | {sum(len(r['plans']) for r in results)} | {statistics.median(every):.1f} % / "
             f"{max(every):.1f} % | {sum(r['choice_vs_fastest_pct'] <= 5 for r in results)} of {len(results)} "
-            f"within 5 % | | {max(copies):.1f} % |" if copies else "within 5 % | | - |"
+            f"within 5 % | | {max(copies):.1f} % |"
+            if copies
+            else "within 5 % | | - |"
         )
     return "\n".join(lines)
 
