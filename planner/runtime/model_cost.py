@@ -24,9 +24,11 @@ schedule: on mlp (P = 2, b = 4) the shipped calibration put GPipe 1.32x 1F1B and
 (docs/BENCHMARKS.md, section 6.3). It differs from one micro-batch count to another too: in one launch mlp's
 GPipe ran 1.09x 1F1B at 2 micro-batches and 1.25x at 4, so every schedule runs at two counts, the global batch's
 and as many micro-batches as ranks (same micro-batch size), and keeps an overhead for each
-(``Calibration.action_overhead_by_microbatches_s``). Where actions are long, their overhead is a few percent
-of the step, and one 1F1B run, its change shifted onto the other schedules, is enough for what the extra runs
-would cost.
+(``Calibration.action_overhead_by_microbatches_s``). And 1F1B runs at each other profiled micro-batch size, whose
+compute over its profile, relative to the first run's, gives that size's co-location factor
+(``Calibration.colocation_factor_by_micro_batch_size``): cnn13's compute ran 0.86-0.96x its profile at b = 4 and
+1.09-1.22x at b = 1. Where actions are long, their overhead is a few percent of the step, and one 1F1B run, its
+change shifted onto the other schedules, is enough for what the extra runs would cost.
 
 The result is the model's: ``notes.model`` names it, and ``pipeplan plan`` warns when a profile of another
 model is planned with it.
