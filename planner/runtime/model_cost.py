@@ -234,7 +234,8 @@ def learn_from_runs(
     model can go (no overhead, no slowdown) every schedule's fit stops at zero and their differences are lost:
     cnn13's runs all measured about 20 % under their prediction at the machine's speed, every overhead came out
     0, and the plans with four times the actions were predicted 1 % from 1F1B and ran 20-27 % behind it
-    (``python benchmarks/bench_ratios.py``, 2026-12-02).
+    (``python benchmarks/bench_ratios.py``, 2026-12-02). A run at another micro-batch count sets its schedule's
+    overhead at that count; a 1F1B run at another micro-batch size, that size's co-location factor.
     """
     (first, first_report), others = runs[0], runs[1:]
     # At the machine's speed while profiling (the speed reference, timed in the ranks): what a busy minute

@@ -282,11 +282,21 @@ def test_several_plans_learn_in_one_interleaved_launch_on_two_gloo_ranks(tmp_pat
     plans = learning_plans(profile, start, 8, sha256="0" * 64, every_schedule=True)
     chosen = [p for p in plans if p.schedule in (Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED_1F1B)]
     run = learn_model_cost(start, profile, "mlp", chosen, timeout_s=300)
-    # The 1F1B plan ran as two copies (the ratios' anchor); each plan is reported once.
-    assert [p.schedule for p, _ in run.runs] == [Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED_1F1B]
+    # The 1F1B plan ran as two copies (the ratios' anchor); each plan is reported once. Global batch 8 at b = 4
+    # is already as many micro-batches as ranks (no second count); 1F1B at the other size, b = 2, comes last.
+    b = chosen[0].micro_batch_size
+    assert [(p.schedule, p.micro_batch_size) for p, _ in run.runs] == [
+        (Schedule.ONE_F_ONE_B, b),
+        (Schedule.GPIPE, b),
+        (Schedule.INTERLEAVED_1F1B, b),
+        (Schedule.ONE_F_ONE_B, 6 - b),
+    ]
     assert all(r.mode == "processes" and r.steps >= model_cost.LEARNING_ROUNDS for _, r in run.runs)
     note = run.calibration.learned_model
-    assert note["schedules"] == ["1f1b", "gpipe", "interleaved-1f1b v=2"]
+    assert note["schedules"] == ["1f1b", "gpipe", "interleaved-1f1b v=2", f"1f1b b={6 - b}"]
     assert note["ratios_to_first"][0] == 1.0 and all(r > 0 for r in note["ratios_to_first"])
     assert run.calibration.source == "refit"
     assert all(v >= 0 for v in run.calibration.action_overhead_s.values())
+    by_size = run.calibration.colocation_factor_by_micro_batch_size
+    assert sorted(by_size) == [2, 4] and by_size[b] == run.calibration.colocation_factor
+    assert all(0 < k < 10 for k in by_size.values())
