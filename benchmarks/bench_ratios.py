@@ -151,12 +151,11 @@ def table(results: list[dict]) -> str:
     every = [abs(p["error_pct"]) for r in results for p in r["pairs"]]
     copies = [abs(e) for r in results for e in r["copy_error_pct"]]
     if every:
+        floor = f"{max(copies):.1f} %" if copies else "-"
         lines.append(
             f"| all | {sum(len(r['plans']) for r in results)} | {statistics.median(every):.1f} % / "
             f"{max(every):.1f} % | {sum(r['choice_vs_fastest_pct'] <= 5 for r in results)} of {len(results)} "
-            f"within 5 % | | {max(copies):.1f} % |"
-            if copies
-            else "within 5 % | | - |"
+            f"within 5 % | | {floor} |"
         )
     return "\n".join(lines)
 
