@@ -87,7 +87,7 @@ and the other plans' runs take about a minute (:data:`LEARNING_BUDGET_S`, module
 
 LEARNING_BUDGET_S = 45.0
 """About how long an interleaved learning launch times steps (:func:`~planner.runtime.interleave.rounds_within`):
-for mlp's fifteen plans and the 1F1B plan's second copy, 28 rounds of 0.1 s blocks."""
+for mlp's seventeen plans and the 1F1B plan's second copy, 25 rounds of 0.1 s blocks."""
 
 LEARNING_ROUNDS = 7
 """The fewest rounds of an interleaved learning launch: its ratios are medians over them, and one round's ratio of
@@ -297,9 +297,6 @@ def _colocation_by_size(
     run's compute exceeded its profile than the first run's did (their measured over profiled compute, both timed
     in the same launch: a ratio that holds while the machine's speed moves). Empty where one size ran."""
     first = runs[0][0]
-    sizes = {p.micro_batch_size for p, _ in runs if p.schedule is first.schedule and p.virtual_stages == 1}
-    if len(sizes) < 2:
-        return {}
 
     def excess(plan: Plan, reports: Sequence[VerifyReport]) -> float:
         measured = sum(r.measured_compute_s for report in reports for r in report.ranks)
@@ -311,7 +308,7 @@ def _colocation_by_size(
     for plan, report in runs[1:]:
         if plan.micro_batch_size != first.micro_batch_size and plan.schedule is first.schedule:
             by_size[plan.micro_batch_size] = refit.colocation_factor * excess(plan, [report]) / anchor
-    return by_size
+    return by_size if len(by_size) > 1 else {}
 
 
 def _label(plan: Plan, first: Plan) -> str:

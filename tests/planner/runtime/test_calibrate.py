@@ -58,36 +58,35 @@ def test_refit_recovers_the_runtime_that_produced_the_measurements() -> None:
     assert refit.source == "refit"
 
 
-def test_refit_shifts_the_schedules_it_did_not_run_by_what_it_learned() -> None:
-    # One 1F1B run whose actions each cost 3 ms more than the calibration said: the GPipe and interleaved
-    # overheads it never ran rise by the same 3 ms (a per-action cost of the model), not by the 1F1B ratio.
+def _refit_from_a_1f1b_run(start, *, overhead_s: float):
+    """``start`` refit from one 1F1B run (P = 2, global batch 4) measured as the simulator predicts it with
+    ``overhead_s`` per action."""
     profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
-    start = calibration(action_overhead_s={"gpipe": 2e-3, "1f1b": 1e-3, "interleaved-1f1b": 5e-3})
     request = PlanRequest(
         num_ranks=2, global_batch_size=4, schedule="1f1b", settings=default_settings(profile, calibration=start)
     )
     plan = make_plans(profile, request, sha256="0" * 64, count=1)[0]
     tails = plan.predicted.runtime.step_tail_s
-    truth = plan.simulation(RuntimeTerms(4e-3, tails, 1.0))
-    refit = refit_calibration(start, [(plan, verify_report(plan, truth.iteration_s, truth.busy_s, tails[0]))])
+    truth = plan.simulation(RuntimeTerms(overhead_s, tails, 1.0))
+    return refit_calibration(start, [(plan, verify_report(plan, truth.iteration_s, truth.busy_s, tails[0]))])
+
+
+def test_refit_shifts_the_schedules_it_did_not_run_by_what_it_learned() -> None:
+    # One 1F1B run whose actions each cost 3 ms more than the calibration said: the GPipe and interleaved
+    # overheads it never ran rise by the same 3 ms (a per-action cost of the model), not by the 1F1B ratio.
+    start = calibration(action_overhead_s={"gpipe": 2e-3, "1f1b": 1e-3, "interleaved-1f1b": 5e-3})
+    refit = _refit_from_a_1f1b_run(start, overhead_s=4e-3)
     assert refit.action_overhead_s["1f1b"] == pytest.approx(4e-3, rel=1e-6)
     assert refit.action_overhead_s["gpipe"] == pytest.approx(5e-3, rel=1e-6)
     assert refit.action_overhead_s["interleaved-1f1b"] == pytest.approx(8e-3, rel=1e-6)
 
 
 def test_refit_shifts_each_count_of_a_schedule_it_did_not_run_and_drops_the_counts_of_one_it_did() -> None:
-    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
     start = calibration(
         action_overhead_s={"gpipe": 2e-3, "1f1b": 1e-3},
         action_overhead_by_microbatches_s={"gpipe": {2: 1e-3, 4: 2e-3}, "1f1b": {2: 0.5e-3, 4: 1e-3}},
     )
-    request = PlanRequest(
-        num_ranks=2, global_batch_size=4, schedule="1f1b", settings=default_settings(profile, calibration=start)
-    )
-    plan = make_plans(profile, request, sha256="0" * 64, count=1)[0]
-    tails = plan.predicted.runtime.step_tail_s
-    truth = plan.simulation(RuntimeTerms(4e-3, tails, 1.0))
-    refit = refit_calibration(start, [(plan, verify_report(plan, truth.iteration_s, truth.busy_s, tails[0]))])
+    refit = _refit_from_a_1f1b_run(start, overhead_s=4e-3)
     assert refit.action_overhead_s["1f1b"] == pytest.approx(4e-3, rel=1e-6)
     assert refit.action_overhead_by_microbatches_s == {"gpipe": pytest.approx({2: 4e-3, 4: 5e-3}, rel=1e-6)}
 
