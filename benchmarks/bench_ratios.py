@@ -3,7 +3,8 @@
     python benchmarks/bench_ratios.py --out benchmarks/results/ratios [--models gpt2-tiny,mlp] [--budget-s 60]
 
 A machine whose speed moves by 1.5x within a minute cannot check an absolute prediction to 10 %, but it
-can check a ratio measured in one run: for each model (P = 2 gloo processes, global batch 8):
+can check a ratio measured in one run: for each model, and each global batch (``--batches``, 8 and 16), on
+P = 2 gloo processes:
 
 1. ``pipeplan profile MODEL`` with default flags (a 2-rank pipeline's threads, the scaling to the others,
    and the model's own cost in a pipeline learned from short runs: 1F1B's, and every schedule's for a model
@@ -12,7 +13,7 @@ can check a ratio measured in one run: for each model (P = 2 gloo processes, glo
    it ranked, and the best plan under each of gpipe, 1f1b and interleaved-1f1b;
 3. every distinct plan run for real in one launch (``planner.runtime.interleave.verify_plans``: 2 processes,
    optimizer step included), as two copies each on models of their own, interleaved: in each round every copy
-   runs a block of steps of at least 0.1 s, for about ``--budget-s`` of rounds (at least 8);
+   runs a block of steps of at least 0.1 s, for about ``--budget-s`` of rounds (at least :data:`MIN_ROUNDS`);
 4. for every pair of plans (a, b): the predicted ratio ``pred(a) / pred(b)`` against the measured one,
    ``median over rounds of meas(a) / meas(b)`` (a and b timed within a second or two of each other, each the
    geometric mean of its copies); and whether ``plan``'s choice measured within 5 % of the fastest plan
@@ -45,8 +46,13 @@ from planner.request import PlanRequest, calibration_settings  # noqa: E402
 from planner.runtime.interleave import InterleavedRun, rounds_within, verify_plans  # noqa: E402
 from planner.runtime.model_cost import learn_after_profile  # noqa: E402
 from planner.search import make_plan, make_plans, plan_key  # noqa: E402
-from profiles.format import Profile, save_profile  # noqa: E402
+from profiles.format import Profile, load_profile, save_profile  # noqa: E402
 from profiles.from_spec import profile_spec  # noqa: E402
+
+MIN_ROUNDS = 16
+"""The fewest interleaved rounds, however long the plans: llama-small's 2.6 s plans in 8 rounds measured two copies
+of one plan 15 % apart and put ``plan``'s choice 6.6 % behind the fastest; in 17 rounds from the same profile,
+4.1 % and 0.0 % (``--models llama-small``, 2026-12-02)."""
 
 
 def candidates(profile: Profile, ranks: int, batch: int, count: int) -> dict[str, Plan]:
@@ -68,16 +74,34 @@ def measure(spec: str, plans: list[Plan], copies: int, budget_s: float, rounds: 
     """Every plan in one launch as ``copies`` copies, interleaved round by round
     (:func:`planner.runtime.interleave.verify_plans`); copy ``c`` of plan ``k`` is at ``c * len(plans) + k``."""
     launch = plans * copies
-    rounds = rounds or rounds_within(launch, budget_s, at_least=8, at_most=75)
+    rounds = rounds or rounds_within(launch, budget_s, at_least=MIN_ROUNDS, at_most=75)
     return verify_plans(launch, spec, rounds=rounds, timeout_s=1800)
 
 
-def bench_model(
-    spec: str, *, ranks: int, batch: int, copies: int, budget_s: float, rounds: int | None, count: int, out: Path
+def profile_once(spec: str, out: Path, profiles: Path | None) -> Profile:
+    """``pipeplan profile SPEC`` with default flags (or what an earlier run's ``--out`` saved), saved into ``out``."""
+    name = f"{Path(spec).name.replace(':', '_')}.profile.json"
+    if profiles is not None:  # measure again what an earlier run profiled and learned
+        profile = load_profile(profiles / name)
+    else:
+        profile, _ = learn_after_profile(profile_spec(spec, progress=False), spec)  # as `pipeplan profile` does
+    save_profile(profile, out / name)
+    return profile
+
+
+def bench_case(
+    spec: str,
+    profile: Profile,
+    *,
+    ranks: int,
+    batch: int,
+    copies: int,
+    budget_s: float,
+    rounds: int | None,
+    count: int,
 ) -> dict:
+    """One case: ``plan``'s candidates for ``ranks`` and global batch ``batch``, measured against each other."""
     started = time.perf_counter()
-    profile, _ = learn_after_profile(profile_spec(spec, progress=False), spec)  # as `pipeplan profile` does
-    save_profile(profile, out / f"{Path(spec).name.replace(':', '_')}.profile.json")
     named = candidates(profile, ranks, batch, count)
     names, plans = list(named), list(named.values())
     run = measure(spec, plans, copies, budget_s, rounds)
@@ -105,6 +129,7 @@ def bench_model(
     fastest = min(range(n), key=lambda k: run.ratio(of[k], of[0]))
     return {
         "model": spec,
+        "global_batch": batch,
         "plans": [
             {
                 "name": n,
@@ -133,9 +158,9 @@ def bench_model(
 
 def table(results: list[dict]) -> str:
     lines = [
-        "| model | plans | pairs: ratio error median / worst | plan's choice vs fastest "
+        "| model | global batch | plans | pairs: ratio error median / worst | plan's choice vs fastest "
         "| abs. error as timed / at speed (median) | copy vs copy: worst |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in results:
         errors = sorted(abs(p["error_pct"]) for p in r["pairs"])
@@ -145,7 +170,8 @@ def table(results: list[dict]) -> str:
         median = f"{statistics.median(errors):.1f} %" if errors else "-"
         copies = f"{max(abs(e) for e in r['copy_error_pct']):.1f} %" if r["copy_error_pct"] else "-"
         lines.append(
-            f"| {r['model']} | {len(r['plans'])} | {median} / {worst} | {r['choice_vs_fastest_pct']:+.1f} % "
+            f"| {r['model']} | {r['global_batch']} | {len(r['plans'])} | {median} / {worst} "
+            f"| {r['choice_vs_fastest_pct']:+.1f} % "
             f"| {timed:.1f} % / {speed:.1f} % | {copies} |"
         )
     every = [abs(p["error_pct"]) for r in results for p in r["pairs"]]
@@ -153,7 +179,7 @@ def table(results: list[dict]) -> str:
     if every:
         floor = f"{max(copies):.1f} %" if copies else "-"
         lines.append(
-            f"| all | {sum(len(r['plans']) for r in results)} | {statistics.median(every):.1f} % / "
+            f"| all | | {sum(len(r['plans']) for r in results)} | {statistics.median(every):.1f} % / "
             f"{max(every):.1f} % | {sum(r['choice_vs_fastest_pct'] <= 5 for r in results)} of {len(results)} "
             f"within 5 % | | {floor} |"
         )
@@ -164,32 +190,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--batches", default="8,16", help="global batches: one case per model and batch")
     parser.add_argument("--copies", type=int, default=2, help="copies of each plan in the launch (>= 1)")
     parser.add_argument("--budget-s", type=float, default=60.0, help="about how long each model's rounds take")
     parser.add_argument("--rounds", type=int, default=None, help="rounds, in place of what the budget fits")
     parser.add_argument("--candidates", type=int, default=3, help="plan's choice and its runners-up")
+    parser.add_argument(
+        "--profiles", type=Path, default=None, help="an earlier run's --out: its profiles, in place of profiling again"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0]
     results = []
     for spec in args.models.split(","):
         print(f"{spec} ...", file=sys.stderr)
-        results.append(
-            bench_model(
-                spec,
-                ranks=2,
-                batch=8,
-                copies=args.copies,
-                budget_s=args.budget_s,
-                rounds=args.rounds,
-                count=args.candidates,
-                out=args.out,
+        profile = profile_once(spec, args.out, args.profiles)
+        for batch in (int(b) for b in args.batches.split(",")):
+            print(f"{spec}, global batch {batch} ...", file=sys.stderr)
+            results.append(
+                bench_case(
+                    spec,
+                    profile,
+                    ranks=2,
+                    batch=batch,
+                    copies=args.copies,
+                    budget_s=args.budget_s,
+                    rounds=args.rounds,
+                    count=args.candidates,
+                )
             )
-        )
-        (args.out / "ratios.json").write_text(json.dumps(results, indent=2))
+            (args.out / "ratios.json").write_text(json.dumps(results, indent=2))
     text = table(results)
     after = os.getloadavg()[0]
-    rounds = ", ".join(f"{r['model']} {r['rounds']}" for r in results)
+    rounds = ", ".join(f"{r['model']} x{r['global_batch']} {r['rounds']}" for r in results)
     header = (
         f"load average {load:.2f} before, {after:.2f} after; {args.copies} copies of each plan; "
         f"interleaved rounds: {rounds}"
