@@ -122,8 +122,11 @@ def default_global_batch(profile: Profile, num_ranks: int) -> int:
     return 2 * num_ranks * max(profile.micro_batch_sizes)
 
 
-def learning_plan(profile: Profile, calibration: Calibration, global_batch: int, *, sha256: str) -> Plan:
-    """The planner's best 1F1B plan for the calibration's ranks: the run the model's cost is learned from."""
+def learning_plan(
+    profile: Profile, calibration: Calibration, global_batch: int, *, sha256: str, micro_batch_size: int | None = None
+) -> Plan:
+    """The planner's best 1F1B plan for the calibration's ranks (at ``micro_batch_size``, else at the size the
+    planner picks): the run the model's cost is learned from."""
     if calibration.num_ranks < 2:
         raise UsageError(
             f"learning a model's pipeline cost needs at least 2 ranks (the calibration has {calibration.num_ranks})"
@@ -133,6 +136,7 @@ def learning_plan(profile: Profile, calibration: Calibration, global_batch: int,
         num_ranks=calibration.num_ranks,
         global_batch_size=global_batch,
         schedule=Schedule.ONE_F_ONE_B,
+        micro_batch_size=micro_batch_size,
         settings=settings,
     )
     return make_plan(profile, request, sha256=sha256)
@@ -142,15 +146,32 @@ def learning_plans(
     profile: Profile, calibration: Calibration, global_batch: int, *, sha256: str, every_schedule: bool | None = None
 ) -> list[Plan]:
     """The runs a model's cost is learned from: :func:`learning_plan` (1F1B), then, with ``every_schedule``
-    (None: where that plan is predicted under :data:`EVERY_SCHEDULE_BELOW_S`), the best plan of each other
-    schedule the calibration's ranks can run with this model at its micro-batch size (one it cannot plan is left
-    out), every schedule's again with as many micro-batches as ranks, and 1F1B's at each other profiled size."""
+    (None: where that plan is predicted under :data:`EVERY_SCHEDULE_BELOW_S`), the same at the largest profiled
+    micro-batch size that plans, the best plan of each other schedule the calibration's ranks can run with this
+    model at that size (one it cannot plan is left out), every schedule's again with as many micro-batches as
+    ranks, and 1F1B's at each other profiled size."""
     first = learning_plan(profile, calibration, global_batch, sha256=sha256)
     if every_schedule is None:
         every_schedule = first.predicted.iteration_s < EVERY_SCHEDULE_BELOW_S
-    plans = [first]
     if not every_schedule:
-        return plans
+        return [first]  # one run: where the planner would go
+    # At the largest size that plans: it is where the plans worth running mostly are, and an overhead learned at
+    # one size carries to another only as well as the profile's times at the two sizes agree. cnn13's 1F1B plan
+    # took b = 2, every schedule's overhead was learned there, and its plans at b = 4 (every candidate at global
+    # batch 8 and 16) measured up to 10 % off their predicted ratios; learned at b = 4, 4.1 % at global batch 8
+    # (`python benchmarks/bench_ratios.py --models benchmarks/models.py:cnn13`, 2026-12-02). A long model runs
+    # once, at the size the planner picks: that size's co-location factor is the one it learns.
+    for size in sorted(profile.micro_batch_sizes, reverse=True):
+        if size == first.micro_batch_size:
+            break
+        if global_batch % size or global_batch // size < first.num_ranks:
+            continue
+        try:
+            first = learning_plan(profile, calibration, global_batch, sha256=sha256, micro_batch_size=size)
+            break
+        except PipeplanError as exc:  # e.g. stages that do not fit at this size
+            log.info("not learning at b=%d for %s: %s", size, profile.model.name, exc)
+    plans = [first]
     settings = default_settings(profile, calibration=calibration, calibration_label="calibrate")
     # Every plan at the 1F1B plan's micro-batch size: a ratio across sizes would carry how far the profile's
     # times at one size are from the other's into the overhead. cnn13's 1F1B plan took b = 2, four other

@@ -30,8 +30,24 @@ def test_the_run_it_learns_from_is_the_planners_1f1b_plan_for_the_calibrations_r
     plan = learning_plan(profile, calibration(), default_global_batch(profile, 2), sha256="0" * 64)
     assert (plan.schedule.value, plan.num_ranks) == ("1f1b", 2)
     assert plan.micro_batch_size * plan.num_microbatches == 2 * 2 * 2
+    pinned = learning_plan(profile, calibration(), 8, sha256="0" * 64, micro_batch_size=1)
+    assert (pinned.micro_batch_size, pinned.num_microbatches) == (1, 8)
     with pytest.raises(UsageError, match="at least 2 ranks"):
         learning_plan(profile, calibration(num_ranks=1), 4, sha256="0" * 64)
+
+
+def test_a_short_model_learns_every_schedule_at_the_largest_size_that_fits() -> None:
+    # Sizes scale the compute exactly, so the planner's 1F1B plan takes b = 1 (its bubble is smallest there);
+    # 16 MiB saved per sample and unit: b = 4 holds more than 200 MiB on a stage, b = 2 less.
+    heavy = make_profile([0.001] * 6, sizes=(1, 2, 4), saved_bytes=[16 << 20] * 6, memory_bytes=200 << 20)
+    assert learning_plan(heavy, calibration(), 16, sha256="0" * 64).micro_batch_size == 1
+    plans = learning_plans(heavy, calibration(), 16, sha256="0" * 64, every_schedule=True)
+    assert (plans[0].schedule, plans[0].micro_batch_size, plans[0].num_microbatches) == (Schedule.ONE_F_ONE_B, 2, 8)
+    assert {p.micro_batch_size for p in plans if p.schedule is not Schedule.ONE_F_ONE_B} == {2}
+    # A long one learns from the planner's own 1F1B plan alone.
+    assert learning_plans(heavy, calibration(), 16, sha256="0" * 64, every_schedule=False) == [
+        learning_plan(heavy, calibration(), 16, sha256="0" * 64)
+    ]
 
 
 def test_learning_from_a_run_shifts_every_schedule_and_names_the_model() -> None:
@@ -147,7 +163,7 @@ def test_plans_at_two_micro_batch_counts_learn_an_overhead_for_each_count() -> N
     # GPipe's actions cost 1 ms at 2 micro-batches and 3 ms at 4; 1F1B's 1 ms at both.
     profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
     start = calibration(action_overhead_s={"gpipe": 1e-3, "1f1b": 1e-3})
-    plans = learning_plans(profile, start, 4, sha256="0" * 64, every_schedule=True)  # b = 1: 4, then 2
+    plans = learning_plans(profile, start, 8, sha256="0" * 64, every_schedule=True)  # b = 2: 4, then 2
     b = plans[0].micro_batch_size
     pick = {(p.schedule, p.num_microbatches): p for p in plans if p.virtual_stages == 1 and p.micro_batch_size == b}
     truth = {(Schedule.ONE_F_ONE_B, 4): 1e-3, (Schedule.GPIPE, 4): 3e-3, (Schedule.ONE_F_ONE_B, 2): 1e-3}
@@ -170,20 +186,20 @@ def test_plans_at_two_micro_batch_counts_learn_an_overhead_for_each_count() -> N
 
 
 def test_a_1f1b_run_at_another_micro_batch_size_learns_that_sizes_co_location_factor() -> None:
-    # At the first plan's size (b = 1) compute ran as profiled, at b = 2 20 % slower; the whole launch ran 10 %
+    # At the first plan's size (b = 2) compute ran as profiled, at b = 1 20 % slower; the whole launch ran 10 %
     # slow (speed), which a ratio within the launch does not see.
     profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
     start = calibration(action_overhead_s={"gpipe": 1e-3, "1f1b": 1e-3})
     plans = learning_plans(profile, start, 8, sha256="0" * 64, every_schedule=True)
     first, other = plans[0], plans[-1]
-    assert (first.micro_batch_size, other.micro_batch_size, other.schedule) == (1, 2, Schedule.ONE_F_ONE_B)
+    assert (first.micro_batch_size, other.micro_batch_size, other.schedule) == (2, 1, Schedule.ONE_F_ONE_B)
     runs = [_measured(first, 1e-3, speed=1.1), _measured(other, 1e-3, speed=1.1, compute_scale=1.2)]
     learned = learn_from_runs(start, profile, runs)
     assert learned.colocation_factor_by_micro_batch_size == pytest.approx(
-        {1: learned.colocation_factor, 2: 1.2 * learned.colocation_factor}, rel=1e-6
+        {2: learned.colocation_factor, 1: 1.2 * learned.colocation_factor}, rel=1e-6
     )
-    assert learned.learned_model["schedules"] == ["1f1b", "1f1b b=2"]
-    # The planner predicts a plan at b = 2 with its own factor.
+    assert learned.learned_model["schedules"] == ["1f1b", "1f1b b=1"]
+    # The planner predicts a plan at b = 1 with its own factor.
     again = repredicted_plan(profile, other, default_settings(profile, calibration=learned))
     assert again.predicted.runtime.compute_scale == pytest.approx(1.2 * learned.colocation_factor, rel=1e-6)
 
