@@ -1,6 +1,8 @@
 """A plan's stages under other schedules, on the footing of the plan's own prediction: the same runtime terms
 (co-location, step tails, resume), and each schedule's overhead per action from the calibration the plan was
-predicted with, so that ``simulate PLAN --compare`` and ``plan`` never disagree about the plan's schedule."""
+predicted with (recorded in the plan, ``predicted.schedule_overhead_s``; for a plan made before it was, the
+calibration the plan names, where it can still be found), so that ``simulate PLAN --compare`` and ``plan`` never
+disagree about the plan's schedule."""
 
 from __future__ import annotations
 
@@ -36,11 +38,14 @@ def compare_plan(
 ) -> list[SimulationResult]:
     """Each of ``schedules`` run on the plan's stages (``compare_schedules``); the plan's own schedule gives
     exactly the plan's predicted iteration."""
-    calibration = plan_calibration(plan)
-    if calibration is None:
-        return compare_schedules(plan.pipeline(), schedules, virtual_stages)
+    recorded = plan.predicted.schedule_overhead_s
+    calibration = None if recorded else plan_calibration(plan)
 
-    def overhead_of(schedule: Schedule, stages_per_rank: int) -> float:
-        return calibration.overhead_for(schedule, stages_per_rank, plan.num_microbatches)
+    def overhead_of(schedule: Schedule, stages_per_rank: int) -> float | None:
+        if schedule.value in recorded:
+            return recorded[schedule.value][stages_per_rank > 1]
+        if calibration is not None:
+            return calibration.overhead_for(schedule, stages_per_rank, plan.num_microbatches)
+        return None  # the plan's own overhead
 
     return compare_schedules(plan.pipeline(), schedules, virtual_stages, overhead_of)

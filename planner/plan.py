@@ -320,6 +320,7 @@ def build_plan(
             best.runtime,
             formula_s=solution.objective_s,
             global_batch_size=request.global_batch_size,
+            num_microbatches=best.num_microbatches,
             comm=(tuple(comm_forward), tuple(comm_backward)),
         ),
         solver=solver,

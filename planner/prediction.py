@@ -5,7 +5,7 @@ settings (another calibration: ``tune`` and the fidelity benchmark hold several 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from planner.cost import (
@@ -69,6 +69,11 @@ class Prediction:
     """Per rank: total runtime overhead of its actions in one iteration."""
     comm_wait_s: tuple[float, ...] = ()
     """Per rank: time waiting on the link in one iteration."""
+    schedule_overhead_s: dict[str, tuple[float, float]] = field(default_factory=dict, hash=False)
+    """Per schedule, from the calibration the plan was predicted with: its overhead per action at the plan's
+    micro-batch count with one stage a rank and with several (empty without a calibration). ``simulate --compare``
+    puts other schedules on the footing the plan was chosen on, whichever calibration that was (a profile's own
+    is in no file)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The plan format's ``predicted`` object: the runtime terms flat beside the rest (docs/plan-format.md)."""
@@ -91,6 +96,8 @@ class Prediction:
         }
         if self.runtime.resume:  # optional: absent, as in plans made before it
             data["resume"] = [list(point) for point in self.runtime.resume]
+        if self.schedule_overhead_s:  # optional: absent, as in plans made before it
+            data["schedule_overhead_s"] = {k: list(v) for k, v in sorted(self.schedule_overhead_s.items())}
         return data
 
     @classmethod
@@ -115,6 +122,7 @@ class Prediction:
             ),
             overhead_s=tuple(map(float, p.get("overhead_s", ()))),
             comm_wait_s=tuple(map(float, p.get("comm_wait_s", ()))),
+            schedule_overhead_s={k: (float(v[0]), float(v[1])) for k, v in p.get("schedule_overhead_s", {}).items()},
         )
 
 
@@ -217,14 +225,23 @@ def prediction_of(
     *,
     formula_s: float,
     global_batch_size: int,
+    num_microbatches: int,
     comm: tuple[tuple[float, ...], tuple[float, ...]],
 ) -> Prediction:
     """The prediction a plan records: the simulated iteration and the runtime terms it was simulated with,
-    so that ``simulate PLAN`` and ``verify`` reproduce it."""
+    so that ``simulate PLAN`` and ``verify`` reproduce it, and every schedule's overhead at its micro-batch count
+    under the same calibration, so that ``simulate PLAN --compare`` ranks the others as ``plan`` did."""
     runtime_fields: dict[str, Any] = {}
     if runtime is not None:
+        cal = settings.calibration
         runtime_fields = {
             "calibration": settings.calibration_label,
+            "schedule_overhead_s": {
+                s.value: (cal.overhead_for(s, 1, num_microbatches), cal.overhead_for(s, 2, num_microbatches))
+                for s in Schedule
+            }
+            if cal is not None
+            else {},
             # The simulator ends every rank with its tail, zero where none was given.
             "runtime": replace(runtime, step_tail_s=tuple(simulation.step_tail_s)),
             "overhead_s": tuple(simulation.overhead_s),
@@ -314,6 +331,7 @@ def repredicted_plan(profile: Profile, plan: Plan, settings: CostSettings) -> Pl
         pipeline.runtime,
         formula_s=old.formula_iteration_s,
         global_batch_size=plan.global_batch_size,
+        num_microbatches=plan.num_microbatches,
         comm=(old.comm_forward_s, old.comm_backward_s),
     )
     constraints = {**plan.constraints, "calibration": settings.calibration_label}

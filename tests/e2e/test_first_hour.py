@@ -14,7 +14,7 @@ from cli_checks import assert_fails
 from planner.export import export_plan
 from planner.plan import load_plan
 from profiles.format import save_profile
-from synthetic import make_profile
+from synthetic import calibration, make_profile
 
 
 @pytest.fixture
@@ -87,6 +87,31 @@ def test_compare_reproduces_the_plans_prediction(profile_file, tmp_path, capsys,
     assert main(["simulate", str(out), "--compare", "gpipe,1f1b,zero-bubble,zbv"]) == 0
     printed = capsys.readouterr().out
     assert "the plan's runtime terms" in printed
+
+
+def test_compare_ranks_the_schedules_as_plan_did_with_the_profiles_own_calibration(tmp_path, capsys) -> None:
+    # What `pipeplan profile` learned (per-schedule overheads far apart) is in no file: the plan records each
+    # schedule's overhead, and --compare gives every schedule what `plan --schedule` predicts for the same stages.
+    overheads = {"gpipe": 1e-3, "1f1b": 5e-3, "zero-bubble": 9e-3}
+    learned = calibration(action_overhead_s=overheads).to_dict()
+    path = tmp_path / "learned.profile.json"
+    save_profile(dataclasses.replace(make_profile([1.0, 1.0], sizes=(1,)), pipeline_calibration=learned), path)
+    planned = {}
+    for schedule in overheads:
+        out = tmp_path / f"{schedule}.plan.json"
+        argv = ["plan", str(path), "--ranks", "2", "--global-batch", "4", "--schedule", schedule, "--out", str(out)]
+        assert main(argv) == 0
+        planned[schedule] = load_plan(out)
+    capsys.readouterr()
+    from planner.compare import compare_plan
+    from planner.schedule.orders import Schedule
+
+    gpipe = planned["gpipe"]
+    assert gpipe.predicted.calibration == "learned while profiling"
+    assert gpipe.predicted.schedule_overhead_s["1f1b"] == (5e-3, 5e-3)
+    results = compare_plan(gpipe, [Schedule(s) for s in overheads])
+    assert [r.iteration_s for r in results] == pytest.approx([p.predicted.iteration_s for p in planned.values()])
+    assert results[0].iteration_s < results[1].iteration_s < results[2].iteration_s
 
 
 @pytest.mark.parametrize(
