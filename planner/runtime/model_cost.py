@@ -37,7 +37,9 @@ model is planned with it.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import statistics
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -67,6 +69,7 @@ __all__ = [
     "LEARNING_ROUNDS",
     "LEARNING_MAX_ROUNDS",
     "LEARNING_BUDGET_S",
+    "LEARNING_LAUNCHES",
     "learn_model_cost",
     "learn_model_cost_on_ranks",
     "learn_while_profiling",
@@ -86,15 +89,24 @@ micro-batches: 16 actions a step), where a millisecond of bookkeeping per action
 and the other plans' runs take about a minute (:data:`LEARNING_BUDGET_S`, module docstring)."""
 
 LEARNING_BUDGET_S = 45.0
-"""About how long an interleaved learning launch times steps (:func:`~planner.runtime.interleave.rounds_within`):
-for mlp's seventeen plans and the 1F1B plan's second copy, 25 rounds of 0.1 s blocks."""
+"""About how long the interleaved learning launches time steps, together
+(:func:`~planner.runtime.interleave.rounds_within`): for mlp's seventeen plans and the 1F1B plan's second copy,
+two launches of 12 rounds of 0.1 s blocks."""
 
 LEARNING_ROUNDS = 7
-"""The fewest rounds of an interleaved learning launch: its ratios are medians over them, and one round's ratio of
-two plans of mlp ranged 0.65-0.91 within a minute on the development VM."""
+"""The fewest rounds of each interleaved learning launch: its ratios are medians over them, and one round's ratio
+of two plans of mlp ranged 0.65-0.91 within a minute on the development VM."""
 
-LEARNING_MAX_ROUNDS = 60
-"""The most rounds of an interleaved learning launch, however short its plans."""
+LEARNING_MAX_ROUNDS = 30
+"""The most rounds of each interleaved learning launch, however short its plans."""
+
+LEARNING_LAUNCHES = 2
+"""The learning rounds are split over this many launches, and each plan's ratio to the 1F1B plan is the geometric
+mean of the launches': a launch as a whole can favour one schedule. mlp's interleaved-1f1b plan measured 2.13,
+2.37 and 2.68x its 1F1B plan in three single launches of about 22 rounds each (against the launch before it,
+the last put every other plan but one 2-40 % higher against 1F1B, as if its 1F1B copies ran fast throughout),
+where two copies of one plan in one launch agree within 2-6 %, and the pairs of mlp's plans predicted from that
+last launch measured up to 27 % off (``python benchmarks/bench_ratios.py --models mlp``, 2026-12-02)."""
 
 
 @dataclass(frozen=True)
@@ -358,7 +370,9 @@ def learn_model_cost(
     timeout_s: float = 600.0,
 ) -> ModelRun:
     """Run ``plans`` (:func:`learning_plans`) of ``model`` on real processes and refit ``calibration`` from them:
-    one plan as ``verify`` runs it, several in one launch, interleaved (about :data:`LEARNING_BUDGET_S` of rounds).
+    one plan as ``verify`` runs it, several interleaved in each of :data:`LEARNING_LAUNCHES` launches (about
+    :data:`LEARNING_BUDGET_S` of rounds in all), each plan's ratio to the first the geometric mean of the
+    launches'.
 
     Every other plan's ratio is taken to the first plan's, so the first runs as two copies, one at each end of
     the launch's order: a plan's copy can measure 6 % from another copy of it in the same launch (one on mlp,
@@ -378,11 +392,21 @@ def learn_model_cost(
         return ModelRun(learn_from_runs(calibration, profile, runs), runs)
     launch = [*plans, plans[0]]
     anchor = [0, len(plans)]
-    rounds = rounds_within(launch, LEARNING_BUDGET_S, at_least=LEARNING_ROUNDS, at_most=LEARNING_MAX_ROUNDS)
-    run = verify_plans(launch, model, rounds=rounds, warmup=warmup, device=device, timeout_s=timeout_s)
-    ratios = [run.ratio(k if k else anchor, anchor) for k in range(len(plans))]
-    runs = tuple(zip(plans, run.reports, strict=False))
-    calibration = learn_from_runs(calibration, profile, runs, ratios, first_copies=run.reports[len(plans) :])
+    rounds = rounds_within(
+        launch, LEARNING_BUDGET_S / LEARNING_LAUNCHES, at_least=LEARNING_ROUNDS, at_most=LEARNING_MAX_ROUNDS
+    )
+    launches = [
+        verify_plans(launch, model, rounds=rounds, warmup=warmup, device=device, timeout_s=timeout_s)
+        for _ in range(LEARNING_LAUNCHES)
+    ]
+    ratios = [
+        math.exp(statistics.fmean(math.log(run.ratio(k if k else anchor, anchor)) for run in launches))
+        for k in range(len(plans))
+    ]
+    # The reports (co-location, step tail) from the first launch: its times are of one stretch of the machine.
+    first = launches[0]
+    runs = tuple(zip(plans, first.reports, strict=False))
+    calibration = learn_from_runs(calibration, profile, runs, ratios, first_copies=first.reports[len(plans) :])
     return ModelRun(calibration, runs)
 
 

@@ -284,6 +284,28 @@ def test_calibrate_learns_the_models_cost_on_two_gloo_ranks_and_plan_warns_for_a
     assert "the calibration learned mlp's per-action cost" in capsys.readouterr().err
 
 
+def test_each_plans_ratio_is_the_geometric_mean_of_the_learning_launches(monkeypatch) -> None:
+    # Two launches put GPipe at 1.0x and 1.44x 1F1B: its overhead is fitted to 1.2x.
+    from planner.runtime import model_cost
+    from planner.runtime.interleave import InterleavedRun
+
+    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1,))
+    start = calibration(action_overhead_s={"gpipe": 1e-3, "1f1b": 1e-3})
+    plans = _first_of_each(learning_plans(profile, start, 4, sha256="0" * 64, every_schedule=True))
+    one, gpipe = plans[Schedule.ONE_F_ONE_B], plans[Schedule.GPIPE]
+    reports = tuple(r for _, r in (_measured(one, 1e-3), _measured(gpipe, 1e-3), _measured(one, 1e-3)))
+    launches = iter(
+        [
+            InterleavedRun(reports, ((1.0,) * 7, (1.0,) * 7, (1.0,) * 7)),
+            InterleavedRun(reports, ((1.0,) * 7, (1.44,) * 7, (1.0,) * 7)),
+        ]
+    )
+    monkeypatch.setattr(model_cost, "verify_plans", lambda *args, **kwargs: next(launches))
+    run = model_cost.learn_model_cost(start, profile, "mlp", [one, gpipe])
+    assert run.calibration.learned_model["ratios_to_first"] == pytest.approx([1.0, 1.2])
+    assert next(launches, None) is None  # both ran
+
+
 def test_several_plans_learn_in_one_interleaved_launch_on_two_gloo_ranks(tmp_path, monkeypatch) -> None:
     from planner.runtime import model_cost
     from planner.runtime.model_cost import learn_model_cost
