@@ -13,14 +13,16 @@ P = 2 gloo processes:
    it ranked, and the best plan under each of gpipe, 1f1b and interleaved-1f1b;
 3. every distinct plan run for real in one launch (``planner.runtime.interleave.verify_plans``: 2 processes,
    optimizer step included), as two copies each on models of their own, interleaved: in each round every copy
-   runs a block of steps of at least 0.1 s, for about ``--budget-s`` of rounds (at least :data:`MIN_ROUNDS`);
+   runs a block of steps of at least 0.1 s, for about ``--budget-s`` of rounds (at least :data:`MIN_ROUNDS`),
+   split over ``--launches`` launches (2: a launch as a whole can favour one plan);
 4. for every pair of plans (a, b): the predicted ratio ``pred(a) / pred(b)`` against the measured one,
    ``median over rounds of meas(a) / meas(b)`` (a and b timed within a second or two of each other, each the
-   geometric mean of its copies); and whether ``plan``'s choice measured within 5 % of the fastest plan
-   (by the same ratios);
+   geometric mean of its copies), the geometric mean of the launches'; and whether ``plan``'s choice measured
+   within 5 % of the fastest plan (by the same ratios);
 5. the absolute error as timed and at the machine's measured speed (the speed reference, timed in the rank
    processes at the threads each rank has), side by side;
-6. the floor under all of it: each plan's first copy against its second, whose predicted ratio is exactly 1.
+6. the floors under all of it: each plan's first copy against its second, whose predicted ratio is exactly 1;
+   each pair's ratio in the first launch against the second.
 
 Writes ``ratios.json`` and ``ratios.md`` into ``--out``; prints the table.
 """
@@ -30,10 +32,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -70,12 +74,18 @@ def candidates(profile: Profile, ranks: int, batch: int, count: int) -> dict[str
     return {name: plan for name, plan in named.items() if distinct.setdefault(plan_key(plan), name) == name}
 
 
-def measure(spec: str, plans: list[Plan], copies: int, budget_s: float, rounds: int | None) -> InterleavedRun:
-    """Every plan in one launch as ``copies`` copies, interleaved round by round
-    (:func:`planner.runtime.interleave.verify_plans`); copy ``c`` of plan ``k`` is at ``c * len(plans) + k``."""
+def measure(
+    spec: str, plans: list[Plan], copies: int, budget_s: float, rounds: int | None, launches: int
+) -> list[InterleavedRun]:
+    """Every plan as ``copies`` copies, interleaved round by round, in each of ``launches`` launches that share the
+    rounds (:func:`planner.runtime.interleave.verify_plans`); copy ``c`` of plan ``k`` is at ``c * len(plans) + k``."""
     launch = plans * copies
-    rounds = rounds or rounds_within(launch, budget_s, at_least=MIN_ROUNDS, at_most=75)
-    return verify_plans(launch, spec, rounds=rounds, timeout_s=1800)
+    rounds = rounds or rounds_within(launch, budget_s / launches, at_least=MIN_ROUNDS // launches, at_most=75)
+    return [verify_plans(launch, spec, rounds=rounds, timeout_s=1800) for _ in range(launches)]
+
+
+def _geomean(values: Iterable[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
 
 
 def profile_once(spec: str, out: Path, profiles: Path | None) -> Profile:
@@ -99,23 +109,31 @@ def bench_case(
     budget_s: float,
     rounds: int | None,
     count: int,
+    launches: int,
 ) -> dict:
     """One case: ``plan``'s candidates for ``ranks`` and global batch ``batch``, measured against each other."""
     started = time.perf_counter()
     named = candidates(profile, ranks, batch, count)
     names, plans = list(named), list(named.values())
-    run = measure(spec, plans, copies, budget_s, rounds)
+    runs = measure(spec, plans, copies, budget_s, rounds, launches)
     n = len(plans)
-    of = [[c * n + k for c in range(copies)] for k in range(n)]  # each plan's copies in the launch
+    of = [[c * n + k for c in range(copies)] for k in range(n)]  # each plan's copies in a launch
+
+    def ratio(a: int, b: int) -> float:  # the geometric mean of the launches' ratios
+        return _geomean(run.ratio(of[a], of[b]) for run in runs)
+
     predicted = [p.predicted.iteration_s for p in plans]
-    measured = [statistics.fmean(run.reports[i].measured_iteration_s for i in of[k]) for k in range(n)]
-    at_speed = [
-        statistics.fmean(run.reports[i].at_profile_speed().measured_iteration_s for i in of[k]) for k in range(n)
-    ]
-    copy_errors = [(1 / run.ratio(of[k][0], of[k][1]) - 1) * 100 for k in range(n)] if copies > 1 else []
-    pairs = []
+    reports = [[run.reports[i] for run in runs for i in of[k]] for k in range(n)]
+    measured = [statistics.fmean(r.measured_iteration_s for r in reports[k]) for k in range(n)]
+    at_speed = [statistics.fmean(r.at_profile_speed().measured_iteration_s for r in reports[k]) for k in range(n)]
+    copy_errors = (
+        [(1 / _geomean(run.ratio(of[k][0], of[k][1]) for run in runs) - 1) * 100 for k in range(n)]
+        if copies > 1
+        else []
+    )
+    pairs, launch_errors = [], []
     for a, b in itertools.combinations(range(n), 2):
-        ratio_measured = run.ratio(of[a], of[b])
+        ratio_measured = ratio(a, b)
         ratio_predicted = predicted[a] / predicted[b]
         pairs.append(
             {
@@ -126,7 +144,9 @@ def bench_case(
                 "error_pct": (ratio_predicted / ratio_measured - 1) * 100,
             }
         )
-    fastest = min(range(n), key=lambda k: run.ratio(of[k], of[0]))
+        if launches > 1:  # the same pair measured in the first launch against the second
+            launch_errors.append((runs[0].ratio(of[a], of[b]) / runs[1].ratio(of[a], of[b]) - 1) * 100)
+    fastest = min(range(n), key=lambda k: ratio(k, 0))
     return {
         "model": spec,
         "global_batch": batch,
@@ -146,21 +166,27 @@ def bench_case(
         ],
         "pairs": pairs,
         "copy_error_pct": copy_errors,
-        "rounds": len(run.round_iteration_s[0]),
-        "round_iteration_s": [list(r) for r in run.round_iteration_s],
+        "launch_error_pct": launch_errors,
+        "rounds": len(runs[0].round_iteration_s[0]),
+        "launches": launches,
+        "round_iteration_s": [[list(r) for r in run.round_iteration_s] for run in runs],
         "learned_from": list(profile.pipeline_calibration["notes"]["model"]["schedules"])
         if profile.pipeline_calibration
         else [],
-        "choice_vs_fastest_pct": (run.ratio(of[0], of[fastest]) - 1) * 100,
+        "choice_vs_fastest_pct": (ratio(0, fastest) - 1) * 100,
         "wall_s": time.perf_counter() - started,
     }
+
+
+def _median_worst(errors: list[float]) -> str:
+    return f"{statistics.median(errors):.1f} % / {max(errors):.1f} %" if errors else "-"
 
 
 def table(results: list[dict]) -> str:
     lines = [
         "| model | global batch | plans | pairs: ratio error median / worst | plan's choice vs fastest "
-        "| abs. error as timed / at speed (median) | copy vs copy: worst |",
-        "|---|---|---|---|---|---|---|",
+        "| abs. error as timed / at speed (median) | copy vs copy: worst | launch vs launch: median / worst |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         errors = sorted(abs(p["error_pct"]) for p in r["pairs"])
@@ -169,19 +195,21 @@ def table(results: list[dict]) -> str:
         worst = f"{errors[-1]:.1f} %" if errors else "-"
         median = f"{statistics.median(errors):.1f} %" if errors else "-"
         copies = f"{max(abs(e) for e in r['copy_error_pct']):.1f} %" if r["copy_error_pct"] else "-"
+        launches = _median_worst([abs(e) for e in r.get("launch_error_pct", [])])
         lines.append(
             f"| {r['model']} | {r['global_batch']} | {len(r['plans'])} | {median} / {worst} "
             f"| {r['choice_vs_fastest_pct']:+.1f} % "
-            f"| {timed:.1f} % / {speed:.1f} % | {copies} |"
+            f"| {timed:.1f} % / {speed:.1f} % | {copies} | {launches} |"
         )
     every = [abs(p["error_pct"]) for r in results for p in r["pairs"]]
     copies = [abs(e) for r in results for e in r["copy_error_pct"]]
+    launches = [abs(e) for r in results for e in r.get("launch_error_pct", [])]
     if every:
         floor = f"{max(copies):.1f} %" if copies else "-"
         lines.append(
             f"| all | | {sum(len(r['plans']) for r in results)} | {statistics.median(every):.1f} % / "
             f"{max(every):.1f} % | {sum(r['choice_vs_fastest_pct'] <= 5 for r in results)} of {len(results)} "
-            f"within 5 % | | {floor} |"
+            f"within 5 % | | {floor} | {_median_worst(launches)} |"
         )
     return "\n".join(lines)
 
@@ -195,6 +223,7 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=60.0, help="about how long each model's rounds take")
     parser.add_argument("--rounds", type=int, default=None, help="rounds, in place of what the budget fits")
     parser.add_argument("--candidates", type=int, default=3, help="plan's choice and its runners-up")
+    parser.add_argument("--launches", type=int, default=2, help="launches that share the rounds (>= 1)")
     parser.add_argument(
         "--profiles", type=Path, default=None, help="an earlier run's --out: its profiles, in place of profiling again"
     )
@@ -217,12 +246,13 @@ def main() -> None:
                     budget_s=args.budget_s,
                     rounds=args.rounds,
                     count=args.candidates,
+                    launches=args.launches,
                 )
             )
             (args.out / "ratios.json").write_text(json.dumps(results, indent=2))
     text = table(results)
     after = os.getloadavg()[0]
-    rounds = ", ".join(f"{r['model']} x{r['global_batch']} {r['rounds']}" for r in results)
+    rounds = ", ".join(f"{r['model']} x{r['global_batch']} {r['launches']} x {r['rounds']}" for r in results)
     header = (
         f"load average {load:.2f} before, {after:.2f} after; {args.copies} copies of each plan; "
         f"interleaved rounds: {rounds}"
