@@ -14,7 +14,7 @@ P = 2 gloo processes:
 3. every distinct plan run for real in one launch (``planner.runtime.interleave.verify_plans``: 2 processes,
    optimizer step included), as two copies each on models of their own, interleaved: in each round every copy
    runs a block of steps of at least 0.1 s, for about ``--budget-s`` of rounds (at least :data:`MIN_ROUNDS`),
-   split over ``--launches`` launches (2: a launch as a whole can favour one plan);
+   split over ``--launches`` launches (with 2, a launch that favours one plan weighs half);
 4. for every pair of plans (a, b): the predicted ratio ``pred(a) / pred(b)`` against the measured one,
    ``median over rounds of meas(a) / meas(b)`` (a and b timed within a second or two of each other, each the
    geometric mean of its copies), the geometric mean of the launches'; and whether ``plan``'s choice measured
@@ -223,7 +223,7 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=60.0, help="about how long each model's rounds take")
     parser.add_argument("--rounds", type=int, default=None, help="rounds, in place of what the budget fits")
     parser.add_argument("--candidates", type=int, default=3, help="plan's choice and its runners-up")
-    parser.add_argument("--launches", type=int, default=2, help="launches that share the rounds (>= 1)")
+    parser.add_argument("--launches", type=int, default=1, help="launches that share the rounds (>= 1)")
     parser.add_argument(
         "--profiles", type=Path, default=None, help="an earlier run's --out: its profiles, in place of profiling again"
     )
