@@ -127,10 +127,11 @@ class Prediction:
 
 
 def partition_split_times(
-    costs: UnitCosts, problem: PartitionProblem, solution: PartitionSolution, schedule: Schedule
+    costs: UnitCosts, problem: PartitionProblem, solution: PartitionSolution, schedule: Schedule | None
 ) -> tuple[list[float], list[float]]:
-    """Per stage ``(I, W)`` for a split-backward schedule with a measured split, else ``([], [])``."""
-    if not schedule.splits_backward:
+    """Per stage ``(I, W)`` for a split-backward schedule (None: whatever the schedule) with a measured split,
+    else ``([], [])``."""
+    if schedule is not None and not schedule.splits_backward:
         return [], []
     forward, backward = partition_stage_times(problem, solution)
     return split_backward_times(

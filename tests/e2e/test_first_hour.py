@@ -91,11 +91,13 @@ def test_compare_reproduces_the_plans_prediction(profile_file, tmp_path, capsys,
 
 def test_compare_ranks_the_schedules_as_plan_did_with_the_profiles_own_calibration(tmp_path, capsys) -> None:
     # What `pipeplan profile` learned (per-schedule overheads far apart) is in no file: the plan records each
-    # schedule's overhead, and --compare gives every schedule what `plan --schedule` predicts for the same stages.
+    # schedule's overhead, and --compare gives every schedule what `plan --schedule` predicts for the same stages
+    # (two units: one cut), zero-bubble's with the measured split of the backward that the GPipe plan records.
     overheads = {"gpipe": 1e-3, "1f1b": 5e-3, "zero-bubble": 9e-3}
     learned = calibration(action_overhead_s=overheads).to_dict()
     path = tmp_path / "learned.profile.json"
-    save_profile(dataclasses.replace(make_profile([1.0, 1.0], sizes=(1,)), pipeline_calibration=learned), path)
+    profile = make_profile([1.0, 1.0], sizes=(1,), weight_share=0.4)
+    save_profile(dataclasses.replace(profile, pipeline_calibration=learned), path)
     planned = {}
     for schedule in overheads:
         out = tmp_path / f"{schedule}.plan.json"
@@ -109,9 +111,15 @@ def test_compare_ranks_the_schedules_as_plan_did_with_the_profiles_own_calibrati
     gpipe = planned["gpipe"]
     assert gpipe.predicted.calibration == "learned while profiling"
     assert gpipe.predicted.schedule_overhead_s["1f1b"] == (5e-3, 5e-3)
+    assert [s.input_s is not None for s in gpipe.stages] == [True, True]
     results = compare_plan(gpipe, [Schedule(s) for s in overheads])
     assert [r.iteration_s for r in results] == pytest.approx([p.predicted.iteration_s for p in planned.values()])
-    assert results[0].iteration_s < results[1].iteration_s < results[2].iteration_s
+    # At the GPipe plan's own overhead (1 ms an action) 1F1B would come out 4 ms too fast on each action of its
+    # critical path (at least a forward and a backward of each of the 4 micro-batches).
+    from planner.schedule.what_if import compare_schedules
+
+    at_own = compare_schedules(gpipe.pipeline(), [Schedule.ONE_F_ONE_B])[0]
+    assert results[1].iteration_s >= at_own.iteration_s + 4e-3 * 8
 
 
 @pytest.mark.parametrize(
