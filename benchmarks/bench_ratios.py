@@ -32,12 +32,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import os
 import statistics
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -56,7 +54,7 @@ from profiles.from_spec import profile_spec  # noqa: E402
 MIN_ROUNDS = 16
 """The fewest interleaved rounds, however long the plans: llama-small's 2.6 s plans in 8 rounds measured two copies
 of one plan 15 % apart and put ``plan``'s choice 6.6 % behind the fastest; in 17 rounds from the same profile,
-4.1 % and 0.0 % (``--models llama-small``, 2026-12-02)."""
+4.1 % and 0.0 % (``--models llama-small --profiles DIR --budget-s 600``, 2026-12-02)."""
 
 
 def candidates(profile: Profile, ranks: int, batch: int, count: int) -> dict[str, Plan]:
@@ -82,10 +80,6 @@ def measure(
     launch = plans * copies
     rounds = rounds or rounds_within(launch, budget_s / launches, at_least=MIN_ROUNDS // launches, at_most=75)
     return [verify_plans(launch, spec, rounds=rounds, timeout_s=1800) for _ in range(launches)]
-
-
-def _geomean(values: Iterable[float]) -> float:
-    return math.exp(statistics.fmean(math.log(v) for v in values))
 
 
 def profile_once(spec: str, out: Path, profiles: Path | None) -> Profile:
@@ -120,14 +114,14 @@ def bench_case(
     of = [[c * n + k for c in range(copies)] for k in range(n)]  # each plan's copies in a launch
 
     def ratio(a: int, b: int) -> float:  # the geometric mean of the launches' ratios
-        return _geomean(run.ratio(of[a], of[b]) for run in runs)
+        return statistics.geometric_mean(run.ratio(of[a], of[b]) for run in runs)
 
     predicted = [p.predicted.iteration_s for p in plans]
     reports = [[run.reports[i] for run in runs for i in of[k]] for k in range(n)]
     measured = [statistics.fmean(r.measured_iteration_s for r in reports[k]) for k in range(n)]
     at_speed = [statistics.fmean(r.at_profile_speed().measured_iteration_s for r in reports[k]) for k in range(n)]
     copy_errors = (
-        [(1 / _geomean(run.ratio(of[k][0], of[k][1]) for run in runs) - 1) * 100 for k in range(n)]
+        [(1 / statistics.geometric_mean(run.ratio(of[k][0], of[k][1]) for run in runs) - 1) * 100 for k in range(n)]
         if copies > 1
         else []
     )

@@ -37,7 +37,6 @@ model is planned with it.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import statistics
 import warnings
@@ -400,8 +399,7 @@ def learn_model_cost(
         for _ in range(LEARNING_LAUNCHES)
     ]
     ratios = [
-        math.exp(statistics.fmean(math.log(run.ratio(k if k else anchor, anchor)) for run in launches))
-        for k in range(len(plans))
+        statistics.geometric_mean(run.ratio(k if k else anchor, anchor) for run in launches) for k in range(len(plans))
     ]
     # The reports (co-location, step tail) from the first launch: its times are of one stretch of the machine.
     first = launches[0]
