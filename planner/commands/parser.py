@@ -291,9 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=fmt,
         description=(
             "Close the loop: take the planner's K best distinct plans (schedules, micro-batch sizes,\n"
-            "boundaries, recomputation), run each on real ranks (processes when there are cores or GPUs for\n"
-            "every rank, else a one-process replay), refit the calibration from what was measured, plan again\n"
-            "with it, and write the plan that measured fastest, with its measured numbers. The refit\n"
+            "boundaries, recomputation), run each on real ranks, refit the calibration from what was measured,\n"
+            "plan again with it, and write the plan that measured fastest, with its measured numbers. With a\n"
+            "core or GPU for every rank the candidates run as processes in one launch, interleaved round by\n"
+            "round, and are ranked by their ratios over the rounds (a machine whose speed moves favours none);\n"
+            "else one at a time in a one-process replay. The refit\n"
             "calibration is written beside it; give it to `pipeplan plan --calibration` next time.\n\n"
             "example:\n"
             "  pipeplan tune gpt2.profile.json --model gpt2-small --ranks 2 --global-batch 8 --out gpt2.plan.json"
@@ -309,7 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the refit calibration goes (default: beside the plan, PLAN.calibration.json)",
     )
     p.add_argument("--candidates", type=int_range(1, 32), default=4, help="distinct plans to run (default 4)")
-    p.add_argument("--steps", type=int_range(1, MAX_STEPS), default=3, help="timed steps per candidate (default 3)")
+    p.add_argument(
+        "--steps",
+        type=int_range(1, MAX_STEPS),
+        default=3,
+        help="the fewest timed steps per candidate (default 3; interleaved: at least that many rounds, as many as "
+        "fit in about 30 s)",
+    )
     p.add_argument(
         "--warmup",
         type=int_range(0, MAX_STEPS),

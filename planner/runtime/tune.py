@@ -2,8 +2,10 @@
 
 1. The planner's ``K`` best *distinct* plans (schedule, virtual stages, micro-batching, boundaries,
    recomputation) under the current calibration.
-2. Each runs for real (:func:`planner.runtime.verify.verify_plan`: processes when there are cores or GPUs
-   for every rank, otherwise the one-process replay).
+2. Each runs for real: on processes (cores or GPUs for every rank) all of them in one launch, interleaved
+   round by round (:func:`planner.runtime.interleave.verify_plans`), and ranked by their ratios to the first
+   candidate, the median over rounds, which hold while the machine's speed moves; otherwise one at a time
+   (:func:`planner.runtime.verify.verify_plan`, the one-process replay), ranked by their medians.
 3. The calibration is refit from what was measured (processes mode; replay measures compute only):
    - co-location factor: the one for which the simulated compute of every rank of every candidate adds up
      to the measured compute (bisection; the factor scales every action of the pipeline, docs/cost-model.md);
@@ -12,7 +14,8 @@
      schedule's candidates; unmeasured schedules shift by the median change of the measured ones
      (added, not multiplied: the change is the model's own per-action cost, which every schedule pays);
    - optimizer: scaled by the median measured / predicted step tail.
-4. The search runs again with the refit calibration; its best plan is measured too if it is new.
+4. The search runs again with the refit calibration; its best plan is measured too if it is new (on
+   processes, interleaved with the fastest so far).
 5. The plan that *measured* fastest is written with its ``measured`` block and the refit prediction,
    and the refit calibration beside it.
 """
@@ -31,7 +34,8 @@ from planner.plan import Measurement, Plan
 from planner.prediction import predict_plan, repredicted_plan
 from planner.request import PlanRequest
 from planner.runtime.calibrate import fit_overhead, solve_increasing
-from planner.runtime.verify import verify_plan
+from planner.runtime.interleave import rounds_within, verify_plans
+from planner.runtime.verify import pick_mode, verify_plan
 from planner.runtime.verify_report import VerifyReport
 from planner.schedule.orders import Schedule
 from planner.schedule.simulate import SimulationResult
@@ -48,6 +52,14 @@ __all__ = [
 ]
 
 
+INTERLEAVED_BUDGET_S = 30.0
+"""About how long each interleaved launch of candidates times steps (:func:`rounds_within`; never fewer rounds
+than ``steps``): a round's ratio of two of mlp's plans ranged 0.65-0.91 within a minute on the development VM,
+and a median over many rounds is what holds (:mod:`planner.runtime.model_cost`)."""
+
+INTERLEAVED_MAX_ROUNDS = 30
+
+
 @dataclass(frozen=True)
 class TunedCandidate:
     plan: Plan
@@ -55,6 +67,9 @@ class TunedCandidate:
     report: VerifyReport
     refit_predicted_s: float
     """The same plan's prediction under the refit calibration."""
+    relative: float
+    """Its iteration over the first candidate's: the median over interleaved rounds of their ratio (runs on
+    processes), else the ratio of their medians."""
 
     @property
     def measured_s(self) -> float:
@@ -233,38 +248,63 @@ def tune(
     progress = on_progress or (lambda _text: None)
     plans = make_plans(profile, request, sha256=sha256, count=candidates)
     runs: list[tuple[Plan, VerifyReport]] = []
+    relative: list[float] = []
+    interleaved = all(pick_mode(mode, p, device) == "processes" and p.mesh is None for p in plans)
 
-    def measure(plan: Plan) -> None:
-        progress(f"running {_label(plan)}" + ("" if len(runs) < len(plans) else " (the refit model's choice)"))
-        report = verify_plan(plan, model, steps=steps, warmup=warmup, mode=mode, device=device, timeout_s=timeout_s)
-        runs.append((plan, report))
+    def measure(batch: list[Plan], versus: int | None = None) -> None:
+        """Run ``batch`` (with the candidate ``versus`` first, when given) and add each plan's run and its
+        iteration relative to the first candidate."""
+        if not interleaved:
+            for plan in batch:
+                progress(f"running {_label(plan)}")  # one launch each
+                report = verify_plan(
+                    plan, model, steps=steps, warmup=warmup, mode=mode, device=device, timeout_s=timeout_s
+                )
+                runs.append((plan, report))
+                first = runs[0][1].measured_iteration_s
+                relative.append(report.measured_iteration_s / first)
+            return
+        anchor = [] if versus is None else [runs[versus][0]]
+        launch = [*anchor, *batch]
+        rounds = rounds_within(launch, INTERLEAVED_BUDGET_S, at_least=steps, at_most=INTERLEAVED_MAX_ROUNDS)
+        for _ in batch:
+            progress(f"running {len(launch)} plans interleaved, {rounds} rounds")
+        timeout = timeout_s * len(launch)  # the budget is per candidate
+        run = verify_plans(launch, model, rounds=rounds, warmup=warmup, device=device, timeout_s=timeout)
+        scale = 1.0 if versus is None else relative[versus]
+        for k, plan in enumerate(batch, start=len(anchor)):
+            runs.append((plan, run.reports[k]))
+            relative.append(scale * run.ratio(k, 0))
 
-    for plan in plans:
-        measure(plan)
+    def fastest() -> int:
+        return min(range(len(runs)), key=relative.__getitem__)
+
+    measure(plans)
     refit = refit_calibration(start, runs)
     if refit is not start:
         refit = refit.learned_from(profile.model.name, profile.model.fingerprint, runs=len(runs))
     refit_settings = replace(request.settings, calibration=refit, calibration_label="refit by tune")
     replanned = make_plans(profile, replace(request, settings=refit_settings), sha256=sha256, count=1)[0]
     if plan_key(replanned) not in {plan_key(p) for p, _ in runs}:
-        measure(replanned)
-    fastest_plan, fastest = min(runs, key=lambda pr: pr[1].measured_iteration_s)
+        measure([replanned], versus=fastest())
+    fastest_plan, measured = runs[fastest()]
     best = repredicted_plan(profile, fastest_plan, refit_settings)
-    error = (fastest.measured_iteration_s - best.predicted.iteration_s) / best.predicted.iteration_s * 100.0
+    error = (measured.measured_iteration_s - best.predicted.iteration_s) / best.predicted.iteration_s * 100.0
     best = replace(
         best,
         measured=Measurement(
-            mode=fastest.mode,
-            iteration_s=fastest.measured_iteration_s,
-            forward_s=tuple(s.measured_forward_s for s in fastest.stages),
-            backward_s=tuple(s.measured_backward_s for s in fastest.stages),
-            steps=fastest.steps,
+            mode=measured.mode,
+            iteration_s=measured.measured_iteration_s,
+            forward_s=tuple(s.measured_forward_s for s in measured.stages),
+            backward_s=tuple(s.measured_backward_s for s in measured.stages),
+            steps=measured.steps,
             error_pct=error,
-            speed_factor=fastest.speed_factor,
+            speed_factor=measured.speed_factor,
         ),
     )
     tuned = tuple(
-        TunedCandidate(plan, report, predict_plan(profile, plan, refit_settings).iteration_s) for plan, report in runs
+        TunedCandidate(plan, report, predict_plan(profile, plan, refit_settings).iteration_s, r)
+        for (plan, report), r in zip(runs, relative, strict=True)
     )
     return TuneResult(best=best, calibration=refit, candidates=tuned)
 
@@ -272,8 +312,8 @@ def tune(
 def format_tune_table(result: TuneResult) -> str:
     """Candidates with predicted (before and after the refit), measured, and the two errors."""
     rows = [
-        f"{'#':>2}  {'candidate':<52} {'predicted':>10} {'refit':>10} {'measured':>10} {'err':>7} {'err refit':>9} "
-        f"{'speed':>6}"
+        f"{'#':>2}  {'candidate':<52} {'predicted':>10} {'refit':>10} {'measured':>10} {'vs #0':>6} {'err':>7} "
+        f"{'err refit':>9} {'speed':>6}"
     ]
     best_key = plan_key(result.best)
     for i, c in enumerate(result.candidates):
@@ -286,9 +326,13 @@ def format_tune_table(result: TuneResult) -> str:
         speed = "-" if factor is None else f"x{factor:.2f}"
         rows.append(
             f"{i:>2}  {_label(c.plan):<52} {before * 1e3:>8.2f}ms "
-            f"{after * 1e3:>8.2f}ms {c.measured_s * 1e3:>8.2f}ms {err:>+6.1f}% "
+            f"{after * 1e3:>8.2f}ms {c.measured_s * 1e3:>8.2f}ms {c.relative:>6.3f} {err:>+6.1f}% "
             f"{err_after} {speed:>6}{mark}"
         )
+    rows.append(
+        "vs #0: each candidate's iteration over the first's (interleaved runs: the median over rounds of their "
+        "ratio); the fastest is the lowest"
+    )
     if any(c.report.speed_factor is not None for c in result.candidates):
         rows.append(
             "speed: how much slower the speed reference ran during the candidate's run than while profiling "

@@ -62,6 +62,7 @@ __all__ = [
     "compare_numerics",
     "reference_step",
     "rank_thread_count",
+    "pick_mode",
     "build_report",
     "measured_from_ranks",
     "MeasuredRun",
@@ -125,7 +126,9 @@ def _processes(plan: Plan) -> int:
     return plan.mesh.used_devices if plan.mesh is not None else plan.num_ranks
 
 
-def _pick_mode(mode: str, plan: Plan, device: str) -> str:
+def pick_mode(mode: str, plan: Plan, device: str) -> str:
+    """What ``mode`` (``auto``, ``processes``, ``replay``) runs ``plan`` as on ``device``: processes where there is
+    a core or GPU for every process, the one-process replay otherwise."""
     if mode not in _MODES:
         raise UsageError(f"unknown verify mode {mode!r}: use one of {', '.join(_MODES)}")
     tp = plan.mesh.tp if plan.mesh is not None else 1
@@ -155,7 +158,7 @@ def rank_thread_count(plan: Plan, mode: str, device: str) -> int | None:
             outnumber the cores still run, with a warning: nothing can be corrected there.)
     """
     threads = plan.profile_threads
-    if device != "cpu" or threads is None or _pick_mode(mode, plan, device) != "processes":
+    if device != "cpu" or threads is None or pick_mode(mode, plan, device) != "processes":
         return None
     ranks, cores = _processes(plan), os.cpu_count() or 1
     if ranks * threads <= cores:
@@ -216,7 +219,7 @@ def verify_plan(
     if steps < 1 or warmup < 0:
         raise UsageError(f"steps must be >= 1 and warmup >= 0 (steps: {steps}, warmup: {warmup})")
     check_runtime_layout(plan)  # before any process starts
-    chosen = _pick_mode(mode, plan, device)
+    chosen = pick_mode(mode, plan, device)
     spec = workload if isinstance(workload, str) else workload.name
     numerics = None
     if plan.mesh is not None and plan.mesh.tp > 1:

@@ -183,12 +183,15 @@ def test_tune_keeps_the_fastest_measured_plan(tmp_path) -> None:
     result = tune(profile, request, "gpt2-tiny", sha256="0" * 64, candidates=2, steps=1, warmup=1)
     measured = [c.measured_s for c in result.candidates]
     assert len({plan_key(c.plan) for c in result.candidates}) == len(measured) >= 2
+    # Two processes on this machine's cores: the candidates ran interleaved in one launch, ranked by their ratios.
+    assert all(c.report.mode == "processes" for c in result.candidates)
+    assert result.candidates[0].relative == 1.0 and all(c.relative > 0 for c in result.candidates)
     assert result.best.measured is not None
-    assert result.best.measured.iteration_s == min(measured)
-    fastest = min(result.candidates, key=lambda c: c.measured_s)
+    fastest = min(result.candidates, key=lambda c: c.relative)
     assert plan_key(result.best) == plan_key(fastest.plan)
+    assert result.best.measured.iteration_s == fastest.measured_s
     assert result.best.measured.error_pct == pytest.approx(
-        (min(measured) - result.best.predicted.iteration_s) / result.best.predicted.iteration_s * 100
+        (fastest.measured_s - result.best.predicted.iteration_s) / result.best.predicted.iteration_s * 100
     )
     assert "<- fastest measured" in format_tune_table(result)
     # The refit carries gpt2-tiny's own per-action cost: it says whose, so that plan can warn for another model.
@@ -202,6 +205,45 @@ def test_tune_keeps_the_fastest_measured_plan(tmp_path) -> None:
         assert c.report.speed_factor is not None and c.report.speed_factor > 0
         assert f"x{c.report.speed_factor:.2f}" in format_tune_table(result)
     assert result.best.measured.speed_factor == fastest.report.speed_factor
+
+
+def test_tune_ranks_candidates_by_their_interleaved_ratios_not_their_medians(monkeypatch) -> None:
+    # Candidate 1's steps have the lower median over the launch (they ran in its fast minutes), but in every
+    # round it ran 1.1x candidate 0: tune keeps candidate 0. The refit model's choice, new, runs in a second
+    # launch beside the fastest so far (0.8x it): its place is 0.8x candidate 0's.
+    from planner.runtime import tune as tune_module
+    from planner.runtime.interleave import InterleavedRun
+
+    profile = make_profile([0.01] * 6, param_counts=[1000] * 6, sizes=(1, 2))
+    settings = default_settings(profile, calibration=calibration(), calibration_label="synthetic")
+    request = PlanRequest(num_ranks=2, global_batch_size=4, settings=settings)
+    launches = []
+
+    def fake_verify_plans(plans, model, *, rounds, **kwargs):
+        launches.append([plan_key(p) for p in plans])
+        if len(launches) == 1:
+            medians, rounds_s = [1.0, 0.9, 1.2], [(1.0, 2.0), (1.1, 2.2), (1.3, 2.6)]
+        else:
+            medians, rounds_s = [1.0, 0.8], [(1.0, 2.0), (0.8, 1.6)]
+        reports = tuple(verify_report(p, m, (m / 2, m / 2), 0.0) for p, m in zip(plans, medians, strict=True))
+        return InterleavedRun(reports, tuple(rounds_s[: len(plans)]))
+
+    pool = make_plans(profile, request, sha256="0" * 64, count=4)
+    searches = iter([pool[:3], pool[3:]])  # the candidates; then the refit model's choice, one not yet run
+    monkeypatch.setattr(tune_module, "make_plans", lambda *args, **kwargs: next(searches))
+    monkeypatch.setattr(tune_module, "verify_plans", fake_verify_plans)
+    monkeypatch.setattr(tune_module, "pick_mode", lambda mode, plan, device: "processes")
+    result = tune(profile, request, "mlp", sha256="0" * 64, candidates=3)
+    keys = [plan_key(p) for p in pool]
+    assert launches == [keys[:3], [keys[0], keys[3]]]
+    assert [c.relative for c in result.candidates] == pytest.approx([1.0, 1.1, 1.3, 0.8])
+    assert plan_key(result.best) == keys[3] and result.best.measured.iteration_s == 0.8
+    assert "vs #0" in format_tune_table(result)
+    # Without the refit model's choice, candidate 0, though candidate 1's median was lower.
+    launches.clear()
+    searches = iter([pool[:3], pool[:1]])
+    result = tune(profile, request, "mlp", sha256="0" * 64, candidates=3)
+    assert len(launches) == 1 and plan_key(result.best) == keys[0]
 
 
 def test_tune_refuses_to_start_without_a_calibration(tmp_path, capsys) -> None:

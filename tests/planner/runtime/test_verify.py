@@ -254,9 +254,9 @@ def test_a_report_at_the_profiles_speed_divides_every_measured_time_by_the_speed
 def test_auto_mode_falls_back_to_replay_with_few_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"])
     monkeypatch.setattr(verify.os, "cpu_count", lambda: 1)
-    assert verify._pick_mode("auto", plan, "cpu") == "replay"
+    assert verify.pick_mode("auto", plan, "cpu") == "replay"
     monkeypatch.setattr(verify.os, "cpu_count", lambda: 2)
-    assert verify._pick_mode("auto", plan, "cpu") == "processes"
+    assert verify.pick_mode("auto", plan, "cpu") == "processes"
 
 
 def test_replay_runs_with_the_profilers_allocator_settings(monkeypatch: pytest.MonkeyPatch) -> None:
