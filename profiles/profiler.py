@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_leaves
 
 from planner.errors import PipeplanWarning, ProfilingError, UsageError, shorten
 from profiles.allocator import keep_freed_memory
-from profiles.dataflow import Capture, Edge, capture_export, capture_hooks, param_ownership
+from profiles.dataflow import Capture, Edge, Piece, capture_export, capture_hooks, param_ownership
 from profiles.fingerprint import model_fingerprint
 from profiles.format import (
     DeviceInfo,
@@ -42,6 +42,7 @@ from profiles.rounds import (
     MIN_TIME_S,
     WHOLE_PATHS,
     Measurements,
+    Rounds,
     Timing,
     measure_rounds,
     overhead_piece,
@@ -183,41 +184,58 @@ def _warn_if_busy(dev: torch.device) -> float:
 
 
 @dataclass(frozen=True)
-class SizeTiming:
-    units: tuple[PieceMeasurement, ...]
-    whole: PieceMeasurement
-    overhead: PieceMeasurement
-    rounds: int
-    resume: tuple[tuple[float, ...], tuple[float, ...]]
-    thread_factors: tuple[float, ...] = ()
+class SizeRun:
+    """One micro-batch size, captured and ready to time: each round times ``pieces`` (the units, the whole
+    model unless a one-unit export already is it, the overhead piece) in order."""
+
+    b: int
+    cap: Capture
+    target: Any
+    pieces: tuple[Piece, ...]
+    whole_index: int
+
+    @property
+    def units(self) -> int:
+        return len(self.cap.pieces)
 
 
-def _time_size(
-    cap: Capture,
-    model: nn.Module,
-    inputs: tuple,
-    target: Any,
-    workload: Workload,
-    dev: torch.device,
-    b: int,
-    bar: Any,
-    timing: Timing,
-    reference: SpeedReference,
-    thread_counts: tuple[int, ...] = (),
-) -> SizeTiming:
-    """Time the units, the whole model and the overhead piece at one micro-batch size, round-robin; and the
-    speed reference once per round (profiles/reference.py)."""
+def _size_run(cap: Capture, model: nn.Module, inputs: tuple, target: Any, b: int, dev: torch.device) -> SizeRun:
     n = len(cap.pieces)
     whole = whole_piece(model, inputs, cap, [p.name for p in cap.pieces])
     shared = whole is cap.pieces[0] and n == 1  # a one-unit export: the unit is the whole model
-    pieces = [*cap.pieces, *([] if shared else [whole]), overhead_piece(cap.mode, dev)]
-    bar.total += (len(pieces) - (n + 2)) * timing.repeats
+    pieces = (*cap.pieces, *(() if shared else (whole,)), overhead_piece(cap.mode, dev))
+    return SizeRun(b, cap, target, pieces, n - 1 if shared else n)
+
+
+def _time_sizes(
+    runs: Sequence[SizeRun],
+    workload: Workload,
+    dev: torch.device,
+    bar: Any,
+    timing: Timing,
+    reference: SpeedReference,
+) -> list[Rounds]:
+    """Time every size's pieces in shared round-robin rounds; the speed reference once per size per round.
+
+    A round visits every size, starting one size later each round: a slow spell of the machine then falls on
+    every size alike, and the ratio between sizes, which picks the micro-batch size, holds. Timed one size
+    after another, gpt2-small's b = 2 came out 1.3-1.6x slower per sample than b = 1 and 4 (2026-12-02, a
+    slow spell over its 4 rounds) and the plan took a size the run did not bear out (docs/fidelity-profile.md).
+    """
+    offsets = [0]
+    for run in runs:
+        offsets.append(offsets[-1] + len(run.pieces))
+    owner = [(s, i) for s, run in enumerate(runs) for i in range(len(run.pieces))]
+    bar.total = offsets[-1] * timing.repeats
     bar.refresh()
 
-    def measure(i: int, r: int) -> PieceMeasurement:
-        piece = pieces[i]
-        with_loss = n - 1 <= i < (n if shared else n + 1)  # the last unit and the whole model
-        bar.set_description(f"b={b} {'whole model' if piece is whole and not shared else piece.name}")
+    def measure(k: int, r: int) -> PieceMeasurement:
+        s, i = owner[k]
+        run = runs[s]
+        piece = run.pieces[i]
+        n = run.units
+        with_loss = i == n - 1 or i == run.whole_index  # the last unit and the whole model
+        bar.set_description(f"b={run.b} {'whole model' if i == run.whole_index >= n else piece.name}")
         if i == 0:
             reference.time_once()
         try:
@@ -227,58 +245,77 @@ def _time_size(
                 repeats=1,
                 warmup=timing.warmup if r == 0 else 0,
                 loss_fn=workload.loss_fn if with_loss else None,
-                target=target if with_loss else None,
+                target=run.target if with_loss else None,
                 track_memory=r == 0 and i < n,  # bytes do not vary: the first round's stand (rounds.py)
             )
         except Exception as exc:
             raise ProfilingError(
-                f"measuring unit {piece.name} at micro-batch size {b} failed: {type(exc).__name__}: {exc}"
+                f"measuring unit {piece.name} at micro-batch size {run.b} failed: {type(exc).__name__}: {exc}"
             ) from None
         bar.update()
         return result
 
+    def visit(r: int) -> list[int]:
+        first = r % len(runs)
+        return [k for s in (*range(first, len(runs)), *range(first)) for k in range(offsets[s], offsets[s + 1])]
+
     def extra_round() -> None:
-        bar.total += len(pieces)
+        bar.total += offsets[-1]
         bar.refresh()
 
-    whole_index = n - 1 if shared else n
+    # per size, the unit sum and the whole model
+    watch = [
+        group
+        for off, run in zip(offsets, runs, strict=False)
+        for group in (range(off, off + run.units), [off + run.whole_index])
+    ]
     done = measure_rounds(
-        len(pieces),
+        offsets[-1],
         measure,
-        watch=[range(n), [whole_index]],
+        watch=watch,
         min_rounds=timing.repeats,
         max_rounds=timing.max_repeats,
         stable_within=timing.stable_within,
-        min_time_s=timing.min_time_s,
+        min_time_s=timing.min_time_s * len(runs),
         on_extra_round=extra_round,
+        visit=visit,
     )
-    whole_timed = done.medians[whole_index]
-    bar.set_description(f"b={b} after a wait")
+    return [Rounds(done.medians[offsets[s] : offsets[s + 1]], done.rounds) for s in range(len(runs))]
+
+
+def _after_rounds(
+    run: SizeRun,
+    timed: Rounds,
+    workload: Workload,
+    dev: torch.device,
+    bar: Any,
+    timing: Timing,
+    thread_counts: tuple[int, ...],
+) -> tuple[tuple[tuple[float, ...], tuple[float, ...]], tuple[float, ...]]:
+    """At one size, after the rounds: the whole model's extras after idle gaps (profiles/resume.py) and its
+    time at each of ``thread_counts`` / as profiled (profiles/threads.py)."""
+    whole, whole_timed = run.pieces[run.whole_index], timed.medians[run.whole_index]
+    step_s = whole_timed.forward_s + whole_timed.backward_s
+    bar.set_description(f"b={run.b} after a wait")
     try:
-        resume = measure_resume(
-            pieces[whole_index],
-            device=dev,
-            loss_fn=workload.loss_fn,
-            target=target,
-            step_s=whole_timed.forward_s + whole_timed.backward_s,
-        )
+        resume = measure_resume(whole, device=dev, loss_fn=workload.loss_fn, target=run.target, step_s=step_s)
     except Exception as exc:
         raise ProfilingError(
-            f"measuring the model after a wait at micro-batch size {b} failed: {type(exc).__name__}: {exc}"
+            f"measuring the model after a wait at micro-batch size {run.b} failed: {type(exc).__name__}: {exc}"
         ) from None
-    factors: tuple[float, ...] = ()
-    if thread_counts:
-        bar.set_description(f"b={b} at {', '.join(map(str, thread_counts))} threads")
-        factors = measure_thread_scaling(
-            pieces[whole_index],
-            device=dev,
-            loss_fn=workload.loss_fn,
-            target=target,
-            step_s=whole_timed.forward_s + whole_timed.backward_s,
-            thread_counts=thread_counts,
-            min_time_s=min(0.5, timing.min_time_s),
-        )
-    return SizeTiming(done.medians[:n], whole_timed, done.medians[-1], done.rounds, resume, factors)
+    if not thread_counts:
+        return resume, ()
+    bar.set_description(f"b={run.b} at {', '.join(map(str, thread_counts))} threads")
+    factors = measure_thread_scaling(
+        whole,
+        device=dev,
+        loss_fn=workload.loss_fn,
+        target=run.target,
+        step_s=step_s,
+        thread_counts=thread_counts,
+        min_time_s=min(0.5, timing.min_time_s),
+    )
+    return resume, factors
 
 
 def _edge_key(edge: Edge) -> tuple[int, tuple[int, ...], str]:
@@ -299,17 +336,10 @@ def _measure_loaded(
     """The model held whole on the device: units, whole model and overhead piece in round-robin rounds."""
     from tqdm import tqdm
 
-    n = len(unit_names)
-    # per size and round: the units, the whole model and the overhead piece (_time_size corrects this)
-    total = len(sizes) * (n + 2) * timing.repeats
-    bar = tqdm(total=total, disable=not progress, file=sys.stderr, unit="step", leave=False)
-    per_size: list[tuple[PieceMeasurement, ...]] = []
+    bar = tqdm(total=0, disable=not progress, file=sys.stderr, unit="step", leave=False)
     flops: list[tuple[int, ...]] = []
-    whole: list[PieceMeasurement] = []
-    overhead: list[PieceMeasurement] = []
-    rounds_used: list[int] = []
-    resumes: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
     edges_by_size: list[tuple[Edge, ...]] = []
+    runs: list[SizeRun] = []
     ownership = None
     mode: str | None = capture
     fallback_reason = ""
@@ -317,7 +347,6 @@ def _measure_loaded(
     reference.warm_up()
     # A CPU rank of a P-rank pipeline gets cores // P threads: the profile carries its times at each such count.
     counts = rank_thread_counts(os.cpu_count() or 1) if dev.type == "cpu" else ()
-    factors: list[tuple[float, ...]] = []
     losses: list[tuple[int, int]] = []
     try:
         for b in sizes:
@@ -328,13 +357,6 @@ def _measure_loaded(
             mode, fallback_reason = cap.mode, fallback_reason or reason
             if ownership is None:
                 ownership = param_ownership(model, cap)
-            timed = _time_size(cap, model, inputs, target, workload, dev, b, bar, timing, reference, counts)
-            factors.append(timed.thread_factors)
-            per_size.append(timed.units)
-            whole.append(timed.whole)
-            overhead.append(timed.overhead)
-            rounds_used.append(timed.rounds)
-            resumes.append(timed.resume)
             try:
                 counted = tuple(count_flops(piece.module, piece.args, piece.kwargs) for piece in cap.pieces)
             except Exception as exc:
@@ -343,24 +365,26 @@ def _measure_loaded(
                 ) from None
             flops.append(counted)
             edges_by_size.append(cap.edges)
-            del cap
+            runs.append(_size_run(cap, model, inputs, target, b, dev))
+        timed = _time_sizes(runs, workload, dev, bar, timing, reference)
+        after = [_after_rounds(run, t, workload, dev, bar, timing, counts) for run, t in zip(runs, timed, strict=True)]
         thread_reference = measure_reference_at(dev, counts, rounds=15 if timing.min_time_s > 0 else 3)
     finally:
         bar.close()
     assert ownership is not None and mode is not None
     return Measurements(
-        units=tuple(per_size),
+        units=tuple(t.medians[: run.units] for run, t in zip(runs, timed, strict=True)),
         flops=tuple(flops),
-        whole=tuple(whole),
-        overhead=tuple(overhead),
-        rounds=tuple(rounds_used),
+        whole=tuple(t.medians[run.whole_index] for run, t in zip(runs, timed, strict=True)),
+        overhead=tuple(t.medians[-1] for t in timed),
+        rounds=tuple(t.rounds for t in timed),
         edges=tuple(edges_by_size),
         ownership=tuple(ownership),
         mode=mode,
         export_error=fallback_reason,
         reference_s=reference.median_s,
-        resume=tuple(resumes),
-        thread_factors=tuple(factors) if counts else None,
+        resume=tuple(resume for resume, _ in after),
+        thread_factors=tuple(f for _, f in after) if counts else None,
         thread_counts=counts,
         thread_reference_s=thread_reference,
         loss_bytes=tuple(losses),
@@ -428,8 +452,9 @@ def profile_model(
     Units, the whole model (along the units' code path, :func:`profiles.rounds.whole_piece`) and the
     piece overhead are timed in round-robin rounds: at least ``repeats``, then until the median unit
     sum and whole model move by at most ``stable_within`` per round, at most ``max_repeats`` (default:
-    ``repeats``, no adaptation); and at each size until they span ``min_time_s`` of wall time
-    (:data:`profiles.rounds.MIN_TIME_S`: a shared machine changes speed from one second to the next).
+    ``repeats``, no adaptation); and until they span ``min_time_s`` of wall time per size
+    (:data:`profiles.rounds.MIN_TIME_S`: a shared machine changes speed from one second to the next). A round
+    visits every size, so that a slow spell falls on every size alike (``_time_sizes``).
 
     A workload built on the meta device (``load_workload(spec, meta=True)``) is profiled one unit at a
     time (:func:`profiles.meta_profile.measure_on_meta`): the whole model is never held, nor measured;

@@ -200,13 +200,15 @@ def measure_rounds(
     stable_within: float,
     min_time_s: float = 0.0,
     on_extra_round: Callable[[], None] = lambda: None,
+    visit: Callable[[int], Sequence[int]] | None = None,
 ) -> Rounds:
     """Call ``measure(piece_index, round)`` for every piece, round after round.
 
     At least ``min_rounds`` rounds and at most ``max_rounds``; in between, stop once the summed median
     of every index group in ``watch`` is stable. Either way, go on until the rounds span ``min_time_s``
     (at most :data:`MAX_ROUNDS`). ``on_extra_round`` runs before each round past the minimum (the
-    caller grows its progress bar: the bar's total stays honest).
+    caller grows its progress bar: the bar's total stays honest). ``visit(round)``, when given, is the
+    order in which that round measures the pieces (a permutation of ``range(count)``).
     """
     started = time.perf_counter()
     rows: list[list[PieceMeasurement]] = []
@@ -215,7 +217,9 @@ def measure_rounds(
         r = len(rows)
         if r >= min_rounds:
             on_extra_round()
-        rows.append([measure(i, r) for i in range(count)])
+        order = range(count) if visit is None else visit(r)
+        measured = {i: measure(i, r) for i in order}
+        rows.append([measured[i] for i in range(count)])
         medians = [median_measurement([row[i] for row in rows]) for i in range(count)]
         for h, group in zip(history, watch, strict=True):
             h.append(_total(medians, group))

@@ -142,8 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=nonneg_float,
         default=None,
         metavar="SECONDS",
-        help="at each micro-batch size, rounds also go on until they span this long (default 2): a shared "
-        "machine changes speed from one second to the next, and a median over a moment sees one speed",
+        help="rounds (each visits every micro-batch size) also go on until they span this long per size "
+        "(default 2): a shared machine changes speed from one second to the next, and a median over a moment "
+        "sees one speed",
     )
     p.add_argument(
         "--units",

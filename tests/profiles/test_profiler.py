@@ -175,6 +175,32 @@ def test_sleep_units_order_forward_times() -> None:
     assert profile.settings["capture"] == "hooks"
 
 
+class _SizeLog(nn.Module):
+    """A linear layer that logs the batch size of every call (eager: capture by hooks)."""
+
+    def __init__(self, log: list[int]) -> None:
+        super().__init__()
+        self.lin, self.log = nn.Linear(4, 4), log
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.log.append(x.shape[0])
+        return self.lin(x)
+
+
+def test_rounds_visit_every_size_in_turn_starting_one_size_later_each_round() -> None:
+    log: list[int] = []
+    model = nn.Sequential(_SizeLog(log), nn.Linear(4, 4))
+    workload = Workload(model, lambda b: (torch.randn(b, 4), torch.randn(b, 4)), nn.functional.mse_loss, "logged")
+    timing = {**FAST, "repeats": 2, "max_repeats": 2}
+    profile = profile_model(workload, micro_batch_sizes=(1, 2, 3), units=["0", "1"], capture="hooks", **timing)
+    sizes = [int(b) for b in log]
+    runs = [b for i, b in enumerate(sizes) if i == 0 or sizes[i - 1] != b]  # consecutive calls at one size, collapsed
+    # set-up (loss, capture) one size after another, then round 0 from b = 1, round 1 from b = 2; timed one
+    # size after another, b = 1 would never come back once b = 2 began; after the rounds, each size's extras
+    assert runs == [1, 2, 3, 1, 2, 3, 2, 3, 1, 2, 3]
+    assert profile.settings["repeats_used"] == [2, 2, 2]
+
+
 def test_untraceable_model_falls_back_to_hooks(caplog) -> None:
     class Branchy(nn.Module):
         def __init__(self) -> None:

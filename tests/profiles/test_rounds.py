@@ -53,6 +53,26 @@ def test_rounds_keep_the_minimum_and_the_maximum() -> None:
     assert measure_rounds(2, _fake(drifting), watch=[[0]], min_rounds=1, max_rounds=1, stable_within=0.01).rounds == 1
 
 
+def test_rounds_visit_pieces_in_the_given_order_and_keep_medians_by_piece() -> None:
+    order: list[tuple[int, int]] = []
+
+    def measure(i: int, r: int) -> PieceMeasurement:
+        order.append((r, i))
+        return PieceMeasurement(float(i + 10 * r), 0.0, 0, 0, None)
+
+    done = measure_rounds(
+        3,
+        measure,
+        watch=[[0]],
+        min_rounds=2,
+        max_rounds=2,
+        stable_within=0.01,
+        visit=lambda r: [2, 0, 1][r:] + [2, 0, 1][:r],
+    )
+    assert order == [(0, 2), (0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
+    assert [m.forward_s for m in done.medians] == [5.0, 6.0, 7.0]  # piece i: median of i and i + 10
+
+
 class Two(nn.Module):
     def __init__(self) -> None:
         super().__init__()
