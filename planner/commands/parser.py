@@ -238,8 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--learn",
         choices=("auto", "1f1b", "every"),
         default="auto",
-        help="with --model: run 1F1B's plan only, or every schedule's at two micro-batch counts, each learning "
-        "its own overhead (auto: every where 1F1B's plan steps in under 0.5 s; default auto)",
+        help="with --model: run 1F1B's plans only (one a profiled micro-batch size), or every schedule's at two "
+        "micro-batch counts as well, each learning its own overhead (auto: every where 1F1B's plan steps in "
+        "under 0.5 s; default auto)",
     )
     p.add_argument(
         "--start",

@@ -28,7 +28,9 @@ and as many micro-batches as ranks (same micro-batch size), and keeps an overhea
 compute over its profile, relative to the first run's, gives that size's co-location factor
 (``Calibration.colocation_factor_by_micro_batch_size``): cnn13's compute ran 0.86-0.96x its profile at b = 4 and
 1.09-1.22x at b = 1. Where actions are long, their overhead is a few percent of the step, and one 1F1B run, its
-change shifted onto the other schedules, is enough for what the extra runs would cost.
+change shifted onto the other schedules, is enough for what the extra runs would cost; but the co-location
+factor still moves with the size, so a long model's 1F1B plan runs at each profiled size too, at the same global
+batch, in one launch of a few rounds (:data:`LEARNING_SIZE_ROUNDS`).
 
 The result is the model's: ``notes.model`` names it, and ``pipeplan plan`` warns when a profile of another
 model is planned with it.
@@ -66,6 +68,7 @@ __all__ = [
     "learn_from_runs",
     "EVERY_SCHEDULE_BELOW_S",
     "LEARNING_ROUNDS",
+    "LEARNING_SIZE_ROUNDS",
     "LEARNING_MAX_ROUNDS",
     "LEARNING_BUDGET_S",
     "LEARNING_LAUNCHES",
@@ -95,6 +98,11 @@ two launches of 12 rounds of 0.1 s blocks."""
 LEARNING_ROUNDS = 7
 """The fewest rounds of each interleaved learning launch: its ratios are medians over them, and one round's ratio
 of two plans of mlp ranged 0.65-0.91 within a minute on the development VM."""
+
+LEARNING_SIZE_ROUNDS = 3
+"""The fewest rounds of a launch that learns co-location factors alone (a long model's 1F1B plan at each profiled
+micro-batch size): each factor is a ratio of compute summed over every action of its rounds, not a median of
+per-round ratios, and a long model's round is seconds (llama-small, 3 sizes: about 8 s)."""
 
 LEARNING_MAX_ROUNDS = 30
 """The most rounds of each interleaved learning launch, however short its plans."""
@@ -162,16 +170,21 @@ def learning_plans(
     model at that size (one it cannot plan is left out), every schedule's again with as many micro-batches as
     ranks, and 1F1B's at each other profiled size."""
     first = learning_plan(profile, calibration, global_batch, sha256=sha256)
+    settings = default_settings(profile, calibration=calibration, calibration_label="calibrate")
     if every_schedule is None:
         every_schedule = first.predicted.iteration_s < EVERY_SCHEDULE_BELOW_S
     if not every_schedule:
-        return [first]  # one run: where the planner would go
+        # Where the planner would go, and 1F1B at each other size for that size's co-location factor, at the same
+        # global batch (as many samples a step, not up to 4x as many). llama-small learned at b = 1 alone chose
+        # DualPipeV b = 1 at global batch 16 where a DualPipeV plan at b = 4 ran 15 % faster: its compute at
+        # b = 4 ran 25 % under its prediction, at b = 1 10-19 % (docs/BENCHMARKS.md, section 6.3).
+        return [first, *_one_f_one_b_at_other_sizes(profile, settings, first, global_batch, sha256)]
     # At the largest size that plans: it is where the plans worth running mostly are, and an overhead learned at
     # one size carries to another only as well as the profile's times at the two sizes agree. cnn13's 1F1B plan
     # took b = 2, every schedule's overhead was learned there, and its plans at b = 4 (every candidate at global
     # batch 8 and 16) measured up to 10 % off their predicted ratios; learned at b = 4, 4.1 % at global batch 8
-    # (`python benchmarks/bench_ratios.py --models benchmarks/models.py:cnn13`, 2026-12-02). A long model runs
-    # once, at the size the planner picks: that size's co-location factor is the one it learns.
+    # (`python benchmarks/bench_ratios.py --models benchmarks/models.py:cnn13`, 2026-12-02). A long model's
+    # 1F1B run stays at the size the planner picks (above).
     for size in sorted(profile.micro_batch_sizes, reverse=True):
         if size == first.micro_batch_size:
             break
@@ -183,7 +196,6 @@ def learning_plans(
         except PipeplanError as exc:  # e.g. stages that do not fit at this size
             log.info("not learning at b=%d for %s: %s", size, profile.model.name, exc)
     plans = [first]
-    settings = default_settings(profile, calibration=calibration, calibration_label="calibrate")
     # Every plan at the 1F1B plan's micro-batch size: a ratio across sizes would carry how far the profile's
     # times at one size are from the other's into the overhead. cnn13's 1F1B plan took b = 2, four other
     # schedules' b = 4, and their overheads, fitted to ratios of 0.78-0.94 to 1F1B, all came out 0: their plans
@@ -199,15 +211,24 @@ def learning_plans(
         plans += _best_of_each_schedule(profile, settings, calibration.num_ranks, fewest, b, sha256)
     # 1F1B at each other profiled micro-batch size, as many micro-batches as its first plan: how much slower
     # compute runs beside the other rank depends on the size (Calibration.colocation_factor_by_micro_batch_size).
+    return plans + _one_f_one_b_at_other_sizes(profile, settings, first, None, sha256)
+
+
+def _one_f_one_b_at_other_sizes(
+    profile: Profile, settings: CostSettings, first: Plan, global_batch: int | None, sha256: str
+) -> list[Plan]:
+    """1F1B's plan at each profiled micro-batch size but ``first``'s, at ``global_batch`` (None: as many
+    micro-batches as ``first``); a size that cannot be planned (stages that do not fit, fewer micro-batches than
+    ranks) is left out."""
+    plans = []
     for size in profile.micro_batch_sizes:
-        if size == b:
+        if size == first.micro_batch_size:
+            continue
+        batch = size * first.num_microbatches if global_batch is None else global_batch
+        if batch % size or batch // size < first.num_ranks:
             continue
         request = PlanRequest(
-            calibration.num_ranks,
-            size * first.num_microbatches,
-            schedule=Schedule.ONE_F_ONE_B,
-            micro_batch_size=size,
-            settings=settings,
+            first.num_ranks, batch, schedule=Schedule.ONE_F_ONE_B, micro_batch_size=size, settings=settings
         )
         try:
             plans.append(make_plan(profile, request, sha256=sha256))
@@ -391,12 +412,14 @@ def learn_model_cost(
         return ModelRun(learn_from_runs(calibration, profile, runs), runs)
     launch = [*plans, plans[0]]
     anchor = [0, len(plans)]
-    rounds = rounds_within(
-        launch, LEARNING_BUDGET_S / LEARNING_LAUNCHES, at_least=LEARNING_ROUNDS, at_most=LEARNING_MAX_ROUNDS
-    )
+    # A plan at the first's micro-batch size learns its schedule's overhead from its ratio to the first, which
+    # one launch can bias; plans at other sizes only their co-location factor, from the first launch's compute.
+    learns_ratios = any(p.micro_batch_size == plans[0].micro_batch_size for p in plans[1:])
+    launch_count, at_least = (LEARNING_LAUNCHES, LEARNING_ROUNDS) if learns_ratios else (1, LEARNING_SIZE_ROUNDS)
+    rounds = rounds_within(launch, LEARNING_BUDGET_S / launch_count, at_least=at_least, at_most=LEARNING_MAX_ROUNDS)
     launches = [
         verify_plans(launch, model, rounds=rounds, warmup=warmup, device=device, timeout_s=timeout_s)
-        for _ in range(LEARNING_LAUNCHES)
+        for _ in range(launch_count)
     ]
     ratios = [
         statistics.geometric_mean(run.ratio(k if k else anchor, anchor) for run in launches) for k in range(len(plans))
@@ -432,7 +455,7 @@ def learn_model_cost_on_ranks(
         "running %s on %d ranks (%s, b=%d x %d) to learn its own per-action cost ...",
         model,
         num_ranks,
-        ", ".join(p.schedule.value for p in plans),
+        ", ".join(_label(p, plans[0]) for p in plans),
         plans[0].micro_batch_size,
         plans[0].num_microbatches,
     )
@@ -500,6 +523,6 @@ def format_learned(run: ModelRun, before: Calibration, model: str) -> str:
             f"{plan.num_microbatches}: predicted {plan.predicted.iteration_s * 1e3:.2f} ms, measured "
             f"{report.measured_iteration_s * 1e3:.2f} ms)"
         )
-    if len(run.runs) == 1:
+    if all(plan.micro_batch_size != run.plan.micro_batch_size for plan, _ in run.runs[1:]):
         lines.append("    (the other schedules: shifted by as much)")
     return "\n".join(lines)

@@ -44,10 +44,11 @@ def test_a_short_model_learns_every_schedule_at_the_largest_size_that_fits() -> 
     plans = learning_plans(heavy, calibration(), 16, sha256="0" * 64, every_schedule=True)
     assert (plans[0].schedule, plans[0].micro_batch_size, plans[0].num_microbatches) == (Schedule.ONE_F_ONE_B, 2, 8)
     assert {p.micro_batch_size for p in plans if p.schedule is not Schedule.ONE_F_ONE_B} == {2}
-    # A long one learns from the planner's own 1F1B plan alone.
-    assert learning_plans(heavy, calibration(), 16, sha256="0" * 64, every_schedule=False) == [
-        learning_plan(heavy, calibration(), 16, sha256="0" * 64)
-    ]
+    # A long one learns from the planner's own 1F1B plan, then 1F1B's at the other sizes that fit, at the same
+    # global batch.
+    long = learning_plans(heavy, calibration(), 16, sha256="0" * 64, every_schedule=False)
+    assert long[0] == learning_plan(heavy, calibration(), 16, sha256="0" * 64)
+    assert [(p.schedule, p.micro_batch_size, p.num_microbatches) for p in long[1:]] == [(Schedule.ONE_F_ONE_B, 2, 8)]
 
 
 def test_learning_from_a_run_shifts_every_schedule_and_names_the_model() -> None:
@@ -91,11 +92,15 @@ def test_a_short_model_learns_from_every_schedules_plan_and_a_long_one_from_1f1b
         assert sorted(p.virtual_stages > 1 for p in group if p.schedule is Schedule.ZERO_BUBBLE) == [False, True]
         assert len(group) == len(schedules) + 1
     assert all(p.num_ranks == 2 for p in plans)
-    assert [p.schedule for p in learning_plans(short, calibration(), 8, sha256="0" * 64, every_schedule=False)] == [
-        Schedule.ONE_F_ONE_B
-    ]
+    one_schedule = learning_plans(short, calibration(), 8, sha256="0" * 64, every_schedule=False)
+    assert [(p.schedule, p.global_batch_size) for p in one_schedule] == [(Schedule.ONE_F_ONE_B, 8)] * 2
     long = make_profile([0.2] * 6, sizes=(1, 2))
-    assert [p.schedule for p in learning_plans(long, calibration(), 8, sha256="0" * 64)] == [Schedule.ONE_F_ONE_B]
+    plans = learning_plans(long, calibration(), 8, sha256="0" * 64)
+    assert plans[0].predicted.iteration_s >= EVERY_SCHEDULE_BELOW_S
+    assert [(p.schedule, p.micro_batch_size, p.num_microbatches) for p in plans] == [
+        (Schedule.ONE_F_ONE_B, plans[0].micro_batch_size, 8 // plans[0].micro_batch_size),
+        (Schedule.ONE_F_ONE_B, 3 - plans[0].micro_batch_size, 8 // (3 - plans[0].micro_batch_size)),
+    ]
 
 
 def _first_of_each(plans):
@@ -271,7 +276,11 @@ def test_calibrate_learns_the_models_cost_on_two_gloo_ranks_and_plan_warns_for_a
     printed = capsys.readouterr()
     assert f"pipeplan calibrate --ranks 2 --model mlp --profile {mlp} --out" in printed.out  # profile's next step
     assert "learned from mlp on 2 ranks" in printed.out and "(the other schedules: shifted by as much)" in printed.out
-    assert "running mlp on 2 ranks (1f1b, b=" in printed.err
+    # 1F1B at the other profiled size too, at the same global batch: its co-location factor.
+    b = note["micro_batch_size"]
+    assert f"running mlp on 2 ranks (1f1b, 1f1b x{8 // (6 - b)} b={6 - b}, b={b} x {8 // b})" in printed.err
+    assert sorted(learned.colocation_factor_by_micro_batch_size) == [2, 4]
+    assert f"1f1b x{8 // (6 - b)} b={6 - b}" in printed.out and "co-location" in printed.out
     # No warning of the run's own (the profile warns of a busy machine, which this test does not control).
     assert [line for line in printed.err.splitlines() if "warning" in line and "load average" not in line] == []
 
