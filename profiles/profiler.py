@@ -44,7 +44,7 @@ from profiles.rounds import (
     Measurements,
     Rounds,
     Timing,
-    measure_rounds,
+    measure_parts_in_rounds,
     overhead_piece,
     whole_piece,
 )
@@ -215,22 +215,20 @@ def _time_sizes(
     timing: Timing,
     reference: SpeedReference,
 ) -> list[Rounds]:
-    """Time every size's pieces in shared round-robin rounds; the speed reference once per size per round.
+    """Time every size's pieces in shared round-robin rounds (:func:`profiles.rounds.measure_parts_in_rounds`:
+    each round visits every size still going, starting one size later each round); the speed reference once per
+    size per round.
 
-    A round visits every size, starting one size later each round: a slow spell of the machine then falls on
-    every size alike, and the ratio between sizes, which picks the micro-batch size, holds. Timed one size
-    after another, gpt2-small's b = 2 came out 1.3-1.6x slower per sample than b = 1 and 4 (2026-12-02, a
-    slow spell over its 4 rounds) and the plan took a size the run did not bear out (docs/fidelity-profile.md).
+    A slow spell of the machine then falls on every size alike, and the ratio between sizes, which picks the
+    micro-batch size, holds. Timed one size after another, gpt2-small's b = 2 came out 1.3-1.6x slower per sample
+    than b = 1 and 4 (2026-12-02, a slow spell over its 4 rounds) and the plan took a size its run did not bear
+    out (docs/fidelity-profile.md). A size leaves the rounds once its own medians are stable: rounds until every
+    size is stable at once took gpt2-small's profile from 13 to 18 minutes.
     """
-    offsets = [0]
-    for run in runs:
-        offsets.append(offsets[-1] + len(run.pieces))
-    owner = [(s, i) for s, run in enumerate(runs) for i in range(len(run.pieces))]
-    bar.total = offsets[-1] * timing.repeats
+    bar.total = sum(len(run.pieces) for run in runs) * timing.repeats
     bar.refresh()
 
-    def measure(k: int, r: int) -> PieceMeasurement:
-        s, i = owner[k]
+    def measure(s: int, i: int, r: int) -> PieceMeasurement:
         run = runs[s]
         piece = run.pieces[i]
         n = run.units
@@ -255,32 +253,20 @@ def _time_sizes(
         bar.update()
         return result
 
-    def visit(r: int) -> list[int]:
-        first = r % len(runs)
-        return [k for s in (*range(first, len(runs)), *range(first)) for k in range(offsets[s], offsets[s + 1])]
-
-    def extra_round() -> None:
-        bar.total += offsets[-1]
+    def extra_round(s: int) -> None:
+        bar.total += len(runs[s].pieces)
         bar.refresh()
 
-    # per size, the unit sum and the whole model
-    watch = [
-        group
-        for off, run in zip(offsets, runs, strict=False)
-        for group in (range(off, off + run.units), [off + run.whole_index])
-    ]
-    done = measure_rounds(
-        offsets[-1],
+    return measure_parts_in_rounds(
+        [len(run.pieces) for run in runs],
         measure,
-        watch=watch,
+        watch=[[range(run.units), [run.whole_index]] for run in runs],  # the unit sum, the whole model
         min_rounds=timing.repeats,
         max_rounds=timing.max_repeats,
         stable_within=timing.stable_within,
         min_time_s=timing.min_time_s * len(runs),
         on_extra_round=extra_round,
-        visit=visit,
     )
-    return [Rounds(done.medians[offsets[s] : offsets[s + 1]], done.rounds) for s in range(len(runs))]
 
 
 def _after_rounds(

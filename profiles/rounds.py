@@ -39,6 +39,7 @@ __all__ = [
     "overhead_piece",
     "median_measurement",
     "measure_rounds",
+    "measure_parts_in_rounds",
     "MIN_TIME_S",
     "MAX_ROUNDS",
 ]
@@ -200,30 +201,63 @@ def measure_rounds(
     stable_within: float,
     min_time_s: float = 0.0,
     on_extra_round: Callable[[], None] = lambda: None,
-    visit: Callable[[int], Sequence[int]] | None = None,
 ) -> Rounds:
     """Call ``measure(piece_index, round)`` for every piece, round after round.
 
     At least ``min_rounds`` rounds and at most ``max_rounds``; in between, stop once the summed median
     of every index group in ``watch`` is stable. Either way, go on until the rounds span ``min_time_s``
     (at most :data:`MAX_ROUNDS`). ``on_extra_round`` runs before each round past the minimum (the
-    caller grows its progress bar: the bar's total stays honest). ``visit(round)``, when given, is the
-    order in which that round measures the pieces (a permutation of ``range(count)``).
+    caller grows its progress bar: the bar's total stays honest).
+    """
+    (done,) = measure_parts_in_rounds(
+        [count],
+        lambda _, i, r: measure(i, r),
+        watch=[watch],
+        min_rounds=min_rounds,
+        max_rounds=max_rounds,
+        stable_within=stable_within,
+        min_time_s=min_time_s,
+        on_extra_round=lambda _: on_extra_round(),
+    )
+    return done
+
+
+def measure_parts_in_rounds(
+    counts: Sequence[int],
+    measure: Callable[[int, int, int], PieceMeasurement],
+    *,
+    watch: Sequence[Sequence[Sequence[int]]],
+    min_rounds: int,
+    max_rounds: int,
+    stable_within: float,
+    min_time_s: float = 0.0,
+    on_extra_round: Callable[[int], None] = lambda _: None,
+) -> list[Rounds]:
+    """:func:`measure_rounds` for several parts at once (a model at each micro-batch size) in shared rounds:
+    ``measure(part, piece_index, round)``, ``watch[part]`` its groups, ``counts[part]`` its pieces.
+
+    Each round visits every part still going, starting one part later each round, so that a slow spell of
+    the machine falls on every part alike; a part leaves the rounds once it is done by the rules above, the
+    rounds spanning ``min_time_s`` counted from the first.
     """
     started = time.perf_counter()
-    rows: list[list[PieceMeasurement]] = []
-    history: list[list[float]] = [[] for _ in watch]
-    while True:
-        r = len(rows)
-        if r >= min_rounds:
-            on_extra_round()
-        order = range(count) if visit is None else visit(r)
-        measured = {i: measure(i, r) for i in order}
-        rows.append([measured[i] for i in range(count)])
-        medians = [median_measurement([row[i] for row in rows]) for i in range(count)]
-        for h, group in zip(history, watch, strict=True):
-            h.append(_total(medians, group))
-        done = len(rows) >= max_rounds or (len(rows) >= min_rounds and all(_stable(h, stable_within) for h in history))
-        spanned = time.perf_counter() - started >= min_time_s
-        if (done and spanned) or len(rows) >= MAX_ROUNDS:
-            return Rounds(tuple(medians), len(rows))
+    rows: list[list[list[PieceMeasurement]]] = [[] for _ in counts]
+    history = [[[] for _ in groups] for groups in watch]
+    done: list[Rounds | None] = [None] * len(counts)
+    turn = 0
+    while going := [p for p, d in enumerate(done) if d is None]:
+        first = turn % len(going)
+        turn += 1
+        for p in going[first:] + going[:first]:
+            r = len(rows[p])
+            if r >= min_rounds:
+                on_extra_round(p)
+            rows[p].append([measure(p, i, r) for i in range(counts[p])])
+            medians = [median_measurement([row[i] for row in rows[p]]) for i in range(counts[p])]
+            for h, group in zip(history[p], watch[p], strict=True):
+                h.append(_total(medians, group))
+            stable = r + 1 >= min_rounds and all(_stable(h, stable_within) for h in history[p])
+            spanned = time.perf_counter() - started >= min_time_s
+            if ((r + 1 >= max_rounds or stable) and spanned) or r + 1 >= MAX_ROUNDS:
+                done[p] = Rounds(tuple(medians), r + 1)
+    return [d for d in done if d is not None]

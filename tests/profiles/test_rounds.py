@@ -11,7 +11,7 @@ from torch import nn
 import profiles.rounds as rounds_module
 from profiles.dataflow import capture_export
 from profiles.measure import PieceMeasurement
-from profiles.rounds import measure_rounds, overhead_piece, whole_piece
+from profiles.rounds import measure_parts_in_rounds, measure_rounds, overhead_piece, whole_piece
 
 torch.set_num_threads(1)
 CPU = torch.device("cpu")
@@ -53,24 +53,24 @@ def test_rounds_keep_the_minimum_and_the_maximum() -> None:
     assert measure_rounds(2, _fake(drifting), watch=[[0]], min_rounds=1, max_rounds=1, stable_within=0.01).rounds == 1
 
 
-def test_rounds_visit_pieces_in_the_given_order_and_keep_medians_by_piece() -> None:
-    order: list[tuple[int, int]] = []
+def test_parts_share_rounds_starting_one_part_later_and_leave_once_stable() -> None:
+    order: list[tuple[int, int, int]] = []
+    # part 0's one piece: 1.0 each round (stable after 2); part 1's: 1, 2, 3, ... (never stable)
 
-    def measure(i: int, r: int) -> PieceMeasurement:
-        order.append((r, i))
-        return PieceMeasurement(float(i + 10 * r), 0.0, 0, 0, None)
+    def measure(p: int, i: int, r: int) -> PieceMeasurement:
+        order.append((p, i, r))
+        return PieceMeasurement(1.0 if p == 0 else float(r + 1), 0.0, 0, 0, None)
 
-    done = measure_rounds(
-        3,
-        measure,
-        watch=[[0]],
-        min_rounds=2,
-        max_rounds=2,
-        stable_within=0.01,
-        visit=lambda r: [2, 0, 1][r:] + [2, 0, 1][:r],
+    done = measure_parts_in_rounds(
+        [1, 2], measure, watch=[[[0]], [[0, 1]]], min_rounds=2, max_rounds=4, stable_within=0.01
     )
-    assert order == [(0, 2), (0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
-    assert [m.forward_s for m in done.medians] == [5.0, 6.0, 7.0]  # piece i: median of i and i + 10
+    # round 0 from part 0, round 1 from part 1; part 0 stable after its round 1 leaves; part 1 runs to the maximum
+    assert order == [(0, 0, 0), (1, 0, 0), (1, 1, 0), (1, 0, 1), (1, 1, 1), (0, 0, 1), (1, 0, 2), (1, 1, 2)] + [
+        (1, 0, 3),
+        (1, 1, 3),
+    ]
+    assert [d.rounds for d in done] == [2, 4]
+    assert [m.forward_s for m in done[1].medians] == [2.5, 2.5]  # the median of 1, 2, 3, 4
 
 
 class Two(nn.Module):
