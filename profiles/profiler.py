@@ -222,8 +222,9 @@ def _time_sizes(
     A slow spell of the machine then falls on every size alike, and the ratio between sizes, which picks the
     micro-batch size, holds. Timed one size after another, gpt2-small's b = 2 came out 1.3-1.6x slower per sample
     than b = 1 and 4 (2026-12-02, a slow spell over its 4 rounds) and the plan took a size its run did not bear
-    out (docs/fidelity-profile.md). A size leaves the rounds once its own medians are stable: rounds until every
-    size is stable at once took gpt2-small's profile from 13 to 18 minutes.
+    out (docs/fidelity-profile.md). A size leaves the rounds once its own medians are stable; spread over the whole
+    profile, they move more from round to round, and gpt2-small's sizes each ran all 15 rounds (21.5 min, against
+    13.1 one size after another).
     """
     bar.total = sum(len(run.pieces) for run in runs) * timing.repeats
     bar.refresh()
