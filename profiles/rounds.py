@@ -2,8 +2,9 @@
 
 A round times every piece once. Round-robin spreads a load spike of a few seconds on a shared machine
 over one sample of many pieces instead of every sample of one piece. Rounds go on past the minimum
-until the watched totals (the unit sum, the whole model) each moved by at most ``stable_within`` over
-the last round, and stop at the maximum either way.
+until the median of each watched total (the unit sum) is known to within ``stable_within``: its standard
+error, estimated from the spread of the rounds' totals, is at most that fraction of it
+(:func:`median_error`); and stop at the maximum either way.
 
 Also here, the two reference pieces the unit sum is checked against:
 
@@ -19,6 +20,7 @@ Also here, the two reference pieces the unit sum is checked against:
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -38,10 +40,12 @@ __all__ = [
     "whole_piece",
     "overhead_piece",
     "median_measurement",
+    "median_error",
     "measure_rounds",
     "measure_parts_in_rounds",
     "MIN_TIME_S",
     "MAX_ROUNDS",
+    "SPREAD_ROUNDS",
 ]
 
 WHOLE_PATHS = {
@@ -59,11 +63,11 @@ class Timing:
     repeats: int
     """The minimum number of rounds."""
     max_repeats: int
-    """The maximum: rounds go on past ``repeats`` until the unit sum and the whole model are stable."""
+    """The maximum: rounds go on past ``repeats`` until the median unit sum is stable."""
     warmup: int
     """Untimed iterations of each piece before its first timed one."""
     stable_within: float
-    """Relative change of the median unit sum and whole model over the last round that counts as stable."""
+    """The median unit sum counts as stable once its standard error is at most this fraction of it."""
     min_time_s: float = 0.0
     """Rounds also go on, past ``max_repeats`` if need be, until this much wall time has passed (at most
     :data:`MAX_ROUNDS`): see :data:`MIN_TIME_S`."""
@@ -77,6 +81,10 @@ scale. gpt2-tiny's rounds took 0.3 s per size, so each size saw one moment of th
 out 15.0 ms at b = 2 and 11.9 ms at b = 4); over two seconds the median sees several."""
 MAX_ROUNDS = 1000
 """Rounds at most, whatever the time floor: the medians of a model of tiny units need no more."""
+SPREAD_ROUNDS = 5
+"""Rounds before their spread may judge a median stable: the MAD of three or four values is often near 0
+by chance (gpt2-small, 2026-12-02: b = 1's unit sums 1.92, 1.65, 1.63 s gave a standard error of 0.7 %, the
+next five rounds ran 1.51-2.00 s)."""
 
 
 @dataclass(frozen=True)
@@ -182,13 +190,30 @@ class Rounds:
     rounds: int
 
 
-def _total(medians: Sequence[PieceMeasurement], group: Sequence[int]) -> float:
-    return sum(medians[i].forward_s + medians[i].backward_s for i in group)
+def _total(row: Sequence[PieceMeasurement], group: Sequence[int]) -> float:
+    return sum(row[i].forward_s + row[i].backward_s for i in group)
 
 
-def _stable(history: Sequence[float], within: float) -> bool:
-    """The last two values differ by at most ``within`` of the last one."""
-    return len(history) >= 2 and abs(history[-1] - history[-2]) <= within * history[-1]
+def median_error(samples: Sequence[float]) -> float:
+    """The standard error of the samples' median, as a fraction of it: sqrt(pi / 2) * sigma / sqrt(n), the
+    sample median's asymptotic standard deviation 1 / (2 f(m) sqrt(n)) for normal samples, with sigma
+    estimated as 1.4826 x the median absolute deviation (Rousseeuw and Croux, JASA 1993), so that a round
+    caught in a load spike widens it no more than any other outlier.
+
+    Timed one after another, a piece's samples share a moment of the machine and a stop rule on how far the
+    median moved in one round stopped early; spread over the whole profile in shared rounds they do not, and
+    gpt2-small's median moved by more than 1 % a round for all 15 rounds (its profile took 21.5 min, against
+    13.1). The standard error says how well the median is known, whichever way the samples were taken.
+    """
+    median = statistics.median(samples)
+    if median <= 0:
+        return 0.0
+    mad = statistics.median(abs(x - median) for x in samples)
+    return math.sqrt(math.pi / 2) * 1.4826 * mad / math.sqrt(len(samples)) / median
+
+
+def _stable(totals: Sequence[float], within: float) -> bool:
+    return len(totals) >= SPREAD_ROUNDS and median_error(totals) <= within
 
 
 def measure_rounds(
@@ -204,9 +229,10 @@ def measure_rounds(
 ) -> Rounds:
     """Call ``measure(piece_index, round)`` for every piece, round after round.
 
-    At least ``min_rounds`` rounds and at most ``max_rounds``; in between, stop once the summed median
-    of every index group in ``watch`` is stable. Either way, go on until the rounds span ``min_time_s``
-    (at most :data:`MAX_ROUNDS`). ``on_extra_round`` runs before each round past the minimum (the
+    At least ``min_rounds`` rounds and at most ``max_rounds``; in between, stop once, for every index group
+    in ``watch``, the median of the group's per-round totals is stable (:func:`median_error` at most
+    ``stable_within``, over at least :data:`SPREAD_ROUNDS` rounds). Either way, go on until the rounds
+    span ``min_time_s`` (at most :data:`MAX_ROUNDS`). ``on_extra_round`` runs before each round past the minimum (the
     caller grows its progress bar: the bar's total stays honest).
     """
     (done,) = measure_parts_in_rounds(
@@ -242,7 +268,7 @@ def measure_parts_in_rounds(
     """
     started = time.perf_counter()
     rows: list[list[list[PieceMeasurement]]] = [[] for _ in counts]
-    history = [[[] for _ in groups] for groups in watch]
+    totals: list[list[list[float]]] = [[[] for _ in groups] for groups in watch]
     done: list[Rounds | None] = [None] * len(counts)
     turn = 0
     while going := [p for p, d in enumerate(done) if d is None]:
@@ -252,12 +278,13 @@ def measure_parts_in_rounds(
             r = len(rows[p])
             if r >= min_rounds:
                 on_extra_round(p)
-            rows[p].append([measure(p, i, r) for i in range(counts[p])])
-            medians = [median_measurement([row[i] for row in rows[p]]) for i in range(counts[p])]
-            for h, group in zip(history[p], watch[p], strict=True):
-                h.append(_total(medians, group))
-            stable = r + 1 >= min_rounds and all(_stable(h, stable_within) for h in history[p])
+            row = [measure(p, i, r) for i in range(counts[p])]
+            rows[p].append(row)
+            for t, group in zip(totals[p], watch[p], strict=True):
+                t.append(_total(row, group))
+            stable = r + 1 >= min_rounds and all(_stable(t, stable_within) for t in totals[p])
             spanned = time.perf_counter() - started >= min_time_s
             if ((r + 1 >= max_rounds or stable) and spanned) or r + 1 >= MAX_ROUNDS:
+                medians = [median_measurement([row[i] for row in rows[p]]) for i in range(counts[p])]
                 done[p] = Rounds(tuple(medians), r + 1)
     return [d for d in done if d is not None]

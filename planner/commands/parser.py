@@ -131,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-repeats",
         type=int_range(1, MAX_REPEATS),
         default=15,
-        help="timed rounds at most: rounds go on until the medians of the unit sum and of the whole model "
-        "move by 1%% or less (default 15)",
+        help="timed rounds at most: from the 5th, rounds go on until the median unit sum is known to 2%% "
+        "(its standard error, from the rounds' spread) (default 15)",
     )
     p.add_argument(
         "--warmup", type=int_range(0, MAX_REPEATS), default=1, help="untimed warm-up runs of each unit (default 1)"
