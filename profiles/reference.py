@@ -48,14 +48,25 @@ class SpeedReference:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def time_once(self) -> float:
-        """One forward+backward, in seconds; also kept in ``samples``."""
+    def _step(self) -> float:
         self._sync()
         t0 = time.perf_counter()
         self.layer(self.x).backward(self.grad)
         self._sync()
         elapsed = time.perf_counter() - t0
         self.layer.zero_grad(set_to_none=True)
+        return elapsed
+
+    def time_once(self) -> float:
+        """One forward+backward, in seconds, right after an untimed one; also kept in ``samples``.
+
+        Warm, because what came before should not count: right after a replayed gpt2-small step the first
+        call took 10.1-12.2 ms and the next five 6.6-7.8 ms (2026-12-02), and timed cold once after each
+        step, verify's reference read the machine 1.67x and 3.64x slower than while profiling in two runs
+        whose stages ran 16-31 % slower and within 5 % of their profile (docs/BENCHMARKS.md, section 6.1).
+        """
+        self._step()
+        elapsed = self._step()
         self.samples.append(elapsed)
         return elapsed
 

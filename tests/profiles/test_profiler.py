@@ -357,8 +357,11 @@ def test_the_speed_reference_is_the_same_layer_and_input_everywhere() -> None:
     assert torch.equal(a.x, b.x) and torch.equal(a.grad, b.grad) and tuple(a.x.shape) == (4, 64, 128)
     a.warm_up(2)
     assert a.samples == [] and a.median_s is None
+    calls: list[int] = []
+    a.layer.register_forward_hook(lambda *_: calls.append(1))
     times = [a.time_once() for _ in range(3)]
     assert a.samples == times and all(t > 0 for t in times) and a.median_s == sorted(times)[1]
+    assert len(calls) == 6  # each timed call right after an untimed one: warm, whatever ran before it
     assert all(p.grad is None for p in a.layer.parameters())  # no gradient piles up from one timing to the next
 
 
