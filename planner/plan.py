@@ -213,6 +213,14 @@ class Plan:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
         return float(value) if ok else None
 
+    @property
+    def profile_unit_sum_s(self) -> float | None:
+        """Every unit's forward+backward at the plan's micro-batch size, added up, while the profile was made
+        (``device.unit_sum_s``); None if absent."""
+        value = self.device.get("unit_sum_s")
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+        return float(value) if ok and self.device.get("capture") in ("export", "hooks") else None
+
     def pipeline(self, runtime: RuntimeTerms | None = None) -> Pipeline:
         """The plan's stages, links and runtime terms as the simulator takes them (``runtime`` default: the
         terms it was predicted with)."""
@@ -329,14 +337,16 @@ def build_plan(
         solver=solver,
         constraints=plan_constraints(profile, request),
         baselines=baselines,
-        device=profiled_device(profile),
+        device=profiled_device(profile, best.micro_batch_size),
     )
 
 
-def profiled_device(profile: Profile) -> dict[str, Any]:
+def profiled_device(profile: Profile, micro_batch_size: int | None = None) -> dict[str, Any]:
     """The plan's ``device``: what was profiled, and on a CPU the intra-op threads the times were measured
-    with, so that a replay measures the stages as the profile did; and the speed reference's time while the
-    profile was made, so that ``verify`` can tell how fast the machine runs now against then."""
+    with, so that a replay measures the stages as the profile did; the speed reference's time while the
+    profile was made, so that ``verify`` can tell how fast the machine runs now against then; and the whole
+    units' forward+backward added up at ``micro_batch_size``, with how they were captured: the speed reference
+    of a replay (profiles/model_reference.py)."""
     block: dict[str, Any] = {"kind": profile.device.kind, "name": profile.device.name, "dtype": profile.device.dtype}
     threads = profile.settings.get("threads")
     if profile.device.kind == "cpu" and isinstance(threads, int) and threads > 0:
@@ -344,6 +354,14 @@ def profiled_device(profile: Profile) -> dict[str, Any]:
     reference = profile.settings.get("reference_s")
     if isinstance(reference, (int, float)) and not isinstance(reference, bool) and reference > 0:
         block["reference_s"] = float(reference)
+    capture = profile.settings.get("capture")
+    # A meta profile copies sampled units' times: it holds no time for every unit to set a replay's against.
+    measured = capture in ("export", "hooks") and not profile.settings.get("meta")
+    if micro_batch_size in profile.micro_batch_sizes and measured:
+        unit_sum_s = profile.unit_sum_s(profile.size_index(micro_batch_size))
+        if math.isfinite(unit_sum_s) and unit_sum_s > 0:
+            block["unit_sum_s"] = unit_sum_s
+            block["capture"] = capture
     return block
 
 

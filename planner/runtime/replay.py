@@ -30,6 +30,7 @@ from planner.plan import Plan
 from planner.runtime.apply import microbatch_inputs, schedule_microbatches, split_stages, tied_parameter_groups
 from planner.schedule.orders import Schedule, Step, rank_orders
 from profiles.memory import LiveBytes, MemorySample
+from profiles.model_reference import UnitReference, unit_pieces
 from profiles.reference import SpeedReference
 from profiles.workload import Workload, as_tuple
 
@@ -49,7 +50,11 @@ class ReplayResult:
     grads: dict[str, torch.Tensor] | None = None
     """Gradients of the first step by original FQN, tied copies summed."""
     reference_s: float | None = None
-    """Median forward+backward of the speed reference (profiles/reference.py), timed after each step."""
+    """Median forward+backward of the speed reference, timed after each step: the model's units added up where
+    the plan recorded their profiled sum (profiles/model_reference.py), the reference layer otherwise
+    (profiles/reference.py)."""
+    reference: str = "layer"
+    """Which reference: ``units`` or ``layer``."""
     stage_memory: tuple[MemorySample, ...] = ()
     """Per stage: its peak of live tensor bytes in one more step, by category (as verify measures a rank's)."""
 
@@ -262,6 +267,8 @@ def _replay(
 
     n = plan.num_stages
     m = schedule_microbatches(plan)
+    # Before the model is split into stages: its units are captured as the profile captured them.
+    reference: SpeedReference | UnitReference = _unit_reference(plan, workload, dev) or SpeedReference(dev)
     inputs, target = workload.make_batch(plan.global_batch_size)
     modules = [
         s.to(dev)
@@ -388,7 +395,6 @@ def _replay(
         one_step(None)
     times: dict[str, list[list[float]]] = {k: [[] for _ in range(n)] for k in "FB"}
     step_s = []
-    reference = SpeedReference(dev)
     reference.warm_up()
     for _ in range(steps):
         _, dt = _timed(lambda: one_step(times), dev)
@@ -406,8 +412,21 @@ def _replay(
         loss=loss,
         grads=grads,
         reference_s=reference.median_s,
+        reference="units" if isinstance(reference, UnitReference) else "layer",
         stage_memory=tuple(tracker.peak(s) for s in range(n)),
     )
+
+
+def _unit_reference(plan: Plan, workload: Workload, dev: torch.device) -> UnitReference | None:
+    """The model's units at the plan's micro-batch size, captured as its profile captured them; None where the
+    plan did not record the profile's unit sum (older plans, meta profiles)."""
+    if plan.profile_unit_sum_s is None:
+        return None
+    inputs, target = workload.make_batch(plan.micro_batch_size)
+    inputs = tuple(t.to(dev) for t in as_tuple(inputs))
+    units = [u for stage in plan.stages for u in stage.units]
+    pieces = unit_pieces(workload.model.to(dev), inputs, str(plan.device["capture"]), units)
+    return UnitReference(pieces, dev, workload.loss_fn, target.to(dev))
 
 
 def _tracker(

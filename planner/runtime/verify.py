@@ -254,7 +254,19 @@ def verify_plan(
         sim = pipeline.with_backward(bwd).simulate()
         memory = [as_breakdown(m) for m in result.stage_memory] if result.stage_memory else [None] * plan.num_stages
         measured_run = MeasuredRun(
-            fwd, bwd, memory, sim.iteration_s, tuple(sim.busy_s), (), warmup, steps, result.reference_s, (), (), ()
+            fwd,
+            bwd,
+            memory,
+            sim.iteration_s,
+            tuple(sim.busy_s),
+            (),
+            warmup,
+            steps,
+            result.reference_s,
+            (),
+            (),
+            (),
+            result.reference,
         )
         if check_numerics:
             fresh = load_workload(workload) if isinstance(workload, str) else workload
@@ -278,6 +290,8 @@ class MeasuredRun(NamedTuple):
     rank_memory_bytes: tuple[int, ...]
     device_allocated_bytes: tuple[int, ...]
     device_reserved_bytes: tuple[int, ...]
+    reference: str = "layer"
+    """What ``reference_s`` timed: ``layer`` (profiles/reference.py) or ``units`` (profiles/model_reference.py)."""
 
 
 def _first_replica(plan: Plan, everyone: Sequence[RankResult]) -> Sequence[RankResult]:
@@ -334,7 +348,8 @@ def build_report(
         )
         for s in plan.stages
     )
-    profiled, adjusted = plan.profile_reference_s, None
+    profiled = plan.profile_unit_sum_s if m.reference == "units" else plan.profile_reference_s
+    adjusted = None
     if m.reference_s and profiled:
         speed = m.reference_s / profiled
         # Replay measures the stages alone and keeps the plan's runtime terms: only the stages scale there.
@@ -362,6 +377,7 @@ def build_report(
         ranks=m.ranks,
         reference_s=m.reference_s,
         profile_reference_s=profiled,
+        reference=m.reference,
         speed_adjusted_iteration_s=adjusted,
     )
 

@@ -152,7 +152,12 @@ class VerifyReport:
     """The speed reference's median forward+backward (profiles/reference.py) during this run, timed after
     each timed step (processes: on every rank in turn, the median of the ranks' medians)."""
     profile_reference_s: float | None = None
-    """The same while the profile was made (the plan's ``device.reference_s``; None in older plans)."""
+    """The same while the profile was made (the plan's ``device.reference_s``, or ``device.unit_sum_s`` for
+    the units; None in older plans)."""
+    reference: str = "layer"
+    """What the speed reference was: ``layer``, the fixed transformer layer (profiles/reference.py), or
+    ``units``, the model's units at the plan's micro-batch size, each timed as its profile timed it, added up
+    (a replay: profiles/model_reference.py)."""
     speed_adjusted_iteration_s: float | None = None
     """The prediction at the machine's speed during this run: the plan simulated with every compute time
     (stages, per-action overhead, step tails; not the links) times :attr:`speed_factor`. None without it."""
@@ -227,9 +232,14 @@ class VerifyReport:
         as timed, or when the speed reference, timed in the same ranks between the same steps, shows the
         machine moved by what separates them: the error that is left at the measured speed is then the
         model's. Both errors are printed; an error the reference does not explain fails both ways
-        (docs/cost-model.md, "The machine's speed")."""
+        (docs/cost-model.md, "The machine's speed").
+
+        Where the reference was the model's own units (a replay), the error at their speed decides alone: the
+        same computation timed the same way then and now leaves only what the plan composes (units into stages,
+        the schedule, memory held), and an error as timed that happens to be small while the units ran at
+        another speed hides one of those."""
         at_speed = self.speed_adjusted_error_pct
-        if at_speed is not None and abs(at_speed) < abs(self.iteration_error_pct):
+        if at_speed is not None and (self.reference == "units" or abs(at_speed) < abs(self.iteration_error_pct)):
             return "at the machine's speed"
         return "as timed"
 
@@ -303,7 +313,8 @@ def mismatch_reason(report: VerifyReport) -> str | None:
         machine = "this machine runs at another speed than when the profile was made"
         if factor is not None:
             pace = f"{factor:.2f}x slower" if factor >= 1 else f"{1 / factor:.2f}x faster"
-            machine = f"the machine runs {pace} than when the profile was made (the speed reference)"
+            what = "the model's units" if report.reference == "units" else "the speed reference"
+            machine = f"the machine runs {pace} than when the profile was made ({what})"
         return (
             f"every stage computed {span} {direction} than profiled: {machine}, or this model's actions run "
             "slower in a pipeline than the calibration's co-location factor says; profile again on a quiet "
@@ -382,6 +393,13 @@ def _verdict_line(report: VerifyReport) -> str:
     error, tolerance, at_speed = report.verdict_error_pct, report.tolerance * 100.0, report.speed_adjusted_error_pct
     if at_speed is None:
         return f"verdict: the error as timed, {error:+.1f}% (no speed reference was timed to set beside it)"
+    if report.reference == "units":
+        within = "within" if abs(error) <= tolerance else "outside"
+        return (
+            f"verdict: the error at the machine's speed, {error:+.1f}%, {within} {tolerance:.0f}% (as timed "
+            f"{report.iteration_error_pct:+.1f}%): the model's units, timed between the same steps as the profile "
+            "timed them, measured the machine's speed on this model's own work"
+        )
     if abs(error) > tolerance:
         return (
             f"verdict: neither error is within {tolerance:.0f}% (as timed {report.iteration_error_pct:+.1f}%, at the "
@@ -394,6 +412,10 @@ def _verdict_line(report: VerifyReport) -> str:
         f"{report.iteration_error_pct:+.1f}%): the speed reference, timed in the ranks between the same steps, "
         f"explains the rest"
     )
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.3f} s"
 
 
 def format_report(report: VerifyReport) -> str:
@@ -424,9 +446,14 @@ def format_report(report: VerifyReport) -> str:
     if report.speed_factor and adjusted and report.reference_s and report.profile_reference_s:
         factor = report.speed_factor
         pace = f"{factor:.2f}x slower" if factor >= 1 else f"{1 / factor:.2f}x faster"
+        what = (
+            "the model's units (one micro-batch forward+backward each, added up)"
+            if report.reference == "units"
+            else "the speed reference"
+        )
         lines.append(
-            f"machine speed: the speed reference ran {pace} than while profiling ({report.reference_s * 1e3:.2f} vs "
-            f"{report.profile_reference_s * 1e3:.2f} ms); the plan with its compute at that speed: "
+            f"machine speed: {what} ran {pace} than while profiling ({_seconds(report.reference_s)} vs "
+            f"{_seconds(report.profile_reference_s)}); the plan with its compute at that speed: "
             f"{adjusted * 1e3:.3f} ms ({report.speed_adjusted_error_pct:+.1f}%)"
         )
     lines.append(_verdict_line(report))

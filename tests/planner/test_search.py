@@ -346,6 +346,33 @@ def test_a_plan_records_its_profiles_speed_reference():
         assert replace(plan, device={**plan.device, "reference_s": bad}).profile_reference_s is None
 
 
+def test_a_plan_records_the_profiles_unit_sum_at_its_micro_batch_size() -> None:
+    # A replay's speed reference is the model's units, timed as the profile timed them (profiles/model_reference.py).
+    from dataclasses import replace
+
+    from profiles.format import ThreadScaling
+
+    base = make_profile([1.0, 2.0, 1.0, 2.0], sizes=(1, 2))  # units: 6 s forward + 12 s backward per sample
+    request = PlanRequest(num_ranks=2, global_batch_size=4, schedule="gpipe", micro_batch_size=2, recompute="off")
+    assert "unit_sum_s" not in _plan_of(base, request).device  # no capture recorded: no pieces to rebuild
+    exported = replace(base, settings={**base.settings, "capture": "export"})
+    plan = _plan_of(exported, request)
+    assert plan.device["unit_sum_s"] == pytest.approx(36.0) and plan.device["capture"] == "export"
+    assert plan.profile_unit_sum_s == pytest.approx(36.0)
+    # At the threads each rank gets, as the stages are.
+    scaling = ThreadScaling((2, 1), factor=((1.0, 1.0), (1.5, 1.6)), reference_s=(0.004, 0.006))
+    threaded = replace(exported, thread_scaling=scaling, settings={**exported.settings, "threads": 2})
+    assert _plan_of(threaded, request).profile_unit_sum_s == pytest.approx(36.0 * 1.6)
+    # A meta profile copies sampled units' times: no reference to time a replay against.
+    meta = replace(exported, settings={**exported.settings, "meta": True})
+    assert _plan_of(meta, request).profile_unit_sum_s is None
+    assert replace(plan, device={**plan.device, "capture": "fx"}).profile_unit_sum_s is None
+
+
+def _plan_of(profile, request):
+    return make_plan(profile, request, sha256="0" * 64)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_the_profile_resume_curve_enters_calibrated_plans_and_the_floors_still_hold(seed):
     # An action after a wait costs more (profiles/resume.py): the calibrated prediction carries the curve of

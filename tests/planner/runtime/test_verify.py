@@ -140,6 +140,26 @@ def test_replay_times_the_speed_reference_and_scales_the_stages_by_it() -> None:
     assert "machine speed: the speed reference ran" in format_report(report)
 
 
+@pytest.mark.parametrize("capture", ["export", "hooks"])
+def test_replay_times_the_units_where_the_plan_recorded_their_profiled_sum(capture: str) -> None:
+    plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"], "1f1b")
+    plan = replace(plan, device={**plan.device, "reference_s": 1e-3, "unit_sum_s": 2e-3, "capture": capture})
+    report = verify_plan(plan, "mlp", mode="replay", steps=3, warmup=1, check_numerics=True)
+    assert report.reference == "units" and report.profile_reference_s == 2e-3
+    assert report.reference_s is not None and report.reference_s > 0
+    assert report.speed_factor == pytest.approx(report.reference_s / 2e-3)
+    assert report.speed_adjusted_iteration_s == pytest.approx(plan.simulation(speed=report.speed_factor).iteration_s)
+    assert report.verdict_basis == "at the machine's speed"
+    # The units captured before the split into stages leave the stages computing as before.
+    assert report.numerics is not None and report.numerics.ok
+    assert "machine speed: the model's units (one micro-batch forward+backward each, added up) ran" in (
+        format_report(report)
+    )
+    # Without the profile's capture the plan names no way to build the same piece: the layer stands in.
+    layer = verify_plan(replace(plan, device={**plan.device, "capture": None}), "mlp", mode="replay", steps=1)
+    assert layer.reference == "layer" and layer.profile_reference_s == 1e-3
+
+
 def test_numerics_check_catches_a_model_that_differs() -> None:
     workload = dropout_mlp()
     plan = make_plan(workload, ["2"], "gpipe")
@@ -209,7 +229,7 @@ def test_the_verdict_takes_the_error_the_machines_speed_explains_and_prints_both
     assert adjusted.ok and adjusted.verdict_basis == "at the machine's speed"
     assert adjusted.verdict_error_pct == pytest.approx(100 / 12) and mismatch_reason(adjusted) is None
     text = format_report(adjusted)
-    assert "the speed reference ran 1.20x slower than while profiling (6.00 vs 5.00 ms)" in text
+    assert "the speed reference ran 1.20x slower than while profiling (6.00 ms vs 5.00 ms)" in text
     assert "the plan with its compute at that speed: 12000.000 ms (+8.3%)" in text
     assert "verdict: the error at the machine's speed, +8.3%, within 25% (as timed +30.0%)" in text
     assert adjusted.to_dict()["speed_factor"] == pytest.approx(1.2)
@@ -232,6 +252,32 @@ def test_the_verdict_takes_the_error_the_machines_speed_explains_and_prints_both
         speed_adjusted_iteration_s=12.0,
     )
     assert calm.ok and calm.verdict_basis == "as timed" and calm.verdict_error_pct == pytest.approx(2.0)
+
+
+def test_with_the_models_units_as_reference_the_error_at_their_speed_decides_alone() -> None:
+    # A replay timed the model's units 1.2x slower than its profile (7.2 vs 6.0 s): at that speed the plan
+    # predicts 12 s. Measured 10.2 s is +2.0 % as timed but -15.0 % at the units' speed: the smaller error
+    # would pass it, and the units' own speed says the stages ran faster than they add up to, so it fails.
+    calm = replace(
+        _report(10.2, [(1.0, 2.0), (1.0, 2.0)]),
+        reference_s=7.2,
+        profile_reference_s=6.0,
+        speed_adjusted_iteration_s=12.0,
+        reference="units",
+        tolerance=0.10,
+    )
+    assert calm.verdict_basis == "at the machine's speed" and calm.verdict_error_pct == pytest.approx(-15.0)
+    assert not calm.ok
+    text = format_report(calm)
+    assert "machine speed: the model's units (one micro-batch forward+backward each, added up) ran 1.20x slower" in text
+    assert "(7.200 s vs 6.000 s)" in text
+    assert "verdict: the error at the machine's speed, -15.0%, outside 10% (as timed +2.0%)" in text
+    # At 13 s, +30 % as timed and +8.3 % at the model's speed: within.
+    slow = replace(calm, measured_iteration_s=13.0, tolerance=0.25)
+    assert slow.ok and "verdict: the error at the machine's speed, +8.3%, within 25% (as timed +30.0%)" in (
+        format_report(slow)
+    )
+    assert slow.to_dict()["reference"] == "units"
 
 
 def test_a_report_at_the_profiles_speed_divides_every_measured_time_by_the_speed_factor() -> None:

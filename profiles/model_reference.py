@@ -1,0 +1,89 @@
+"""The model's own units as the speed reference of a replay, each timed as the profile timed it.
+
+A replay runs every stage of a plan in one process, which holds the whole model, so how fast the machine runs
+at that moment can be read from the very computation the plan is made of: every unit at the plan's micro-batch
+size, one forward and one backward each (the last with the loss), through
+:func:`profiles.measure.measure_piece` as each profiling round times it (profiles/profiler.py), their sum
+against the profile's unit sum at that size. What is left between the replayed stages and the prediction at
+that speed is what the plan composes: units into stages, stages into a schedule, memory held between them.
+
+The fixed reference layer (profiles/reference.py), a few milliseconds of small matrices, did not follow a long
+model's stages on the 2-core development VM: replaying gpt2-small's 4-stage plan (b = 4, 1 thread), it read
+the machine 1.03x faster than while profiling while every stage ran 19-27 % slower, and four hours later 1.50x
+faster while the stages ran 5-22 % faster (2026-12-02, docs/BENCHMARKS.md, section 6.1). Nor is the whole
+model as one piece a fair stand-in: in gpt2-small profiles that time three micro-batch sizes in shared rounds,
+the whole model at b = 4 came out 5.5-13.9 % slower than its units added up (seven profiles), and 0.0 % in one
+that timed b = 4 alone (2026-12-02).
+
+Timing the units once per step costs what one micro-batch through every stage costs: a quarter more on a plan
+of 4 micro-batches. Real processes keep the layer: a rank holds only its stages.
+"""
+
+from __future__ import annotations
+
+import statistics
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from profiles.dataflow import Piece, capture_export, capture_hooks
+from profiles.measure import measure_piece
+
+__all__ = ["UnitReference", "unit_pieces"]
+
+
+def unit_pieces(model: nn.Module, inputs: tuple[Any, ...], capture: str, units: Sequence[str]) -> tuple[Piece, ...]:
+    """``model`` split into ``units`` as the profile split it: by ``torch.export`` (``capture`` ``export``),
+    or by hooks on the eager modules (``hooks``)."""
+    if capture == "hooks":
+        return capture_hooks(model, inputs, list(units)).pieces
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return capture_export(model, inputs, list(units)).pieces
+
+
+class UnitReference:
+    """Every unit of a model on one micro-batch, ready to be timed between a replay's steps."""
+
+    def __init__(
+        self,
+        pieces: Sequence[Piece],
+        device: torch.device,
+        loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
+        target: torch.Tensor,
+    ) -> None:
+        self.pieces, self.device, self.loss_fn, self.target = tuple(pieces), device, loss_fn, target
+        self.samples: list[float] = []
+
+    def _measure(self, warmup: int) -> float:
+        total = 0.0
+        for i, piece in enumerate(self.pieces):
+            last = i == len(self.pieces) - 1  # the profile's last unit computes the loss
+            m = measure_piece(
+                piece,
+                device=self.device,
+                repeats=1,
+                warmup=warmup,
+                loss_fn=self.loss_fn if last else None,
+                target=self.target if last else None,
+                track_memory=False,
+            )
+            total += m.forward_s + m.backward_s
+        return total
+
+    def warm_up(self) -> None:
+        """Every unit once untimed and once timed, dropped: the profile's first round warms up alike."""
+        self._measure(warmup=1)
+
+    def time_once(self) -> float:
+        """Every unit's forward+backward once, in seconds, added up; also kept in ``samples``."""
+        elapsed = self._measure(warmup=0)
+        self.samples.append(elapsed)
+        return elapsed
+
+    @property
+    def median_s(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
