@@ -344,8 +344,8 @@ def build_plan(
 def profiled_device(profile: Profile, micro_batch_size: int | None = None) -> dict[str, Any]:
     """The plan's ``device``: what was profiled, and on a CPU the intra-op threads the times were measured
     with, so that a replay measures the stages as the profile did; the speed reference's time while the
-    profile was made, so that ``verify`` can tell how fast the machine runs now against then; and the whole
-    units' forward+backward added up at ``micro_batch_size``, with how they were captured: the speed reference
+    profile was made, so that ``verify`` can tell how fast the machine runs now against then; and every unit's
+    forward+backward at ``micro_batch_size`` added up, with how the units were captured: the speed reference
     of a replay (profiles/model_reference.py)."""
     block: dict[str, Any] = {"kind": profile.device.kind, "name": profile.device.name, "dtype": profile.device.dtype}
     threads = profile.settings.get("threads")
