@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ from planner.errors import PipeplanWarning, UsageError
 from planner.runtime import verify
 from planner.runtime.rank_timing import _StageTimer
 from planner.runtime.verify import compare_numerics, format_report, reference_step, verify_plan
-from planner.runtime.verify_report import NumericsReport, StageReport, VerifyReport, mismatch_reason
+from planner.runtime.verify_report import NumericsReport, RankTime, StageReport, VerifyReport, mismatch_reason
 from profiles.models import BUILTIN_MODELS
 from profiles.workload import Workload
 
@@ -202,6 +204,29 @@ def test_report_error_and_worst_stage() -> None:
     failed = VerifyReport(**{**report.__dict__, "numerics": NumericsReport(False, 0.0, 1.0, "w")})
     assert not failed.ok
     assert report.to_dict()["worst_stage"] == 1
+
+
+def _documented_fields(table: str) -> set[str]:
+    """The backticked names in the first column of a markdown table (``a``, ``b`` both count)."""
+    fields: set[str] = set()
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            fields.update(re.findall(r"`([a-z_]+)`", line.split(" | ")[0]))
+    return fields
+
+
+def test_docs_verify_format_lists_every_field_the_report_writes() -> None:
+    doc = (Path(__file__).parents[3] / "docs" / "verify-format.md").read_text()
+    top, rest = doc.split("## `stages[]`")
+    stages, ranks = rest.split("## `ranks[]`")
+    rank = RankTime(0, 1.0, 0.5, 0.1, 0.0, 1.1, 0.4, 0.1, 0.05)
+    report = replace(_report(12.0, [(1.0, 2.0)]), ranks=(rank,), numerics=NumericsReport(True, 0.0, 0.0, "w"))
+    data = report.to_dict()
+    assert _documented_fields(top) == set(data)
+    assert _documented_fields(stages) == set(data["stages"][0])
+    assert _documented_fields(ranks) == set(data["ranks"][0])
+    assert set(re.findall(r"`([a-z_]+)`", top)) >= set(data["numerics"])
+    assert json.loads(json.dumps(data))["verdict_basis"] == "as timed"
 
 
 def test_a_mismatch_says_which_side_of_the_model_is_off() -> None:
