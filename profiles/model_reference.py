@@ -16,7 +16,8 @@ the whole model at b = 4 came out 5.5-13.9 % slower than its units added up (sev
 that timed b = 4 alone (2026-12-02).
 
 Timing the units once per step costs what one micro-batch through every stage costs: a quarter more on a plan
-of 4 micro-batches. Real processes keep the layer: a rank holds only its stages.
+of 4 micro-batches. On real processes each rank times the units of its own stages, alone, in turn
+(planner/runtime/rank_timing.py): added up over the ranks, the same units.
 """
 
 from __future__ import annotations
@@ -52,16 +53,18 @@ class UnitReference:
         self,
         pieces: Sequence[Piece],
         device: torch.device,
-        loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
+        loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None,
         target: torch.Tensor,
     ) -> None:
+        """``loss_fn``: the last of ``pieces`` is the model's last unit, and computes the loss as the profile's
+        did; None: it is not (a rank's share of the model that ends before the last unit)."""
         self.pieces, self.device, self.loss_fn, self.target = tuple(pieces), device, loss_fn, target
         self.samples: list[float] = []
 
     def _measure(self, warmup: int) -> float:
         total = 0.0
         for i, piece in enumerate(self.pieces):
-            last = i == len(self.pieces) - 1  # the profile's last unit computes the loss
+            last = self.loss_fn is not None and i == len(self.pieces) - 1
             m = measure_piece(
                 piece,
                 device=self.device,

@@ -5,8 +5,10 @@ Each stage's forward and backward of every micro-batch (``PipelineStage.forward_
 ``backward_one_chunk``, :class:`_StageTimer`), the waits on point-to-point transfers (torch's
 ``_wait_batch_p2p``, :class:`_WaitTimer`), the step tail (tied-gradient sum, ``optimizer.step()`` and
 ``zero_grad``) and the iteration between two barriers, for as many steps as the time floors ask
-(:func:`_repeat`). The rank hands back raw samples in a :class:`RankResult`; the parent
-(:mod:`planner.runtime.verify`) takes the medians and holds them against the plan.
+(:func:`_repeat`). After each timed step each rank in turn times its own units alone, as the profile timed
+them (:func:`own_unit_reference`): how fast the machine runs on this rank's share of the model at that moment.
+The rank hands back raw samples in a :class:`RankResult`; the parent (:mod:`planner.runtime.verify`) takes the
+medians and holds them against the plan.
 
 A module of its own because it runs in another process than the one that reads the results: what it
 needs is here, and what crosses the process boundary is one picklable value.
@@ -25,9 +27,11 @@ from planner.plan import Plan
 from planner.runtime.apply import apply_plan
 from planner.runtime.launch import each_rank_in_turn
 from planner.runtime.stage_memory import track_rank_memory
+from profiles.dataflow import Piece
 from profiles.memory import MemorySample
+from profiles.model_reference import UnitReference, unit_pieces
 from profiles.reference import SpeedReference
-from profiles.workload import as_tuple, load_workload
+from profiles.workload import Workload, as_tuple, load_workload
 
 __all__ = [
     "MIN_WARMUP_S",
@@ -39,6 +43,7 @@ __all__ = [
     "rank_main_interleaved",
     "make_optimizer",
     "step_batch",
+    "own_unit_reference",
 ]
 
 MIN_WARMUP_S = 1.0
@@ -88,7 +93,8 @@ class RankResult:
     """Per timed step: from the opening barrier to this rank's optimizer step's end (the closing barrier
     only waits for the slowest rank)."""
     reference_s: float | None
-    """The speed reference's median (profiles/reference.py), timed after each timed step with each rank alone."""
+    """The speed reference's median, timed after each timed step with each rank alone: this rank's own units
+    added up (:attr:`reference` ``units``), else the fixed layer (profiles/reference.py)."""
     loss: float | None = None
     """The numerics step's loss; None without numerics, or on a rank that does not compute it."""
     grads: dict[str, torch.Tensor] | None = None
@@ -104,6 +110,9 @@ class RankResult:
     """CUDA: the allocator's peak of reserved bytes (``max_memory_reserved``), what the device really gave."""
     step_rounds: tuple[int, ...] = ()
     """Per timed step: the round it ran in, when several plans ran interleaved (all 0 otherwise)."""
+    reference: str = "layer"
+    """What :attr:`reference_s` timed: ``units`` (the units of this rank's stages, :func:`own_unit_reference`)
+    or ``layer``."""
 
 
 class _StageTimer:
@@ -208,13 +217,28 @@ class _PlanSteps:
     optimizer, and every timed step's samples. Several can live in one process (:func:`rank_main_interleaved`):
     each has its own model, and only one steps at a time."""
 
-    def __init__(self, spec: str, plan: Plan, dev: torch.device, waits: _WaitTimer, numerics: bool) -> None:
+    def __init__(
+        self,
+        spec: str,
+        plan: Plan,
+        dev: torch.device,
+        waits: _WaitTimer,
+        numerics: bool,
+        captured: dict[int, tuple[Piece, ...]] | None = None,
+    ) -> None:
+        """``captured``: every unit's pieces by micro-batch size, shared by the plans of one process (each
+        size captured once, by the first plan that needs it)."""
         workload = load_workload(spec)
         inputs, target = workload.make_batch(step_batch(plan))
         self.inputs = tuple(t.to(dev) for t in as_tuple(inputs))
         self.target = target.to(dev)
         self.dev, self.waits = dev, waits
+        # Before the model is split into stages: its units are captured as the profile captured them.
+        pieces = _captured_units(plan, workload, dev, {} if captured is None else captured)
         self.run = apply_plan(plan, workload.model, self.inputs, workload.loss_fn, device=dev, tp_plan=workload.tp_plan)
+        self.reference = (
+            None if pieces is None else own_unit_reference(plan, pieces, self.run.stage_indices, workload, dev)
+        )
         self.loss: float | None = None
         self.grads: dict[str, torch.Tensor] | None = None
         if numerics:
@@ -275,7 +299,7 @@ class _PlanSteps:
         for k, t in enumerate(self.timers):
             self.records[k].extend(t.records)
 
-    def result(self, reference_s: float | None) -> RankResult:
+    def result(self, reference: SpeedReference | UnitReference) -> RankResult:
         """The samples so far, with one step's memory tracked now (after the timed steps: the tracker's
         bookkeeping would slow the steps it watched)."""
         stage_memory, rank_memory = track_rank_memory(self.run, self.optimizer, self.step, self.inputs, self.target)
@@ -290,13 +314,49 @@ class _PlanSteps:
             wait_s=tuple(self.wait),
             tail_s=tuple(self.tail),
             own_s=tuple(self.own),
-            reference_s=reference_s,
+            reference_s=reference.median_s,
+            reference="units" if isinstance(reference, UnitReference) else "layer",
             loss=self.loss,
             grads=self.grads,
             stage_memory=stage_memory,
             rank_memory=rank_memory,
             step_rounds=tuple(self.rounds),
         )
+
+
+def _captured_units(
+    plan: Plan, workload: Workload, dev: torch.device, captured: dict[int, tuple[Piece, ...]]
+) -> tuple[Piece, ...] | None:
+    """Every unit of the model at the plan's micro-batch size, captured as its profile captured them (from
+    ``captured`` if done already); None where the plan holds no unit sum to compare with (older plans, meta
+    profiles) or its stages are split across tensor-parallel ranks."""
+    if plan.profile_unit_sum_s is None or (plan.mesh is not None and plan.mesh.tp > 1):
+        return None
+    b = plan.micro_batch_size
+    if b not in captured:
+        inputs, _ = workload.make_batch(b)
+        units = [u for stage in plan.stages for u in stage.units]
+        mb = tuple(t.to(dev) for t in as_tuple(inputs))
+        captured[b] = unit_pieces(workload.model.to(dev), mb, str(plan.device["capture"]), units)
+    return captured[b]
+
+
+def own_unit_reference(
+    plan: Plan, pieces: tuple[Piece, ...], stage_indices: tuple[int, ...], workload: Workload, device: torch.device
+) -> UnitReference:
+    """The units of the stages ``stage_indices`` among ``pieces`` (every unit, in the model's order), one
+    micro-batch each, the last with the loss where the rank holds the model's last unit.
+
+    The speed reference of a rank: its own share of the model, timed alone as the profile timed it. The fixed
+    layer (profiles/reference.py) did not follow a long model: verifying llama-small's plans, it put the machine
+    at 0.97-1.35x its profiling speed while the ranks' stages computed 0.97-1.40x their profile, and the
+    co-location factor learned through it moved 1.01-1.33 between three profiles (docs/BENCHMARKS.md, 6.1).
+    """
+    mine = {u for s in stage_indices for u in plan.stages[s].units}
+    own = tuple(p for p in pieces if p.name in mine)
+    last = plan.num_stages - 1 in stage_indices
+    _, target = workload.make_batch(plan.micro_batch_size)
+    return UnitReference(own, device, workload.loss_fn if last else None, target.to(device))
 
 
 def rank_main(
@@ -315,7 +375,7 @@ def rank_main(
     dev = torch.device(f"cuda:{rank}") if device.startswith("cuda") else torch.device("cpu")
     steps_of = _PlanSteps(spec, plan, dev, _WaitTimer(), numerics)
     steps_of.warm_up(warmup, min_warmup_s)
-    reference = SpeedReference(dev)
+    reference = steps_of.reference or SpeedReference(dev)
     reference.warm_up()
 
     def timed_step() -> None:
@@ -330,7 +390,7 @@ def rank_main(
     allocated = reserved = None
     if dev.type == "cuda":
         allocated, reserved = int(torch.cuda.max_memory_allocated(dev)), int(torch.cuda.max_memory_reserved(dev))
-    result = steps_of.result(reference.median_s)
+    result = steps_of.result(reference)
     return replace(result, device_allocated_bytes=allocated, device_reserved_bytes=reserved)
 
 
@@ -348,17 +408,32 @@ def rank_main_interleaved(
     """One rank of several plans run in one launch (:func:`planner.runtime.interleave.verify_plans`): every
     plan warmed up, then ``rounds`` rounds in which each plan runs a block of steps (at least one, and on until
     ``min_block_s``), the plans' order rotating from round to round. Plans timed seconds apart see the same
-    machine: their ratio holds while its speed moves. One result per plan, each step marked with its round."""
+    machine: their ratio holds while its speed moves. After each round each rank in turn times each plan's
+    share of its units (plans with the same micro-batch size and stages on this rank share one). One result
+    per plan, each step marked with its round."""
     dev = torch.device(f"cuda:{rank}") if device.startswith("cuda") else torch.device("cpu")
     waits = _WaitTimer()  # one per process: it wraps a module-level function of torch
-    runs = [_PlanSteps(spec, plan, dev, waits, numerics=False) for plan in plans]
+    captured: dict[int, tuple[Piece, ...]] = {}
+    runs = [_PlanSteps(spec, plan, dev, waits, numerics=False, captured=captured) for plan in plans]
     for r in runs:
         r.warm_up(warmup, min_warmup_s)
-    reference = SpeedReference(dev)
-    reference.warm_up()
+    layer = SpeedReference(dev)
+    shared: dict[tuple[int, tuple[str, ...]], SpeedReference | UnitReference] = {}
+    references = []
+    for r in runs:
+        unit = r.reference
+        key = (0, ()) if unit is None else (r.run.plan.micro_batch_size, tuple(p.name for p in unit.pieces))
+        references.append(shared.setdefault(key, layer if unit is None else unit))
+    for reference in shared.values():
+        reference.warm_up()
+
+    def time_all() -> None:
+        for reference in shared.values():
+            reference.time_once()
+
     for index in range(rounds):
         for k in range(len(runs)):
             r = runs[(index + k) % len(runs)]
             _repeat(lambda r=r, i=index: r.timed_step(i), 1, min_block_s, MAX_TIMED_STEPS, dev)
-        each_rank_in_turn(rank, world_size, f"interleaved-reference-{index}", reference.time_once)
-    return [r.result(reference.median_s) for r in runs]
+        each_rank_in_turn(rank, world_size, f"interleaved-reference-{index}", time_all)
+    return [r.result(reference) for r, reference in zip(runs, references, strict=True)]

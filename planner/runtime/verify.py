@@ -317,11 +317,20 @@ def measured_from_ranks(plan: Plan, everyone: Sequence[RankResult]) -> MeasuredR
     tails = predicted_tails(plan)
     rank_times = tuple(_rank_time(plan, r, res, tails) for r, res in enumerate(results))
     warmed, timed = everyone[0].warmup_steps, everyone[0].timed_steps
-    references = [r.reference_s for r in everyone if r.reference_s]
-    reference = statistics.median(references) if references else None
+    reference, kind = _speed_reference(results, everyone)
     return MeasuredRun(
-        fwd, bwd, memory, measured, busy, rank_times, warmed, timed, reference, rank_memory, allocated, reserved
+        fwd, bwd, memory, measured, busy, rank_times, warmed, timed, reference, rank_memory, allocated, reserved, kind
     )
+
+
+def _speed_reference(results: Sequence[RankResult], everyone: Sequence[RankResult]) -> tuple[float | None, str]:
+    """The run's speed reference and what it timed: where every rank of the pipeline timed its own units, their
+    sum (the same units as the profile's unit sum at this size, each timed alone as the profile timed it); else
+    the median of the ranks' reference layers."""
+    if results and all(r.reference == "units" and r.reference_s for r in results):
+        return sum(r.reference_s or 0.0 for r in results), "units"
+    references = [r.reference_s for r in everyone if r.reference_s and r.reference == "layer"]
+    return (statistics.median(references) if references else None), "layer"
 
 
 def build_report(

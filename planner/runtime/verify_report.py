@@ -149,15 +149,15 @@ class VerifyReport:
     """The optimizer stepped inside each timed iteration."""
     ranks: tuple[RankTime, ...] = ()
     reference_s: float | None = None
-    """The speed reference's median forward+backward (profiles/reference.py) during this run, timed after
-    each timed step (processes: on every rank in turn, the median of the ranks' medians)."""
+    """The speed reference's median forward+backward during this run, timed after each timed step (processes: on
+    every rank in turn; the sum of the ranks' medians for ``units``, the median of their medians for ``layer``)."""
     profile_reference_s: float | None = None
     """The same while the profile was made (the plan's ``device.reference_s``, or ``device.unit_sum_s`` for
     the units; None in older plans)."""
     reference: str = "layer"
     """What the speed reference was: ``layer``, the fixed transformer layer (profiles/reference.py), or
     ``units``, the model's units at the plan's micro-batch size, each timed as its profile timed it, added up
-    (a replay: profiles/model_reference.py)."""
+    (profiles/model_reference.py; on real processes each rank times those of its own stages, alone)."""
     speed_adjusted_iteration_s: float | None = None
     """The prediction at the machine's speed during this run: the plan simulated with every compute time
     (stages, per-action overhead, step tails; not the links) times :attr:`speed_factor`. None without it."""
@@ -234,10 +234,10 @@ class VerifyReport:
         model's. Both errors are printed; an error the reference does not explain fails both ways
         (docs/cost-model.md, "The machine's speed").
 
-        Where the reference was the model's own units (a replay), the error at their speed decides alone: the
-        same computation timed the same way then and now leaves only what the plan composes (units into stages,
-        the schedule, memory held), and an error as timed that happens to be small while the units ran at
-        another speed hides one of those."""
+        Where the reference was the model's own units (a replay, or ranks that each timed their own), the error
+        at their speed decides alone: the same computation timed the same way then and now leaves only what the
+        plan composes (units into stages, the schedule, the ranks side by side, memory held), and an error as
+        timed that happens to be small while the units ran at another speed hides one of those."""
         at_speed = self.speed_adjusted_error_pct
         if at_speed is not None and (self.reference == "units" or abs(at_speed) < abs(self.iteration_error_pct)):
             return "at the machine's speed"

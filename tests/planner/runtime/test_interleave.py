@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -51,6 +52,9 @@ def test_two_plans_in_one_launch_each_get_a_report_and_every_round() -> None:
     spec = f"{Path(sleepy_loss.__file__)}:workload"
     four = make_plan(sleepy_loss.workload(), ["2"], "1f1b", num_microbatches=4)
     two = make_plan(sleepy_loss.workload(), ["2"], "gpipe", num_microbatches=2)
+    # Profiled unit sums: each rank times its own units after each round, and the two plans (same size, same
+    # stages) share them.
+    four, two = (replace(p, device={**p.device, "unit_sum_s": 0.04, "capture": "hooks"}) for p in (four, two))
     run = verify_plans([four, two], spec, rounds=3, warmup=1, min_warmup_s=0.0, min_block_s=0.0, timeout_s=180)
     assert [r.schedule.value for r in run.reports] == ["1f1b", "gpipe"]
     assert [r.num_microbatches for r in run.reports] == [4, 2]
@@ -58,6 +62,9 @@ def test_two_plans_in_one_launch_each_get_a_report_and_every_round() -> None:
         assert report.mode == "processes" and report.steps == 3  # one step a round, three rounds
         assert all(s.measured_memory is not None and s.measured_memory.peak > 0 for s in report.stages)
         assert report.reference_s is not None and len(report.ranks) == 2
+    # The last rank's units end with the loss, which sleeps: the sum of the ranks' units holds that sleep.
+    assert {r.reference for r in run.reports} == {"units"} and run.reports[0].reference_s == run.reports[1].reference_s
+    assert run.reports[0].reference_s is not None and run.reports[0].reference_s >= sleepy_loss.LOSS_SLEEP_S
     assert [len(r) for r in run.round_iteration_s] == [3, 3]
     assert min(run.round_iteration_s[0]) >= 4 * sleepy_loss.LOSS_SLEEP_S
     assert run.ratio(0, 1) > 1.2

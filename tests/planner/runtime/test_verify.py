@@ -162,6 +162,51 @@ def test_replay_times_the_units_where_the_plan_recorded_their_profiled_sum(captu
     assert layer.reference == "layer" and layer.profile_reference_s == 1e-3
 
 
+def test_processes_ranks_time_their_own_units_and_their_sum_is_the_speed_reference() -> None:
+    plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"], "1f1b")
+    plan = replace(plan, device={**plan.device, "reference_s": 1e-3, "unit_sum_s": 2e-3, "capture": "hooks"})
+    report = verify_plan(plan, "mlp", mode="processes", steps=2, warmup=1, check_numerics=True, timeout_s=180)
+    assert report.reference == "units" and report.profile_reference_s == 2e-3
+    assert report.reference_s is not None and report.reference_s > 0
+    assert report.speed_factor == pytest.approx(report.reference_s / 2e-3)
+    assert report.verdict_basis == "at the machine's speed"
+    # The reference's backward ran on the stages' own weights between steps: the step's gradients stay exact.
+    assert report.numerics is not None and report.numerics.ok
+    assert "machine speed: the model's units" in format_report(report)
+
+
+def test_a_rank_times_the_units_of_its_own_stages_with_the_loss_where_it_holds_the_last() -> None:
+    from planner.runtime.rank_timing import own_unit_reference
+    from profiles.model_reference import unit_pieces
+
+    workload = BUILTIN_MODELS["mlp"]()
+    # zbv: 4 stages in a V on 2 ranks, rank 0 holds stages 0 and 3 (the model's first and last units).
+    plan = make_plan(workload, ["layers.1", "layers.2", "layers.3"], "zbv")
+    inputs, _ = workload.make_batch(plan.micro_batch_size)
+    pieces = unit_pieces(workload.model, (inputs,), "hooks", list(workload.units or ()))
+    first = own_unit_reference(plan, pieces, (0, 3), workload, torch.device("cpu"))
+    second = own_unit_reference(plan, pieces, (1, 2), workload, torch.device("cpu"))
+    assert [p.name for p in first.pieces] == ["layers.0", "layers.3", "head"] and first.loss_fn is workload.loss_fn
+    assert [p.name for p in second.pieces] == ["layers.1", "layers.2"] and second.loss_fn is None
+    assert first.time_once() > 0 and second.time_once() > 0
+
+
+def test_the_run_sums_the_ranks_units_and_takes_the_median_of_their_layers() -> None:
+    from planner.runtime.rank_timing import RankResult
+    from planner.runtime.verify import _speed_reference
+
+    def rank(reference_s: float | None, reference: str) -> RankResult:
+        one = (1.0,)
+        return RankResult((0,), 0, 1, 1, ((),), one, one, (0.0,), (0.0,), one, reference_s, reference=reference)
+
+    units = [rank(2.0, "units"), rank(3.0, "units")]
+    assert _speed_reference(units, units) == (5.0, "units")
+    layers = [rank(2.0, "layer"), rank(4.0, "layer"), rank(9.0, "layer")]
+    assert _speed_reference(layers, layers) == (4.0, "layer")
+    # One rank without its units (none timed): the sum would be of part of the model, so no units at all.
+    assert _speed_reference([rank(2.0, "units"), rank(None, "units")], []) == (None, "layer")
+
+
 def test_numerics_check_catches_a_model_that_differs() -> None:
     workload = dropout_mlp()
     plan = make_plan(workload, ["2"], "gpipe")
