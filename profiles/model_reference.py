@@ -23,6 +23,7 @@ of 4 micro-batches. On real processes each rank times the units of its own stage
 from __future__ import annotations
 
 import statistics
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,7 +34,10 @@ from torch import nn
 from profiles.dataflow import Piece, capture_export, capture_hooks
 from profiles.measure import measure_piece
 
-__all__ = ["UnitReference", "unit_pieces"]
+__all__ = ["UnitReference", "unit_pieces", "WAKE_S"]
+
+WAKE_S = 0.02
+"""Untimed work before each timed pass of a model whose units take less than this (:meth:`UnitReference.time_once`)."""
 
 
 def unit_pieces(model: nn.Module, inputs: tuple[Any, ...], capture: str, units: Sequence[str]) -> tuple[Piece, ...]:
@@ -82,7 +86,15 @@ class UnitReference:
         self._measure(warmup=1)
 
     def time_once(self) -> float:
-        """Every unit's forward+backward once, in seconds, added up; also kept in ``samples``."""
+        """Every unit's forward+backward once, in seconds, added up; also kept in ``samples``.
+
+        After untimed passes over every unit for :data:`WAKE_S` where a pass is shorter than that: right after a
+        wait, the first milliseconds of work run slow (profiles/resume.py), and the profile timed its units
+        back to back."""
+        if not self.samples or self.samples[-1] < WAKE_S:
+            started = time.perf_counter()
+            while time.perf_counter() - started < WAKE_S:
+                self._measure(warmup=0)
         elapsed = self._measure(warmup=0)
         self.samples.append(elapsed)
         return elapsed
