@@ -15,9 +15,9 @@ model as one piece a fair stand-in: in gpt2-small profiles that time three micro
 the whole model at b = 4 came out 5.5-13.9 % slower than its units added up (seven profiles), and 0.0 % in one
 that timed b = 4 alone (2026-12-02).
 
-Timing the units once per step costs what one micro-batch through every stage costs: a quarter more on a plan
-of 4 micro-batches. On real processes each rank times the units of its own stages, alone, in turn
-(planner/runtime/rank_timing.py): added up over the ranks, the same units.
+Timing the units once per step costs at least two micro-batches through every stage (an untimed pass and the
+timed one): half as much again on a plan of 4 micro-batches. On real processes each rank times the units of its
+own stages, alone, in turn (planner/runtime/rank_timing.py): added up over the ranks, the same units.
 """
 
 from __future__ import annotations
