@@ -85,13 +85,13 @@ class UnitReference:
         """Every unit once untimed and once timed, dropped: the profile's first round warms up alike."""
         self._measure(warmup=1)
 
-    def time_once(self) -> float:
+    def time_once(self, wake: bool = True) -> float:
         """Every unit's forward+backward once, in seconds, added up; also kept in ``samples``.
 
-        After untimed passes over every unit for :data:`WAKE_S` where a pass is shorter than that: right after a
-        wait, the first milliseconds of work run slow (profiles/resume.py), and the profile timed its units
-        back to back."""
-        if not self.samples or self.samples[-1] < WAKE_S:
+        With ``wake``, after untimed passes over every unit for :data:`WAKE_S` where a pass is shorter than that:
+        right after a wait, the first milliseconds of work run slow (profiles/resume.py), and the profile timed its
+        units back to back. Without it (work ran just before), after the harness's own untimed pass alone."""
+        if wake and (not self.samples or self.samples[-1] < WAKE_S):
             started = time.perf_counter()
             while time.perf_counter() - started < WAKE_S:
                 self._measure(warmup=0)

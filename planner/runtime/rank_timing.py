@@ -428,8 +428,14 @@ def rank_main_interleaved(
         reference.warm_up()
 
     def time_all() -> None:
+        # One wake-up (UnitReference.time_once) after the wait, before the first: the others follow it at once.
+        woke = False
         for reference in shared.values():
-            reference.time_once()
+            if isinstance(reference, UnitReference):
+                reference.time_once(wake=not woke)
+                woke = True
+            else:
+                reference.time_once()
 
     for index in range(rounds):
         for k in range(len(runs)):

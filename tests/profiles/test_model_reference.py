@@ -55,3 +55,11 @@ def test_units_longer_than_the_wake_window_are_timed_after_their_own_probe_alone
     before = module.calls
     assert reference.time_once() >= WAKE_S
     assert module.calls - before == per_pass  # the timed pass, nothing more
+
+
+def test_a_pass_right_after_other_work_needs_no_wake_up() -> None:
+    reference, module = _reference(0.0)
+    per_pass = _passes(reference, module)
+    before = module.calls
+    reference.time_once(wake=False)
+    assert module.calls - before == per_pass
