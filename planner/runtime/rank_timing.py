@@ -26,10 +26,11 @@ import torch
 from planner.plan import Plan
 from planner.runtime.apply import apply_plan
 from planner.runtime.launch import each_rank_in_turn
+from planner.runtime.replay import captured_units
 from planner.runtime.stage_memory import track_rank_memory
 from profiles.dataflow import Piece
 from profiles.memory import MemorySample
-from profiles.model_reference import UnitReference, unit_pieces
+from profiles.model_reference import UnitReference
 from profiles.reference import SpeedReference
 from profiles.workload import Workload, as_tuple, load_workload
 
@@ -224,21 +225,22 @@ class _PlanSteps:
         dev: torch.device,
         waits: _WaitTimer,
         numerics: bool,
-        captured: dict[int, tuple[Piece, ...]] | None = None,
+        captured: dict[int, tuple[tuple[Piece, ...], torch.Tensor]] | None = None,
     ) -> None:
-        """``captured``: every unit's pieces by micro-batch size, shared by the plans of one process (each
-        size captured once, by the first plan that needs it)."""
+        """``captured``: every unit's pieces and the micro-batch's target by micro-batch size, shared by the plans
+        of one process (each size captured once, by the first plan that needs it)."""
         workload = load_workload(spec)
         inputs, target = workload.make_batch(step_batch(plan))
         self.inputs = tuple(t.to(dev) for t in as_tuple(inputs))
         self.target = target.to(dev)
         self.dev, self.waits = dev, waits
         # Before the model is split into stages: its units are captured as the profile captured them.
-        pieces = _captured_units(plan, workload, dev, {} if captured is None else captured)
+        units = _captured_units(plan, workload, dev, {} if captured is None else captured)
         self.run = apply_plan(plan, workload.model, self.inputs, workload.loss_fn, device=dev, tp_plan=workload.tp_plan)
-        self.reference = (
-            None if pieces is None else own_unit_reference(plan, pieces, self.run.stage_indices, workload, dev)
-        )
+        self.reference = None
+        if units is not None:
+            pieces, mb_target = units
+            self.reference = own_unit_reference(plan, pieces, mb_target, self.run.stage_indices, workload.loss_fn, dev)
         self.loss: float | None = None
         self.grads: dict[str, torch.Tensor] | None = None
         if numerics:
@@ -325,27 +327,31 @@ class _PlanSteps:
 
 
 def _captured_units(
-    plan: Plan, workload: Workload, dev: torch.device, captured: dict[int, tuple[Piece, ...]]
-) -> tuple[Piece, ...] | None:
-    """Every unit of the model at the plan's micro-batch size, captured as its profile captured them (from
-    ``captured`` if done already); None where the plan holds no unit sum to compare with (older plans, meta
-    profiles) or its stages are split across tensor-parallel ranks."""
-    if plan.profile_unit_sum_s is None or (plan.mesh is not None and plan.mesh.tp > 1):
+    plan: Plan, workload: Workload, dev: torch.device, captured: dict[int, tuple[tuple[Piece, ...], torch.Tensor]]
+) -> tuple[tuple[Piece, ...], torch.Tensor] | None:
+    """:func:`~planner.runtime.replay.captured_units`, once per micro-batch size in ``captured``; None also where
+    the plan's stages are split across tensor-parallel ranks."""
+    if plan.mesh is not None and plan.mesh.tp > 1:
         return None
     b = plan.micro_batch_size
     if b not in captured:
-        inputs, _ = workload.make_batch(b)
-        units = [u for stage in plan.stages for u in stage.units]
-        mb = tuple(t.to(dev) for t in as_tuple(inputs))
-        captured[b] = unit_pieces(workload.model.to(dev), mb, str(plan.device["capture"]), units)
+        found = captured_units(plan, workload, dev)
+        if found is None:
+            return None
+        captured[b] = found
     return captured[b]
 
 
 def own_unit_reference(
-    plan: Plan, pieces: tuple[Piece, ...], stage_indices: tuple[int, ...], workload: Workload, device: torch.device
+    plan: Plan,
+    pieces: tuple[Piece, ...],
+    target: torch.Tensor,
+    stage_indices: tuple[int, ...],
+    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
+    device: torch.device,
 ) -> UnitReference:
     """The units of the stages ``stage_indices`` among ``pieces`` (every unit, in the model's order), one
-    micro-batch each, the last with the loss where the rank holds the model's last unit.
+    micro-batch each, the last with the loss (``loss_fn`` on ``target``) where the rank holds the model's last unit.
 
     The speed reference of a rank: its own share of the model, timed alone as the profile timed it. The fixed
     layer (profiles/reference.py) did not follow a long model: verifying llama-small's plans, it put the machine
@@ -355,8 +361,7 @@ def own_unit_reference(
     mine = {u for s in stage_indices for u in plan.stages[s].units}
     own = tuple(p for p in pieces if p.name in mine)
     last = plan.num_stages - 1 in stage_indices
-    _, target = workload.make_batch(plan.micro_batch_size)
-    return UnitReference(own, device, workload.loss_fn if last else None, target.to(device))
+    return UnitReference(own, device, loss_fn if last else None, target)
 
 
 def rank_main(
@@ -413,17 +418,18 @@ def rank_main_interleaved(
     per plan, each step marked with its round."""
     dev = torch.device(f"cuda:{rank}") if device.startswith("cuda") else torch.device("cpu")
     waits = _WaitTimer()  # one per process: it wraps a module-level function of torch
-    captured: dict[int, tuple[Piece, ...]] = {}
+    captured: dict[int, tuple[tuple[Piece, ...], torch.Tensor]] = {}
     runs = [_PlanSteps(spec, plan, dev, waits, numerics=False, captured=captured) for plan in plans]
     for r in runs:
         r.warm_up(warmup, min_warmup_s)
-    layer = SpeedReference(dev)
     shared: dict[tuple[int, tuple[str, ...]], SpeedReference | UnitReference] = {}
     references = []
     for r in runs:
         unit = r.reference
         key = (0, ()) if unit is None else (r.run.plan.micro_batch_size, tuple(p.name for p in unit.pieces))
-        references.append(shared.setdefault(key, layer if unit is None else unit))
+        if key not in shared:
+            shared[key] = unit or SpeedReference(dev)
+        references.append(shared[key])
     for reference in shared.values():
         reference.warm_up()
 

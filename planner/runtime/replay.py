@@ -29,6 +29,7 @@ from planner.errors import ExecutionError
 from planner.plan import Plan
 from planner.runtime.apply import microbatch_inputs, schedule_microbatches, split_stages, tied_parameter_groups
 from planner.schedule.orders import Schedule, Step, rank_orders
+from profiles.dataflow import Piece
 from profiles.memory import LiveBytes, MemorySample
 from profiles.model_reference import UnitReference, unit_pieces
 from profiles.reference import SpeedReference
@@ -417,16 +418,23 @@ def _replay(
     )
 
 
-def _unit_reference(plan: Plan, workload: Workload, dev: torch.device) -> UnitReference | None:
-    """The model's units at the plan's micro-batch size, captured as its profile captured them; None where the
-    plan did not record the profile's unit sum (older plans, meta profiles)."""
+def captured_units(plan: Plan, workload: Workload, dev: torch.device) -> tuple[tuple[Piece, ...], torch.Tensor] | None:
+    """Every unit of the model at the plan's micro-batch size, captured as its profile captured them, and the
+    micro-batch's target; None where the plan did not record the profile's unit sum (older plans, meta profiles).
+    Before the model is split into stages."""
     if plan.profile_unit_sum_s is None:
         return None
     inputs, target = workload.make_batch(plan.micro_batch_size)
     inputs = tuple(t.to(dev) for t in as_tuple(inputs))
     units = [u for stage in plan.stages for u in stage.units]
     pieces = unit_pieces(workload.model.to(dev), inputs, str(plan.device["capture"]), units)
-    return UnitReference(pieces, dev, workload.loss_fn, target.to(dev))
+    return pieces, target.to(dev)
+
+
+def _unit_reference(plan: Plan, workload: Workload, dev: torch.device) -> UnitReference | None:
+    """The model's units (:func:`captured_units`) as the replay's speed reference; None without them."""
+    captured = captured_units(plan, workload, dev)
+    return None if captured is None else UnitReference(captured[0], dev, workload.loss_fn, captured[1])
 
 
 def _tracker(

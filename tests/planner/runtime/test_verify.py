@@ -182,10 +182,11 @@ def test_a_rank_times_the_units_of_its_own_stages_with_the_loss_where_it_holds_t
     workload = BUILTIN_MODELS["mlp"]()
     # zbv: 4 stages in a V on 2 ranks, rank 0 holds stages 0 and 3 (the model's first and last units).
     plan = make_plan(workload, ["layers.1", "layers.2", "layers.3"], "zbv")
-    inputs, _ = workload.make_batch(plan.micro_batch_size)
+    inputs, target = workload.make_batch(plan.micro_batch_size)
     pieces = unit_pieces(workload.model, (inputs,), "hooks", list(workload.units or ()))
-    first = own_unit_reference(plan, pieces, (0, 3), workload, torch.device("cpu"))
-    second = own_unit_reference(plan, pieces, (1, 2), workload, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    first = own_unit_reference(plan, pieces, target, (0, 3), workload.loss_fn, cpu)
+    second = own_unit_reference(plan, pieces, target, (1, 2), workload.loss_fn, cpu)
     assert [p.name for p in first.pieces] == ["layers.0", "layers.3", "head"] and first.loss_fn is workload.loss_fn
     assert [p.name for p in second.pieces] == ["layers.1", "layers.2"] and second.loss_fn is None
     assert first.time_once() > 0 and second.time_once() > 0
