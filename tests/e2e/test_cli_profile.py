@@ -8,6 +8,7 @@ import torch
 
 from cli import main
 from cli_checks import PRECIOUS, assert_fails
+from planner.runtime import model_cost
 from profiles.rounds import MIN_TIME_S
 
 
@@ -72,7 +73,11 @@ def test_output_in_a_missing_folder(capsys, tmp_path):
     assert_fails(capsys, ["profile", "mlp", "--out", tmp_path / "nope" / "p.json"], "output folder does not exist")
 
 
-def test_profile_then_show_then_plan(capsys, tmp_path):
+def test_profile_then_show_then_plan(capsys, tmp_path, monkeypatch):
+    # What profile learns is tested for its values in test_model_cost; here, that it is learned, kept and used:
+    # two rounds a launch instead of the default minute of them.
+    monkeypatch.setattr(model_cost, "LEARNING_BUDGET_S", 0.0)
+    monkeypatch.setattr(model_cost, "LEARNING_ROUNDS", 2)
     torch.set_num_threads(1)
     out = tmp_path / "mlp.profile.json"
     argv = ["profile", "mlp", "--micro-batch-sizes", "1,2", "--repeats", "1", "--warmup", "0", "--no-progress"]
