@@ -28,7 +28,8 @@ per rank it is ZB-H1. ``zbv`` is the paper's ZB-V (section 6); ``dualpipev`` is 
 folded into a V (torch's port of deepseek-ai/DualPipe). The three split the backward into ``I`` (input
 gradient) and ``W`` (weight gradient) and run ``W`` later to fill the bubble; ``dualpipev`` also runs
 full backwards ``B`` and pairs a forward with a backward (torch's ``OVERLAP_F_B``, executed as the
-forward then the backward: :func:`rank_orders` lists the two).
+forward then the backward: :func:`rank_orders` lists the two, the forward marked ``overlapped``: its send waits
+for the backward).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from planner.errors import ScheduleError, UsageError
@@ -146,6 +147,10 @@ class Step:
     stage: int
     microbatch: int
     kind: str
+    overlapped: bool = field(default=False, compare=False)
+    """A forward paired with the backward after it (torch's ``OVERLAP_F_B``, ``dualpipev``): torch's lowering
+    (``_add_send_recv``) posts the pair's sends after both, so this forward's output leaves its rank only
+    when the backward has run. Not part of the step's identity (equality, hashing)."""
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -412,10 +417,10 @@ def _dualpipev(rank: int, ranks: int, m: int) -> list[Step]:
     weight_queue: list[tuple[int, int]] = []
     order: list[Step] = []
 
-    def add(stage: int, kind: str) -> None:
+    def add(stage: int, kind: str, *, overlapped: bool = False) -> None:
         key = (stage, "I" if kind == "B" else kind)
         mb = counters[key]
-        order.append(Step(stage, mb, kind))
+        order.append(Step(stage, mb, kind, overlapped))
         if kind == "B":
             counters[(stage, "I")] += 1
             counters[(stage, "W")] += 1
@@ -439,14 +444,14 @@ def _dualpipev(rank: int, ranks: int, m: int) -> list[Step]:
         add(stage1, "I")
         weight_slot()
         add(stage1, "F")
-    for _ in range(m - ranks * 2 + rank + 1):  # step 4: (F0 B1) (F1 B0)
-        add(stage0, "F")  # not overlapped at i == 0 on the last rank: the same order either way
+    for i in range(m - ranks * 2 + rank + 1):  # step 4: (F0 B1) (F1 B0)
+        add(stage0, "F", overlapped=not (i == 0 and rank == ranks - 1))  # torch's one pair left apart
         add(stage1, "B")
-        add(stage1, "F")
+        add(stage1, "F", overlapped=True)
         add(stage0, "B")
     for _ in range(ranks - rank - 1):  # step 5: B1 (F1 B0)
         add(stage1, "B")
-        add(stage1, "F")
+        add(stage1, "F", overlapped=True)
         add(stage0, "B")
     step_6 = rank + 1  # step 6: B1 B0, the second half as zero bubble (I)
     zero_bubble = False
@@ -469,8 +474,9 @@ def orders_from_torch(pipeline_order: Mapping[int, Iterable[object]]) -> list[li
     """Convert a torch schedule's ``pipeline_order`` (rank -> actions, ``None`` for idle) to Step lists.
 
     Only compute actions (F, B, I, W) are kept; idle slots, communication and REDUCE_GRAD are dropped; an
-    action with ``sub_actions`` (torch's ``OVERLAP_F_B``) becomes its sub-actions in order. Works on the
-    ``str`` of each action, so torch is not imported here.
+    action with ``sub_actions`` (torch's ``OVERLAP_F_B``) becomes its sub-actions in order, every one but the
+    last ``overlapped`` (its sends are posted after the last). Works on the ``str`` of each action, so torch is
+    not imported here.
     """
     orders: list[list[Step]] = []
     for rank in sorted(pipeline_order):
@@ -478,10 +484,11 @@ def orders_from_torch(pipeline_order: Mapping[int, Iterable[object]]) -> list[li
         for action in pipeline_order[rank]:
             if action is None:
                 continue
-            for part in getattr(action, "sub_actions", None) or (action,):
+            parts = getattr(action, "sub_actions", None) or (action,)
+            for index, part in enumerate(parts):
                 match = _STEP_RE.match(str(part).strip())
                 if match is not None:
-                    steps.append(Step(int(match[1]), int(match[3]), match[2]))
+                    steps.append(Step(int(match[1]), int(match[3]), match[2], index < len(parts) - 1))
         orders.append(steps)
     return orders
 

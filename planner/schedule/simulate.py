@@ -9,6 +9,8 @@ The model (docs/cost-model.md, "The model"):
   ``s+1``, i.e. ``B``/``I(s+1, m)`` ended plus ``comm_backward_s[s]``; the last stage needs only its own F;
 - ``W(s, m)`` needs ``I(s, m)``;
 - communication delays a dependency but occupies no rank's compute time (sends are asynchronous);
+  a forward paired with a backward (``dualpipev``'s ``OVERLAP_F_B``) sends its output only when the
+  backward has ended, as torch's lowering posts the pair's sends after both;
   between two stages on the same rank (the turn of a V, ``zbv``/``dualpipev``) torch hands the tensor
   over in memory, so that cut costs no link time;
 - a transfer starts only once its receive is posted (gloo's do: a receive posted 5 ms after its send
@@ -402,6 +404,8 @@ def _run(
     last = num_stages - 1
     pos = [0] * len(orders)
     free = [0.0] * len(orders)
+    # Per rank, the key of an overlapped forward whose output leaves with the next action's sends (-1: none).
+    held = [-1] * len(orders)
     comm_wait = [0.0] * len(orders)
     # Each rank's actions in its execution order: start times never decrease along a rank (an action starts
     # when the previous one has ended), so this is the (rank, start, end) order without sorting.
@@ -455,7 +459,13 @@ def _run(
                 finish = start + durations[kind][s] + overhead_s
                 if resume and wait > 0:
                     finish += _resume_extra(resume, wait, kind == "F")
-                end[kind][key] = finish
+                if held[rank] >= 0:
+                    end_f[held[rank]] = finish
+                    held[rank] = -1
+                if kind == "F" and step.overlapped:
+                    held[rank] = key
+                else:
+                    end[kind][key] = finish
                 out.append(TimedAction(rank, s, m, kind, start, finish, overhead_s))
                 busy_until = finish
                 p += 1

@@ -12,6 +12,7 @@ Three independent checks against torch 2.13:
 
 from __future__ import annotations
 
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -204,3 +205,82 @@ def test_real_torch_schedule_object_matches(one_process_group: None, schedule: S
     losses: list[torch.Tensor] = []
     sched.step(torch.randn(2 * m, 4), target=torch.randn(2 * m, 4), losses=losses)
     assert len(losses) == m
+
+
+def _overlapped(orders: list[list[Step]]) -> list[list[tuple[str, bool]]]:
+    return [[(str(step), step.overlapped) for step in order] for order in orders]
+
+
+def test_dualpipev_marks_the_forwards_torch_pairs_with_a_backward() -> None:
+    for ranks in range(1, 6):
+        for m in range(2 * ranks, 2 * ranks + 5):
+            ours = rank_orders(Schedule.DUALPIPEV, 2 * ranks, m, ranks)
+            assert _overlapped(ours) == _overlapped(_torch_multi(Schedule.DUALPIPEV, ranks, 2, m)), (ranks, m)
+    paired = [step for order in rank_orders(Schedule.DUALPIPEV, 4, 6, 2) for step in order if step.overlapped]
+    # 7 pairs on each rank (torch's lowering printed for R = 2, M = 6); the last rank keeps its first apart
+    assert len(paired) == 14 and {step.kind for step in paired} == {"F"}
+    assert not rank_orders(Schedule.DUALPIPEV, 4, 6, 2)[1][4].overlapped  # 1F2, then 2B0 on its own
+
+
+def _iteration_of_torch_lowering(ranks: int, m: int, times: dict[str, list[float]]) -> float:
+    """The iteration of DualPipeV as torch's own lowering (``_add_send_recv``) lays out each rank's list: actions
+    in list order, a send posted when its rank reaches it, a compute action waiting for the sends it consumes
+    (received ahead, no link time) and, on its rank, for the actions before it. An independent reading of what
+    ``simulate`` models."""
+    stages = 2 * ranks
+    fake = SimpleNamespace(pp_group_size=ranks, num_stages=stages, _n_microbatches=m, _stages=[None, None])
+    compute = {r: ts.ScheduleDualPipeV._calculate_single_rank_operations(fake, r) for r in range(ranks)}
+    rank_of = {s: stage_to_rank(Schedule.DUALPIPEV, stages, ranks)[s] for s in range(stages)}
+    lists = ts._add_send_recv(compute, stage_to_rank=rank_of.__getitem__, num_stages=stages)
+    done: dict[tuple[str, int, int], float] = {}  # (kind, stage, mb) -> end; ("SEND_F"/"SEND_B", ...) -> posted
+    clock, pos = [0.0] * ranks, [0] * ranks
+
+    def needs(kind: str, s: int, mb: int) -> list[tuple[str, int, int]]:
+        if kind == "F":
+            return [] if s == 0 else [("F" if rank_of[s - 1] == rank_of[s] else "SEND_F", s - 1, mb)]
+        if kind == "W":
+            return [("I", s, mb)]
+        if s == stages - 1:
+            return [("F", s, mb)]
+        local = rank_of[s + 1] == rank_of[s]
+        grads = [("B", s + 1, mb), ("I", s + 1, mb)] if local else [("SEND_B", s + 1, mb)]
+        return [("F", s, mb), next((g for g in grads if g in done), grads[0])]
+
+    while any(pos[r] < len(lists[r]) for r in range(ranks)):
+        progressed = False
+        for r in range(ranks):
+            while pos[r] < len(lists[r]):
+                action = lists[r][pos[r]]
+                ctype = str(action.computation_type)
+                if "RECV" in ctype or "SEND" in ctype:
+                    if "SEND" in ctype:
+                        done[(ctype.rsplit(".", 1)[-1], action.stage_index, action.microbatch_index)] = clock[r]
+                    pos[r] += 1
+                    continue
+                parts = action.sub_actions or (action,)
+                steps = [Step.parse(str(p)) for p in parts]
+                if not all(dep in done for step in steps for dep in needs(step.kind, step.stage, step.microbatch)):
+                    break
+                for step in steps:
+                    ready = max([clock[r], *(done[d] for d in needs(step.kind, step.stage, step.microbatch))])
+                    clock[r] = ready + times[step.kind][step.stage]
+                    done[(step.kind, step.stage, step.microbatch)] = clock[r]
+                pos[r] += 1
+                progressed = True
+        assert progressed, "torch's lowering deadlocks in this reading"
+    return max(clock)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dualpipev_simulated_as_torch_lowers_it(seed: int) -> None:
+    # Uneven stages, so that a forward whose send waits for its paired backward shows in the iteration.
+    rng = random.Random(seed)
+    for ranks in (1, 2, 3, 4):
+        for m in (2 * ranks, 2 * ranks + 3):
+            n = 2 * ranks
+            f = [rng.choice((1.0, 2.0, 3.0)) for _ in range(n)]
+            w = [rng.choice((1.0, 2.0)) for _ in range(n)]
+            i = [rng.choice((1.0, 2.0, 4.0)) for _ in range(n)]
+            times = {"F": f, "I": i, "W": w, "B": [a + b for a, b in zip(i, w, strict=True)]}
+            ours = simulate(f, times["B"], m, Schedule.DUALPIPEV, num_ranks=ranks, weight_s=w)
+            assert ours.iteration_s == _iteration_of_torch_lowering(ranks, m, times), (seed, ranks, m)
