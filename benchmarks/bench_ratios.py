@@ -24,7 +24,9 @@ P = 2 gloo processes:
 6. the floors under all of it: each plan's first copy against its second, whose predicted ratio is exactly 1;
    each pair's ratio in the first launch against the second.
 
-Writes ``ratios.json`` and ``ratios.md`` into ``--out``; prints the table.
+Writes ``ratios.json`` and ``ratios.md`` into ``--out``; prints the table. ``--repredict DIR`` runs nothing: it
+holds an earlier run's measurements (``DIR``'s ratios.json and profiles) against the planner as it stands, so a
+change to the model of cost is judged on the same measurements.
 """
 
 from __future__ import annotations
@@ -172,6 +174,45 @@ def bench_case(
     }
 
 
+def repredicted(case: dict, profile: Profile, count: int) -> dict:
+    """``case`` (an earlier run's, measured) with every plan predicted again by the planner as it stands: its
+    candidates are planned again and matched by schedule, micro-batch size and boundaries (a plan the planner no
+    longer proposes raises), and ``plan``'s choice is the new first if it was measured."""
+    named = candidates(profile, 2, case["global_batch"], count)
+    key = lambda schedule, b, splits: (schedule, b, tuple(splits))  # noqa: E731
+    fresh = {key(p.schedule.value, p.micro_batch_size, p.split_points): p for p in named.values()}
+    plans = []
+    for p in case["plans"]:
+        plan = fresh.get(key(p["schedule"], p["micro_batch_size"], p["split_points"]))
+        if plan is None:
+            raise SystemExit(f"{case['model']}: {p['name']} ({p['schedule']}) is no longer among the candidates")
+        pr = plan.predicted.iteration_s
+        plans.append(
+            {**p, "predicted_s": pr, "error_pct": (p["measured_s"] / pr - 1) * 100,
+             "error_at_speed_pct": (p["at_speed_s"] / pr - 1) * 100}
+        )  # fmt: skip
+    predicted = {p["name"]: p["predicted_s"] for p in plans}
+    pairs = [
+        {**q, "predicted_ratio": predicted[q["a"]] / predicted[q["b"]],
+         "error_pct": (predicted[q["a"]] / predicted[q["b"]] / q["measured_ratio"] - 1) * 100}
+        for q in case["pairs"]
+    ]  # fmt: skip
+    # each plan's measured time relative to the first plan's, from the pairs (the first is every pair's a)
+    relative = {plans[0]["name"]: 1.0, **{q["b"]: 1 / q["measured_ratio"] for q in pairs if q["a"] == plans[0]["name"]}}
+    first = next(iter(named.values()))
+    choice = next((p["name"] for p in plans if plan_key(fresh[key(p["schedule"], p["micro_batch_size"],
+                   p["split_points"])]) == plan_key(first)), None)  # fmt: skip
+    if choice is None:
+        raise SystemExit(f"{case['model']}: plan's choice is now a plan that was not measured")
+    return {
+        **case,
+        "plans": plans,
+        "pairs": pairs,
+        "choice_vs_fastest_pct": (relative[choice] / min(relative.values()) - 1) * 100,
+        "repredicted_choice": choice,
+    }
+
+
 def _median_worst(errors: list[float]) -> str:
     return f"{statistics.median(errors):.1f} % / {max(errors):.1f} %" if errors else "-"
 
@@ -221,8 +262,24 @@ def main() -> None:
     parser.add_argument(
         "--profiles", type=Path, default=None, help="an earlier run's --out: its profiles, in place of profiling again"
     )
+    parser.add_argument(
+        "--repredict",
+        type=Path,
+        default=None,
+        help="an earlier run's --out: its measurements held against the planner as it stands (nothing is run)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.repredict is not None:
+        results = []
+        for case in json.loads((args.repredict / "ratios.json").read_text()):
+            name = f"{Path(case['model']).name.replace(':', '_')}.profile.json"
+            results.append(repredicted(case, load_profile(args.repredict / name), args.candidates))
+        (args.out / "ratios.json").write_text(json.dumps(results, indent=2))
+        text = table(results)
+        (args.out / "ratios.md").write_text(f"re-predicted from {args.repredict}\n\n{text}\n")
+        print(text)
+        return
     load = os.getloadavg()[0]
     results = []
     for spec in args.models.split(","):
