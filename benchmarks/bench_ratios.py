@@ -174,16 +174,19 @@ def bench_case(
     }
 
 
+def _plan_id(schedule: str, micro_batch_size: int, split_points: object) -> tuple[object, ...]:
+    return (schedule, micro_batch_size, tuple(split_points))  # type: ignore[arg-type]
+
+
 def repredicted(case: dict, profile: Profile, count: int) -> dict:
     """``case`` (an earlier run's, measured) with every plan predicted again by the planner as it stands: its
     candidates are planned again and matched by schedule, micro-batch size and boundaries (a plan the planner no
     longer proposes raises), and ``plan``'s choice is the new first if it was measured."""
     named = candidates(profile, 2, case["global_batch"], count)
-    key = lambda schedule, b, splits: (schedule, b, tuple(splits))  # noqa: E731
-    fresh = {key(p.schedule.value, p.micro_batch_size, p.split_points): p for p in named.values()}
+    fresh = {_plan_id(p.schedule.value, p.micro_batch_size, p.split_points): p for p in named.values()}
     plans = []
     for p in case["plans"]:
-        plan = fresh.get(key(p["schedule"], p["micro_batch_size"], p["split_points"]))
+        plan = fresh.get(_plan_id(p["schedule"], p["micro_batch_size"], p["split_points"]))
         if plan is None:
             raise SystemExit(f"{case['model']}: {p['name']} ({p['schedule']}) is no longer among the candidates")
         pr = plan.predicted.iteration_s
@@ -200,10 +203,11 @@ def repredicted(case: dict, profile: Profile, count: int) -> dict:
     # each plan's measured time relative to the first plan's, from the pairs (the first is every pair's a)
     relative = {plans[0]["name"]: 1.0, **{q["b"]: 1 / q["measured_ratio"] for q in pairs if q["a"] == plans[0]["name"]}}
     first = next(iter(named.values()))
-    choice = next((p["name"] for p in plans if plan_key(fresh[key(p["schedule"], p["micro_batch_size"],
-                   p["split_points"])]) == plan_key(first)), None)  # fmt: skip
-    if choice is None:
+    first_id = _plan_id(first.schedule.value, first.micro_batch_size, first.split_points)
+    measured_ids = {_plan_id(p["schedule"], p["micro_batch_size"], p["split_points"]): p["name"] for p in plans}
+    if first_id not in measured_ids:
         raise SystemExit(f"{case['model']}: plan's choice is now a plan that was not measured")
+    choice = measured_ids[first_id]
     return {
         **case,
         "plans": plans,
