@@ -398,4 +398,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from planner.commands.terminal import signals_interrupt
+
+    with signals_interrupt():  # a SIGTERM stops the ranks too, as it does the CLI's
+        main()
