@@ -430,7 +430,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from planner.commands.terminal import signals_interrupt
+    from planner.runtime.launch import signals_interrupt
 
     with signals_interrupt():  # a SIGTERM stops the ranks too, as it does the CLI's
         sys.exit(main())

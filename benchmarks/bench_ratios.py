@@ -318,7 +318,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from planner.commands.terminal import signals_interrupt
+    from planner.runtime.launch import signals_interrupt
 
     with signals_interrupt():  # a SIGTERM stops the ranks too, as it does the CLI's
         main()

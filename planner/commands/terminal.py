@@ -1,45 +1,19 @@
 """What a command does around the library: SIGTERM and SIGHUP turned into an exception (so that ranks are
-stopped in ``finally``), and the library's warnings and notes turned into ``pipeplan: ...`` lines on stderr."""
+stopped in ``finally``; :func:`planner.runtime.launch.signals_interrupt`, which scripts that launch ranks use
+too), and the library's warnings and notes turned into ``pipeplan: ...`` lines on stderr."""
 
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from planner.errors import PipeplanWarning
+from planner.runtime.launch import Signalled, signals_interrupt
 
 __all__ = ["Signalled", "signals_interrupt", "library_words", "quiet_torch"]
-
-
-class Signalled(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised where the main thread is so that every ``finally`` (stopping ranks) runs."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextmanager
-def signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP stop verify like Ctrl-C: the ranks and their process groups are stopped first."""
-
-    def handler(signum: int, _frame: object) -> None:
-        raise Signalled(signum)
-
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be set from the main thread
-        return
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _say(line: str) -> None:

@@ -24,14 +24,25 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from planner.errors import ExecutionError
 from profiles.measure import rank_threads
 
-__all__ = ["run_ranks", "rank_threads", "pin_rank_cpus", "free_port", "each_rank_in_turn", "FAULT_ENV", "PIN_ENV"]
+__all__ = [
+    "Signalled",
+    "signals_interrupt",
+    "run_ranks",
+    "rank_threads",
+    "pin_rank_cpus",
+    "free_port",
+    "each_rank_in_turn",
+    "FAULT_ENV",
+    "PIN_ENV",
+]
 
 FAULT_ENV = "PIPEPLAN_TEST_FAULT"
 PIN_ENV = "PIPEPLAN_PIN_CPUS"
@@ -288,3 +299,29 @@ def run_ranks(
     if unfinished:
         raise ExecutionError(f"{_ranks_text(unfinished)} did not finish within {timeout_s:g} s")
     return [results[r] for r in range(world_size)]
+
+
+class Signalled(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the main thread is so that every ``finally`` (stopping ranks) runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP stop verify like Ctrl-C: the ranks and their process groups are stopped first."""
+
+    def handler(signum: int, _frame: object) -> None:
+        raise Signalled(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
