@@ -71,6 +71,7 @@ __all__ = [
     "LEARNING_SIZE_ROUNDS",
     "LEARNING_MAX_ROUNDS",
     "LEARNING_BUDGET_S",
+    "LEARNING_SIZE_BUDGET_S",
     "LEARNING_LAUNCHES",
     "learn_model_cost",
     "learn_model_cost_on_ranks",
@@ -90,10 +91,18 @@ this; 1F1B's alone otherwise. Under it a rank's actions are tens of milliseconds
 micro-batches: 16 actions a step), where a millisecond of bookkeeping per action is several percent of the step,
 and the other plans' runs take about a minute (:data:`LEARNING_BUDGET_S`, module docstring)."""
 
-LEARNING_BUDGET_S = 45.0
-"""About how long the interleaved learning launches time steps, together
-(:func:`~planner.runtime.interleave.rounds_within`): for mlp's seventeen plans and the 1F1B plan's second copy,
-two launches of 12 rounds of 0.1 s blocks."""
+LEARNING_BUDGET_S = 90.0
+"""About how long the interleaved launches that learn schedule ratios (a short model's every schedule) time
+steps, together (:func:`~planner.runtime.interleave.rounds_within`): for mlp's seventeen plans and the 1F1B plan's
+second copy, two launches of 24 rounds of 0.1 s blocks. A learned ratio's error is mostly the rounds' own: one
+round's ratio of two copies of mlp's 1F1B plan spreads by 13-15 % (sd), and a plan's ratio to 1F1B moved from
+launch to launch by 6.9 % (median sd over the plans, worst 11.4 %) in launches of 12 rounds, by 2.8 % (worst 7.5 %)
+in launches of 24, four of each alternated (``python benchmarks/bench_learning.py --model mlp --budgets 45,90``,
+2026-12-03). The 24 rounds cost a short model's profile about 50 s more than 12."""
+
+LEARNING_SIZE_BUDGET_S = 45.0
+"""The same for a launch that learns co-location factors alone (a long model's 1F1B plan at each profiled size):
+each factor is compute summed over every action of its rounds, not a median of per-round ratios."""
 
 LEARNING_ROUNDS = 7
 """The fewest rounds of each interleaved learning launch: its ratios are medians over them, and one round's ratio
@@ -415,8 +424,12 @@ def learn_model_cost(
     # A plan at the first's micro-batch size learns its schedule's overhead from its ratio to the first, which
     # one launch can bias; plans at other sizes only their co-location factor, from the first launch's compute.
     learns_ratios = any(p.micro_batch_size == plans[0].micro_batch_size for p in plans[1:])
-    launch_count, at_least = (LEARNING_LAUNCHES, LEARNING_ROUNDS) if learns_ratios else (1, LEARNING_SIZE_ROUNDS)
-    rounds = rounds_within(launch, LEARNING_BUDGET_S / launch_count, at_least=at_least, at_most=LEARNING_MAX_ROUNDS)
+    launch_count, at_least, budget_s = (
+        (LEARNING_LAUNCHES, LEARNING_ROUNDS, LEARNING_BUDGET_S)
+        if learns_ratios
+        else (1, LEARNING_SIZE_ROUNDS, LEARNING_SIZE_BUDGET_S)
+    )
+    rounds = rounds_within(launch, budget_s / launch_count, at_least=at_least, at_most=LEARNING_MAX_ROUNDS)
     launches = [
         verify_plans(launch, model, rounds=rounds, warmup=warmup, device=device, timeout_s=timeout_s)
         for _ in range(launch_count)
