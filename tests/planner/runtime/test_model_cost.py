@@ -209,6 +209,28 @@ def test_a_1f1b_run_at_another_micro_batch_size_learns_that_sizes_co_location_fa
     assert again.predicted.runtime.compute_scale == pytest.approx(1.2 * learned.colocation_factor, rel=1e-6)
 
 
+def test_a_short_models_run_at_another_size_sets_its_factor_to_the_measured_ratio() -> None:
+    # With other schedules at the first plan's size (a short model's launch), the 1F1B run at b = 1 sets that
+    # size's factor so that the calibration predicts its measured ratio to the first run: its compute ran as
+    # profiled, but each of its actions cost 3 ms beyond it where the first's cost 1 ms.
+    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
+    start = calibration(action_overhead_s={"gpipe": 1e-3, "1f1b": 1e-3})
+    plans = learning_plans(profile, start, 8, sha256="0" * 64, every_schedule=True)
+    first, other = plans[0], plans[-1]
+    gpipe = next(p for p in plans if p.schedule is Schedule.GPIPE and p.num_microbatches == first.num_microbatches)
+    assert (first.micro_batch_size, other.micro_batch_size, other.schedule) == (2, 1, Schedule.ONE_F_ONE_B)
+    runs = [_measured(first, 1e-3), _measured(gpipe, 1e-3), _measured(other, 3e-3)]
+    learned = learn_from_runs(start, profile, runs)
+    settings = default_settings(profile, calibration=learned)
+    first_s, other_s = (repredicted_plan(profile, p, settings).predicted.iteration_s for p in (first, other))
+    measured = runs[2][1].measured_iteration_s / runs[0][1].measured_iteration_s
+    assert other_s / first_s == pytest.approx(measured, rel=1e-6)
+    assert learned.colocation_for(1) > 1.05 * learned.colocation_factor
+    # A long model's launch (1F1B alone at each size): the factor from compute, which ran as profiled.
+    alone = learn_from_runs(start, profile, [runs[0], runs[2]])
+    assert alone.colocation_for(1) == pytest.approx(alone.colocation_factor, rel=1e-6)
+
+
 def test_zero_bubble_with_several_stages_a_rank_keeps_its_own_overhead() -> None:
     profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
     start = calibration(action_overhead_s={"zero-bubble": 1e-3, "1f1b": 1e-3})
