@@ -384,9 +384,10 @@ def _colocation_to_ratios(
 
     The compute the ranks measured misses what a size costs beyond its compute: cnn13's and unet-small's
     calibrations, their factors set from compute alone, predicted their own 1F1B runs at b = 1 and 2 2.4-6.6 %
-    faster against the first than they ran (two profiles each), and cnn13's GPipe plan at b = 2 then ran 10 %
-    over its predicted ratio to 1F1B at b = 4. Set from the ratios, the same measurements put that pair 1.6 %
-    off (``python benchmarks/bench_ratios.py``, 2026-12-03). A long model keeps the factor from compute: its
+    faster against the first than they ran (two profiles each), and cnn13's GPipe plan at b = 2 then measured
+    1.097x its 1F1B plan at b = 4 where 0.992x was predicted. Set from the ratios, the factors put the same
+    measurements' pair 2.9 % off, not 9.6 % (``python benchmarks/bench_ratios.py``, 2026-12-03, the profiles'
+    stored ratios fitted again). A long model keeps the factor from compute: its
     runs at other sizes are one launch of a few rounds of mostly compute, and llama-small's pairs, re-predicted
     with factors set from that launch's ratios, erred up to 15.2 % where those from compute erred 9.4 %."""
     (first, _), by_size = runs[0], dict(learned.colocation_factor_by_micro_batch_size)
