@@ -24,13 +24,15 @@ schedule: on mlp (P = 2, b = 4) the shipped calibration put GPipe 1.32x 1F1B and
 (docs/BENCHMARKS.md, section 6.3). It differs from one micro-batch count to another too: in one launch mlp's
 GPipe ran 1.09x 1F1B at 2 micro-batches and 1.25x at 4, so every schedule runs at two counts, the global batch's
 and as many micro-batches as ranks (same micro-batch size), and keeps an overhead for each
-(``Calibration.action_overhead_by_microbatches_s``). And 1F1B runs at each other profiled micro-batch size, whose
-compute over its profile, relative to the first run's, gives that size's co-location factor
-(``Calibration.colocation_factor_by_micro_batch_size``): cnn13's compute ran 0.86-0.96x its profile at b = 4 and
-1.09-1.22x at b = 1. Where actions are long, their overhead is a few percent of the step, and one 1F1B run, its
-change shifted onto the other schedules, is enough for what the extra runs would cost; but the co-location
-factor still moves with the size, so a long model's 1F1B plan runs at each profiled size too, at the same global
-batch, in one launch of a few rounds (:data:`LEARNING_SIZE_ROUNDS`).
+(``Calibration.action_overhead_by_microbatches_s``). And 1F1B runs at each other profiled micro-batch size,
+whose ratio to the first run sets that size's co-location factor
+(``Calibration.colocation_factor_by_micro_batch_size``: the factor at which the calibration predicts the ratio,
+:func:`_colocation_to_ratios`): cnn13's compute ran 0.86-0.96x its profile at b = 4 and 1.09-1.22x at b = 1.
+Where actions are long, their overhead is a few percent of the step, and one 1F1B run, its change shifted onto
+the other schedules, is enough for what the extra runs would cost; but the co-location factor still moves with
+the size, so a long model's 1F1B plan runs at each profiled size too, at the same global batch, in one launch of
+a few rounds (:data:`LEARNING_SIZE_ROUNDS`), and each size's compute over its profile, relative to the first
+run's, sets its factor.
 
 The result is the model's: ``notes.model`` names it, and ``pipeplan plan`` warns when a profile of another
 model is planned with it.
@@ -89,7 +91,7 @@ EVERY_SCHEDULE_BELOW_S = 0.5
 """Every schedule's plan runs to learn its own overhead when the 1F1B plan is predicted to step in less than
 this; 1F1B's alone otherwise. Under it a rank's actions are tens of milliseconds or less (2 ranks, 4
 micro-batches: 16 actions a step), where a millisecond of bookkeeping per action is several percent of the step,
-and the other plans' runs take about a minute (:data:`LEARNING_BUDGET_S`, module docstring)."""
+and the other plans' runs take about two and a half minutes (:data:`LEARNING_BUDGET_S`, module docstring)."""
 
 LEARNING_BUDGET_S = 90.0
 """About how long the interleaved launches that learn schedule ratios (a short model's every schedule) time
@@ -387,9 +389,9 @@ def _colocation_to_ratios(
     faster against the first than they ran (two profiles each), and cnn13's GPipe plan at b = 2 then measured
     1.097x its 1F1B plan at b = 4 where 0.992x was predicted. Set from the ratios, the factors put the same
     measurements' pair 2.9 % off, not 9.6 % (``python benchmarks/bench_ratios.py``, 2026-12-03, the profiles'
-    stored ratios fitted again). A long model keeps the factor from compute: its
-    runs at other sizes are one launch of a few rounds of mostly compute, and llama-small's pairs, re-predicted
-    with factors set from that launch's ratios, erred up to 15.2 % where those from compute erred 9.4 %."""
+    stored ratios fitted again). A long model keeps the factor from compute: its runs at other sizes are one
+    launch of a few rounds of mostly compute, and llama-small's pairs, re-predicted with factors set from that
+    launch's ratios, erred up to 15.2 % where those from compute erred 9.4 %."""
     (first, _), by_size = runs[0], dict(learned.colocation_factor_by_micro_batch_size)
 
     def iteration_s(plan: Plan, factor: float | None = None) -> float:
@@ -456,7 +458,8 @@ def learn_model_cost(
     launch = [*plans, plans[0]]
     anchor = [0, len(plans)]
     # A plan at the first's micro-batch size learns its schedule's overhead from its ratio to the first, which
-    # one launch can bias; plans at other sizes only their co-location factor, from the first launch's compute.
+    # one launch can bias; then 1F1B's plans at other sizes learn their co-location factors from their ratios
+    # too, and where nothing else runs (a long model), from the first launch's compute.
     learns_ratios = any(p.micro_batch_size == plans[0].micro_batch_size for p in plans[1:])
     launch_count, at_least, budget_s = (
         (LEARNING_LAUNCHES, LEARNING_ROUNDS, LEARNING_BUDGET_S)
