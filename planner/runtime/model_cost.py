@@ -339,7 +339,7 @@ def learn_from_runs(
         multi_stage_overhead_by_microbatches_s={**refit.multi_stage_overhead_by_microbatches_s, **multi_by_count},
         colocation_factor_by_micro_batch_size=by_size or refit.colocation_factor_by_micro_batch_size,
     )
-    if by_size and any(p.micro_batch_size == first.micro_batch_size for p, _ in others):
+    if by_size and _learns_ratios([p for p, _ in runs]):
         learned = _colocation_to_ratios(learned, profile, runs, ratios)
     plan, report = runs[0]
     return learned.learned_from(
@@ -375,6 +375,12 @@ def _colocation_by_size(
         if plan.micro_batch_size != first.micro_batch_size and plan.schedule is first.schedule:
             by_size[plan.micro_batch_size] = refit.colocation_factor * excess(plan, [report]) / anchor
     return by_size if len(by_size) > 1 else {}
+
+
+def _learns_ratios(plans: Sequence[Plan]) -> bool:
+    """Whether a plan but the first runs at the first's micro-batch size (a short model's launches: its schedules'
+    overheads are learned from their ratios to the first, over two launches), not only at other sizes."""
+    return any(p.micro_batch_size == plans[0].micro_batch_size for p in plans[1:])
 
 
 def _colocation_to_ratios(
@@ -460,7 +466,7 @@ def learn_model_cost(
     # A plan at the first's micro-batch size learns its schedule's overhead from its ratio to the first, which
     # one launch can bias; then 1F1B's plans at other sizes learn their co-location factors from their ratios
     # too, and where nothing else runs (a long model), from the first launch's compute.
-    learns_ratios = any(p.micro_batch_size == plans[0].micro_batch_size for p in plans[1:])
+    learns_ratios = _learns_ratios(plans)
     launch_count, at_least, budget_s = (
         (LEARNING_LAUNCHES, LEARNING_ROUNDS, LEARNING_BUDGET_S)
         if learns_ratios
