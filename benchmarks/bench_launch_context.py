@@ -1,6 +1,6 @@
 """Does a plan's measured ratio to another depend on what else runs in the launch?
 
-``pipeplan profile`` learns a short model's schedule ratios in launches of every learning plan (17 on mlp, with
+``pipeplan profile`` learns a short model's schedule ratios in launches of every learning plan (17 on mlp, 18 with
 the 1F1B plan's second copy); ``bench_ratios.py`` measures its candidates as two copies each (8 on mlp); a user's
 run has one plan. This measures plan A's ratio to plan B (the median over rounds, as
 :meth:`planner.runtime.interleave.InterleavedRun.ratio`) in the three kinds of launch, one after another, ``--reps``
