@@ -28,11 +28,13 @@ from planner.calibration import shipped_calibration  # noqa: E402
 from planner.plan import Plan, load_plan  # noqa: E402
 from planner.runtime.interleave import verify_plans  # noqa: E402
 from planner.runtime.model_cost import default_global_batch, learning_plans  # noqa: E402
+from planner.search import plan_key  # noqa: E402
 from profiles.format import load_profile  # noqa: E402
 
 
 def _key(plan: Plan) -> tuple[object, ...]:
-    return (plan.schedule.value, plan.micro_batch_size, plan.num_microbatches, tuple(plan.split_points))
+    # plan_key, and the micro-batch count: the learning launch runs each schedule's plan at two counts.
+    return (*plan_key(plan), plan.num_microbatches)
 
 
 def main() -> None:
