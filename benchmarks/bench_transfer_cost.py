@@ -2,12 +2,14 @@
 
 The calibration times a point-to-point message with nothing else running (``p2p_latency_s``, ``p2p_bytes_per_s``)
 and the simulator lets a transfer overlap compute. On a machine with a core per rank, gloo's copies need a core
-too: while both ranks compute, a transfer slows them. Here 2 gloo processes (1 thread each) repeat, per
-iteration: post an isend and an irecv of X bytes to the other rank, compute a fixed chain of small matmuls
-(about 15 ms), wait for both. The sizes are interleaved round by round in one launch; the report is each size's
-median iteration per rank and its extra time over X = 0 per byte moved (sent plus received).
+too: while the ranks compute, a transfer slows them (``transfer_compute_s_per_byte``). Here ``pipeplan
+calibrate``'s own probe runs at several sizes (:func:`planner.runtime.calibrate.transfer_run_times`: torch's 1F1B
+on 2 gloo processes of 1 thread, each stage an MLP block that also passes on a tensor of X bytes and its gradient),
+interleaved round by round in one launch. The report is each size's median step, its median ratio to the step at
+X = 0, and the compute per byte sent or received at which the simulator predicts that ratio with the shipped
+link (:func:`~planner.runtime.calibrate.fit_transfer_cost`).
 
-    python benchmarks/bench_transfer_cost.py [--rounds 40]
+    python benchmarks/bench_transfer_cost.py [--rounds 12]
 """
 
 from __future__ import annotations
@@ -15,55 +17,34 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
+from planner.calibration import shipped_calibration  # noqa: E402
+from planner.runtime.calibrate import fit_transfer_cost, transfer_run_times  # noqa: E402
 from planner.runtime.launch import run_ranks  # noqa: E402
 
-SIZES_BYTES = (0, 128 << 10, 512 << 10, 2 << 20)
-ITERATIONS_PER_BLOCK = 10
+SIZES_BYTES = (0, 1 << 20, 4 << 20, 8 << 20)
 
 
-def _rank_main(rank: int, world_size: int, rounds: int) -> dict[int, float]:
-    torch.manual_seed(0)
-    weight, start = torch.randn(256, 256), torch.randn(64, 256)
-    peer = 1 - rank
-    buffers = {s: (torch.zeros(max(s // 4, 1)), torch.zeros(max(s // 4, 1))) for s in SIZES_BYTES}
-    times: dict[int, list[float]] = {s: [] for s in SIZES_BYTES}
-    for index in range(rounds):
-        k = index % len(SIZES_BYTES)
-        for size in SIZES_BYTES[k:] + SIZES_BYTES[:k]:
-            send, recv = buffers[size]
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(ITERATIONS_PER_BLOCK):
-                requests = [dist.isend(send, peer), dist.irecv(recv, peer)]
-                y = start
-                for _ in range(60):
-                    y = torch.tanh(y @ weight)
-                for request in requests:
-                    request.wait()
-            times[size].append((time.perf_counter() - t0) / ITERATIONS_PER_BLOCK)
-    return {s: statistics.median(v) for s, v in times.items()}
+def _rank_main(rank: int, world_size: int, rounds: int) -> dict[int, list[float]]:
+    return transfer_run_times(rank, world_size, rounds, SIZES_BYTES)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=12)
     args = parser.parse_args()
-    results = run_ranks(_rank_main, (args.rounds,), 2, timeout_s=600, backend="gloo", threads=1)
-    print("| rank | bytes each way | iteration | extra per byte moved |")
+    times = run_ranks(_rank_main, (args.rounds,), 2, timeout_s=1200, backend="gloo", threads=1)[0]
+    link = shipped_calibration("cpu")
+    print("| bytes each way | step (median) | ratio to 0 bytes | compute per byte sent or received |")
     print("|---|---|---|---|")
-    for rank, medians in enumerate(results):
-        base = medians[0]
-        for size, seconds in medians.items():
-            extra = f"{(seconds - base) / (2 * size) * 1e9:.2f} ns" if size else "-"
-            print(f"| {rank} | {size >> 10} KiB | {seconds * 1e3:.3f} ms | {extra} |")
+    for size, values in times.items():
+        ratio = statistics.median(t / t0 for t, t0 in zip(values, times[0], strict=True))
+        fitted = fit_transfer_cost({0: times[0], size: values}, 2, link.p2p_latency_s, link.p2p_bytes_per_s)
+        per_byte = f"{fitted * 1e9:.2f} ns" if size else "-"
+        print(f"| {size >> 10} KiB | {statistics.median(values) * 1e3:.1f} ms | {ratio:.3f} | {per_byte} |")
 
 
 if __name__ == "__main__":

@@ -107,11 +107,22 @@ class Calibration:
     :attr:`colocation_factor` holds for every size. How much slower compute runs beside the other rank depends on
     the size: cnn13's 1F1B plans (one launch) ran their compute at 0.86-0.96x the profile at b = 4 and b = 2 and
     1.09-1.22x at b = 1, where a plan at b = 1 was predicted 32 % too fast (docs/BENCHMARKS.md, section 6.3)."""
+    transfer_compute_s_per_byte: float = 0.0
+    """Compute a rank loses per byte it sends or receives across ranks while it computes: on CPU gloo copies
+    each message on the ranks' cores (``pipeplan calibrate`` times a rank's compute with and without a transfer
+    beside it). cnn13's interleaved plans, 1.75 to 5.25 MiB a step each way, ran 2-13 % slower than predicted
+    without it, in the order of their bytes (docs/BENCHMARKS.md, section 6.3). 0: not modelled (GPUs: copy
+    engines)."""
     notes: dict[str, Any] = field(default_factory=dict, hash=False)
     """Where and how it was measured (host, date, torch version, load) and the raw samples."""
 
     def __post_init__(self) -> None:
-        numbers = [self.p2p_latency_s, *self.action_overhead_s.values(), *self.multi_stage_overhead_s.values()]
+        numbers = [
+            self.p2p_latency_s,
+            self.transfer_compute_s_per_byte,
+            *self.action_overhead_s.values(),
+            *self.multi_stage_overhead_s.values(),
+        ]
         for table in (self.action_overhead_by_microbatches_s, self.multi_stage_overhead_by_microbatches_s):
             numbers += [v for by_count in table.values() for v in by_count.values()]
             if any(m < 1 for by_count in table.values() for m in by_count):
@@ -206,6 +217,7 @@ class Calibration:
             step_tail_s=step_tail_s,
             compute_scale=self.colocation_for(micro_batch_size),
             tail_groups=tail_groups,
+            transfer_compute_s_per_byte=self.transfer_compute_s_per_byte,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -218,6 +230,7 @@ class Calibration:
             "threads_per_rank": self.threads_per_rank,
             "p2p_latency_s": self.p2p_latency_s,
             "p2p_bytes_per_s": self.p2p_bytes_per_s,
+            "transfer_compute_s_per_byte": self.transfer_compute_s_per_byte,
             "action_overhead_s": dict(sorted(self.action_overhead_s.items())),
             "optimizer": {k: asdict(v) for k, v in sorted(self.optimizer.items())},
             "colocation_factor": self.colocation_factor,
@@ -265,6 +278,7 @@ def calibration_from_dict(data: Any) -> Calibration:
         threads_per_rank=data["threads_per_rank"],
         p2p_latency_s=float(data["p2p_latency_s"]),
         p2p_bytes_per_s=float(data["p2p_bytes_per_s"]),
+        transfer_compute_s_per_byte=float(data.get("transfer_compute_s_per_byte", 0.0)),
         action_overhead_s={k: float(v) for k, v in data["action_overhead_s"].items()},
         optimizer={
             k: OptimizerCost(float(v["per_param_s"]), float(v["per_step_s"]), float(v.get("per_tensor_s", 0.0)))
@@ -325,6 +339,7 @@ def format_calibration(calibration: Calibration) -> str:
     lines = [
         f"calibration on {c.device_kind}/{c.backend}, {c.num_ranks} ranks x {c.threads_per_rank} threads",
         f"  point-to-point: {c.p2p_latency_s * 1e6:.0f} us + bytes / {c.p2p_bytes_per_s / 1e9:.2f} GB/s",
+        f"  compute lost to transfers: {c.transfer_compute_s_per_byte * 1e9:.2f} ns per byte sent or received",
     ]
     for name, seconds in sorted(c.action_overhead_s.items()):
         by_count = _at_counts(c.action_overhead_by_microbatches_s.get(name, {}))

@@ -7,6 +7,7 @@ activations. Units carry their units: ``_s`` seconds, ``_bytes`` bytes. See docs
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -69,10 +70,14 @@ class StagePlan:
     action I of one micro-batch. None (absent in the file): the backward is not split."""
     weight_s: float | None = None
     """The weight-gradient action W, as above; both or neither."""
+    send_grad_bytes: int | None = None
+    """Bytes of input gradient sent back to the previous stage per micro-batch (0 for the first stage). None
+    (absent in plans made before it): the previous stage's ``send_bytes``, what an activation's gradient weighs."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        for key in ("input_s", "weight_s"):  # optional: absent rather than null, as in plans made before
+        # Optional: absent rather than null, as in plans made before them.
+        for key in ("input_s", "weight_s", "send_grad_bytes"):
             if data[key] is None:
                 del data[key]
         return data
@@ -236,6 +241,11 @@ class Plan:
             comm_forward_s=self.predicted.comm_forward_s,
             comm_backward_s=self.predicted.comm_backward_s,
             runtime=self.predicted.runtime if runtime is None else runtime,
+            cut_forward_bytes=tuple(s.send_bytes for s in self.stages[:-1]),
+            cut_backward_bytes=tuple(
+                before.send_bytes if after.send_grad_bytes is None else after.send_grad_bytes
+                for before, after in itertools.pairwise(self.stages)
+            ),
         )
 
     def simulation(self, runtime: RuntimeTerms | None = None, *, speed: float = 1.0) -> SimulationResult:
@@ -303,6 +313,7 @@ def build_plan(
                 forward_s=forward[s],
                 backward_s=backward[s],
                 send_bytes=costs.cut_bytes[last] if last < problem.num_units - 1 else 0,
+                send_grad_bytes=costs.cut_grad_bytes[first - 1] if first > 0 else 0,
                 in_flight=problem.in_flight[s],
                 memory_bytes=stage_memory(
                     profile, request.settings, problem, costs, s, first, last, solution.recompute[s]
@@ -418,6 +429,7 @@ def plan_from_dict(data: Any) -> Plan:
             memory_bytes=MemoryBreakdown(**s["memory_bytes"]),
             input_s=None if s.get("input_s") is None else float(s["input_s"]),
             weight_s=None if s.get("weight_s") is None else float(s["weight_s"]),
+            send_grad_bytes=s.get("send_grad_bytes"),
         )
         for s in data["stages"]
     )

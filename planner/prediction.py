@@ -94,6 +94,8 @@ class Prediction:
             "comm_wait_s": list(self.comm_wait_s),
             "tail_groups": [list(g) for g in self.runtime.tail_groups],
         }
+        if self.runtime.transfer_compute_s_per_byte:  # optional: absent, as in plans made before it
+            data["transfer_compute_s_per_byte"] = self.runtime.transfer_compute_s_per_byte
         if self.runtime.resume:  # optional: absent, as in plans made before it
             data["resume"] = [list(point) for point in self.runtime.resume]
         if self.schedule_overhead_s:  # optional: absent, as in plans made before it
@@ -119,6 +121,7 @@ class Prediction:
                 compute_scale=float(p.get("compute_scale", 1.0)),
                 tail_groups=tuple(tuple(g) for g in p.get("tail_groups", ())),
                 resume=tuple((float(g), float(f), float(b)) for g, f, b in p.get("resume", ())),
+                transfer_compute_s_per_byte=float(p.get("transfer_compute_s_per_byte", 0.0)),
             ),
             overhead_s=tuple(map(float, p.get("overhead_s", ()))),
             comm_wait_s=tuple(map(float, p.get("comm_wait_s", ()))),
@@ -200,6 +203,7 @@ def partition_pipeline(
     forward, backward = partition_stage_times(problem, solution)
     comm_forward, comm_backward = partition_comm_times(problem, solution)
     inputs, weights = partition_split_times(costs, problem, solution, schedule)
+    cuts = [b - 1 for b in solution.boundaries[1:]]
     return Pipeline(
         schedule=schedule,
         num_ranks=num_ranks,
@@ -211,6 +215,8 @@ def partition_pipeline(
         comm_forward_s=comm_forward,
         comm_backward_s=comm_backward,
         runtime=runtime,
+        cut_forward_bytes=tuple(costs.cut_bytes[c] for c in cuts),
+        cut_backward_bytes=tuple(costs.cut_grad_bytes[c] for c in cuts),
     )
 
 

@@ -17,7 +17,12 @@ run (``cores // P`` on a CPU machine):
    2^18 in 256 (a quarter second each), solved for ``per_step + per_param * parameters + per_tensor *
    tensors`` (torch's CPU optimizers loop over tensors, so a model of many small tensors pays per tensor);
    each set again after a 5 ms pause, and the median extra joins ``per_step`` (:data:`COLD_PAUSE_S`).
-4. **Per-action overhead** of each schedule: torch's own schedule runs stages of one tiny ``Linear`` at
+4. **Compute lost to transfers** (CPU): torch's 1F1B over the ranks, stages of an MLP block that also pass on a
+   4 MiB tensor (and its gradient back), against the same without it, alternated round by round; the compute per
+   byte sent or received at which the simulator, with the fitted link, predicts the measured slowdown (median of
+   the rounds' ratios). gloo copies each message on the ranks' own cores, so a transfer the simulator lets overlap
+   compute still slows that compute. Not measured on CUDA (NCCL's copies run beside the compute stream): 0.
+5. **Per-action overhead** of each schedule: torch's own schedule runs stages of one tiny ``Linear`` at
    several micro-batch counts, each timed for at least a second (rank 0's clock sets the step count).
    Their compute is measured by the profiler's harness (what a profile would say); the overhead is the
    value per action for which the simulator, given that compute and the fitted links, reproduces the
@@ -48,7 +53,16 @@ from planner.runtime.launch import each_rank_in_turn, run_ranks
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule, stage_to_rank
 from planner.schedule.simulate import RuntimeTerms, simulate
 
-__all__ = ["calibrate", "fit_overhead", "solve_increasing", "CALIBRATED_SCHEDULES", "COLD_PAUSE_S"]
+__all__ = [
+    "calibrate",
+    "fit_overhead",
+    "solve_increasing",
+    "transfer_run_times",
+    "fit_transfer_cost",
+    "CALIBRATED_SCHEDULES",
+    "COLD_PAUSE_S",
+    "TRANSFER_PROBE_BYTES",
+]
 
 CALIBRATED_SCHEDULES: tuple[tuple[Schedule, int], ...] = (
     (Schedule.GPIPE, 1),
@@ -226,6 +240,111 @@ def _colocation(rank: int, world: int, dev: torch.device, steps: int) -> list[tu
     return pairs
 
 
+TRANSFER_PROBE_BYTES = 4 << 20
+"""The extra tensor each stage of the transfer probe passes on (and its gradient back): the size of the cuts where
+the cost shows (cnn13's: 0.25-1.3 MiB a micro-batch, several per action in its interleaved plans), and about 2 ms on
+the link here, against 10-20 ms actions."""
+_TRANSFER_ROUNDS = 8
+_TRANSFER_BLOCK = 2  # steps per timed block
+_TRANSFER_WIDTH = 512
+
+
+class _PassStage(nn.Module):
+    """A stage of the transfer probe: an MLP block on ``x``, and ``pad`` passed on as it came (a view: no compute
+    on it), so that the stage sends ``pad``'s bytes forward and receives its gradient back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        width = _TRANSFER_WIDTH
+        self.net = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.net(x) + x, pad.view_as(pad)
+
+
+def _pass_loss(output: tuple[torch.Tensor, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+    y, pad = output
+    return nn.functional.mse_loss(y, target) + 0.0 * pad[:1].sum()  # pad gets a gradient, at no compute
+
+
+def transfer_run_times(
+    rank: int, world: int, rounds: int = _TRANSFER_ROUNDS, sizes: tuple[int, ...] = (0, TRANSFER_PROBE_BYTES)
+) -> dict[int, list[float]]:
+    """Per size, per round: one step of torch's 1F1B over ``world`` CPU ranks (``2 * world`` micro-batches of 64
+    rows) of :class:`_PassStage`, each stage passing on a tensor of that many bytes and its gradient. The sizes
+    alternate round by round (each round starting at another), so a drift of the machine's speed falls on all of
+    them alike; a round's time is the median of :data:`_TRANSFER_BLOCK` steps."""
+    import torch.distributed as dist
+    from torch.distributed import pipelining
+
+    m = 2 * world
+    runs = {}
+    for size in sizes:
+        torch.manual_seed(0)
+        x, pad = torch.randn(64, _TRANSFER_WIDTH), torch.randn(max(size // 4, 1))
+        stage = pipelining.PipelineStage(
+            _PassStage(),
+            rank,
+            world,
+            torch.device("cpu"),
+            input_args=(x.clone().requires_grad_(rank > 0), pad.clone().requires_grad_(True)),
+            output_args=(x.clone().requires_grad_(True), pad.clone().requires_grad_(True)),
+        )
+        schedule = pipelining.Schedule1F1B(stage, n_microbatches=m, loss_fn=_pass_loss)
+        batch = (torch.randn(64 * m, _TRANSFER_WIDTH), torch.randn(m * pad.numel()).requires_grad_(True))
+        runs[size] = (schedule, batch, torch.randn(64 * m, _TRANSFER_WIDTH))
+
+    def step(size: int) -> float:
+        schedule, batch, target = runs[size]
+        dist.barrier()
+        t0 = time.perf_counter()
+        args = batch if rank == 0 else ()
+        if rank == world - 1:
+            schedule.step(*args, target=target, losses=[])
+        else:
+            schedule.step(*args)
+        dist.barrier()
+        return time.perf_counter() - t0
+
+    for size in sizes:  # warm-up: the first step builds the stages' buffers
+        step(size)
+    times: dict[int, list[float]] = {size: [] for size in sizes}
+    for index in range(rounds):
+        k = index % len(sizes)
+        for size in sizes[k:] + sizes[:k]:
+            times[size].append(statistics.median(step(size) for _ in range(_TRANSFER_BLOCK)))
+    return times
+
+
+def fit_transfer_cost(times: dict[int, list[float]], world: int, latency_s: float, bytes_per_s: float) -> float:
+    """The compute per byte sent or received (``transfer_compute_s_per_byte``) at which the simulator predicts the
+    probe's measured slowdown (:func:`transfer_run_times`: the largest size over 0, the median of the rounds'
+    ratios), its stages equal with B = 2 F, scaled to the run at 0 bytes, and the calibrated link both ways: the
+    link's time on the critical path is the model's already, what is left is compute the copies took."""
+    large = max(times)
+    ratio = statistics.median(t / t0 for t, t0 in zip(times[large], times[0], strict=True))
+
+    def iteration(forward_s: float, num_bytes: int, per_byte_s: float) -> float:
+        link = [latency_s + num_bytes / bytes_per_s] * (world - 1)
+        return simulate(
+            [forward_s] * world,
+            [2 * forward_s] * world,
+            2 * world,
+            Schedule.ONE_F_ONE_B,
+            comm_forward_s=link,
+            comm_backward_s=link,
+            runtime=RuntimeTerms(transfer_compute_s_per_byte=per_byte_s),
+            cut_forward_bytes=[num_bytes] * (world - 1),
+            cut_backward_bytes=[num_bytes] * (world - 1),
+        ).iteration_s
+
+    # The stages' forward at which the step without the extra tensor takes what it measured.
+    step_s = statistics.median(times[0])
+    forward_s = solve_increasing(lambda f: iteration(f, 0, 0.0), step_s, step_s * 1e-6, step_s)
+    plain = iteration(forward_s, 0, 0.0)
+    return solve_increasing(lambda c: iteration(forward_s, large, c) / plain, ratio, 0.0, 1e-9, limit=1e-6)
+
+
 _OPTIMIZER_SETS = ((1 << 18, 8), (1 << 21, 8), (1 << 18, 256))
 """(parameters, tensors) timed for the optimizer fit: two sizes at one count, two counts at one size."""
 COLD_PAUSE_S = 0.005
@@ -375,6 +494,9 @@ def _rank_main(
     counts = (max(world, 2), 2 * world, 4 * world)
     result: dict[str, Any] = {"p2p": _p2p(rank, dev, sync, repeats, min_measure_s)}
     result["colocation"] = _colocation(rank, world, dev, steps)
+    if dev.type == "cpu" and world > 1:
+        # A quick calibration (tests: no least time) takes one round; a real one, the rounds a ratio needs.
+        result["transfer"] = transfer_run_times(rank, world, _TRANSFER_ROUNDS if min_measure_s > 0 else 1)
     result["optimizer"] = _optimizer(dev, sync, repeats, min_measure_s)
     result["compute"] = _tiny_compute(dev)
     result["schedules"] = _schedule_runs(rank, world, dev, steps, counts, min_measure_s)
@@ -482,6 +604,11 @@ def calibrate(
         for name, pts in head["schedules"].items()
     }
     overheads, per_count = _overheads(forward_s, backward_s, transfer, runs, num_ranks)
+    if "transfer" in head:
+        transfer_cost = fit_transfer_cost(head["transfer"], num_ranks, latency, bandwidth)
+        transfer_source = f"measured: 1F1B stages passing {TRANSFER_PROBE_BYTES >> 20} MiB on, against none"
+    else:
+        transfer_cost, transfer_source = 0.0, "not measured (one rank, or CUDA)"
     return Calibration(
         device_kind=device,
         backend=backend,
@@ -489,6 +616,7 @@ def calibrate(
         threads_per_rank=int(head["threads"]),
         p2p_latency_s=latency,
         p2p_bytes_per_s=bandwidth,
+        transfer_compute_s_per_byte=transfer_cost,
         action_overhead_s=overheads,
         optimizer=optimizer,
         # Sharing a machine cannot make compute faster: a ratio below 1 is noise, and 1 is what it means.
@@ -501,9 +629,11 @@ def calibrate(
             "torch": torch.__version__,
             "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "p2p": link_source,
+            "transfer_compute": transfer_source,
             "samples": {
                 "p2p_one_way_s": [[s, t] for s, t in head["p2p"]],
                 "colocation_s": [[list(pair) for pair in r["colocation"]] for r in results],
+                "transfer_step_s": {str(size): values for size, values in head.get("transfer", {}).items()},
                 "optimizer_step_s": {k: [[n, c, t] for n, c, t, _ in v] for k, v in head["optimizer"].items()},
                 "optimizer_step_after_pause_s": {
                     k: [[n, c, t] for n, c, _, t in v] for k, v in head["optimizer"].items()

@@ -26,8 +26,8 @@ class Pipeline:
     """Per-stage times of one micro-batch, the links between stages and what the runtime adds.
 
     ``input_s``/``weight_s`` are the split backward (I and W) of the schedules that run it, empty when
-    unsplit; ``comm_*_s`` are per cut (``num_stages - 1``), empty for none; ``runtime`` None is the
-    textbook model (no overhead, no step tail, no co-location).
+    unsplit; ``comm_*_s`` and ``cut_*_bytes`` are per cut (``num_stages - 1``), empty for none; ``runtime``
+    None is the textbook model (no overhead, no step tail, no co-location, no compute spent on transfers).
     """
 
     schedule: Schedule
@@ -40,10 +40,17 @@ class Pipeline:
     comm_forward_s: tuple[float, ...] = ()
     comm_backward_s: tuple[float, ...] = ()
     runtime: RuntimeTerms | None = None
+    cut_forward_bytes: tuple[int, ...] = ()
+    """Per cut, the activation bytes of one micro-batch sent across it (what a transfer costs in compute:
+    ``RuntimeTerms.transfer_compute_s_per_byte``)."""
+    cut_backward_bytes: tuple[int, ...] = ()
+    """Per cut, the gradient bytes sent back across it."""
 
     def __post_init__(self) -> None:
         for name in ("forward_s", "backward_s", "input_s", "weight_s", "comm_forward_s", "comm_backward_s"):
             object.__setattr__(self, name, _floats(getattr(self, name)))
+        for name in ("cut_forward_bytes", "cut_backward_bytes"):
+            object.__setattr__(self, name, tuple(int(b) for b in getattr(self, name)))
         object.__setattr__(self, "schedule", Schedule.parse(self.schedule))
         n = len(self.forward_s)
         lengths = {"backward_s": len(self.backward_s)}
@@ -128,7 +135,11 @@ class Pipeline:
         def apply(times: tuple[float, ...]) -> tuple[float, ...]:
             return per_stage(times) if times else ()
 
-        links = {} if keep_links else {"comm_forward_s": (), "comm_backward_s": ()}
+        links = (
+            {}
+            if keep_links
+            else {"comm_forward_s": (), "comm_backward_s": (), "cut_forward_bytes": (), "cut_backward_bytes": ()}
+        )
         return replace(
             self,
             forward_s=apply(self.forward_s),
@@ -152,4 +163,6 @@ class Pipeline:
             input_s=self.input_s,
             orders=orders,
             runtime=self.runtime,
+            cut_forward_bytes=self.cut_forward_bytes,
+            cut_backward_bytes=self.cut_backward_bytes,
         )

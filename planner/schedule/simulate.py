@@ -25,7 +25,9 @@ The model (docs/cost-model.md, "The model"):
   ``optimizer.step()`` and ``zero_grad``; ranks that share a tied weight start theirs together, when the
   later of them has finished its last action), and every action of a pipeline of two or more ranks
   computes ``k`` times slower than profiled (the co-location factor; docs/cost-model.md says why every
-  action and not only those that overlap another rank's).
+  action and not only those that overlap another rank's), and, given the bytes crossing each cut, an action
+  that sends or receives across ranks computes ``transfer_compute_s_per_byte`` longer per byte (on CPU
+  gloo's copies take the rank's core: cnn13's interleaved plans ran slow in the order of their bytes).
 
 Start times are therefore the longest path through a DAG (rank order edges + dependency edges), so
 the result is exact for this model and independent of event tie-breaking.
@@ -77,9 +79,18 @@ class RuntimeTerms:
     """``(idle gap, forward extra, backward extra)`` points, gaps increasing: what an action costs more after
     its rank was idle that long (profiles/resume.py). Interpolated linearly from ``(0, 0, 0)``, flat past
     the last gap; I and W take the backward's. Empty: nothing added."""
+    transfer_compute_s_per_byte: float = 0.0
+    """Compute time a rank loses per byte it sends or receives across ranks, charged to the action that sends
+    or consumes it (F: its input and output; B or I: the gradients; W: none) and counted as compute. On CPU
+    gloo copies each message on the ranks' cores (docs/cost-model.md, "Communication"); 0: nothing."""
 
     def __post_init__(self) -> None:
-        values = (self.action_overhead_s, *self.step_tail_s, *(v for point in self.resume for v in point))
+        values = (
+            self.action_overhead_s,
+            self.transfer_compute_s_per_byte,
+            *self.step_tail_s,
+            *(v for point in self.resume for v in point),
+        )
         if not all(math.isfinite(v) and v >= 0 for v in values):
             raise UsageError(f"runtime terms must be finite and >= 0, got {values}")
         if not (math.isfinite(self.compute_scale) and self.compute_scale > 0):
@@ -90,11 +101,12 @@ class RuntimeTerms:
 
     def at_speed(self, speed: float) -> RuntimeTerms:
         """These terms on a machine ``speed`` times slower: the per-action overhead and the step tails are
-        the machine's own work (Python, the optimizer, refilling caches), so they scale; the co-location
-        factor is a ratio."""
+        the machine's own work (Python, the optimizer, refilling caches, copying messages), so they scale; the
+        co-location factor is a ratio."""
         return replace(
             self,
             action_overhead_s=self.action_overhead_s * speed,
+            transfer_compute_s_per_byte=self.transfer_compute_s_per_byte * speed,
             step_tail_s=tuple(t * speed for t in self.step_tail_s),
             resume=tuple((g, f * speed, b * speed) for g, f, b in self.resume),
         )
@@ -237,6 +249,8 @@ def simulate(
     input_s: Sequence[float] = (),
     orders: Sequence[Sequence[Step]] | None = None,
     runtime: RuntimeTerms | None = None,
+    cut_forward_bytes: Sequence[int] = (),
+    cut_backward_bytes: Sequence[int] = (),
 ) -> SimulationResult:
     """Simulate one iteration of ``schedule``.
 
@@ -259,7 +273,11 @@ def simulate(
             split may cost more than ``backward_s`` (torch walks the autograd graph to split it).
         orders: optional rank orders to run instead of :func:`rank_orders` (e.g. converted from a
             torch schedule's ``pipeline_order`` with :func:`planner.schedule.orders.orders_from_torch`).
-        runtime: overhead per action, step tail per rank and co-location factor; None: all zero.
+        runtime: overhead per action, step tail per rank, co-location factor and the compute a byte sent costs;
+            None: all zero.
+        cut_forward_bytes: per cut, the bytes of one micro-batch's activations sent across it; empty: none
+            (with ``runtime.transfer_compute_s_per_byte``, what each transfer costs its two ranks' compute).
+        cut_backward_bytes: per cut, the bytes of the gradient sent back across it; empty: none.
 
     Returns:
         The :class:`SimulationResult`.
@@ -330,6 +348,11 @@ def simulate(
     # (docs/BENCHMARKS.md, "Fidelity": ranks side by side vs in a pipeline, and the runs of both rules).
     scale = terms.compute_scale if ranks > 1 else 1.0
     durations = {kind: [t * scale for t in times] for kind, times in base.items()}
+    if terms.transfer_compute_s_per_byte > 0:
+        moved = _bytes_moved(cut_forward_bytes, cut_backward_bytes, stage_rank)
+        for kind, per_stage in (("F", moved[0]), ("B", moved[1]), ("I", moved[1])):
+            cost = terms.transfer_compute_s_per_byte
+            durations[kind] = [t + cost * b for t, b in zip(durations[kind], per_stage, strict=True)]
     actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, terms.action_overhead_s, width, late, terms.resume)
     tails = terms.step_tail_s or (0.0,) * ranks
     # One pass, not one per rank: a plan search simulates up to 65,536 actions on 64 ranks.
@@ -476,6 +499,26 @@ def _run(
             waiting = ", ".join(f"rank {r}: {orders[r][p]}" for r, p in enumerate(pos) if p < len(orders[r]))
             raise ScheduleDeadlockError(f"schedule deadlocks; blocked at {waiting}\n{format_orders(orders)}")
     return [a for actions in by_rank for a in actions], comm_wait
+
+
+def _bytes_moved(
+    forward_bytes: Sequence[int], backward_bytes: Sequence[int], stage_rank: Sequence[int]
+) -> tuple[list[int], list[int]]:
+    """Per stage, the bytes its forward and its backward (B or I) send and receive across ranks: F receives its
+    input and sends its output, B/I receive the output's gradient and send the input's; a cut inside one rank
+    moves nothing."""
+    n = len(stage_rank)
+    for name, values in (("cut_forward_bytes", forward_bytes), ("cut_backward_bytes", backward_bytes)):
+        if values and len(values) != n - 1:
+            raise UsageError(f"{name} has {len(values)} values, expected {n - 1}")
+        if any(b < 0 for b in values):
+            raise UsageError(f"{name} must be >= 0, got {list(values)}")
+    crossing = [stage_rank[c] != stage_rank[c + 1] for c in range(n - 1)]
+    per_kind = []
+    for values in (forward_bytes, backward_bytes):
+        cut = [b if cross else 0 for b, cross in zip(values, crossing, strict=True)] if values else [0] * (n - 1)
+        per_kind.append([(cut[s - 1] if s > 0 else 0) + (cut[s] if s < n - 1 else 0) for s in range(n)])
+    return per_kind[0], per_kind[1]
 
 
 def _resume_extra(points: tuple[tuple[float, float, float], ...], gap: float, forward: bool) -> float:

@@ -26,9 +26,13 @@ from synthetic import calibration, make_profile
 
 
 def test_round_trip(tmp_path) -> None:
-    cal = calibration(notes={"host": "here"})
+    cal = calibration(notes={"host": "here"}, transfer_compute_s_per_byte=4e-10)
     save_calibration(cal, tmp_path / "c.json")
     assert load_calibration(tmp_path / "c.json") == cal
+    assert cal.runtime_terms(Schedule.GPIPE, (0.0, 0.0)).transfer_compute_s_per_byte == 4e-10
+    assert "0.40 ns per byte" in format_calibration(cal)
+    older = {k: v for k, v in cal.to_dict().items() if k != "transfer_compute_s_per_byte"}
+    assert calibration_from_dict(older).transfer_compute_s_per_byte == 0.0  # files made before it: none
 
 
 def test_an_overhead_learned_at_several_micro_batch_counts_follows_the_count(tmp_path) -> None:
@@ -219,7 +223,7 @@ def test_cli_never_replaces_the_calibration_it_reads(tmp_path, capsys) -> None:
 
     profile, cal = tmp_path / "p.json", tmp_path / "c.json"
     save_profile(make_profile([0.01] * 4), profile)
-    save_calibration(calibration(), cal)
+    save_calibration(calibration(transfer_compute_s_per_byte=4e-10), cal)
     before = cal.read_bytes()
     args = ["plan", str(profile), "--stages", "2", "--global-batch", "4", "--calibration", str(cal)]
     assert main([*args, "--out", str(cal)]) == 2
@@ -232,6 +236,7 @@ def test_cli_never_replaces_the_calibration_it_reads(tmp_path, capsys) -> None:
     terms = json.loads((tmp_path / "plan.json").read_text())["predicted"]
     assert f"runtime terms from calibration {cal}: " in out
     assert f"compute x {terms['compute_scale']:.2f} beside the other ranks (co-location)" in out
+    assert "0.40 ns of compute per byte sent or received" in out and terms["transfer_compute_s_per_byte"] == 4e-10
     args[-1] = "none"
     assert main([*args, "--out", str(tmp_path / "textbook.json")]) == 0
     assert "runtime terms: none (the textbook model" in capsys.readouterr().out

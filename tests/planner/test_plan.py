@@ -81,6 +81,25 @@ def test_the_resume_curve_round_trips_and_is_absent_when_empty(tmp_path):
     assert "resume" not in json.loads(path.read_text())["predicted"]  # as plans made before it
 
 
+def test_the_bytes_a_transfer_costs_in_compute_round_trip_and_reach_the_simulator(tmp_path):
+    from dataclasses import replace
+
+    plain = sample_plan()
+    stages = (plain.stages[0], replace(plain.stages[1], send_grad_bytes=1024))
+    terms = RuntimeTerms(transfer_compute_s_per_byte=1e-6)
+    plan = replace(plain, stages=stages, predicted=replace(plain.predicted, runtime=terms))
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    assert load_plan(path) == plan
+    pipe = load_plan(path).pipeline()
+    assert (pipe.cut_forward_bytes, pipe.cut_backward_bytes) == ((4096,), (1024,))
+    # Without the gradient's bytes (plans made before them), the cut's activations stand for them.
+    assert replace(plan, stages=plain.stages).pipeline().cut_backward_bytes == (4096,)
+    save_plan(plain, path)
+    written = json.loads(path.read_text())
+    assert "send_grad_bytes" not in written["stages"][1] and "transfer_compute_s_per_byte" not in written["predicted"]
+
+
 def _dict():
     return json.loads(json.dumps(sample_plan().to_dict()))
 

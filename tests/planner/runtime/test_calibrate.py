@@ -10,7 +10,7 @@ from cli import main
 from planner.calibration import shipped_calibration
 from planner.cost import default_settings
 from planner.request import PlanRequest
-from planner.runtime.calibrate import CALIBRATED_SCHEDULES, _link, calibrate, fit_overhead
+from planner.runtime.calibrate import CALIBRATED_SCHEDULES, _link, calibrate, fit_overhead, fit_transfer_cost
 from planner.runtime.tune import format_tune_table, refit_calibration, tune
 from planner.schedule.simulate import RuntimeTerms, simulate
 from planner.search import make_plans, plan_key
@@ -162,6 +162,8 @@ def test_calibrate_on_two_gloo_ranks() -> None:
     assert [s for s, _ in samples["p2p_one_way_s"]] == [4096, 65536, 524288, 4194304]
     assert all(t > 0 for _, t in samples["p2p_one_way_s"])
     assert set(cal.optimizer) == {"adam", "sgd"}
+    assert cal.transfer_compute_s_per_byte >= 0 and cal.notes["transfer_compute"].startswith("measured")
+    assert {int(k) for k in samples["transfer_step_s"]} == {0, 4 << 20}
 
 
 def test_tune_keeps_the_fastest_measured_plan(tmp_path, monkeypatch) -> None:
@@ -260,3 +262,28 @@ def test_tune_refuses_to_start_without_a_calibration(tmp_path, capsys) -> None:
     assert code == 2
     assert "tune refits a calibration" in capsys.readouterr().err
     assert not (tmp_path / "plan.json").exists()
+
+
+def test_fit_transfer_cost_recovers_the_compute_per_byte_behind_a_slowdown() -> None:
+    # Steps the simulator's own model makes: 1F1B, 2 ranks, F = 10 ms, B = 20 ms, a 4 MB tensor each way on a
+    # 1 GB/s link with 0.1 ms latency, and 0.5 ns of compute per byte sent or received.
+    latency, bandwidth, per_byte, size = 1e-4, 1e9, 0.5e-9, 4_000_000
+
+    def step_s(num_bytes: int, cost: float) -> float:
+        link = [latency + num_bytes / bandwidth]
+        return simulate(
+            [0.01, 0.01],
+            [0.02, 0.02],
+            4,
+            "1f1b",
+            comm_forward_s=link,
+            comm_backward_s=link,
+            runtime=RuntimeTerms(transfer_compute_s_per_byte=cost),
+            cut_forward_bytes=[num_bytes],
+            cut_backward_bytes=[num_bytes],
+        ).iteration_s
+
+    times = {0: [step_s(0, 0.0)] * 3, size: [step_s(size, per_byte)] * 3}
+    assert fit_transfer_cost(times, 2, latency, bandwidth) == pytest.approx(per_byte, rel=1e-6)
+    no_slower = {0: times[0], size: [step_s(size, 0.0)] * 3}  # the link alone explains it
+    assert fit_transfer_cost(no_slower, 2, latency, bandwidth) == pytest.approx(0.0, abs=1e-15)

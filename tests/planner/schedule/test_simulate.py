@@ -472,3 +472,36 @@ def test_resume_points_must_have_increasing_positive_gaps() -> None:
         RuntimeTerms(resume=((0.01, -0.1, 0.1),))
     slower = RuntimeTerms(resume=((0.01, 0.1, 0.2),)).at_speed(2.0)
     assert slower.resume == ((0.01, 0.2, 0.4),)
+
+
+def test_a_transfer_costs_compute_on_both_its_ranks_in_proportion_to_its_bytes() -> None:
+    # 1 s per MB: stage 0's F sends 2 MB, stage 1's F receives them; stage 1's B sends 1 MB of gradient back,
+    # stage 0's B receives it. The same as stages that long, with no transfer cost.
+    terms = RuntimeTerms(transfer_compute_s_per_byte=1e-6)
+    charged = simulate(
+        [1, 1], [2, 2], 3, "1f1b", runtime=terms, cut_forward_bytes=[2_000_000], cut_backward_bytes=[1_000_000]
+    )
+    longer = simulate([3, 3], [3, 3], 3, "1f1b")
+    assert charged.iteration_s == pytest.approx(longer.iteration_s)
+    assert charged.busy_s == pytest.approx(longer.busy_s)  # compute the copies took, not overhead
+    assert charged.overhead_s == (0.0, 0.0)
+    assert simulate([1, 1], [2, 2], 3, "1f1b", cut_forward_bytes=[2_000_000]).iteration_s == pytest.approx(
+        simulate([1, 1], [2, 2], 3, "1f1b").iteration_s
+    )  # no cost per byte: bytes change nothing
+    slower = terms.at_speed(2.0)
+    assert slower.transfer_compute_s_per_byte == 2e-6  # the machine's own work: it scales with the machine
+
+
+def test_the_turn_of_a_v_moves_no_bytes_and_costs_no_transfer_compute() -> None:
+    # zbv on 2 ranks: stages 0 and 3 on rank 0, 1 and 2 on rank 1; the cut 1 -> 2 is the turn, in memory.
+    terms = RuntimeTerms(transfer_compute_s_per_byte=1.0)
+    cuts = {"cut_forward_bytes": [1, 5, 1], "cut_backward_bytes": [1, 5, 1]}
+    charged = simulate([1] * 4, [2] * 4, 4, "zbv", runtime=terms, **cuts)
+    by_hand = simulate([2] * 4, [3] * 4, 4, "zbv")  # each stage: one byte in or out of its rank, each way
+    assert charged.iteration_s == pytest.approx(by_hand.iteration_s)
+
+
+def test_transfer_bytes_of_the_wrong_length_are_refused() -> None:
+    terms = RuntimeTerms(transfer_compute_s_per_byte=1e-9)
+    with pytest.raises(UsageError, match="cut_forward_bytes has 2 values, expected 1"):
+        simulate([1, 1], [1, 1], 2, "gpipe", runtime=terms, cut_forward_bytes=[1, 2])
