@@ -192,13 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "calibrate",
-        help="measure the runtime's costs (P2P, per-action overhead, optimizer, co-location) on real ranks",
+        help="measure the runtime's costs (P2P, per-action overhead, optimizer, co-location, transfers) on real ranks",
         formatter_class=fmt,
         description=(
             "Run a short job on RANKS local processes (gloo on CPU, NCCL on GPUs) and measure what a real\n"
             "iteration adds to the profiled compute: point-to-point latency and bandwidth, the overhead of\n"
-            "each action of each torch schedule, optimizer step time per parameter (Adam, SGD), and how\n"
-            "much slower compute runs when every rank is busy (co-location). Takes under a minute on CPU.\n"
+            "each action of each torch schedule, optimizer step time per parameter (Adam, SGD), how much\n"
+            "slower compute runs when every rank is busy (co-location), and on CPU the compute each byte\n"
+            "sent or received takes from its rank (gloo copies on the ranks' cores). Under a minute on CPU.\n"
             "Give the file to `pipeplan plan --calibration`. Measure on a quiet machine.\n\n"
             "With --model and --profile it then runs that model on the same ranks under 1F1B (and, with\n"
             "--learn every, or auto for a model whose 1F1B plan steps in under 0.5 s, the best plan of every\n"
