@@ -108,11 +108,11 @@ class Calibration:
     the size: cnn13's 1F1B plans (one launch) ran their compute at 0.86-0.96x the profile at b = 4 and b = 2 and
     1.09-1.22x at b = 1, where a plan at b = 1 was predicted 32 % too fast (docs/BENCHMARKS.md, section 6.3)."""
     transfer_compute_s_per_byte: float = 0.0
-    """Compute a rank loses per byte it sends or receives across ranks while it computes: on CPU gloo copies
-    each message on the ranks' cores (``pipeplan calibrate`` times a rank's compute with and without a transfer
-    beside it). cnn13's interleaved plans, 1.75 to 5.25 MiB a step each way, ran 2-13 % slower than predicted
-    without it, in the order of their bytes (docs/BENCHMARKS.md, section 6.3). 0: not modelled (GPUs: copy
-    engines)."""
+    """Compute a rank loses per byte it sends or receives across ranks: on CPU gloo copies each message on the
+    ranks' own cores (``pipeplan calibrate`` times torch's 1F1B with stages that pass a 4 MiB tensor on against
+    the same without it). cnn13's interleaved plans, 1.75 to 5.25 MiB a step each way, ran 2-13 % slower than
+    predicted without it, in the order of their bytes (docs/BENCHMARKS.md, section 6.3). 0: not modelled (CUDA:
+    NCCL's copies run beside the compute stream)."""
     notes: dict[str, Any] = field(default_factory=dict, hash=False)
     """Where and how it was measured (host, date, torch version, load) and the raw samples."""
 

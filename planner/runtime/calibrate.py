@@ -241,9 +241,10 @@ def _colocation(rank: int, world: int, dev: torch.device, steps: int) -> list[tu
 
 
 TRANSFER_PROBE_BYTES = 4 << 20
-"""The extra tensor each stage of the transfer probe passes on (and its gradient back): the size of the cuts where
-the cost shows (cnn13's: 0.25-1.3 MiB a micro-batch, several per action in its interleaved plans), and about 2 ms on
-the link here, against 10-20 ms actions."""
+"""The extra tensor each stage of the transfer probe passes on (and its gradient back): larger than the cuts where
+the cost showed (cnn13's: 0.25-1.3 MiB a micro-batch), whose slowdown is within the rounds' noise at 1 MiB (0.0-0.7 ns
+a byte in two runs, 0.39-0.41 at 4 MiB: ``python benchmarks/bench_transfer_cost.py``), and about 2 ms on the link
+here, against actions of 5-15 ms."""
 _TRANSFER_ROUNDS = 8
 _TRANSFER_BLOCK = 2  # steps per timed block
 _TRANSFER_WIDTH = 512

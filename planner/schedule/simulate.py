@@ -82,7 +82,8 @@ class RuntimeTerms:
     transfer_compute_s_per_byte: float = 0.0
     """Compute time a rank loses per byte it sends or receives across ranks, charged to the action that sends
     or consumes it (F: its input and output; B or I: the gradients; W: none) and counted as compute. On CPU
-    gloo copies each message on the ranks' cores (docs/cost-model.md, "Communication"); 0: nothing."""
+    gloo copies each message on the ranks' cores (docs/cost-model.md, "The cores a CPU transfer takes"); 0:
+    nothing."""
 
     def __post_init__(self) -> None:
         values = (
@@ -350,8 +351,8 @@ def simulate(
     durations = {kind: [t * scale for t in times] for kind, times in base.items()}
     if terms.transfer_compute_s_per_byte > 0:
         moved = _bytes_moved(cut_forward_bytes, cut_backward_bytes, stage_rank)
+        cost = terms.transfer_compute_s_per_byte
         for kind, per_stage in (("F", moved[0]), ("B", moved[1]), ("I", moved[1])):
-            cost = terms.transfer_compute_s_per_byte
             durations[kind] = [t + cost * b for t, b in zip(durations[kind], per_stage, strict=True)]
     actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, terms.action_overhead_s, width, late, terms.resume)
     tails = terms.step_tail_s or (0.0,) * ranks
