@@ -158,8 +158,13 @@ def partition_stage_times(problem: PartitionProblem, solution: PartitionSolution
     return forward, backward
 
 
+def _cuts(solution: PartitionSolution) -> list[int]:
+    """The unit after which each stage but the last ends: the cuts the partition's links cross."""
+    return [b - 1 for b in solution.boundaries[1:]]
+
+
 def partition_comm_times(problem: PartitionProblem, solution: PartitionSolution) -> tuple[list[float], list[float]]:
-    cuts = [b - 1 for b in solution.boundaries[1:]]
+    cuts = _cuts(solution)
     forward = [problem.cut_forward_s[c] if problem.cut_forward_s else 0.0 for c in cuts]
     backward = [problem.cut_backward_s[c] if problem.cut_backward_s else 0.0 for c in cuts]
     return forward, backward
@@ -203,7 +208,7 @@ def partition_pipeline(
     forward, backward = partition_stage_times(problem, solution)
     comm_forward, comm_backward = partition_comm_times(problem, solution)
     inputs, weights = partition_split_times(costs, problem, solution, schedule)
-    cuts = [b - 1 for b in solution.boundaries[1:]]
+    cuts = _cuts(solution)
     return Pipeline(
         schedule=schedule,
         num_ranks=num_ranks,
