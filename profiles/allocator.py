@@ -13,6 +13,14 @@ gradient (154 MB) and its logits (51 MB at b = 2) are larger, and on 2 gloo rank
 doubled rank 0's optimizer step and slowed its backward by a third (gpt2-small zbv P = 2, three runs
 each, alternating: +44 to +54 % over the prediction with the threshold alone, +14 to +19 % with no
 mmap; docs/BENCHMARKS.md section 6).
+
+Nor is the heap ever trimmed. A trim threshold of 2 GiB (the largest positive ``int``) still trimmed:
+the 1 GiB top pad plus a freed block at the top passed it, so the heap shrank by a gigabyte at the end
+of a step and page-faulted it back in the next. In the README's main job (gpt2-small zero-bubble,
+b = 4, replay) that made 3 of 4 of the LM head's weight-gradient passes fault a fresh 154 MB
+(37,693 minor faults, 950 ms instead of 450 ms) in every step, and its stage ran +33 % over its
+profile while the others ran 14-17 % under; with trimming off the faults stop after the second step
+and the stage ran like the others (-12.6 % against -15.8..-19.9 %, 2026-12-04).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ _M_TOP_PAD = -2
 _M_MMAP_MAX = -4
 TOP_PAD_BYTES = 2**30
 """Extra heap the heap grows by at once: untouched virtual memory until used."""
-_NEVER_TRIM = 2**31 - 1  # an int: mallopt takes an int; 2 GiB of free heap top before trimming
+_NEVER_TRIM = -1  # man mallopt: "Setting M_TRIM_THRESHOLD to -1 disables trimming completely"
 
 
 def _libc() -> ctypes.CDLL | None:

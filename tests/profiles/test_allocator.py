@@ -52,3 +52,44 @@ def test_a_freed_large_block_is_reused_without_page_faults() -> None:
     pages = 64 * 2**20 // 4096
     assert _faults_of_last_iteration(keep=False) > pages // 2  # glibc's default: a fresh mmap, every page faults
     assert _faults_of_last_iteration(keep=True) < pages // 50
+
+
+# malloc itself, not torch: torch's aligned allocations leave holes (above) that would blur the count.
+_FAULTS_AFTER_FREEING_AT_THE_TOP = textwrap.dedent(
+    """
+    import ctypes, resource, sys
+    sys.path.insert(0, {root!r})
+    from profiles.allocator import keep_freed_memory
+    assert keep_freed_memory()
+    libc = ctypes.CDLL("libc.so.6")
+    if {trim_at} is not None:  # a trim threshold in place of keep_freed_memory's
+        assert libc.mallopt(-1, {trim_at}) == 1  # M_TRIM_THRESHOLD
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size = {mib} * 2**20
+    for _ in range(3):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        block = libc.malloc(size)
+        ctypes.memset(block, 1, size)
+        libc.free(block)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    """
+)
+
+
+@needs_glibc
+def test_the_heap_top_is_never_trimmed() -> None:
+    # 1.25 GiB freed into the 1 GiB top pad leaves 2.25 GiB free at the heap's top: a trim threshold of
+    # 2 GiB (the largest positive int mallopt takes) gives all but the pad back to the OS, and the next
+    # iteration faults the last 0.25 GiB in again; with trimming off, nothing faults.
+    mib = 1280
+    refaulted_pages = (mib - 1024) * 2**20 // 4096
+    root = str(Path(__file__).resolve().parents[2])
+
+    def faults(trim_at: int | None) -> int:
+        code = _FAULTS_AFTER_FREEING_AT_THE_TOP.format(root=root, mib=mib, trim_at=trim_at)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        return int(out.stdout.strip().splitlines()[-1])
+
+    assert faults(trim_at=2**31 - 1) > refaulted_pages * 9 // 10
+    assert faults(trim_at=None) < refaulted_pages // 50
