@@ -8,8 +8,8 @@ For each model and each try, through the installed ``pipeplan`` command (a fresh
     pipeplan plan P --ranks 2 --global-batch 8 --out PLAN
     pipeplan verify PLAN --model MODEL --out REPORT
 
-and records verify's exit status, its error as timed (the verdict) and at the machine's measured speed
-(the speed reference timed in the ranks), the schedule chosen and the worst stage's memory error. A model
+and records verify's exit status, its error as timed and at the machine's measured speed (the model's units
+timed in the ranks; the verdict's), the schedule chosen and the worst stage's memory error. A model
 passes when verify exits 0 in at least 2 of 3 tries. The load average before and after is recorded.
 Writes ``default-path.json`` and ``default-path.md`` into ``--out``.
 """
