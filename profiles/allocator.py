@@ -17,10 +17,12 @@ mmap; docs/BENCHMARKS.md section 6).
 Nor is the heap ever trimmed. A trim threshold of 2 GiB (the largest positive ``int``) still trimmed:
 the 1 GiB top pad plus a freed block at the top passed it, so the heap shrank by a gigabyte at the end
 of a step and page-faulted it back in the next. In the README's main job (gpt2-small zero-bubble,
-b = 4, replay) that made 3 of 4 of the LM head's weight-gradient passes fault a fresh 154 MB
+b = 4, replay) that made 2 or 3 of the LM head's 4 weight-gradient passes fault a fresh 154 MB
 (37,693 minor faults, 950 ms instead of 450 ms) in every step, and its stage ran +33 % over its
 profile while the others ran 14-17 % under; with trimming off the faults stop after the second step
-and the stage ran like the others (-12.6 % against -15.8..-19.9 %, 2026-12-04).
+and the stage ran like the others (-12.6 % against -15.8..-19.9 %, 2026-12-04). On gpt2-tiny's ranks,
+too, the model's units timed between steps read the machine steadier: 1.02x its profiling speed
+(0.99-1.21x) against 1.12x (0.98-1.46x), 9 verify runs each way, alternating (docs/BENCHMARKS.md 6.1).
 """
 
 from __future__ import annotations
