@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from profiles.allocator import keep_freed_memory
+from profiles.allocator import TOP_PAD_BYTES, keep_freed_memory
 
 needs_glibc = pytest.mark.skipif(
     not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="needs glibc's mallopt"
@@ -33,10 +33,18 @@ _FAULTS_OF_LAST_ITERATION = textwrap.dedent(
 )
 
 
-def _faults_of_last_iteration(keep: bool) -> int:
-    code = _FAULTS_OF_LAST_ITERATION.format(root=str(Path(__file__).resolve().parents[2]), keep=keep)
+_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def _faults_printed_by(code: str) -> int:
+    """Runs ``code`` in a fresh interpreter (the allocator's settings are process-wide) and reads the fault
+    count it prints last."""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])
+
+
+def _faults_of_last_iteration(keep: bool) -> int:
+    return _faults_printed_by(_FAULTS_OF_LAST_ITERATION.format(root=_ROOT, keep=keep))
 
 
 @needs_glibc
@@ -83,13 +91,10 @@ def test_the_heap_top_is_never_trimmed() -> None:
     # 2 GiB (the largest positive int mallopt takes) gives all but the pad back to the OS, and the next
     # iteration faults the last 0.25 GiB in again; with trimming off, nothing faults.
     mib = 1280
-    refaulted_pages = (mib - 1024) * 2**20 // 4096
-    root = str(Path(__file__).resolve().parents[2])
+    refaulted_pages = (mib * 2**20 - TOP_PAD_BYTES) // 4096
 
     def faults(trim_at: int | None) -> int:
-        code = _FAULTS_AFTER_FREEING_AT_THE_TOP.format(root=root, mib=mib, trim_at=trim_at)
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        return int(out.stdout.strip().splitlines()[-1])
+        return _faults_printed_by(_FAULTS_AFTER_FREEING_AT_THE_TOP.format(root=_ROOT, mib=mib, trim_at=trim_at))
 
     assert faults(trim_at=2**31 - 1) > refaulted_pages * 9 // 10
     assert faults(trim_at=None) < refaulted_pages // 50
