@@ -113,6 +113,11 @@ class Calibration:
     the same without it). cnn13's interleaved plans, 1.75 to 5.25 MiB a step each way, ran 2-13 % slower than
     predicted without it, in the order of their bytes (docs/BENCHMARKS.md, section 6.3). 0: not modelled (CUDA:
     NCCL's copies run beside the compute stream)."""
+    units_together_ratio: float | None = None
+    """Learned from runs of a model (planner/runtime/model_cost.py): the model's units timed in the ranks with every
+    rank at once, over the same units timed alone, between the steps of the run the co-location factor was learned
+    from. The co-location factor holds for the ranks' contention at that moment; ``verify`` sets the same ratio,
+    timed in its own run, against this one (docs/cost-model.md, "The machine's speed"). None: not measured."""
     notes: dict[str, Any] = field(default_factory=dict, hash=False)
     """Where and how it was measured (host, date, torch version, load) and the raw samples."""
 
@@ -133,6 +138,8 @@ class Calibration:
         if not all(isinstance(v, int | float) and math.isfinite(v) and v >= 0 for v in numbers):
             raise CalibrationError(f"invalid calibration: times must be finite and >= 0, got {numbers}")
         positive = (self.p2p_bytes_per_s, self.colocation_factor, *self.colocation_factor_by_micro_batch_size.values())
+        if self.units_together_ratio is not None:
+            positive += (self.units_together_ratio,)
         if not all(math.isfinite(v) and v > 0 for v in positive):
             raise CalibrationError(
                 f"invalid calibration: bandwidth and co-location factor must be positive, got {positive}"
@@ -256,6 +263,7 @@ class Calibration:
                 if self.colocation_factor_by_micro_batch_size
                 else {}
             ),
+            **({"units_together_ratio": self.units_together_ratio} if self.units_together_ratio is not None else {}),
             "source": self.source,
             "notes": self.notes,
         }
@@ -291,6 +299,7 @@ def calibration_from_dict(data: Any) -> Calibration:
         colocation_factor_by_micro_batch_size={
             int(b): float(v) for b, v in data.get("colocation_factor_by_micro_batch_size", {}).items()
         },
+        units_together_ratio=float(data["units_together_ratio"]) if "units_together_ratio" in data else None,
         source=data.get("source", "measured"),
         notes=dict(data.get("notes", {})),
     )
@@ -354,6 +363,10 @@ def format_calibration(calibration: Calibration) -> str:
         f"  co-location factor: {c.colocation_factor:.3f} (compute inside the pipeline / profiled alone)"
         + (f"; {by_size}" if by_size else "")
     )
+    if c.units_together_ratio is not None:
+        lines.append(
+            f"  units timed with every rank at once: {c.units_together_ratio:.3f}x alone, while it was learned"
+        )
     return "\n".join(lines)
 
 

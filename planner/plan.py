@@ -30,6 +30,7 @@ from planner.schedule.simulate import RuntimeTerms, SimulationResult
 from profiles.format import Profile
 
 if TYPE_CHECKING:
+    from planner.calibration import Calibration
     from planner.request import PlanRequest
     from planner.search import Candidate
 
@@ -226,6 +227,14 @@ class Plan:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
         return float(value) if ok and self.device.get("capture") in ("export", "hooks") else None
 
+    @property
+    def learned_together_ratio(self) -> float | None:
+        """The model's units timed with every rank at once over alone while the plan's co-location factor was
+        learned (``device.units_together_ratio``, from the calibration); None if absent."""
+        value = self.device.get("units_together_ratio")
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+        return float(value) if ok else None
+
     def pipeline(self, runtime: RuntimeTerms | None = None) -> Pipeline:
         """The plan's stages, links and runtime terms as the simulator takes them (``runtime`` default: the
         terms it was predicted with)."""
@@ -348,16 +357,19 @@ def build_plan(
         solver=solver,
         constraints=plan_constraints(profile, request),
         baselines=baselines,
-        device=profiled_device(profile, best.micro_batch_size),
+        device=profiled_device(profile, best.micro_batch_size, request.settings.calibration),
     )
 
 
-def profiled_device(profile: Profile, micro_batch_size: int | None = None) -> dict[str, Any]:
+def profiled_device(
+    profile: Profile, micro_batch_size: int | None = None, calibration: Calibration | None = None
+) -> dict[str, Any]:
     """The plan's ``device``: what was profiled, and on a CPU the intra-op threads the times were measured
     with, so that a replay measures the stages as the profile did; the speed reference's time while the
-    profile was made, so that ``verify`` can tell how fast the machine runs now against then; and every unit's
+    profile was made, so that ``verify`` can tell how fast the machine runs now against then; every unit's
     forward+backward at ``micro_batch_size`` added up, with how the units were captured: the speed reference
-    of a replay (profiles/model_reference.py)."""
+    of a replay (profiles/model_reference.py); and where ``calibration`` learned its co-location factor from
+    the model, how much slower the units ran with every rank at once then (``units_together_ratio``)."""
     block: dict[str, Any] = {"kind": profile.device.kind, "name": profile.device.name, "dtype": profile.device.dtype}
     threads = profile.settings.get("threads")
     if profile.device.kind == "cpu" and isinstance(threads, int) and threads > 0:
@@ -373,6 +385,8 @@ def profiled_device(profile: Profile, micro_batch_size: int | None = None) -> di
         if math.isfinite(unit_sum_s) and unit_sum_s > 0:
             block["unit_sum_s"] = unit_sum_s
             block["capture"] = capture
+    if calibration is not None and calibration.units_together_ratio is not None:
+        block["units_together_ratio"] = calibration.units_together_ratio
     return block
 
 

@@ -64,6 +64,7 @@ class UnitReference:
         did; None: it is not (a rank's share of the model that ends before the last unit)."""
         self.pieces, self.device, self.loss_fn, self.target = tuple(pieces), device, loss_fn, target
         self.samples: list[float] = []
+        self.together_samples: list[float] = []
 
     def _measure(self, warmup: int) -> float:
         total = 0.0
@@ -85,20 +86,39 @@ class UnitReference:
         """Every unit once untimed and once timed, dropped: the profile's first round warms up alike."""
         self._measure(warmup=1)
 
+    def _timed_pass(self, wake: bool, last_s: float | None) -> float:
+        # ``last_s``: the previous sample of the same kind, to tell whether a pass is shorter than WAKE_S
+        if wake and (last_s is None or last_s < WAKE_S):
+            started = time.perf_counter()
+            while time.perf_counter() - started < WAKE_S:
+                self._measure(warmup=0)
+        return self._measure(warmup=0)
+
     def time_once(self, wake: bool = True) -> float:
         """Every unit's forward+backward once, in seconds, added up; also kept in ``samples``.
 
         With ``wake``, after untimed passes over every unit for :data:`WAKE_S` where a pass is shorter than that:
         right after a wait, the first milliseconds of work run slow (profiles/resume.py), and the profile timed its
         units back to back. Without it (work ran just before), after the harness's own untimed pass alone."""
-        if wake and (not self.samples or self.samples[-1] < WAKE_S):
-            started = time.perf_counter()
-            while time.perf_counter() - started < WAKE_S:
-                self._measure(warmup=0)
-        elapsed = self._measure(warmup=0)
+        elapsed = self._timed_pass(wake, self.samples[-1] if self.samples else None)
         self.samples.append(elapsed)
         return elapsed
+
+    def time_together(self, wake: bool = True) -> float:
+        """As :meth:`time_once`, kept in ``together_samples``: for a pass timed while the other ranks run theirs
+        (:func:`planner.runtime.launch.every_rank_at_once`)."""
+        elapsed = self._timed_pass(wake, self.together_samples[-1] if self.together_samples else None)
+        self.together_samples.append(elapsed)
+        return elapsed
+
+    def keep_busy(self) -> None:
+        """One untimed pass over every unit: company for the ranks still timing theirs."""
+        self._measure(warmup=0)
 
     @property
     def median_s(self) -> float | None:
         return statistics.median(self.samples) if self.samples else None
+
+    @property
+    def together_median_s(self) -> float | None:
+        return statistics.median(self.together_samples) if self.together_samples else None

@@ -40,6 +40,7 @@ __all__ = [
     "pin_rank_cpus",
     "free_port",
     "each_rank_in_turn",
+    "every_rank_at_once",
     "FAULT_ENV",
     "PIN_ENV",
 ]
@@ -206,6 +207,25 @@ def each_rank_in_turn(rank: int, world_size: int, tag: str, fn: Callable[[], obj
             store.set(key, "done")
         else:
             store.wait([key])
+
+
+def every_rank_at_once(
+    rank: int, world_size: int, tag: str, timed: Callable[[], object], keep_busy: Callable[[], object]
+) -> None:
+    """Run ``timed`` on every rank at the same moment, inside a process group: a measurement of each rank while
+    the others compute, as they do in a pipeline. The ranks start together (each waits on the default TCP store
+    for the others' arrival); a rank whose ``timed`` ends first runs ``keep_busy`` until every rank's has ended,
+    so each measurement runs beside work from start to end. ``tag`` must be new for every call."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store = _get_default_store()
+    store.set(f"pipeplan-at-once-{tag}-ready-{rank}", "ready")
+    store.wait([f"pipeplan-at-once-{tag}-ready-{r}" for r in range(world_size)])
+    timed()
+    store.set(f"pipeplan-at-once-{tag}-done-{rank}", "done")
+    done = [f"pipeplan-at-once-{tag}-done-{r}" for r in range(world_size)]
+    while not store.check(done):
+        keep_busy()
 
 
 def run_ranks(

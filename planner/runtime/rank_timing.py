@@ -17,7 +17,7 @@ needs is here, and what crosses the process boundary is one picklable value.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,7 +25,7 @@ import torch
 
 from planner.plan import Plan
 from planner.runtime.apply import apply_plan
-from planner.runtime.launch import each_rank_in_turn
+from planner.runtime.launch import each_rank_in_turn, every_rank_at_once
 from planner.runtime.replay import captured_units
 from planner.runtime.stage_memory import track_rank_memory
 from profiles.dataflow import Piece
@@ -114,6 +114,9 @@ class RankResult:
     reference: str = "layer"
     """What :attr:`reference_s` timed: ``units`` (the units of this rank's stages, :func:`own_unit_reference`)
     or ``layer``."""
+    reference_together_s: float | None = None
+    """The units' median timed right after, every rank at once (:func:`time_units_together`); None for the
+    layer. Over :attr:`reference_s`, what running beside the other ranks costs this rank's units now."""
 
 
 class _StageTimer:
@@ -318,6 +321,7 @@ class _PlanSteps:
             own_s=tuple(self.own),
             reference_s=reference.median_s,
             reference="units" if isinstance(reference, UnitReference) else "layer",
+            reference_together_s=reference.together_median_s if isinstance(reference, UnitReference) else None,
             loss=self.loss,
             grads=self.grads,
             stage_memory=stage_memory,
@@ -364,6 +368,22 @@ def own_unit_reference(
     return UnitReference(own, device, loss_fn if last else None, target)
 
 
+def time_units_together(rank: int, world_size: int, tag: str, references: Sequence[UnitReference]) -> None:
+    """Each of ``references`` timed once more, every rank at once (:func:`planner.runtime.launch.every_rank_at_once`).
+
+    The reference timed alone reads the machine's speed; it does not read how much the ranks slow each other,
+    and that moves within minutes on the 2-core development VM: one gpt2-tiny plan verified 60 times in 11
+    minutes (2026-12-04) came within 15 % of its prediction at the speed of its units alone in 43 runs, and in 55
+    once also divided by how much slower the same units ran timed together (docs/BENCHMARKS.md, section 6.1).
+    """
+
+    def timed() -> None:
+        for k, reference in enumerate(references):
+            reference.time_together(wake=k == 0)
+
+    every_rank_at_once(rank, world_size, tag, timed, references[0].keep_busy)
+
+
 def rank_main(
     rank: int,
     world_size: int,
@@ -388,6 +408,8 @@ def rank_main(
         # After the step's closing barrier (outside every timed interval), each rank alone: the machine's
         # speed now, not the ranks' contention, which the cost model holds.
         each_rank_in_turn(rank, world_size, f"verify-reference-{len(steps_of.iteration)}", reference.time_once)
+        if isinstance(reference, UnitReference):
+            time_units_together(rank, world_size, f"verify-{len(steps_of.iteration)}", [reference])
 
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -448,4 +470,7 @@ def rank_main_interleaved(
             r = runs[(index + k) % len(runs)]
             _repeat(lambda r=r, i=index: r.timed_step(i), 1, min_block_s, MAX_TIMED_STEPS, dev)
         each_rank_in_turn(rank, world_size, f"interleaved-reference-{index}", time_all)
+        units = [r for r in shared.values() if isinstance(r, UnitReference)]
+        if units:
+            time_units_together(rank, world_size, f"interleaved-{index}", units)
     return [r.result(reference) for r, reference in zip(runs, references, strict=True)]

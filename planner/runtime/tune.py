@@ -213,9 +213,16 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
             for b, k in calibration.colocation_factor_by_micro_batch_size.items()
         },
         optimizer=optimizer,
+        units_together_ratio=_units_together_ratio(measured) or calibration.units_together_ratio,
         source="refit",
         notes=notes,
     )
+
+
+def _units_together_ratio(runs: list[tuple[Plan, VerifyReport]]) -> float | None:
+    """The median over ``runs`` of their units timed together over alone: the contention the refit factor holds."""
+    ratios = [r.units_together_ratio for _, r in runs if r.units_together_ratio is not None]
+    return statistics.median(ratios) if ratios else None
 
 
 def tune(

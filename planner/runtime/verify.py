@@ -292,6 +292,8 @@ class MeasuredRun(NamedTuple):
     device_reserved_bytes: tuple[int, ...]
     reference: str = "layer"
     """What ``reference_s`` timed: ``layer`` (profiles/reference.py) or ``units`` (profiles/model_reference.py)."""
+    reference_together_s: float | None = None
+    """Real processes, ``units``: the same units timed with every rank at once, added up over the ranks."""
 
 
 def _first_replica(plan: Plan, everyone: Sequence[RankResult]) -> Sequence[RankResult]:
@@ -318,8 +320,24 @@ def measured_from_ranks(plan: Plan, everyone: Sequence[RankResult]) -> MeasuredR
     rank_times = tuple(_rank_time(plan, r, res, tails) for r, res in enumerate(results))
     warmed, timed = everyone[0].warmup_steps, everyone[0].timed_steps
     reference, kind = _speed_reference(results, everyone)
+    together = None
+    if kind == "units" and all(r.reference_together_s for r in results):
+        together = sum(r.reference_together_s or 0.0 for r in results)
     return MeasuredRun(
-        fwd, bwd, memory, measured, busy, rank_times, warmed, timed, reference, rank_memory, allocated, reserved, kind
+        fwd,
+        bwd,
+        memory,
+        measured,
+        busy,
+        rank_times,
+        warmed,
+        timed,
+        reference,
+        rank_memory,
+        allocated,
+        reserved,
+        kind,
+        together,
     )
 
 
@@ -359,8 +377,12 @@ def build_report(
     )
     profiled = plan.profile_unit_sum_s if m.reference == "units" else plan.profile_reference_s
     adjusted = None
+    learned = plan.learned_together_ratio
     if m.reference_s and profiled:
         speed = m.reference_s / profiled
+        if m.reference_together_s and learned:
+            # The ranks' contention now against when the co-location factor was learned (docs/cost-model.md).
+            speed *= (m.reference_together_s / m.reference_s) / learned
         # Replay measures the stages alone and keeps the plan's runtime terms: only the stages scale there.
         terms = plan.predicted.runtime
         adjusted = plan.simulation(terms.at_speed(speed) if chosen == "processes" else terms, speed=speed).iteration_s
@@ -388,6 +410,8 @@ def build_report(
         profile_reference_s=profiled,
         reference=m.reference,
         speed_adjusted_iteration_s=adjusted,
+        reference_together_s=m.reference_together_s,
+        learned_together_ratio=learned,
     )
 
 

@@ -160,7 +160,14 @@ class VerifyReport:
     (profiles/model_reference.py; on real processes each rank times those of its own stages, alone)."""
     speed_adjusted_iteration_s: float | None = None
     """The prediction at the machine's speed during this run: the plan simulated with every compute time
-    (stages, per-action overhead, step tails; not the links) times :attr:`speed_factor`. None without it."""
+    (stages, per-action overhead, step tails; not the links) times :attr:`speed_factor`, and on real processes
+    times :attr:`colocation_change` where it is known. None without a speed."""
+    reference_together_s: float | None = None
+    """Real processes, ``units``: the same units timed once more after each timed step with every rank at once
+    (planner/runtime/rank_timing.py, :func:`time_units_together`), the sum of the ranks' medians; None otherwise."""
+    learned_together_ratio: float | None = None
+    """The same ratio of the units together to alone while the plan's co-location factor was learned (the plan's
+    ``device.units_together_ratio``); None where it was not (a machine calibration, older plans)."""
     memory_tolerance: float = MEMORY_TOLERANCE
     """Largest accepted relative error of any stage's measured memory peak (0.10 = 10 %)."""
     rank_memory_bytes: tuple[int, ...] = ()
@@ -180,6 +187,20 @@ class VerifyReport:
         if self.reference_s and self.profile_reference_s:
             return self.reference_s / self.profile_reference_s
         return None
+
+    @property
+    def units_together_ratio(self) -> float | None:
+        """How many times slower the ranks' units ran timed together than alone in this run; None unless both."""
+        if self.reference_together_s and self.reference_s and self.reference == "units":
+            return self.reference_together_s / self.reference_s
+        return None
+
+    @property
+    def colocation_change(self) -> float | None:
+        """:attr:`units_together_ratio` over the same while the co-location factor was learned: how much more the
+        ranks slow each other now than then (1.0: as much). None unless both were measured."""
+        now, then = self.units_together_ratio, self.learned_together_ratio
+        return now / then if now is not None and then else None
 
     @property
     def iteration_error_pct(self) -> float:
@@ -214,6 +235,7 @@ class VerifyReport:
             stages=stages,
             ranks=ranks,
             reference_s=self.profile_reference_s,
+            reference_together_s=None if self.reference_together_s is None else self.reference_together_s / f,
             speed_adjusted_iteration_s=self.predicted_iteration_s,
         )
 
@@ -287,6 +309,7 @@ class VerifyReport:
         data.update(iteration_error_pct=self.iteration_error_pct, worst_stage=self.worst_stage, ok=self.ok)
         data.update(worst_memory_stage=self.worst_memory_stage, memory_ok=self.memory_ok)
         data.update(speed_factor=self.speed_factor, speed_adjusted_error_pct=self.speed_adjusted_error_pct)
+        data.update(units_together_ratio=self.units_together_ratio, colocation_change=self.colocation_change)
         data.update(verdict_basis=self.verdict_basis, verdict_error_pct=self.verdict_error_pct)
         data["mismatch_reason"] = mismatch_reason(self)
         data["busy_s"] = list(self.busy_s)
@@ -399,6 +422,7 @@ def _verdict_line(report: VerifyReport) -> str:
             f"verdict: the error at the machine's speed, {error:+.1f}%, {within} {tolerance:.0f}% (as timed "
             f"{report.iteration_error_pct:+.1f}%): the model's units, timed between the same steps as the profile "
             "timed them, measured the machine's speed on this model's own work"
+            + (" and the ranks' contention" if report.colocation_change is not None else "")
         )
     if abs(error) > tolerance:
         return (
@@ -455,6 +479,18 @@ def format_report(report: VerifyReport) -> str:
             f"machine speed: {what} ran {pace} than while profiling ({_seconds(report.reference_s)} vs "
             f"{_seconds(report.profile_reference_s)}); the plan with its compute at that speed: "
             f"{adjusted * 1e3:.3f} ms ({report.speed_adjusted_error_pct:+.1f}%)"
+        )
+    together = report.units_together_ratio
+    if together is not None:
+        then = report.learned_together_ratio
+        lines.append(
+            f"ranks side by side: the same units timed with every rank at once ran {together:.2f}x their time alone"
+            + (
+                f" ({then:.2f}x when the co-location factor was learned): the prediction above is at that"
+                f" co-location too ({report.colocation_change:.2f}x)"
+                if then
+                else " (the plan's co-location factor was not learned with it: not applied)"
+            )
         )
     lines.append(_verdict_line(report))
     lines.append("busy per rank: " + ", ".join(f"{b * 1e3:.3f} ms" for b in report.busy_s))

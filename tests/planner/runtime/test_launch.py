@@ -1,13 +1,14 @@
-"""pin_rank_cpus: each local rank's threads on cores of its own, where there are enough."""
+"""pin_rank_cpus: each local rank's threads on cores of its own, where there are enough; every_rank_at_once."""
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 
-from planner.runtime.launch import PIN_ENV, pin_rank_cpus, run_ranks
+from planner.runtime.launch import PIN_ENV, every_rank_at_once, pin_rank_cpus, run_ranks
 
 linux_only = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux-only")
 
@@ -84,3 +85,32 @@ def test_ranks_stay_unbound_unless_asked(monkeypatch):
     monkeypatch.delenv(PIN_ENV, raising=False)
     for threads in run_ranks(_cores_of_every_thread, (), 2, timeout_s=120):
         assert all(c == cores for c in threads)
+
+
+def _timed_at_once(rank: int, world_size: int) -> tuple[float, float, float, int]:
+    """Rank 0 arrives 0.3 s late; rank 1's timed work is 0.3 s longer: (start, end, return, busy calls)."""
+    if rank == 0:
+        time.sleep(0.3)
+    window: list[float] = []
+    busy = [0]
+
+    def timed() -> None:
+        window.append(time.time())
+        time.sleep(0.1 + 0.3 * rank)
+        window.append(time.time())
+
+    def keep_busy() -> None:
+        busy[0] += 1
+        time.sleep(0.01)
+
+    every_rank_at_once(rank, world_size, "test", timed, keep_busy)
+    return window[0], window[1], time.time(), busy[0]
+
+
+def test_every_rank_at_once_starts_together_and_keeps_company_until_the_last_ends():
+    (start0, end0, back0, busy0), (start1, end1, back1, busy1) = run_ranks(_timed_at_once, (), 2, timeout_s=60)
+    # rank 1 waited for rank 0's late arrival: their timed work began together (0.3 s apart otherwise)
+    assert abs(start0 - start1) < 0.1
+    # rank 0 ended first and kept computing until rank 1's timed work was over; rank 1 had no one to wait for
+    assert end0 < end1 <= back0
+    assert busy0 >= 10 and busy1 == 0

@@ -10,6 +10,7 @@ from cli import main
 from planner.calibration import calibration_from_dict, load_calibration, shipped_calibration
 from planner.cost import default_settings
 from planner.errors import UsageError
+from planner.plan import load_plan, profiled_device
 from planner.prediction import repredicted_plan
 from planner.runtime.model_cost import (
     EVERY_SCHEDULE_BELOW_S,
@@ -164,6 +165,35 @@ def test_copies_of_the_1f1b_plan_in_the_launch_refit_it_together() -> None:
     assert both.action_overhead_s["gpipe"] == pytest.approx(4e-3, rel=1e-3)  # shifted by as much
 
 
+def test_the_1f1b_runs_units_together_over_alone_is_learned_beside_the_co_location_factor() -> None:
+    # The units' sums as the ranks timed them: 2.2 and 2.6 ms together against 2.0 ms alone, at any speed (the
+    # run is brought to profiling speed before the refit: the ratio must survive it).
+    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
+    start = calibration(action_overhead_s={"gpipe": 1e-3, "1f1b": 1e-3})
+    plan = learning_plan(profile, start, 4, sha256="0" * 64)
+    device = {**plan.device, "unit_sum_s": 1e-3, "capture": "export"}
+    plan = replace(plan, device=device)
+
+    def timed(together_s: float | None, alone_s: float = 2e-3):
+        run, report = _measured(plan, 3e-3, speed=2.0)
+        return run, replace(
+            report, reference="units", reference_s=alone_s, profile_reference_s=1e-3, reference_together_s=together_s
+        )
+
+    assert start.units_together_ratio is None
+    one = learn_from_runs(start, profile, [timed(2.2e-3)])
+    assert one.units_together_ratio == pytest.approx(1.1)
+    copies = learn_from_runs(start, profile, [timed(2.2e-3)], first_copies=[timed(2.6e-3)[1], timed(None)[1]])
+    assert copies.units_together_ratio == pytest.approx(1.2)  # the median of those that timed it
+    assert learn_from_runs(start, profile, [timed(None)]).units_together_ratio is None
+    # A plan made with the learned calibration carries the ratio for verify.
+    settings = default_settings(profile, calibration=one, calibration_label="learned")
+    assert repredicted_plan(profile, plan, settings).learned_together_ratio is None  # reprediction keeps device
+    assert profiled_device(profile, 1, one)["units_together_ratio"] == pytest.approx(1.1)
+    assert "units_together_ratio" not in profiled_device(profile, 1, start)
+    assert calibration_from_dict(one.to_dict()).units_together_ratio == pytest.approx(1.1)
+
+
 def test_plans_at_two_micro_batch_counts_learn_an_overhead_for_each_count() -> None:
     # GPipe's actions cost 1 ms at 2 micro-batches and 3 ms at 4; 1F1B's 1 ms at both.
     profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
@@ -309,6 +339,9 @@ def test_calibrate_learns_the_models_cost_on_two_gloo_ranks_and_plan_warns_for_a
     b = note["micro_batch_size"]
     assert f"running mlp on 2 ranks (1f1b, 1f1b x{8 // (6 - b)} b={6 - b}, b={b} x {8 // b})" in printed.err
     assert sorted(learned.colocation_factor_by_micro_batch_size) == [2, 4]
+    # Its units timed together and alone in the ranks, 2 processes on 2 cores: slower together, never 3x.
+    assert learned.units_together_ratio is not None and 0.8 < learned.units_together_ratio < 3.0
+    assert "units timed with every rank at once:" in printed.out
     assert f"1f1b x{8 // (6 - b)} b={6 - b}" in printed.out and "co-location" in printed.out
     # No warning of the run's own (the profile warns of a busy machine, which this test does not control).
     assert [line for line in printed.err.splitlines() if "warning" in line and "load average" not in line] == []
@@ -316,6 +349,8 @@ def test_calibrate_learns_the_models_cost_on_two_gloo_ranks_and_plan_warns_for_a
     plan = ["plan", "--stages", "2", "--global-batch", "8", "--calibration", str(out)]
     assert main([plan[0], str(mlp), *plan[1:], "--out", str(tmp_path / "same.plan.json")]) == 0
     assert "warning" not in capsys.readouterr().err
+    same = load_plan(tmp_path / "same.plan.json")
+    assert same.learned_together_ratio == pytest.approx(learned.units_together_ratio)
     other = tmp_path / "other.profile.json"
     save_profile(make_profile([0.01] * 4), other)
     assert main([plan[0], str(other), *plan[1:], "--out", str(tmp_path / "other.plan.json")]) == 0

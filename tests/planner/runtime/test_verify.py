@@ -142,6 +142,28 @@ def test_replay_times_the_speed_reference_and_scales_the_stages_by_it() -> None:
     assert "machine speed: the speed reference ran" in format_report(report)
 
 
+def test_ranks_time_their_units_alone_and_together_and_the_prediction_takes_the_change_of_co_location() -> None:
+    plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"], "1f1b")
+    device = {**plan.device, "reference_s": 1e-3, "unit_sum_s": 2e-3, "capture": "export"}
+    learned = replace(plan, device={**device, "units_together_ratio": 1.25})
+    report = verify_plan(learned, "mlp", mode="processes", steps=2, warmup=1, min_warmup_s=0.0, min_time_s=0.0)
+    assert report.reference == "units" and report.learned_together_ratio == 1.25
+    assert report.reference_s and report.reference_together_s and report.reference_together_s > 0
+    ratio = report.reference_together_s / report.reference_s
+    assert report.units_together_ratio == pytest.approx(ratio)
+    assert report.colocation_change == pytest.approx(ratio / 1.25)
+    # Every compute time at the machine's speed and at the ranks' contention now against then.
+    speed = report.reference_s / 2e-3 * ratio / 1.25
+    terms = learned.predicted.runtime.at_speed(speed)
+    assert report.speed_adjusted_iteration_s == pytest.approx(learned.simulation(terms, speed=speed).iteration_s)
+    assert f"({1.25:.2f}x when the co-location factor was learned)" in format_report(report)
+    assert report.to_dict()["colocation_change"] == pytest.approx(ratio / 1.25)
+    # A plan whose co-location factor was not learned with the ratio: measured and shown, not applied.
+    unlearned = replace(report, learned_together_ratio=None)
+    assert unlearned.colocation_change is None and unlearned.units_together_ratio == pytest.approx(ratio)
+    assert "not learned with it: not applied" in format_report(unlearned)
+
+
 @pytest.mark.parametrize("capture", ["export", "hooks"])
 def test_replay_times_the_units_where_the_plan_recorded_their_profiled_sum(capture: str) -> None:
     plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"], "1f1b")
