@@ -9,7 +9,9 @@ For each model and each try, through the installed ``pipeplan`` command (a fresh
     pipeplan verify PLAN --model MODEL --out REPORT
 
 and records verify's exit status, its error as timed and at the machine's measured speed (the model's units
-timed in the ranks; the verdict's), the schedule chosen and the worst stage's memory error. A model
+timed in the ranks, alone and together; the verdict's), the same at the speed of the units alone (without the
+change of co-location), the units' ratio together / alone in verify's run and while profiling, the schedule
+chosen and the worst stage's memory error. A model
 passes when verify exits 0 in at least 2 of 3 tries. The load average before and after is recorded.
 Writes ``default-path.json`` and ``default-path.md`` into ``--out``.
 """
@@ -53,6 +55,7 @@ def one_try(model: str, work: Path, ranks: int, batch: int) -> dict[str, Any]:
         return {"model": model, "exit": f"verify exit {code}, no report"}
     data = json.loads(report.read_text())
     return {
+        **_colocation(plan, data),
         "model": model,
         "exit": code,
         "schedule": data["schedule"],
@@ -68,23 +71,46 @@ def one_try(model: str, work: Path, ranks: int, batch: int) -> dict[str, Any]:
     }
 
 
+def _colocation(plan_path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """The ranks' units together over alone in verify's run and while profiling, and the error at the speed of
+    the units alone (the prediction without the change of co-location), to set beside the verdict's."""
+    from planner.plan import load_plan
+
+    alone = None
+    if data["speed_factor"] and data.get("colocation_change"):
+        plan, f = load_plan(plan_path), data["speed_factor"]
+        predicted = plan.simulation(plan.predicted.runtime.at_speed(f), speed=f).iteration_s
+        alone = (data["measured_iteration_s"] / predicted - 1.0) * 100.0
+    return {
+        "units_together_ratio": data.get("units_together_ratio"),
+        "learned_together_ratio": data.get("learned_together_ratio"),
+        "at_units_speed_alone_error_pct": alone,
+    }
+
+
 def _fmt(value: float | None, spec: str = "+.1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
 def table(runs: list[dict[str, Any]], tries: int) -> str:
     lines = [
-        "| model | exit 0 | schedule | error as timed (each try) | at the machine's speed | worst memory error |",
-        "|---|---|---|---|---|---|",
+        "| model | exit 0 | schedule | error as timed (each try) | at the machine's speed | at the units' speed "
+        "alone | units together / alone, verify (profile) | worst memory error |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for model in dict.fromkeys(r["model"] for r in runs):
         mine = [r for r in runs if r["model"] == model]
         passed = sum(r["exit"] == 0 for r in mine)
         timed = ", ".join(_fmt(r.get("error_pct")) + " %" for r in mine)
         speed = ", ".join(_fmt(r.get("at_speed_error_pct")) + " %" for r in mine)
+        alone = ", ".join(_fmt(r.get("at_units_speed_alone_error_pct")) + " %" for r in mine)
+        ratios = [(r.get("units_together_ratio"), r.get("learned_together_ratio")) for r in mine]
+        together = ", ".join(f"{_fmt(now, '.2f')} ({_fmt(then, '.2f')})" for now, then in ratios)
         memory = _fmt(max((r["memory_error_pct"] for r in mine if r.get("memory_error_pct") is not None), default=None))
         schedules = "/".join(sorted({str(r.get("schedule", "-")) for r in mine}))
-        lines.append(f"| {model} | {passed} of {tries} | {schedules} | {timed} | {speed} | {memory} % |")
+        lines.append(
+            f"| {model} | {passed} of {tries} | {schedules} | {timed} | {speed} | {alone} | {together} | {memory} % |"
+        )
     timed_all = [abs(r["error_pct"]) for r in runs if "error_pct" in r]
     speed_all = [abs(r["at_speed_error_pct"]) for r in runs if r.get("at_speed_error_pct") is not None]
     if timed_all:
