@@ -17,7 +17,9 @@ that timed b = 4 alone (2026-12-02).
 
 Timing the units once per step costs at least two micro-batches through every stage (an untimed pass and the
 timed one): half as much again on a plan of 4 micro-batches. On real processes each rank times the units of its
-own stages, alone, in turn (planner/runtime/rank_timing.py): added up over the ranks, the same units.
+own stages, alone, in turn (planner/runtime/rank_timing.py): added up over the ranks, the same units. Then
+every rank times them once more at the same moment (:meth:`UnitReference.time_together`): how much the ranks
+slow each other now, which the alone timing cannot see (docs/cost-model.md, "The machine's speed").
 """
 
 from __future__ import annotations
