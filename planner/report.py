@@ -99,7 +99,13 @@ def format_plan(plan: Plan) -> str:
     else:
         lines.append(
             f"runtime terms from calibration {p.calibration}: {human_seconds(p.runtime.action_overhead_s)} per action, "
-            f"compute x {p.runtime.compute_scale:.2f} beside the other ranks (co-location), "
+            f"compute x {p.runtime.compute_scale:.2f} beside the other ranks (co-location"
+            + (
+                f", learned while the model's units ran {plan.learned_together_ratio:.2f}x slower together than alone"
+                if plan.learned_together_ratio
+                else ""
+            )
+            + "), "
             + (
                 f"{p.runtime.transfer_compute_s_per_byte * 1e9:.2f} ns of compute per byte sent or received, "
                 if p.runtime.transfer_compute_s_per_byte
