@@ -406,7 +406,7 @@ def rank_main(
     def timed_step() -> None:
         steps_of.timed_step()
         # After the step's closing barrier (outside every timed interval), each rank alone: the machine's
-        # speed now, not the ranks' contention, which the cost model holds.
+        # speed now; then every rank at once: the ranks' contention now, against the co-location factor's.
         each_rank_in_turn(rank, world_size, f"verify-reference-{len(steps_of.iteration)}", reference.time_once)
         if isinstance(reference, UnitReference):
             time_units_together(rank, world_size, f"verify-{len(steps_of.iteration)}", [reference])
