@@ -206,6 +206,10 @@ def split_stages(
     missing = [p for p in split_points if p not in modules]
     if missing:
         raise ModelMismatchError(f"split points {missing} are not modules of this model: is it the plan's model?")
+    # Traced where the weights are: capturing the units for the speed reference moves the model to its device.
+    weights = next(model.parameters(), None)
+    if weights is not None:
+        mb_inputs = tuple(t.to(weights.device) for t in mb_inputs)
     pipe = pipeline(model, mb_args=mb_inputs, split_spec={fqn: SplitPoint.BEGINNING for fqn in split_points})
     if pipe.num_stages != len(split_points) + 1:
         raise PlanFormatError(
