@@ -51,6 +51,7 @@ from planner.runtime.verify_report import (
     RankTime,
     StageReport,
     VerifyReport,
+    contention_change,
     format_report,
 )
 from profiles.memory import MemorySample
@@ -382,7 +383,7 @@ def build_report(
         speed = m.reference_s / profiled
         if m.reference_together_s and learned:
             # The ranks' contention now against when the co-location factor was learned (docs/cost-model.md).
-            speed *= (m.reference_together_s / m.reference_s) / learned
+            speed *= contention_change(m.reference_together_s / m.reference_s, learned)
         # Replay measures the stages alone and keeps the plan's runtime terms: only the stages scale there.
         terms = plan.predicted.runtime
         adjusted = plan.simulation(terms.at_speed(speed) if chosen == "processes" else terms, speed=speed).iteration_s

@@ -27,6 +27,7 @@ __all__ = [
     "NumericsReport",
     "RankTime",
     "VerifyReport",
+    "contention_change",
     "mismatch_reason",
     "format_report",
 ]
@@ -123,6 +124,14 @@ class RankTime:
     """The rest of the iteration: Python dispatch, posting transfers, the loss, barriers."""
 
 
+def contention_change(together_now: float, together_then: float) -> float:
+    """How much more the ranks slow each other now than when the co-location factor was learned, from the ratios
+    of their units timed together over alone. Each ratio counts as at least 1: sharing the machine cannot make
+    compute faster, so a ratio below 1 is noise, as for the co-location factor (planner/runtime/calibrate.py;
+    docs/cost-model.md, "The machine's speed")."""
+    return max(together_now, 1.0) / max(together_then, 1.0)
+
+
 @dataclass(frozen=True)
 class VerifyReport:
     mode: str
@@ -200,7 +209,7 @@ class VerifyReport:
         """:attr:`units_together_ratio` over the same while the co-location factor was learned: how much more the
         ranks slow each other now than then (1.0: as much). None unless both were measured."""
         now, then = self.units_together_ratio, self.learned_together_ratio
-        return now / then if now is not None and then else None
+        return contention_change(now, then) if now is not None and then else None
 
     @property
     def iteration_error_pct(self) -> float:

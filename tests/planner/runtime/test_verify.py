@@ -18,7 +18,14 @@ from planner.errors import PipeplanWarning, UsageError
 from planner.runtime import verify
 from planner.runtime.rank_timing import _StageTimer
 from planner.runtime.verify import compare_numerics, format_report, reference_step, verify_plan
-from planner.runtime.verify_report import NumericsReport, RankTime, StageReport, VerifyReport, mismatch_reason
+from planner.runtime.verify_report import (
+    NumericsReport,
+    RankTime,
+    StageReport,
+    VerifyReport,
+    contention_change,
+    mismatch_reason,
+)
 from profiles.models import BUILTIN_MODELS
 from profiles.workload import Workload
 
@@ -151,17 +158,33 @@ def test_ranks_time_their_units_alone_and_together_and_the_prediction_takes_the_
     assert report.reference_s and report.reference_together_s and report.reference_together_s > 0
     ratio = report.reference_together_s / report.reference_s
     assert report.units_together_ratio == pytest.approx(ratio)
-    assert report.colocation_change == pytest.approx(ratio / 1.25)
+    change = max(ratio, 1.0) / 1.25  # together faster than alone is noise: 1
+    assert report.colocation_change == pytest.approx(change)
     # Every compute time at the machine's speed and at the ranks' contention now against then.
-    speed = report.reference_s / 2e-3 * ratio / 1.25
+    speed = report.reference_s / 2e-3 * change
     terms = learned.predicted.runtime.at_speed(speed)
     assert report.speed_adjusted_iteration_s == pytest.approx(learned.simulation(terms, speed=speed).iteration_s)
     assert f"({1.25:.2f}x when the co-location factor was learned)" in format_report(report)
-    assert report.to_dict()["colocation_change"] == pytest.approx(ratio / 1.25)
+    assert report.to_dict()["colocation_change"] == pytest.approx(change)
     # A plan whose co-location factor was not learned with the ratio: measured and shown, not applied.
     unlearned = replace(report, learned_together_ratio=None)
     assert unlearned.colocation_change is None and unlearned.units_together_ratio == pytest.approx(ratio)
     assert "not learned with it: not applied" in format_report(unlearned)
+
+
+@pytest.mark.parametrize(
+    ("now", "then", "change"),
+    [
+        (1.33, 1.02, 1.33 / 1.02),  # a spell of contention the profile did not see: the prediction slows
+        (1.03, 1.15, 1.03 / 1.15),  # less contention than while learning: it speeds up
+        (0.92, 1.04, 1.0 / 1.04),  # together faster than alone is noise: 1
+        (0.98, 0.95, 1.0),
+    ],
+)
+def test_the_change_of_contention_counts_a_together_over_alone_ratio_below_1_as_1(
+    now: float, then: float, change: float
+) -> None:
+    assert contention_change(now, then) == pytest.approx(change)
 
 
 @pytest.mark.parametrize("capture", ["export", "hooks"])
