@@ -374,7 +374,8 @@ def time_units_together(rank: int, world_size: int, tag: str, references: Sequen
     The reference timed alone reads the machine's speed; it does not read how much the ranks slow each other,
     and that moves within minutes on the 2-core development VM: one gpt2-tiny plan verified 60 times in 11
     minutes (2026-12-04) came within 15 % of its prediction at the speed of its units alone in 43 runs, and in 55
-    once also divided by how much slower the same units ran timed together (docs/BENCHMARKS.md, section 6.1).
+    once also divided by how much slower the same units ran timed together (docs/cost-model.md, "The machine's
+    speed").
     """
 
     def timed() -> None:
