@@ -348,6 +348,10 @@ def fit_transfer_cost(times: dict[int, list[float]], world: int, latency_s: floa
 
 _OPTIMIZER_SETS = ((1 << 18, 8), (1 << 21, 8), (1 << 18, 256))
 """(parameters, tensors) timed for the optimizer fit: two sizes at one count, two counts at one size."""
+CUDA_OPTIMIZER_SCALE = 32
+"""On a GPU the sets hold this many times the parameters: there an Adam step on 2^21 parameters is a few kernel
+launches and the size difference drowned in them (an H200 fitted 0 s a parameter: 2^18 in 0.51 ms, 2^21 in
+0.33 ms, 2026-12-04). 2^26 parameters with gradients and Adam's two moments are 1 GiB in float32."""
 COLD_PAUSE_S = 0.005
 """Each optimizer set is also timed after this pause. A training step runs the optimizer once, after the
 schedule's last action, never back to back with itself, and a step after other work costs more than the
@@ -367,7 +371,8 @@ def _optimizer(
     out: dict[str, list[tuple[int, int, float, float]]] = {}
     for name in ("adam", "sgd"):
         points = []
-        for numel, count in _OPTIMIZER_SETS:
+        scale = CUDA_OPTIMIZER_SCALE if dev.type == "cuda" else 1
+        for numel, count in ((n * scale, k) for n, k in _OPTIMIZER_SETS):
             params = [nn.Parameter(torch.randn(numel // count, device=dev)) for _ in range(count)]
             for p in params:
                 p.grad = torch.randn_like(p)
