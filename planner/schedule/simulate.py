@@ -15,10 +15,11 @@ The model (docs/cost-model.md, "The model"):
   over in memory, so that cut costs no link time;
 - a transfer starts only once its receive is posted (gloo's do: a receive posted 5 ms after its send
   still took 230 us, one link latency, on the development VM; NCCL pairs a send with its receive too,
-  not measured here). torch's single-stage schedules (``gpipe``, ``1f1b``) post a receive just before
-  the action that needs it, so that action starts at ``max(producer's end, rank free) + link``, not
-  ``max(producer's end + link, rank free)``; the multi-stage runtime posts receives ahead, in the order
-  its lowering puts them (``_add_send_recv``), which the second form stands for;
+  not measured here), so an action that receives starts at ``max(producer's end, posted) + link`` or when
+  its rank is free, whichever is later. torch's single-stage schedules (``gpipe``, ``1f1b``) post a
+  receive just before the action that needs it (posted = the rank's previous action's end); the
+  multi-stage runtime posts it where its lowering (``_add_send_recv``) put it, after some earlier action of
+  the rank or right before the one that needs it (:mod:`planner.schedule.receives`);
 - with :class:`RuntimeTerms` (measured by ``pipeplan calibrate``, docs/cost-model.md "Runtime terms"):
   every action costs ``action_overhead_s`` more on its rank (torch's dispatch, posting and waiting on
   P2P ops, the loss), each rank ends the iteration with its step tail (tied-gradient sum,
@@ -50,6 +51,7 @@ from planner.schedule.orders import (
     rank_orders,
     virtual_stages,
 )
+from planner.schedule.receives import receive_posts
 
 __all__ = [
     "TimedAction",
@@ -343,7 +345,12 @@ def simulate(
     # A cut between two stages of one rank (the turn of a V) is a hand-over in memory, not a transfer.
     comm_f = [0.0 if stage_rank[c] == stage_rank[c + 1] else t for c, t in enumerate(comm_f)]
     comm_b = [0.0 if stage_rank[c] == stage_rank[c + 1] else t for c, t in enumerate(comm_b)]
-    late = not sched.multi_stage  # receives posted when needed: torch's PipelineScheduleSingle
+    if not sched.multi_stage:  # receives posted when needed: torch's PipelineScheduleSingle
+        posts = tuple(tuple(range(-1, len(order) - 1)) for order in orders)
+    elif width is not None:  # pipeplan's own orders: the lowering depends on nothing else
+        posts = _receive_posts(sched, n, num_microbatches, ranks)
+    else:
+        posts = _lowered(orders, n)
     # Not in proportion to the overlap with other ranks' compute, as before: ranks computing side by side
     # slowed each other only 0.97-1.05x, while every action inside a pipeline ran 1.2-2.2x its profile
     # (docs/BENCHMARKS.md, "Fidelity": ranks side by side vs in a pipeline, and the runs of both rules).
@@ -354,7 +361,7 @@ def simulate(
         cost = terms.transfer_compute_s_per_byte
         for kind, per_stage in (("F", moved[0]), ("B", moved[1]), ("I", moved[1])):
             durations[kind] = [t + cost * b for t, b in zip(durations[kind], per_stage, strict=True)]
-    actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, terms.action_overhead_s, width, late, terms.resume)
+    actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, posts, terms.action_overhead_s, width, terms.resume)
     tails = terms.step_tail_s or (0.0,) * ranks
     # One pass, not one per rank: a plan search simulates up to 65,536 actions on 64 ranks.
     last_end = [0.0] * ranks
@@ -409,9 +416,9 @@ def _run(
     comm_f: list[float],
     comm_b: list[float],
     num_stages: int,
+    posts: Sequence[Sequence[int]],
     overhead_s: float = 0.0,
     width: int | None = None,
-    late_receives: bool = False,
     resume: tuple[tuple[float, float, float], ...] = (),
 ) -> tuple[list[TimedAction], list[float]]:
     # Longest path over the DAG: repeatedly advance every rank whose next action has all its
@@ -438,7 +445,7 @@ def _run(
     while remaining:
         progressed = False
         for rank, order in enumerate(orders):
-            p, length, busy_until, out = pos[rank], len(order), free[rank], by_rank[rank]
+            p, length, busy_until, out, post = pos[rank], len(order), free[rank], by_rank[rank], posts[rank]
             while p < length:
                 step = order[p]
                 kind, s, m = step.kind, step.stage, step.microbatch
@@ -451,8 +458,11 @@ def _run(
                         if prev is None:
                             break
                         comm = comm_f[s - 1]
-                        if late_receives and busy_until > prev:
-                            prev = busy_until  # the transfer starts when this rank posts the receive
+                        if comm:  # the transfer starts when this rank has posted the receive
+                            q = post[p]
+                            posted = out[q].end_s if q >= 0 else 0.0
+                            if posted > prev:
+                                prev = posted
                         ready = prev + comm
                 elif kind == "W":
                     own_i = end_i[key]
@@ -471,8 +481,11 @@ def _run(
                             grad = end_i[key + width]
                             if grad is None:
                                 break
-                        if late_receives and busy_until > grad:
-                            grad = busy_until
+                        if comm_b[s]:
+                            q = post[p]
+                            posted = out[q].end_s if q >= 0 else 0.0
+                            if posted > grad:
+                                grad = posted
                         arrival = grad + comm_b[s]
                         ready, comm = (arrival, comm_b[s]) if arrival > own else (own, 0.0)
                 # max() and min() spelled as comparisons (the same values, ties included: builtin calls cost).
@@ -570,6 +583,21 @@ def _rank_orders(
             f"internal: {sched.value} orders hold a micro-batch outside 0..{num_microbatches - 1}"
         )
     return orders
+
+
+@lru_cache(maxsize=32)
+def _receive_posts(
+    sched: Schedule, num_stages: int, num_microbatches: int, num_ranks: int
+) -> tuple[tuple[int, ...], ...]:
+    """:func:`~planner.schedule.receives.receive_posts` of :func:`_rank_orders`, kept for the same reason."""
+    return _lowered(_rank_orders(sched, num_stages, num_microbatches, num_ranks), num_stages)
+
+
+def _lowered(orders: Sequence[Sequence[Step]], num_stages: int) -> tuple[tuple[int, ...], ...]:
+    try:
+        return receive_posts(orders, num_stages)
+    except ValueError as exc:
+        raise ScheduleDeadlockError(str(exc)) from exc
 
 
 def in_flight_per_stage(
