@@ -187,8 +187,8 @@ def repredicted(case: dict, profile: Profile, count: int) -> dict:
     plans = []
     for p in case["plans"]:
         plan = fresh.get(_plan_id(p["schedule"], p["micro_batch_size"], p["split_points"]))
-        if plan is None:
-            raise SystemExit(f"{case['model']}: {p['name']} ({p['schedule']}) is no longer among the candidates")
+        if plan is None:  # no longer among the candidates: the same plan, its boundaries pinned
+            plan = pinned_plan(profile, case["global_batch"], p)
         pr = plan.predicted.iteration_s
         plans.append(
             {**p, "predicted_s": pr, "error_pct": (p["measured_s"] / pr - 1) * 100,
@@ -215,6 +215,23 @@ def repredicted(case: dict, profile: Profile, count: int) -> dict:
         "choice_vs_fastest_pct": (relative[choice] / min(relative.values()) - 1) * 100,
         "repredicted_choice": choice,
     }
+
+
+def pinned_plan(profile: Profile, batch: int, measured: dict) -> Plan:
+    """The plan ``measured`` names (schedule, micro-batch size, boundaries), planned again with its boundaries
+    pinned: each stage's first and last unit on that stage."""
+    names = [u.name for u in profile.units]
+    starts = [0, *(names.index(u) for u in measured["split_points"])]
+    pins = [(names[i], s) for s, i in enumerate(starts)] + [(names[i - 1], s) for s, i in enumerate(starts[1:])]
+    settings = default_settings(profile, **calibration_settings("auto", profile.device.kind, profile))
+    request = PlanRequest(
+        2, batch, schedule=measured["schedule"], micro_batch_size=measured["micro_batch_size"],
+        pinned=tuple(pins), settings=settings,
+    )  # fmt: skip
+    plan = make_plan(profile, request, sha256="0" * 64)
+    if list(plan.split_points) != list(measured["split_points"]):
+        raise SystemExit(f"{measured['name']}: pinned, planned {plan.split_points}, not {measured['split_points']}")
+    return plan
 
 
 def _median_worst(errors: list[float]) -> str:
