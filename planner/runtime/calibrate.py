@@ -625,8 +625,9 @@ def calibrate(
         transfer_compute_s_per_byte=transfer_cost,
         action_overhead_s=overheads,
         optimizer=optimizer,
-        # Sharing a machine cannot make compute faster: a ratio below 1 is noise, and 1 is what it means.
-        colocation_factor=max(statistics.median(ratios), 1.0) if ratios else 1.0,
+        # Sharing a machine cannot make compute faster: a ratio below 1 is noise, and 1 is what it means. On
+        # CUDA a rank is a device and shares no compute units: an H200 with one rank read 1.04 and 1.06, noise.
+        colocation_factor=max(statistics.median(ratios), 1.0) if ratios and device != "cuda" else 1.0,
         source="measured",
         notes={
             "measured_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
