@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.pipelining.schedules as ts
 from torch.distributed.pipelining import PipelineStage
+from torch_lowering import iteration_of_torch_lowering, torch_compute
 
 from planner.errors import ScheduleError
 from planner.schedule.orders import (
@@ -103,13 +104,7 @@ def test_1f1b_torch_ir_differs_only_on_last_rank() -> None:
 
 
 def _torch_looped(schedule: Schedule, ranks: int, v: int, m: int) -> list[list[Step]]:
-    cls = getattr(ts, TORCH_SCHEDULE_CLASS[schedule])
-    rounds = max(1, m // ranks)
-    fake = SimpleNamespace(n_local_stages=v, pp_group_size=ranks, _n_microbatches=m, microbatches_per_round=m // rounds)
-    order = {r: cls._calculate_single_rank_operations(fake, r) for r in range(ranks)}
-    if schedule is Schedule.ZERO_BUBBLE:
-        fake.pipeline_order = order
-        order = cls._add_bubbles_to_actions(fake, v * ranks)
+    order = torch_compute(schedule, ranks, v, m)
     ts._validate_schedule(order, ranks, v * ranks, m)
     return orders_from_torch(order)
 
@@ -133,11 +128,9 @@ def test_looped_orders_equal_torch(schedule: Schedule) -> None:
 
 
 def _torch_multi(schedule: Schedule, ranks: int, v: int, m: int) -> list[list[Step]]:
-    # ScheduleLoopedBFS, ScheduleZBVZeroBubble and ScheduleDualPipeV build each rank's order from these
-    # attributes only; DualPipeV's OVERLAP_F_B actions are expanded by orders_from_torch.
-    cls = getattr(ts, TORCH_SCHEDULE_CLASS[schedule])
-    fake = SimpleNamespace(pp_group_size=ranks, num_stages=ranks * v, _n_microbatches=m, _stages=[None] * v)
-    order = {r: cls._calculate_single_rank_operations(fake, r) for r in range(ranks)}
+    # ScheduleLoopedBFS, ScheduleZBVZeroBubble and ScheduleDualPipeV build each rank's order from the attributes
+    # torch_compute fakes; DualPipeV's OVERLAP_F_B actions are expanded by orders_from_torch.
+    order = torch_compute(schedule, ranks, v, m)
     ts._validate_schedule(order, ranks, v * ranks, m)
     return orders_from_torch(order)
 
@@ -222,55 +215,6 @@ def test_dualpipev_marks_the_forwards_torch_pairs_with_a_backward() -> None:
     assert not rank_orders(Schedule.DUALPIPEV, 4, 6, 2)[1][4].overlapped  # 1F2, then 2B0 on its own
 
 
-def _iteration_of_torch_lowering(ranks: int, m: int, times: dict[str, list[float]]) -> float:
-    """The iteration of DualPipeV as torch's own lowering (``_add_send_recv``) lays out each rank's list: actions
-    in list order, a send posted when its rank reaches it, a compute action waiting for the sends it consumes
-    (received ahead, no link time) and, on its rank, for the actions before it. An independent reading of what
-    ``simulate`` models."""
-    stages = 2 * ranks
-    fake = SimpleNamespace(pp_group_size=ranks, num_stages=stages, _n_microbatches=m, _stages=[None, None])
-    compute = {r: ts.ScheduleDualPipeV._calculate_single_rank_operations(fake, r) for r in range(ranks)}
-    rank_of = {s: stage_to_rank(Schedule.DUALPIPEV, stages, ranks)[s] for s in range(stages)}
-    lists = ts._add_send_recv(compute, stage_to_rank=rank_of.__getitem__, num_stages=stages)
-    done: dict[tuple[str, int, int], float] = {}  # (kind, stage, mb) -> end; ("SEND_F"/"SEND_B", ...) -> posted
-    clock, pos = [0.0] * ranks, [0] * ranks
-
-    def needs(kind: str, s: int, mb: int) -> list[tuple[str, int, int]]:
-        if kind == "F":
-            return [] if s == 0 else [("F" if rank_of[s - 1] == rank_of[s] else "SEND_F", s - 1, mb)]
-        if kind == "W":
-            return [("I", s, mb)]
-        if s == stages - 1:
-            return [("F", s, mb)]
-        local = rank_of[s + 1] == rank_of[s]
-        grads = [("B", s + 1, mb), ("I", s + 1, mb)] if local else [("SEND_B", s + 1, mb)]
-        return [("F", s, mb), next((g for g in grads if g in done), grads[0])]
-
-    while any(pos[r] < len(lists[r]) for r in range(ranks)):
-        progressed = False
-        for r in range(ranks):
-            while pos[r] < len(lists[r]):
-                action = lists[r][pos[r]]
-                ctype = str(action.computation_type)
-                if "RECV" in ctype or "SEND" in ctype:
-                    if "SEND" in ctype:
-                        done[(ctype.rsplit(".", 1)[-1], action.stage_index, action.microbatch_index)] = clock[r]
-                    pos[r] += 1
-                    continue
-                parts = action.sub_actions or (action,)
-                steps = [Step.parse(str(p)) for p in parts]
-                if not all(dep in done for step in steps for dep in needs(step.kind, step.stage, step.microbatch)):
-                    break
-                for step in steps:
-                    ready = max([clock[r], *(done[d] for d in needs(step.kind, step.stage, step.microbatch))])
-                    clock[r] = ready + times[step.kind][step.stage]
-                    done[(step.kind, step.stage, step.microbatch)] = clock[r]
-                pos[r] += 1
-                progressed = True
-        assert progressed, "torch's lowering deadlocks in this reading"
-    return max(clock)
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_dualpipev_simulated_as_torch_lowers_it(seed: int) -> None:
     # Uneven stages, so that a forward whose send waits for its paired backward shows in the iteration.
@@ -283,4 +227,8 @@ def test_dualpipev_simulated_as_torch_lowers_it(seed: int) -> None:
             i = [rng.choice((1.0, 2.0, 4.0)) for _ in range(n)]
             times = {"F": f, "I": i, "W": w, "B": [a + b for a, b in zip(i, w, strict=True)]}
             ours = simulate(f, times["B"], m, Schedule.DUALPIPEV, num_ranks=ranks, weight_s=w)
-            assert ours.iteration_s == _iteration_of_torch_lowering(ranks, m, times), (seed, ranks, m)
+            assert ours.iteration_s == iteration_of_torch_lowering(Schedule.DUALPIPEV, ranks, 2, m, times, 0.0), (
+                seed,
+                ranks,
+                m,
+            )
