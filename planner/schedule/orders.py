@@ -53,6 +53,7 @@ __all__ = [
     "virtual_stages",
     "orders_from_torch",
     "format_orders",
+    "ranks_of_stages",
 ]
 
 
@@ -491,6 +492,15 @@ def orders_from_torch(pipeline_order: Mapping[int, Iterable[object]]) -> list[li
                     steps.append(Step(int(match[1]), int(match[3]), match[2], index < len(parts) - 1))
         orders.append(steps)
     return orders
+
+
+def ranks_of_stages(orders: Sequence[Sequence[Step]], num_stages: int) -> list[int]:
+    """The rank that runs each stage, read from ``orders`` (a stage no order names: rank 0)."""
+    ranks = [0] * num_stages
+    for rank, order in enumerate(orders):
+        for step in order:
+            ranks[step.stage] = rank
+    return ranks
 
 
 def format_orders(orders: Sequence[Sequence[Step]]) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.schedule.orders import Step
+from planner.schedule.orders import Step, ranks_of_stages
 
 __all__ = ["receive_posts"]
 
@@ -35,10 +35,7 @@ def receive_posts(orders: Sequence[Sequence[Step]], num_stages: int) -> tuple[tu
     Raises:
         ValueError: the orders cannot be lowered (an action waits for an input no rank sends).
     """
-    stage_rank = [0] * num_stages
-    for rank, order in enumerate(orders):
-        for step in order:
-            stage_rank[step.stage] = rank
+    stage_rank = ranks_of_stages(orders, num_stages)
     last = num_stages - 1
 
     def sends(step: Step) -> tuple[int, int, str] | None:

@@ -49,6 +49,7 @@ from planner.schedule.orders import (
     check_microbatches,
     format_orders,
     rank_orders,
+    ranks_of_stages,
     virtual_stages,
 )
 from planner.schedule.receives import receive_posts
@@ -341,16 +342,12 @@ def simulate(
         "I": i_part,
         "W": w_part,
     }
-    stage_rank = _stage_ranks(orders, n)
+    stage_rank = ranks_of_stages(orders, n)
     # A cut between two stages of one rank (the turn of a V) is a hand-over in memory, not a transfer.
     comm_f = [0.0 if stage_rank[c] == stage_rank[c + 1] else t for c, t in enumerate(comm_f)]
     comm_b = [0.0 if stage_rank[c] == stage_rank[c + 1] else t for c, t in enumerate(comm_b)]
-    if not sched.multi_stage:  # receives posted when needed: torch's PipelineScheduleSingle
-        posts = tuple(tuple(range(-1, len(order) - 1)) for order in orders)
-    elif width is not None:  # pipeplan's own orders: the lowering depends on nothing else
-        posts = _receive_posts(sched, n, num_microbatches, ranks)
-    else:
-        posts = _lowered(orders, n)
+    # pipeplan's own orders depend on nothing else, and so do their receives: kept for the plan search.
+    posts = _receive_posts(sched, n, num_microbatches, ranks) if width is not None else _posts(sched, orders, n)
     # Not in proportion to the overlap with other ranks' compute, as before: ranks computing side by side
     # slowed each other only 0.97-1.05x, while every action inside a pipeline ran 1.2-2.2x its profile
     # (docs/BENCHMARKS.md, "Fidelity": ranks side by side vs in a pipeline, and the runs of both rules).
@@ -546,14 +543,6 @@ def _resume_extra(points: tuple[tuple[float, float, float], ...], gap: float, fo
     return previous
 
 
-def _stage_ranks(orders: Sequence[Sequence[Step]], num_stages: int) -> list[int]:
-    ranks = [0] * num_stages
-    for rank, order in enumerate(orders):
-        for step in order:
-            ranks[step.stage] = rank
-    return ranks
-
-
 def _peak_in_flight(orders: Sequence[Sequence[Step]], num_stages: int) -> tuple[int, ...]:
     # A stage's actions all run on one rank, in order, so its in-flight count depends only on the
     # order: +1 after each F, -1 after the action that ends the micro-batch's backward (B, or W after
@@ -589,11 +578,16 @@ def _rank_orders(
 def _receive_posts(
     sched: Schedule, num_stages: int, num_microbatches: int, num_ranks: int
 ) -> tuple[tuple[int, ...], ...]:
-    """:func:`~planner.schedule.receives.receive_posts` of :func:`_rank_orders`, kept for the same reason."""
-    return _lowered(_rank_orders(sched, num_stages, num_microbatches, num_ranks), num_stages)
+    """:func:`_posts` of :func:`_rank_orders`, kept for the same reason."""
+    return _posts(sched, _rank_orders(sched, num_stages, num_microbatches, num_ranks), num_stages)
 
 
-def _lowered(orders: Sequence[Sequence[Step]], num_stages: int) -> tuple[tuple[int, ...], ...]:
+def _posts(sched: Schedule, orders: Sequence[Sequence[Step]], num_stages: int) -> tuple[tuple[int, ...], ...]:
+    """Per rank and action, the index of the action after which its receive is posted: the one before it under
+    torch's single-stage schedules (posted when needed), where the lowering puts it under the multi-stage runtime
+    (:func:`~planner.schedule.receives.receive_posts`)."""
+    if not sched.multi_stage:
+        return tuple(tuple(range(-1, len(order) - 1)) for order in orders)
     try:
         return receive_posts(orders, num_stages)
     except ValueError as exc:
