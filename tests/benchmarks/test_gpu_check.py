@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -38,11 +41,8 @@ def test_gpu_check_cpu_path(tmp_path: Path) -> None:
     assert "| replayed vs predicted iteration |" in (tmp_path / "check.md").read_text()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the refusal is for machines without one")
 def test_gpu_check_refuses_cuda_without_a_gpu(tmp_path: Path) -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        return
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cuda", "--out", str(tmp_path)],
         capture_output=True,

@@ -40,9 +40,10 @@ def test_the_forward_extra_follows_the_idle_gap_by_design():
         piece, device=torch.device("cpu"), loss_fn=nn.functional.mse_loss, target=torch.randn(2, 4), step_s=0.001
     )
     assert len(forward) == len(backward) == len(RESUME_GAPS_S) == 3
-    # Designed extras: each gap, 1, 3 and 10 ms.
+    # Designed extras: each gap, 1, 3 and 10 ms. A sleep lasts at least what it is asked, so the extra after
+    # the longest gap is at least most of it; how much longer a loaded machine makes it is not bounded.
     assert forward[0] < forward[1] < forward[2]
-    assert 0.005 < forward[2] < 0.020
+    assert forward[2] > RESUME_GAPS_S[2] / 2
     assert all(b >= 0 for b in backward)
 
 

@@ -84,8 +84,9 @@ def test_a_hanging_rank_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
     t0 = time.monotonic()
     with pytest.raises(ExecutionError, match=r"^rank 1 did not finish within 15 s$"):
         run_ranks(_no_collective, (), 2, timeout_s=15)
+    # Not before the time-out; within the bound every fault test holds (the hung process terminated, no hang).
     elapsed = time.monotonic() - t0
-    assert 15 <= elapsed < 25  # the time-out plus terminating the hung process
+    assert 15 <= elapsed < 60
 
 
 def test_a_killed_rank_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -103,8 +103,8 @@ def test_stage_timer_puts_the_gradient_scaling_apart_from_the_stage_times() -> N
     kinds = [kind for kind, _ in timer.records]
     assert kinds == ["F", "B", "R"]
     assert timer.records[2][1] >= 0.05
-    forward_s, backward_s = verify._stage_times(timer.records)
-    assert 0.01 <= forward_s < 0.05 and 0.02 <= backward_s < 0.05
+    # The stage's times are its own F and B records, the scaling's R left out.
+    assert verify._stage_times(timer.records) == (timer.records[0][1], timer.records[1][1])
 
 
 def test_processes_mode_warms_up_and_times_for_the_time_floors_then_as_asked() -> None:
