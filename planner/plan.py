@@ -3,6 +3,9 @@
 A plan says how to run one model as a pipeline: which units each stage holds, on which rank,
 with which schedule, micro-batch size and count, and whether each stage recomputes its
 activations. Units carry their units: ``_s`` seconds, ``_bytes`` bytes. See docs/plan-format.md.
+
+The format only: a plan is assembled from the search's candidate in :mod:`planner.assemble`, and predicted
+in :mod:`planner.prediction`; both import this module, never the other way round.
 """
 
 from __future__ import annotations
@@ -11,32 +14,20 @@ import itertools
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from planner.cost import MemoryBreakdown, stage_memory, unit_costs
+from planner.cost import MemoryBreakdown
 from planner.errors import PlanFormatError
 from planner.fileio import load_document, write_json_atomic
 from planner.plan_checks import PLAN_FORMAT, PLAN_VERSION, validate_plan_dict
-from planner.prediction import (
-    Prediction,
-    partition_comm_times,
-    partition_split_times,
-    partition_stage_times,
-    prediction_of,
-)
-from planner.schedule.orders import Schedule, stage_to_rank
+from planner.schedule.orders import Schedule
 from planner.schedule.pipeline import Pipeline
 from planner.schedule.simulate import RuntimeTerms, SimulationResult
-from profiles.format import Profile
-
-if TYPE_CHECKING:
-    from planner.calibration import Calibration
-    from planner.request import PlanRequest
-    from planner.search import Candidate
 
 __all__ = [
     "PLAN_FORMAT",
     "PLAN_VERSION",
+    "Prediction",
     "StagePlan",
     "Measurement",
     "SolverInfo",
@@ -47,8 +38,92 @@ __all__ = [
     "load_plan",
     "save_plan",
     "plan_from_dict",
-    "build_plan",
 ]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    iteration_s: float
+    """Simulated time of one training iteration (all micro-batches, forward and backward)."""
+    formula_iteration_s: float
+    """The solver's declared objective for the same plan (docs/cost-model.md)."""
+    bubble_fraction: float
+    samples_per_s: float
+    bottleneck_stage: int
+    busy_s: tuple[float, ...] = ()
+    """Per rank: time spent computing in one iteration."""
+    comm_forward_s: tuple[float, ...] = ()
+    """Per cut between stage k and k+1: time to send one micro-batch's activations (the simulator's input)."""
+    comm_backward_s: tuple[float, ...] = ()
+    """Per cut: time to send their gradients back."""
+    calibration: str = "none"
+    """Where the runtime terms came from: ``none`` (textbook model), ``shipped``, or a calibration file."""
+    runtime: RuntimeTerms = RuntimeTerms()
+    """What the runtime adds, as simulated: overhead per action, co-location factor, step tail per rank,
+    tied tail groups, resume curve (all zero: the textbook model)."""
+    overhead_s: tuple[float, ...] = ()
+    """Per rank: total runtime overhead of its actions in one iteration."""
+    comm_wait_s: tuple[float, ...] = ()
+    """Per rank: time waiting on the link in one iteration."""
+    schedule_overhead_s: dict[str, tuple[float, float]] = field(default_factory=dict, hash=False)
+    """Per schedule, from the calibration the plan was predicted with: its overhead per action at the plan's
+    micro-batch count with one stage a rank and with several (empty without a calibration). ``simulate --compare``
+    puts other schedules on the footing the plan was chosen on, whichever calibration that was (a profile's own
+    is in no file)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan format's ``predicted`` object: the runtime terms flat beside the rest (docs/plan-format.md)."""
+        data: dict[str, Any] = {
+            "iteration_s": self.iteration_s,
+            "formula_iteration_s": self.formula_iteration_s,
+            "bubble_fraction": self.bubble_fraction,
+            "samples_per_s": self.samples_per_s,
+            "bottleneck_stage": self.bottleneck_stage,
+            "busy_s": list(self.busy_s),
+            "comm_forward_s": list(self.comm_forward_s),
+            "comm_backward_s": list(self.comm_backward_s),
+            "calibration": self.calibration,
+            "action_overhead_s": self.runtime.action_overhead_s,
+            "compute_scale": self.runtime.compute_scale,
+            "step_tail_s": list(self.runtime.step_tail_s),
+            "overhead_s": list(self.overhead_s),
+            "comm_wait_s": list(self.comm_wait_s),
+            "tail_groups": [list(g) for g in self.runtime.tail_groups],
+        }
+        # Optional keys are absent at their default: a plan that does not use a term carries no trace of it.
+        if self.runtime.transfer_compute_s_per_byte:
+            data["transfer_compute_s_per_byte"] = self.runtime.transfer_compute_s_per_byte
+        if self.runtime.resume:
+            data["resume"] = [list(point) for point in self.runtime.resume]
+        if self.schedule_overhead_s:
+            data["schedule_overhead_s"] = {k: list(v) for k, v in sorted(self.schedule_overhead_s.items())}
+        return data
+
+    @classmethod
+    def from_dict(cls, p: dict[str, Any]) -> Prediction:
+        """The inverse of :meth:`to_dict` (``p`` already validated against the plan format)."""
+        return cls(
+            iteration_s=float(p["iteration_s"]),
+            formula_iteration_s=float(p["formula_iteration_s"]),
+            bubble_fraction=float(p["bubble_fraction"]),
+            samples_per_s=float(p["samples_per_s"]),
+            bottleneck_stage=p["bottleneck_stage"],
+            busy_s=tuple(map(float, p.get("busy_s", ()))),
+            comm_forward_s=tuple(map(float, p.get("comm_forward_s", ()))),
+            comm_backward_s=tuple(map(float, p.get("comm_backward_s", ()))),
+            calibration=str(p.get("calibration", "none")),
+            runtime=RuntimeTerms(
+                action_overhead_s=float(p.get("action_overhead_s", 0.0)),
+                step_tail_s=tuple(map(float, p.get("step_tail_s", ()))),
+                compute_scale=float(p.get("compute_scale", 1.0)),
+                tail_groups=tuple(tuple(g) for g in p.get("tail_groups", ())),
+                resume=tuple((float(g), float(f), float(b)) for g, f, b in p.get("resume", ())),
+                transfer_compute_s_per_byte=float(p.get("transfer_compute_s_per_byte", 0.0)),
+            ),
+            overhead_s=tuple(map(float, p.get("overhead_s", ()))),
+            comm_wait_s=tuple(map(float, p.get("comm_wait_s", ()))),
+            schedule_overhead_s={k: (float(v[0]), float(v[1])) for k, v in p.get("schedule_overhead_s", {}).items()},
+        )
 
 
 @dataclass(frozen=True)
@@ -73,11 +148,11 @@ class StagePlan:
     """The weight-gradient action W, as above; both or neither."""
     send_grad_bytes: int | None = None
     """Bytes of input gradient sent back to the previous stage per micro-batch (0 for the first stage). None
-    (absent in plans made before it): the previous stage's ``send_bytes``, what an activation's gradient weighs."""
+    (absent in the file): the previous stage's ``send_bytes``, what an activation's gradient weighs."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        # Optional: absent rather than null, as in plans made before them.
+        # Optional: absent rather than null where the stage has none.
         for key in ("input_s", "weight_s", "send_grad_bytes"):
             if data[key] is None:
                 del data[key]
@@ -290,133 +365,10 @@ class Plan:
         }
 
 
-def build_plan(
-    profile: Profile,
-    request: PlanRequest,
-    best: Candidate,
-    *,
-    solver: SolverInfo,
-    baselines: tuple[BaselinePlan, ...],
-    sha256: str,
-) -> Plan:
-    """The plan of a search's ``best`` candidate: its stages with their times and memory, its prediction,
-    and the search's record (solver, constraints, baselines, the profiled device)."""
-    costs = unit_costs(profile, best.micro_batch_size)
-    problem, solution, simulation = best.problem, best.solution, best.simulation
-    stage_rank = stage_to_rank(best.schedule, problem.num_stages, request.num_ranks)
-    forward, backward = partition_stage_times(problem, solution)
-    # Every plan records the measured split, whichever its schedule (one that does not split the backward ignores
-    # it): `simulate --compare` puts its stages under the schedules that do, as the planner costs them. Without
-    # it gpt2-tiny's GPipe plan compared zero-bubble on its stages at 23.2 ms, the planner's 26.1 ms.
-    inputs, weights = partition_split_times(costs, problem, solution, None)
-    comm_forward, comm_backward = partition_comm_times(problem, solution)
-    stages = []
-    for s, units in enumerate(solution.stage_units(problem.num_units)):
-        first, last = units[0], units[-1]
-        stages.append(
-            StagePlan(
-                index=s,
-                rank=stage_rank[s],
-                units=tuple(profile.units[u].name for u in units),
-                recompute=solution.recompute[s],
-                forward_s=forward[s],
-                backward_s=backward[s],
-                send_bytes=costs.cut_bytes[last] if last < problem.num_units - 1 else 0,
-                send_grad_bytes=costs.cut_grad_bytes[first - 1] if first > 0 else 0,
-                in_flight=problem.in_flight[s],
-                memory_bytes=stage_memory(
-                    profile, request.settings, problem, costs, s, first, last, solution.recompute[s]
-                ),
-                input_s=inputs[s] if inputs else None,
-                weight_s=weights[s] if weights else None,
-            )
-        )
-    split_points = tuple(profile.units[i].name for i in solution.boundaries[1:])
-    return Plan(
-        model_name=profile.model.name,
-        model_fingerprint=profile.model.fingerprint,
-        profile_sha256=sha256,
-        num_stages=problem.num_stages,
-        num_ranks=request.num_ranks,
-        schedule=best.schedule,
-        virtual_stages=best.virtual_stages,
-        micro_batch_size=best.micro_batch_size,
-        num_microbatches=best.num_microbatches,
-        global_batch_size=request.global_batch_size,
-        stages=tuple(stages),
-        split_points=split_points,
-        predicted=prediction_of(
-            simulation,
-            request.settings,
-            best.runtime,
-            formula_s=solution.objective_s,
-            global_batch_size=request.global_batch_size,
-            num_microbatches=best.num_microbatches,
-            comm=(tuple(comm_forward), tuple(comm_backward)),
-        ),
-        solver=solver,
-        constraints=plan_constraints(profile, request),
-        baselines=baselines,
-        device=profiled_device(profile, best.micro_batch_size, request.settings.calibration),
-    )
-
-
-def profiled_device(
-    profile: Profile, micro_batch_size: int | None = None, calibration: Calibration | None = None
-) -> dict[str, Any]:
-    """The plan's ``device``: what was profiled, and on a CPU the intra-op threads the times were measured
-    with, so that a replay measures the stages as the profile did; the speed reference's time while the
-    profile was made, so that ``verify`` can tell how fast the machine runs now against then; every unit's
-    forward+backward at ``micro_batch_size`` added up, with how the units were captured: the speed reference
-    of a replay (profiles/model_reference.py); and where ``calibration`` learned its co-location factor from
-    the model, how much slower the units ran with every rank at once then (``units_together_ratio``)."""
-    block: dict[str, Any] = {"kind": profile.device.kind, "name": profile.device.name, "dtype": profile.device.dtype}
-    threads = profile.settings.get("threads")
-    if profile.device.kind == "cpu" and isinstance(threads, int) and threads > 0:
-        block["threads"] = threads
-    reference = profile.settings.get("reference_s")
-    if isinstance(reference, (int, float)) and not isinstance(reference, bool) and reference > 0:
-        block["reference_s"] = float(reference)
-    capture = profile.settings.get("capture")
-    # A meta profile copies sampled units' times: it holds no time for every unit to set a replay's against.
-    measured = capture in ("export", "hooks") and not profile.settings.get("meta")
-    if micro_batch_size in profile.micro_batch_sizes and measured:
-        unit_sum_s = profile.unit_sum_s(profile.size_index(micro_batch_size))
-        if math.isfinite(unit_sum_s) and unit_sum_s > 0:
-            block["unit_sum_s"] = unit_sum_s
-            block["capture"] = capture
-    if calibration is not None and calibration.units_together_ratio is not None:
-        block["units_together_ratio"] = calibration.units_together_ratio
-    return block
-
-
-def plan_constraints(profile: Profile, request: PlanRequest) -> dict[str, object]:
-    s = request.settings
-    return {
-        "num_ranks": request.num_ranks,
-        "global_batch_size": request.global_batch_size,
-        "schedule": "auto" if request.schedule is None else request.schedule.value,
-        "micro_batch_size": request.micro_batch_size if request.micro_batch_size is not None else "auto",
-        "recompute": request.recompute,
-        "solver": request.solver,
-        "optimizer": s.optimizer,
-        "link_bytes_per_s": s.link_bytes_per_s,
-        "link_latency_s": s.link_latency_s,
-        "device_memory_bytes": list(s.device_memory_bytes) or [profile.device.memory_bytes],
-        "headroom_fraction": s.headroom_fraction,
-        "capacity_bytes": [int(s.capacity(profile, r, request.num_ranks)) for r in range(request.num_ranks)],
-        "device_speeds": list(s.device_speeds) or [1.0] * request.num_ranks,
-        "pinned": [list(p) for p in request.pinned],
-        "max_units_per_stage": request.max_units_per_stage,
-        "top_k": request.top_k,
-        "calibration": s.calibration_label,
-    }
-
-
 def _mesh_dict(mesh: Mesh) -> dict[str, Any]:
     data = asdict(mesh)
     data["devices"] = [list(row) for row in mesh.devices]
-    if mesh.tp == 1:  # optional: absent, as in plans written before tensor parallelism
+    if mesh.tp == 1:  # optional: absent without tensor parallelism
         del data["tp"]
     return data
 
@@ -484,7 +436,7 @@ def _mesh(data: dict[str, Any] | None) -> Mesh | None:
 
 def _measurement_dict(measured: Measurement) -> dict[str, Any]:
     data = asdict(measured)
-    if data["speed_factor"] is None:  # optional: absent, as in plans written before it
+    if data["speed_factor"] is None:  # optional: absent when not measured, rather than null
         del data["speed_factor"]
     return data
 

@@ -1,12 +1,13 @@
 """What a plan is predicted to do: the times of a partition, the runtime terms it runs with, and the
-simulated iteration a plan records (:class:`Prediction`); and the same for an existing plan under other
-settings (another calibration: ``tune`` and the fidelity benchmark hold several models against one run).
+simulated iteration a plan records (:func:`prediction_of`, the plan format's :class:`~planner.plan.Prediction`);
+and the same for an existing plan under other settings (another calibration: ``tune`` and the fidelity
+benchmark hold several models against one run).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import Any
 
 from planner.cost import (
     CostSettings,
@@ -20,17 +21,14 @@ from planner.cost import (
     unit_costs,
 )
 from planner.errors import UsageError
+from planner.plan import Plan, Prediction
 from planner.schedule.orders import Schedule, stage_to_rank
 from planner.schedule.pipeline import Pipeline
 from planner.schedule.simulate import RuntimeTerms, SimulationResult, in_flight_per_stage
 from profiles.format import Profile
 from solvers.problem import PartitionProblem, PartitionSolution, evaluate, stage_cost
 
-if TYPE_CHECKING:
-    from planner.plan import Plan
-
 __all__ = [
-    "Prediction",
     "prediction_of",
     "predict_plan",
     "plan_pipeline",
@@ -43,90 +41,6 @@ __all__ = [
     "partition_comm_times",
     "partition_peak_memory",
 ]
-
-
-@dataclass(frozen=True)
-class Prediction:
-    iteration_s: float
-    """Simulated time of one training iteration (all micro-batches, forward and backward)."""
-    formula_iteration_s: float
-    """The solver's declared objective for the same plan (docs/cost-model.md)."""
-    bubble_fraction: float
-    samples_per_s: float
-    bottleneck_stage: int
-    busy_s: tuple[float, ...] = ()
-    """Per rank: time spent computing in one iteration."""
-    comm_forward_s: tuple[float, ...] = ()
-    """Per cut between stage k and k+1: time to send one micro-batch's activations (the simulator's input)."""
-    comm_backward_s: tuple[float, ...] = ()
-    """Per cut: time to send their gradients back."""
-    calibration: str = "none"
-    """Where the runtime terms came from: ``none`` (textbook model), ``shipped``, or a calibration file."""
-    runtime: RuntimeTerms = RuntimeTerms()
-    """What the runtime adds, as simulated: overhead per action, co-location factor, step tail per rank,
-    tied tail groups, resume curve (all zero: the textbook model)."""
-    overhead_s: tuple[float, ...] = ()
-    """Per rank: total runtime overhead of its actions in one iteration."""
-    comm_wait_s: tuple[float, ...] = ()
-    """Per rank: time waiting on the link in one iteration."""
-    schedule_overhead_s: dict[str, tuple[float, float]] = field(default_factory=dict, hash=False)
-    """Per schedule, from the calibration the plan was predicted with: its overhead per action at the plan's
-    micro-batch count with one stage a rank and with several (empty without a calibration). ``simulate --compare``
-    puts other schedules on the footing the plan was chosen on, whichever calibration that was (a profile's own
-    is in no file)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The plan format's ``predicted`` object: the runtime terms flat beside the rest (docs/plan-format.md)."""
-        data: dict[str, Any] = {
-            "iteration_s": self.iteration_s,
-            "formula_iteration_s": self.formula_iteration_s,
-            "bubble_fraction": self.bubble_fraction,
-            "samples_per_s": self.samples_per_s,
-            "bottleneck_stage": self.bottleneck_stage,
-            "busy_s": list(self.busy_s),
-            "comm_forward_s": list(self.comm_forward_s),
-            "comm_backward_s": list(self.comm_backward_s),
-            "calibration": self.calibration,
-            "action_overhead_s": self.runtime.action_overhead_s,
-            "compute_scale": self.runtime.compute_scale,
-            "step_tail_s": list(self.runtime.step_tail_s),
-            "overhead_s": list(self.overhead_s),
-            "comm_wait_s": list(self.comm_wait_s),
-            "tail_groups": [list(g) for g in self.runtime.tail_groups],
-        }
-        if self.runtime.transfer_compute_s_per_byte:  # optional: absent, as in plans made before it
-            data["transfer_compute_s_per_byte"] = self.runtime.transfer_compute_s_per_byte
-        if self.runtime.resume:  # optional: absent, as in plans made before it
-            data["resume"] = [list(point) for point in self.runtime.resume]
-        if self.schedule_overhead_s:  # optional: absent, as in plans made before it
-            data["schedule_overhead_s"] = {k: list(v) for k, v in sorted(self.schedule_overhead_s.items())}
-        return data
-
-    @classmethod
-    def from_dict(cls, p: dict[str, Any]) -> Prediction:
-        """The inverse of :meth:`to_dict` (``p`` already validated against the plan format)."""
-        return cls(
-            iteration_s=float(p["iteration_s"]),
-            formula_iteration_s=float(p["formula_iteration_s"]),
-            bubble_fraction=float(p["bubble_fraction"]),
-            samples_per_s=float(p["samples_per_s"]),
-            bottleneck_stage=p["bottleneck_stage"],
-            busy_s=tuple(map(float, p.get("busy_s", ()))),
-            comm_forward_s=tuple(map(float, p.get("comm_forward_s", ()))),
-            comm_backward_s=tuple(map(float, p.get("comm_backward_s", ()))),
-            calibration=str(p.get("calibration", "none")),
-            runtime=RuntimeTerms(
-                action_overhead_s=float(p.get("action_overhead_s", 0.0)),
-                step_tail_s=tuple(map(float, p.get("step_tail_s", ()))),
-                compute_scale=float(p.get("compute_scale", 1.0)),
-                tail_groups=tuple(tuple(g) for g in p.get("tail_groups", ())),
-                resume=tuple((float(g), float(f), float(b)) for g, f, b in p.get("resume", ())),
-                transfer_compute_s_per_byte=float(p.get("transfer_compute_s_per_byte", 0.0)),
-            ),
-            overhead_s=tuple(map(float, p.get("overhead_s", ()))),
-            comm_wait_s=tuple(map(float, p.get("comm_wait_s", ()))),
-            schedule_overhead_s={k: (float(v[0]), float(v[1])) for k, v in p.get("schedule_overhead_s", {}).items()},
-        )
 
 
 def partition_split_times(
@@ -307,7 +221,7 @@ def _plan_problem(
 
 def plan_memory(profile: Profile, plan: Plan, settings: CostSettings) -> tuple[MemoryBreakdown, ...]:
     """Each stage's memory at its peak for an existing plan's partition under ``settings`` (the cost model as it
-    stands, e.g. for a plan written by hand or made by an older pipeplan)."""
+    stands, e.g. for a plan written by hand or costed under other settings)."""
     costs, problem, boundaries = _plan_problem(profile, plan, settings)
     ends = (*boundaries[1:], problem.num_units)
     return tuple(

@@ -13,6 +13,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
+from planner.assemble import Candidate, build_plan
 from planner.bounds import candidate_floor_s, order_floor_s, partition_floor_s
 from planner.cost import (
     UnitCosts,
@@ -21,7 +22,7 @@ from planner.cost import (
 )
 from planner.errors import PlanInfeasibleError, ScheduleError, SearchPrunedError, UsageError
 from planner.formatting import human_bytes
-from planner.plan import BaselinePlan, Plan, SolverInfo, build_plan
+from planner.plan import BaselinePlan, Plan, SolverInfo
 from planner.prediction import (
     partition_peak_memory,
     partition_pipeline,
@@ -56,20 +57,6 @@ NEAR_BEST = 0.01
 """Plans simulated within this fraction of the fastest count as equally fast: among them the planner takes
 the one with the most evenly used ranks, then the least peak memory (a plan 0.1 % faster that leaves a
 rank nearly idle, or holds more activations, is not worth it: the simulator is not that exact)."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    micro_batch_size: int
-    num_microbatches: int
-    schedule: Schedule
-    virtual_stages: int
-    problem: PartitionProblem
-    solution: PartitionSolution
-    simulation: SimulationResult
-    peak_memory_bytes: float
-    runtime: RuntimeTerms | None = None
-    """The runtime terms ``simulation`` was made with (None: the textbook model)."""
 
 
 def _micro_batch_sizes(profile: Profile, request: PlanRequest) -> list[int]:

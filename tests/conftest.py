@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from planner.cost import MemoryBreakdown
-from planner.plan import Plan, SolverInfo, StagePlan
-from planner.prediction import Prediction
+from planner.plan import Plan, Prediction, SolverInfo, StagePlan
 from planner.schedule.orders import Schedule, stage_to_rank
 from profiles.fingerprint import model_fingerprint
 from profiles.workload import Workload

@@ -9,8 +9,7 @@ import shlex
 from collections.abc import Sequence
 
 from planner.cost import MemoryBreakdown
-from planner.plan import Mesh, Plan, SolverInfo, StagePlan, plan_from_dict
-from planner.prediction import Prediction
+from planner.plan import Mesh, Plan, Prediction, SolverInfo, StagePlan, plan_from_dict
 from planner.schedule.orders import Schedule, stage_to_rank
 
 __all__ = ["GPT2_TINY", "LLAMA_SMALL", "hand_plan", "on_mesh", "shell_words"]

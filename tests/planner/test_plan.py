@@ -4,8 +4,7 @@ import pytest
 
 from planner.cost import MemoryBreakdown
 from planner.errors import PlanFormatError
-from planner.plan import BaselinePlan, Plan, SolverInfo, StagePlan, load_plan, plan_from_dict, save_plan
-from planner.prediction import Prediction
+from planner.plan import BaselinePlan, Plan, Prediction, SolverInfo, StagePlan, load_plan, plan_from_dict, save_plan
 from planner.schedule.orders import Schedule
 from planner.schedule.simulate import RuntimeTerms
 

@@ -7,10 +7,11 @@ from dataclasses import replace
 import pytest
 
 from cli import main
+from planner.assemble import profiled_device
 from planner.calibration import calibration_from_dict, load_calibration, shipped_calibration
 from planner.cost import default_settings
 from planner.errors import UsageError
-from planner.plan import load_plan, profiled_device
+from planner.plan import load_plan
 from planner.prediction import repredicted_plan
 from planner.runtime.model_cost import (
     EVERY_SCHEDULE_BELOW_S,
