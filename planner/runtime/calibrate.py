@@ -51,6 +51,7 @@ from planner.calibration import BACKEND_OF_DEVICE, Calibration, OptimizerCost, s
 from planner.errors import UsageError
 from planner.runtime.launch import each_rank_in_turn, run_ranks
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule, stage_to_rank
+from planner.schedule.pipeline import Pipeline
 from planner.schedule.simulate import RuntimeTerms, simulate
 
 __all__ = [
@@ -328,15 +329,17 @@ def fit_transfer_cost(times: dict[int, list[float]], world: int, latency_s: floa
     def iteration(forward_s: float, num_bytes: int, per_byte_s: float) -> float:
         link = [latency_s + num_bytes / bytes_per_s] * (world - 1)
         return simulate(
-            [forward_s] * world,
-            [2 * forward_s] * world,
-            2 * world,
-            Schedule.ONE_F_ONE_B,
-            comm_forward_s=link,
-            comm_backward_s=link,
-            runtime=RuntimeTerms(transfer_compute_s_per_byte=per_byte_s),
-            cut_forward_bytes=[num_bytes] * (world - 1),
-            cut_backward_bytes=[num_bytes] * (world - 1),
+            Pipeline(
+                [forward_s] * world,
+                [2 * forward_s] * world,
+                2 * world,
+                Schedule.ONE_F_ONE_B,
+                comm_forward_s=link,
+                comm_backward_s=link,
+                runtime=RuntimeTerms(transfer_compute_s_per_byte=per_byte_s),
+                cut_forward_bytes=[num_bytes] * (world - 1),
+                cut_backward_bytes=[num_bytes] * (world - 1),
+            ),
         ).iteration_s
 
     # The stages' forward at which the step without the extra tensor takes what it measured.
@@ -538,17 +541,19 @@ def _overheads(
 
             def iteration(o: float, m: int = m, n: int = n, schedule: Schedule = schedule) -> float:
                 return simulate(
-                    [forward_s] * n,
-                    [backward_s] * n,
-                    m,
-                    schedule,
-                    num_ranks=world,
-                    comm_forward_s=[transfer_s] * (n - 1),
-                    comm_backward_s=[transfer_s] * (n - 1),
-                    # The stages are one square Linear: its input and weight gradients are one matmul of
-                    # the same size each, so I = W = B / 2 by construction (not a guess about a model).
-                    weight_s=[backward_s / 2] * n if schedule.splits_backward else (),
-                    runtime=RuntimeTerms(action_overhead_s=o),
+                    Pipeline(
+                        [forward_s] * n,
+                        [backward_s] * n,
+                        m,
+                        schedule,
+                        num_ranks=world,
+                        comm_forward_s=[transfer_s] * (n - 1),
+                        comm_backward_s=[transfer_s] * (n - 1),
+                        # The stages are one square Linear: its input and weight gradients are one matmul of
+                        # the same size each, so I = W = B / 2 by construction (not a guess about a model).
+                        weight_s=[backward_s / 2] * n if schedule.splits_backward else (),
+                        runtime=RuntimeTerms(action_overhead_s=o),
+                    ),
                 ).iteration_s
 
             fitted.append(fit_overhead(measured, iteration))

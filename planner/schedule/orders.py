@@ -54,6 +54,7 @@ __all__ = [
     "orders_from_torch",
     "format_orders",
     "ranks_of_stages",
+    "default_ranks",
 ]
 
 
@@ -192,6 +193,18 @@ def virtual_stages(sched: Schedule, num_stages: int, num_ranks: int) -> int:
             f"(stages: {num_stages}, ranks: {num_ranks})"
         )
     return num_stages // num_ranks
+
+
+def default_ranks(schedule: Schedule, num_stages: int) -> int:
+    """The rank count when none is given: one stage per rank, or two for interleaved-1f1b and the V schedules."""
+    if schedule is Schedule.INTERLEAVED_1F1B or schedule.v_shape:
+        if num_stages % 2 != 0:
+            raise UsageError(
+                f"{schedule.value} with {num_stages} stages: give num_ranks (the default, stages / 2, "
+                f"needs an even number of stages)"
+            )
+        return num_stages // 2
+    return num_stages
 
 
 def stage_to_rank(schedule: Schedule, num_stages: int, num_ranks: int) -> tuple[int, ...]:

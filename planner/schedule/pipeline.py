@@ -1,45 +1,71 @@
 """A pipeline as the simulator sees it: one value, whoever made it (a plan, a search candidate, a replay, a what-if).
 
-Every caller of the simulator used to assemble seven parallel per-stage lists by hand; a :class:`Pipeline`
-holds them once, checked together, with the schedule, the rank count and the runtime terms beside them.
+A :class:`Pipeline` holds the per-stage times, the links between stages, the schedule, the rank count and the
+runtime terms, checked together on construction; :func:`~planner.schedule.simulate.simulate` takes it whole.
 ``Plan.pipeline()`` makes one from a plan.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from planner.errors import UsageError
-from planner.schedule.orders import Schedule, Step, stage_to_rank
+from planner.schedule.orders import Schedule, Step, default_ranks, stage_to_rank
 from planner.schedule.simulate import RuntimeTerms, SimulationResult, simulate
 
 __all__ = ["Pipeline"]
 
 
-def _floats(values: Sequence[float]) -> tuple[float, ...]:
-    return tuple(float(v) for v in values)
+def _times(name: str, values: Sequence[float], length: int | None, *, allow_zero: bool) -> tuple[float, ...]:
+    """``values`` as floats, each finite and positive (or >= 0 with ``allow_zero``), ``length`` of them if given."""
+    out = tuple(float(x) for x in values)
+    if length is not None and len(out) != length:
+        raise UsageError(f"{name} has {len(out)} values, expected {length}")
+    for i, x in enumerate(out):
+        ok = math.isfinite(x) and (x >= 0 if allow_zero else x > 0)
+        if not ok:
+            need = ">= 0" if allow_zero else "> 0"
+            raise UsageError(f"{name}[{i}] = {x} must be finite and {need} (seconds)")
+    return out
 
 
 @dataclass(frozen=True)
 class Pipeline:
     """Per-stage times of one micro-batch, the links between stages and what the runtime adds.
 
-    ``input_s``/``weight_s`` are the split backward (I and W) of the schedules that run it, empty when
-    unsplit; ``comm_*_s`` and ``cut_*_bytes`` are per cut (``num_stages - 1``), empty for none; ``runtime``
-    None is the textbook model (no overhead, no step tail, no co-location, no compute spent on transfers).
+    The fields come in the order a caller thinks of them: ``Pipeline([1, 1], [2, 2], 4, "1f1b")`` is two stages
+    of F = 1 and B = 2 running four micro-batches under 1F1B. Every list is checked on construction (times finite
+    and positive, lengths per stage or per cut), and the schedule's name parsed.
     """
 
-    schedule: Schedule
-    num_ranks: int
-    num_microbatches: int
     forward_s: tuple[float, ...]
+    """Per stage, forward time of one micro-batch (``R * v`` stages for looped schedules)."""
     backward_s: tuple[float, ...]
-    input_s: tuple[float, ...] = ()
-    weight_s: tuple[float, ...] = ()
+    """Per stage, full backward time of one micro-batch (input + weight gradients)."""
+    num_microbatches: int
+    schedule: Schedule
+    """A :class:`Schedule`, or its name (parsed on construction)."""
+    num_ranks: int | None = None
+    """``R``; None: one stage per rank, or half the stages for interleaved-1f1b, zbv and dualpipev (set on
+    construction, so a made pipeline always holds the count)."""
     comm_forward_s: tuple[float, ...] = ()
+    """Per cut ``s`` (between stage ``s`` and ``s+1``), the delay of sending the activations; empty: 0. It delays
+    ``F(s+1, m)`` but occupies no compute."""
     comm_backward_s: tuple[float, ...] = ()
+    """Per cut ``s``, the delay of sending the gradient back to stage ``s``; empty: 0."""
+    weight_s: tuple[float, ...] = ()
+    """Per stage, the weight-gradient part ``W`` of ``backward_s`` (torch's ``stage_backward_weight``), used by
+    the schedules that split the backward (zero-bubble, zbv, dualpipev; a full ``B`` still costs ``backward_s``).
+    Empty: the backward stays unsplit (``I = backward_s``, ``W = 0``; no guess of the split)."""
+    input_s: tuple[float, ...] = ()
+    """Per stage, the input-gradient action ``I`` as measured apart (torch's ``stage_backward_input``); empty:
+    ``backward_s - weight_s``. Given with ``weight_s``, the split may cost more than ``backward_s`` (torch walks
+    the autograd graph to split it)."""
     runtime: RuntimeTerms | None = None
+    """Overhead per action, step tail per rank, co-location factor, the compute a byte sent costs; None: the
+    textbook model (all zero)."""
     cut_forward_bytes: tuple[int, ...] = ()
     """Per cut, the activation bytes of one micro-batch sent across it (what a transfer costs in compute:
     ``RuntimeTerms.transfer_compute_s_per_byte``)."""
@@ -47,19 +73,38 @@ class Pipeline:
     """Per cut, the gradient bytes sent back across it."""
 
     def __post_init__(self) -> None:
-        for name in ("forward_s", "backward_s", "input_s", "weight_s", "comm_forward_s", "comm_backward_s"):
-            object.__setattr__(self, name, _floats(getattr(self, name)))
+        schedule = Schedule.parse(self.schedule)
+        m = self.num_microbatches
+        if not isinstance(m, int) or m < 1:
+            raise UsageError(f"num_microbatches = {m!r} must be an integer >= 1")
+        n = len(self.forward_s)
+        if n < 1:
+            raise UsageError("forward_s is empty: give one forward time per stage")
+        # (field, length, optional): the stage times are needed and > 0, the others may be empty and hold zeros.
+        fields = (
+            ("forward_s", None, False),
+            ("backward_s", n, False),
+            ("comm_forward_s", n - 1, True),
+            ("comm_backward_s", n - 1, True),
+            ("weight_s", n, True),
+            ("input_s", n, True),
+        )
+        for name, length, optional in fields:
+            values = getattr(self, name)
+            checked = _times(name, values, length, allow_zero=optional) if values or not optional else ()
+            object.__setattr__(self, name, checked)
+        if self.input_s and not self.weight_s:
+            raise UsageError("input_s needs weight_s: give both parts of the split backward")
+        for s, (w, b) in enumerate(zip(self.weight_s, self.backward_s, strict=False)):
+            if w > b and not self.input_s:
+                raise UsageError(f"weight_s[{s}] = {w} must be at most backward_s[{s}] = {b} (W is a part of B)")
+        ranks = default_ranks(schedule, n) if self.num_ranks is None else self.num_ranks
+        if not isinstance(ranks, int) or ranks < 1:
+            raise UsageError(f"num_ranks = {ranks!r} must be an integer >= 1")
         for name in ("cut_forward_bytes", "cut_backward_bytes"):
             object.__setattr__(self, name, tuple(int(b) for b in getattr(self, name)))
-        object.__setattr__(self, "schedule", Schedule.parse(self.schedule))
-        n = len(self.forward_s)
-        lengths = {"backward_s": len(self.backward_s)}
-        lengths.update({k: len(getattr(self, k)) for k in ("input_s", "weight_s") if getattr(self, k)})
-        for name, length in lengths.items():
-            if length != n:
-                raise UsageError(f"{name} has {length} values for {n} stages")
-        if bool(self.input_s) != bool(self.weight_s):
-            raise UsageError("input_s and weight_s go together: give both parts of the split backward")
+        object.__setattr__(self, "schedule", schedule)
+        object.__setattr__(self, "num_ranks", ranks)
 
     @property
     def num_stages(self) -> int:
@@ -83,11 +128,13 @@ class Pipeline:
     def with_backward(self, backward_s: Sequence[float]) -> Pipeline:
         """Other full backward times (e.g. measured whole), a split backward cut in this one's proportions, so
         the schedule's W still fills its bubble."""
-        backward = _floats(backward_s)
+        backward = tuple(float(b) for b in backward_s)
         if not self.weight_s:
             return replace(self, backward_s=backward)
+        # Without a measured I, the simulator's: the backward less its W.
+        own_inputs = self.input_s or tuple(b - w for b, w in zip(self.backward_s, self.weight_s, strict=True))
         inputs, weights = [], []
-        for i, w, b in zip(self.input_s, self.weight_s, backward, strict=True):
+        for i, w, b in zip(own_inputs, self.weight_s, backward, strict=True):
             share = w / (i + w) if i + w > 0 else 0.0
             inputs.append(b * (1 - share))
             weights.append(b * share)
@@ -150,19 +197,5 @@ class Pipeline:
         )
 
     def simulate(self, orders: Sequence[Sequence[Step]] | None = None) -> SimulationResult:
-        """One iteration of this pipeline (planner.schedule.simulate's model)."""
-        return simulate(
-            self.forward_s,
-            self.backward_s,
-            self.num_microbatches,
-            self.schedule,
-            num_ranks=self.num_ranks,
-            comm_forward_s=self.comm_forward_s,
-            comm_backward_s=self.comm_backward_s,
-            weight_s=self.weight_s,
-            input_s=self.input_s,
-            orders=orders,
-            runtime=self.runtime,
-            cut_forward_bytes=self.cut_forward_bytes,
-            cut_backward_bytes=self.cut_backward_bytes,
-        )
+        """One iteration of this pipeline (:func:`~planner.schedule.simulate.simulate`)."""
+        return simulate(self, orders)

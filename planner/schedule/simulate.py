@@ -13,9 +13,8 @@ The model (docs/cost-model.md, "The model"):
   backward has ended, as torch's lowering posts the pair's sends after both;
   between two stages on the same rank (the turn of a V, ``zbv``/``dualpipev``) torch hands the tensor
   over in memory, so that cut costs no link time;
-- a transfer starts only once its receive is posted (gloo's do: a receive posted 5 ms after its send
-  still took 230 us, one link latency, on the development VM; NCCL pairs a send with its receive too,
-  not measured here), so an action that receives starts at ``max(producer's end, posted) + link`` or when
+- a transfer starts only once its receive is posted (gloo and NCCL pair a send with its receive:
+  docs/cost-model.md), so an action that receives starts at ``max(producer's end, posted) + link`` or when
   its rank is free, whichever is later. torch's single-stage schedules (``gpipe``, ``1f1b``) post a
   receive just before the action that needs it (posted = the rank's previous action's end); the
   multi-stage runtime posts it where its lowering (``_add_send_recv``) put it, after some earlier action of
@@ -28,7 +27,7 @@ The model (docs/cost-model.md, "The model"):
   computes ``k`` times slower than profiled (the co-location factor; docs/cost-model.md says why every
   action and not only those that overlap another rank's), and, given the bytes crossing each cut, an action
   that sends or receives across ranks computes ``transfer_compute_s_per_byte`` longer per byte (on CPU
-  gloo's copies take the rank's core: cnn13's interleaved plans ran slow in the order of their bytes).
+  gloo's copies take the rank's core).
 
 Start times are therefore the longest path through a DAG (rank order edges + dependency edges), so
 the result is exact for this model and independent of event tie-breaking.
@@ -40,19 +39,23 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from planner.errors import UsageError
 from planner.schedule.orders import (
     Schedule,
     Step,
     check_microbatches,
+    default_ranks,
     format_orders,
     rank_orders,
     ranks_of_stages,
     virtual_stages,
 )
 from planner.schedule.receives import receive_posts
+
+if TYPE_CHECKING:  # pipeline.py imports this module for the terms and the result it holds
+    from planner.schedule.pipeline import Pipeline
 
 __all__ = [
     "TimedAction",
@@ -217,148 +220,126 @@ class SimulationResult:
         }
 
 
-def _as_times(name: str, values: Sequence[float], length: int | None, *, allow_zero: bool) -> list[float]:
-    out = [float(x) for x in values]
-    if length is not None and len(out) != length:
-        raise UsageError(f"{name} has {len(out)} values, expected {length}")
-    for i, x in enumerate(out):
-        ok = math.isfinite(x) and (x >= 0 if allow_zero else x > 0)
-        if not ok:
-            need = ">= 0" if allow_zero else "> 0"
-            raise UsageError(f"{name}[{i}] = {x} must be finite and {need} (seconds)")
-    return out
+@dataclass(frozen=True)
+class _Costs:
+    """What each action costs and each link delays, as :func:`_run` reads them."""
+
+    durations_s: dict[str, list[float]]
+    """Per kind (F, B, I, W), per stage: the action's compute, co-location and transfer copies included."""
+    comm_forward_s: list[float]
+    """Per cut: the activations' link time (0 where the cut stays on one rank)."""
+    comm_backward_s: list[float]
+    """Per cut: the gradient's link time."""
+    overhead_s: float
+    """Per action: the runtime's overhead."""
+    resume: tuple[tuple[float, float, float], ...]
+    """The extra of an action after its rank was idle (:attr:`RuntimeTerms.resume`)."""
 
 
-def _default_ranks(schedule: Schedule, num_stages: int) -> int:
-    if schedule is Schedule.INTERLEAVED_1F1B or schedule.v_shape:
-        if num_stages % 2 != 0:
-            raise UsageError(
-                f"{schedule.value} with {num_stages} stages: give num_ranks (the default, stages / 2, "
-                f"needs an even number of stages)"
-            )
-        return num_stages // 2
-    return num_stages
-
-
-def simulate(
-    forward_s: Sequence[float],
-    backward_s: Sequence[float],
-    num_microbatches: int,
-    schedule: Schedule | str,
-    *,
-    num_ranks: int | None = None,
-    comm_forward_s: Sequence[float] = (),
-    comm_backward_s: Sequence[float] = (),
-    weight_s: Sequence[float] = (),
-    input_s: Sequence[float] = (),
-    orders: Sequence[Sequence[Step]] | None = None,
-    runtime: RuntimeTerms | None = None,
-    cut_forward_bytes: Sequence[int] = (),
-    cut_backward_bytes: Sequence[int] = (),
-) -> SimulationResult:
-    """Simulate one iteration of ``schedule``.
+def simulate(pipeline: Pipeline, orders: Sequence[Sequence[Step]] | None = None) -> SimulationResult:
+    """Simulate one iteration of ``pipeline``: its schedule, stage times, links and runtime terms.
 
     Args:
-        forward_s: per stage, forward time of one micro-batch (``R * v`` stages for looped schedules).
-        backward_s: per stage, full backward time of one micro-batch (input + weight gradients).
-        num_microbatches: ``M``.
-        schedule: a :class:`Schedule`, or its name (parsed here: this is an entry point of the API).
-        num_ranks: ``R``; default ``len(forward_s)``, or half of it for interleaved-1f1b, zbv and dualpipev.
-        comm_forward_s: per cut ``s`` (between stage ``s`` and ``s+1``), the delay of sending the
-            activations; empty means 0. It delays ``F(s+1, m)`` but occupies no compute.
-        comm_backward_s: per cut ``s``, the delay of sending the gradient back to stage ``s``.
-        weight_s: per stage, the weight-gradient part ``W`` of ``backward_s`` (measured by the profiler
-            with torch's ``stage_backward_weight``); the input-gradient part is ``I = backward_s - W``.
-            Used by the schedules that split the backward (zero-bubble, zbv, dualpipev; a full backward
-            ``B`` still costs ``backward_s``). Empty: the backward stays unsplit, ``I = backward_s`` and
-            ``W = 0`` (no guess of the split). Ignored by the other schedules.
-        input_s: per stage, the input-gradient action ``I`` as measured apart (torch's
-            ``stage_backward_input``); empty: ``backward_s - weight_s``. Given with ``weight_s``, the
-            split may cost more than ``backward_s`` (torch walks the autograd graph to split it).
+        pipeline: the :class:`~planner.schedule.pipeline.Pipeline`, its values checked when it was made.
         orders: optional rank orders to run instead of :func:`rank_orders` (e.g. converted from a
             torch schedule's ``pipeline_order`` with :func:`planner.schedule.orders.orders_from_torch`).
-        runtime: overhead per action, step tail per rank, co-location factor and the compute a byte sent costs;
-            None: all zero.
-        cut_forward_bytes: per cut, the bytes of one micro-batch's activations sent across it; empty: none
-            (with ``runtime.transfer_compute_s_per_byte``, what each transfer costs its two ranks' compute).
-        cut_backward_bytes: per cut, the bytes of the gradient sent back across it; empty: none.
 
     Returns:
         The :class:`SimulationResult`.
 
     Raises:
-        UsageError: a time is not positive/finite, a list has the wrong length, ``M < 1``.
+        UsageError: ``orders`` or the runtime terms do not match the ranks, cut bytes of the wrong length.
         ScheduleError: the schedule's placement or micro-batch requirement is not met.
         ScheduleDeadlockError: (internal) the orders cannot complete.
 
     Example:
-        >>> simulate([1, 1, 1, 1], [1, 1, 1, 1], 8, "gpipe").iteration_s
+        >>> from planner.schedule.pipeline import Pipeline
+        >>> simulate(Pipeline([1, 1, 1, 1], [1, 1, 1, 1], 8, "gpipe")).iteration_s
         22.0
     """
-    sched = Schedule.parse(schedule)
-    if not isinstance(num_microbatches, int) or num_microbatches < 1:
-        raise UsageError(f"num_microbatches = {num_microbatches!r} must be an integer >= 1")
-    n = len(forward_s)
-    if n < 1:
-        raise UsageError("forward_s is empty: give one forward time per stage")
-    fwd = _as_times("forward_s", forward_s, None, allow_zero=False)
-    bwd = _as_times("backward_s", backward_s, n, allow_zero=False)
-    cuts = n - 1
-    comm_f = _as_times("comm_forward_s", comm_forward_s, cuts, allow_zero=True) if comm_forward_s else [0.0] * cuts
-    comm_b = _as_times("comm_backward_s", comm_backward_s, cuts, allow_zero=True) if comm_backward_s else [0.0] * cuts
-    weight = _as_times("weight_s", weight_s, n, allow_zero=True) if weight_s else []
-    inputs = _as_times("input_s", input_s, n, allow_zero=True) if input_s else []
-    if inputs and not weight:
-        raise UsageError("input_s needs weight_s: give both parts of the split backward")
-    for s, (w, b) in enumerate(zip(weight, bwd, strict=False)):
-        if w > b and not inputs:
-            raise UsageError(f"weight_s[{s}] = {w} must be at most backward_s[{s}] = {b} (W is a part of B)")
-    ranks = _default_ranks(sched, n) if num_ranks is None else num_ranks
-    if not isinstance(ranks, int) or ranks < 1:
-        raise UsageError(f"num_ranks = {ranks!r} must be an integer >= 1")
-    v = virtual_stages(sched, n, ranks)
-    check_microbatches(sched, ranks, v, num_microbatches)
+    sched, n, m = pipeline.schedule, pipeline.num_stages, pipeline.num_microbatches
+    ranks = pipeline.num_ranks
+    assert ranks is not None  # set when the pipeline was made
+    check_microbatches(sched, ranks, virtual_stages(sched, n, ranks), m)
     # Micro-batch indices of rank_orders' orders are 0..M-1; given orders are scanned for theirs.
-    width = num_microbatches if orders is None else None
+    width = m if orders is None else None
     if orders is None:
-        orders = _rank_orders(sched, n, num_microbatches, ranks)
-        peaks = _peaks(sched, n, num_microbatches, ranks)
+        orders = _rank_orders(sched, n, m, ranks)
+        peaks = _peaks(sched, n, m, ranks)
     elif len(orders) != ranks:
         raise UsageError(f"orders has {len(orders)} ranks, expected {ranks}")
     else:
         peaks = _peak_in_flight(orders, n)
+    terms = pipeline.runtime or RuntimeTerms()
+    _check_runtime(terms, ranks)
+    stage_rank = ranks_of_stages(orders, n)
+    # pipeplan's own orders depend on nothing else, and so do their receives: kept for the plan search.
+    posts = _receive_posts(sched, n, m, ranks) if width is not None else _posts(sched, orders, n)
+    costs = _costs(pipeline, terms, stage_rank)
+    actions, comm_wait = _run(orders, posts, width, costs)
+    actions, tails = _with_step_tails(actions, terms, ranks)
+    iteration = max(a.end_s for a in actions)
+    busy, overhead = _busy_and_overhead(actions, ranks)
+    per_stage = [f + b for f, b in zip(pipeline.forward_s, pipeline.backward_s, strict=True)]
+    return SimulationResult(
+        schedule=sched,
+        num_stages=n,
+        num_ranks=ranks,
+        num_microbatches=m,
+        actions=tuple(actions),
+        iteration_s=iteration,
+        busy_s=tuple(busy),
+        bubble_fraction=1.0 - sum(busy) / (ranks * iteration),
+        peak_in_flight=peaks,
+        bottleneck_stage=per_stage.index(max(per_stage)),
+        overhead_s=tuple(overhead),
+        step_tail_s=tuple(tails),
+        comm_wait_s=tuple(comm_wait),
+        tail_groups=terms.tail_groups,
+        resume=terms.resume,
+    )
 
-    split = sched.splits_backward and bool(weight)
-    w_part = weight if split else [0.0] * n
-    i_part = inputs if (split and inputs) else [b - w for b, w in zip(bwd, w_part, strict=True)]
-    terms = runtime or RuntimeTerms()
+
+def _check_runtime(terms: RuntimeTerms, ranks: int) -> None:
+    """The runtime terms name the pipeline's ranks: one step tail each, groups within them."""
     if terms.step_tail_s and len(terms.step_tail_s) != ranks:
         raise UsageError(f"step_tail_s has {len(terms.step_tail_s)} values for {ranks} ranks")
     if any(not 0 <= r < ranks for group in terms.tail_groups for r in group):
         raise UsageError(f"tail_groups {terms.tail_groups} name a rank outside 0..{ranks - 1}")
-    base = {
-        "F": fwd,
-        "B": bwd,
-        "I": i_part,
-        "W": w_part,
-    }
-    stage_rank = ranks_of_stages(orders, n)
+
+
+def _costs(pipeline: Pipeline, terms: RuntimeTerms, stage_rank: Sequence[int]) -> _Costs:
+    """Each action's duration per kind and stage, and each cut's link time, under the runtime terms."""
+    n, cuts = pipeline.num_stages, pipeline.num_stages - 1
+    fwd, bwd = list(pipeline.forward_s), list(pipeline.backward_s)
+    split = pipeline.schedule.splits_backward and bool(pipeline.weight_s)
+    w_part = list(pipeline.weight_s) if split else [0.0] * n
+    inputs = list(pipeline.input_s)
+    i_part = inputs if (split and inputs) else [b - w for b, w in zip(bwd, w_part, strict=True)]
+    base = {"F": fwd, "B": bwd, "I": i_part, "W": w_part}
     # A cut between two stages of one rank (the turn of a V) is a hand-over in memory, not a transfer.
-    comm_f = [0.0 if stage_rank[c] == stage_rank[c + 1] else t for c, t in enumerate(comm_f)]
-    comm_b = [0.0 if stage_rank[c] == stage_rank[c + 1] else t for c, t in enumerate(comm_b)]
-    # pipeplan's own orders depend on nothing else, and so do their receives: kept for the plan search.
-    posts = _receive_posts(sched, n, num_microbatches, ranks) if width is not None else _posts(sched, orders, n)
-    # Not in proportion to the overlap with other ranks' compute, as before: ranks computing side by side
-    # slowed each other only 0.97-1.05x, while every action inside a pipeline ran 1.2-2.2x its profile
-    # (docs/BENCHMARKS.md, "Fidelity": ranks side by side vs in a pipeline, and the runs of both rules).
-    scale = terms.compute_scale if ranks > 1 else 1.0
+    comm_f = [
+        0.0 if stage_rank[c] == stage_rank[c + 1] else t for c, t in enumerate(pipeline.comm_forward_s or [0.0] * cuts)
+    ]
+    comm_b = [
+        0.0 if stage_rank[c] == stage_rank[c + 1] else t for c, t in enumerate(pipeline.comm_backward_s or [0.0] * cuts)
+    ]
+    # Every action of a pipeline of two or more ranks, not only those that overlap another rank's compute:
+    # docs/cost-model.md says why.
+    scale = terms.compute_scale if pipeline.num_ranks != 1 else 1.0
     durations = {kind: [t * scale for t in times] for kind, times in base.items()}
     if terms.transfer_compute_s_per_byte > 0:
-        moved = _bytes_moved(cut_forward_bytes, cut_backward_bytes, stage_rank)
+        moved = _bytes_moved(pipeline.cut_forward_bytes, pipeline.cut_backward_bytes, stage_rank)
         cost = terms.transfer_compute_s_per_byte
         for kind, per_stage in (("F", moved[0]), ("B", moved[1]), ("I", moved[1])):
             durations[kind] = [t + cost * b for t, b in zip(durations[kind], per_stage, strict=True)]
-    actions, comm_wait = _run(orders, durations, comm_f, comm_b, n, posts, terms.action_overhead_s, width, terms.resume)
+    return _Costs(durations, comm_f, comm_b, terms.action_overhead_s, terms.resume)
+
+
+def _with_step_tails(
+    actions: list[TimedAction], terms: RuntimeTerms, ranks: int
+) -> tuple[list[TimedAction], tuple[float, ...]]:
+    """The actions with each rank's step tail (an S action) after its last one, and the tails per rank."""
     tails = terms.step_tail_s or (0.0,) * ranks
     # One pass, not one per rank: a plan search simulates up to 65,536 actions on 64 ranks.
     last_end = [0.0] * ranks
@@ -371,63 +352,46 @@ def simulate(
         arrived = max(last_end[r] for r in group)
         for r in group:
             tail_start[r] = max(tail_start[r], arrived)
-    if any(t > 0 for t in tails):
-        by_rank: list[list[TimedAction]] = [[] for _ in range(ranks)]
-        for a in actions:
-            by_rank[a.rank].append(a)
-        for r in range(ranks):
-            if tails[r] > 0:
-                by_rank[r].append(TimedAction(r, -1, -1, "S", last_end[r], tail_start[r] + tails[r]))
-        actions = [a for group in by_rank for a in group]
-    iteration = max(a.end_s for a in actions)
+    if not any(t > 0 for t in tails):
+        return actions, tails
+    by_rank: list[list[TimedAction]] = [[] for _ in range(ranks)]
+    for a in actions:
+        by_rank[a.rank].append(a)
+    for r in range(ranks):
+        if tails[r] > 0:
+            by_rank[r].append(TimedAction(r, -1, -1, "S", last_end[r], tail_start[r] + tails[r]))
+    return [a for group in by_rank for a in group], tails
+
+
+def _busy_and_overhead(actions: Sequence[TimedAction], ranks: int) -> tuple[list[float], list[float]]:
+    """Per rank, the compute of its actions and their runtime overhead (step tails are neither)."""
     busy = [0.0] * ranks
     overhead = [0.0] * ranks
     for a in actions:
         if a.kind != "S":
             busy[a.rank] += a.end_s - a.start_s - a.overhead_s
             overhead[a.rank] += a.overhead_s
-    bubble = 1.0 - sum(busy) / (ranks * iteration)
-    per_stage = [f + b for f, b in zip(fwd, bwd, strict=True)]
-    return SimulationResult(
-        schedule=sched,
-        num_stages=n,
-        num_ranks=ranks,
-        num_microbatches=num_microbatches,
-        actions=tuple(actions),
-        iteration_s=iteration,
-        busy_s=tuple(busy),
-        bubble_fraction=bubble,
-        peak_in_flight=peaks,
-        bottleneck_stage=per_stage.index(max(per_stage)),
-        overhead_s=tuple(overhead),
-        step_tail_s=tuple(tails),
-        comm_wait_s=tuple(comm_wait),
-        tail_groups=terms.tail_groups,
-        resume=terms.resume,
-    )
+    return busy, overhead
 
 
 def _run(
-    orders: Sequence[Sequence[Step]],
-    durations: dict[str, list[float]],
-    comm_f: list[float],
-    comm_b: list[float],
-    num_stages: int,
-    posts: Sequence[Sequence[int]],
-    overhead_s: float = 0.0,
-    width: int | None = None,
-    resume: tuple[tuple[float, float, float], ...] = (),
+    orders: Sequence[Sequence[Step]], posts: Sequence[Sequence[int]], width: int | None, costs: _Costs
 ) -> tuple[list[TimedAction], list[float]]:
-    # Longest path over the DAG: repeatedly advance every rank whose next action has all its
-    # dependencies timed. Each pass advances at least one rank unless the orders deadlock.
-    # End times live in one flat list per kind, indexed stage * M + micro-batch (None: not yet timed): a
-    # plan search runs this on up to 65,536 actions per call, and tuple-keyed dict look-ups were its cost.
-    # The dependency rules are the module docstring's, written out per kind (they were a function called per
-    # action, with the same arithmetic: the results are the same).
-    if width is None:  # one more than the largest micro-batch index, unless the caller knows it (M)
+    """Time every action of ``orders`` (the longest path over the DAG of the module docstring's rules).
+
+    ``posts[r][p]`` is the index of rank ``r``'s action after which the receive of its ``p``-th is posted;
+    ``width`` the micro-batch count (None: read from the orders). Returns the actions in (rank, start) order and
+    each rank's time idle waiting on a link."""
+    # Repeatedly advance every rank whose next action has all its dependencies timed: each pass advances at least
+    # one rank unless the orders deadlock. End times live in one flat list per kind, indexed stage * M +
+    # micro-batch (None: not yet timed), and the dependency rules are written out per kind in the loop: a plan
+    # search runs this on up to 65,536 actions per call, where tuple-keyed look-ups and a call per action cost.
+    if width is None:  # one more than the largest micro-batch index
         width = 1 + max((step.microbatch for order in orders for step in order), default=0)
-    kinds = ("F", "B", "I", "W", *durations)
-    end: dict[str, list[float | None]] = {kind: [None] * (num_stages * width) for kind in kinds}
+    durations, comm_f, comm_b = costs.durations_s, costs.comm_forward_s, costs.comm_backward_s
+    overhead_s, resume = costs.overhead_s, costs.resume
+    num_stages = len(durations["F"])
+    end: dict[str, list[float | None]] = {kind: [None] * (num_stages * width) for kind in durations}
     end_f, end_b, end_i = end["F"], end["B"], end["I"]
     last = num_stages - 1
     pos = [0] * len(orders)
@@ -507,9 +471,14 @@ def _run(
                 progressed = True
             pos[rank], free[rank] = p, busy_until
         if not progressed:
-            waiting = ", ".join(f"rank {r}: {orders[r][p]}" for r, p in enumerate(pos) if p < len(orders[r]))
-            raise ScheduleDeadlockError(f"schedule deadlocks; blocked at {waiting}\n{format_orders(orders)}")
+            raise _deadlock(orders, pos)
     return [a for actions in by_rank for a in actions], comm_wait
+
+
+def _deadlock(orders: Sequence[Sequence[Step]], pos: Sequence[int]) -> ScheduleDeadlockError:
+    """The error for orders that cannot go on: where each rank is blocked, and the orders."""
+    waiting = ", ".join(f"rank {r}: {orders[r][p]}" for r, p in enumerate(pos) if p < len(orders[r]))
+    return ScheduleDeadlockError(f"schedule deadlocks; blocked at {waiting}\n{format_orders(orders)}")
 
 
 def _bytes_moved(
@@ -608,7 +577,7 @@ def in_flight_per_stage(
         raise UsageError(f"num_microbatches = {num_microbatches!r} must be an integer >= 1")
     if num_stages < 1:
         raise UsageError("forward_s is empty: give one forward time per stage")
-    ranks = _default_ranks(sched, num_stages) if num_ranks is None else num_ranks
+    ranks = default_ranks(sched, num_stages) if num_ranks is None else num_ranks
     if not isinstance(ranks, int) or ranks < 1:
         raise UsageError(f"num_ranks = {ranks!r} must be an integer >= 1")
     return _peaks(sched, num_stages, num_microbatches, ranks)

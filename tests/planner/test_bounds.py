@@ -11,6 +11,7 @@ from planner.bounds import UnitWork, candidate_floor_s, order_floor_s, partition
 from planner.cost import CostSettings, build_problem, unit_costs
 from planner.errors import ScheduleError
 from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank
+from planner.schedule.pipeline import Pipeline
 from planner.schedule.simulate import RuntimeTerms, in_flight_per_stage, simulate
 from solvers.ilp import solve_ilp
 from synthetic import make_profile
@@ -59,8 +60,8 @@ def test_floors_lie_under_every_partition_simulated(schedule: Schedule, ranks: i
         i = [0.0] + [sum(inputs[u] for u in units) for units in stages[1:]]
         w = [b[0]] + [sum(weight[u] for u in units) for units in stages[1:]]
         kwargs = {"weight_s": w, "input_s": i} if split else {}
-        plain = simulate(f, b, m, schedule, num_ranks=ranks, **kwargs).iteration_s
-        timed = simulate(f, b, m, schedule, num_ranks=ranks, runtime=terms, **kwargs).iteration_s
+        plain = simulate(Pipeline(f, b, m, schedule, num_ranks=ranks, **kwargs)).iteration_s
+        timed = simulate(Pipeline(f, b, m, schedule, num_ranks=ranks, runtime=terms, **kwargs)).iteration_s
         fastest = min(fastest, plain)
         stage_work = [x + (min(y, p + q) if split else y) for x, y, p, q in zip(f, b, i, w, strict=True)]
         chain = f if split else [x + y for x, y in zip(f, b, strict=True)]
@@ -88,7 +89,7 @@ def test_the_chain_floor_is_the_bubble_of_gpipe_on_equal_stages() -> None:
     floor = candidate_floor_s(work, 4, 4, 4)
     assert floor == pytest.approx(12.0 / (1 - 0.75**4))
     assert floor == pytest.approx(17.55, abs=0.01)
-    assert simulate([1.0] * 4, [2.0] * 4, 4, "gpipe").iteration_s == pytest.approx(21.0)
+    assert simulate(Pipeline([1.0] * 4, [2.0] * 4, 4, "gpipe")).iteration_s == pytest.approx(21.0)
 
 
 def test_split_backward_chain_counts_only_forwards() -> None:
@@ -105,7 +106,7 @@ def test_the_rank_floor_is_megatrons_interleaved_bubble_on_equal_chunks(p: int, 
     stages = p * v
     stage_rank = stage_to_rank(Schedule.INTERLEAVED_1F1B, stages, p)
     work, chain, forward = [2.0] * stages, [2.0] * stages, [1.0] * stages
-    simulated = simulate([1.0] * stages, [1.0] * stages, m, "interleaved-1f1b", num_ranks=p).iteration_s
+    simulated = simulate(Pipeline([1.0] * stages, [1.0] * stages, m, "interleaved-1f1b", num_ranks=p)).iteration_s
     assert simulated == 2 * (v * m + p - 1)
     assert partition_floor_s(work, chain, stage_rank, m, stage_forward_s=forward) == pytest.approx(simulated)
     assert partition_floor_s(work, chain, stage_rank, m) < simulated * (1 - 0.5 * (p - 1) / (v * m + p - 1))
@@ -123,7 +124,9 @@ def test_the_orders_floor_keeps_the_interleaved_bubble_before_any_partition(
     no_bubble = m * 120.0 / p
     cheap = candidate_floor_s(UnitWork.of(forward, backward), m, p, stages)
     orders_floor = order_floor_s(sched, p, stages, m, forward, backward)
-    even = simulate([120.0 / stages / 3] * stages, [240.0 / stages / 3] * stages, m, sched, num_ranks=p).iteration_s
+    even = simulate(
+        Pipeline([120.0 / stages / 3] * stages, [240.0 / stages / 3] * stages, m, sched, num_ranks=p)
+    ).iteration_s
     assert cheap < 1.01 * no_bubble
     assert 1.06 * no_bubble < orders_floor <= even
 

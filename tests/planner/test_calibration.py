@@ -20,6 +20,7 @@ from planner.errors import CalibrationError, UsageError
 from planner.prediction import predict_plan
 from planner.request import PlanRequest
 from planner.schedule.orders import Schedule
+from planner.schedule.pipeline import Pipeline
 from planner.schedule.simulate import RuntimeTerms, simulate
 from planner.search import make_plan, make_plans, plan_key
 from synthetic import calibration, make_profile
@@ -147,15 +148,15 @@ def test_step_tails_add_the_tied_swap_across_ranks() -> None:
 def test_a_tied_pair_starts_its_tails_together() -> None:
     # GPipe, two stages of f = 1, b = 2, one micro-batch: rank 1 ends its backward at 4, rank 0 at 6.
     alone = RuntimeTerms(step_tail_s=(1.0, 3.0))
-    assert simulate([1.0, 1.0], [2.0, 2.0], 1, "gpipe", runtime=alone).iteration_s == 7.0  # max(6 + 1, 4 + 3)
+    assert simulate(Pipeline([1.0, 1.0], [2.0, 2.0], 1, "gpipe", runtime=alone)).iteration_s == 7.0  # max(6 + 1, 4 + 3)
     tied = RuntimeTerms(step_tail_s=(1.0, 3.0), tail_groups=((0, 1),))
-    result = simulate([1.0, 1.0], [2.0, 2.0], 1, "gpipe", runtime=tied)
+    result = simulate(Pipeline([1.0, 1.0], [2.0, 2.0], 1, "gpipe", runtime=tied))
     assert result.iteration_s == 9.0  # rank 1 waits in the all-reduce until rank 0 arrives at 6
     tail = next(a for a in result.actions if a.kind == "S" and a.rank == 1)
     assert (tail.start_s, tail.end_s) == (4.0, 9.0)
     stray = RuntimeTerms(step_tail_s=(1.0, 1.0), tail_groups=((0, 2),))
     with pytest.raises(UsageError, match="outside"):
-        simulate([1.0, 1.0], [2.0, 2.0], 1, "gpipe", runtime=stray)
+        simulate(Pipeline([1.0, 1.0], [2.0, 2.0], 1, "gpipe", runtime=stray))
 
 
 def test_calibrated_plan_records_its_runtime_terms() -> None:
@@ -169,16 +170,18 @@ def test_calibrated_plan_records_its_runtime_terms() -> None:
     # The prediction is the simulation of the plan's stages, links and these runtime terms.
     link = 1e-4 + 1024 / 1e9
     again = simulate(
-        [st.forward_s for st in plan.stages],
-        [st.backward_s for st in plan.stages],
-        2,
-        "gpipe",
-        comm_forward_s=[link],
-        comm_backward_s=[link],
-        runtime=RuntimeTerms(1e-3, pred.runtime.step_tail_s, 1.5),
+        Pipeline(
+            [st.forward_s for st in plan.stages],
+            [st.backward_s for st in plan.stages],
+            2,
+            "gpipe",
+            comm_forward_s=[link],
+            comm_backward_s=[link],
+            runtime=RuntimeTerms(1e-3, pred.runtime.step_tail_s, 1.5),
+        ),
     )
     assert pred.iteration_s == again.iteration_s
-    textbook = simulate([0.02, 0.02], [0.04, 0.04], 2, "gpipe", comm_forward_s=[link], comm_backward_s=[link])
+    textbook = simulate(Pipeline([0.02, 0.02], [0.04, 0.04], 2, "gpipe", comm_forward_s=[link], comm_backward_s=[link]))
     assert pred.iteration_s > textbook.iteration_s + 6 * 1e-3 + pred.runtime.step_tail_s[0]
     assert pred.overhead_s == pytest.approx((4e-3, 4e-3))
 

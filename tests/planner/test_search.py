@@ -5,6 +5,7 @@ import pytest
 from planner.cost import CostSettings
 from planner.errors import PlanInfeasibleError, UsageError
 from planner.request import PlanRequest
+from planner.schedule.pipeline import Pipeline
 from planner.schedule.simulate import simulate
 from planner.search import make_plan
 from solvers.problem import stage_cost
@@ -40,7 +41,9 @@ def test_heavy_lm_head_gets_a_stage_of_its_own_and_beats_uniform():
 def test_prediction_is_the_simulation_of_the_stages():
     profile = make_profile([1.0, 3.0, 1.0, 2.0, 2.0, 1.0])
     plan = _plan(profile, num_ranks=3, global_batch_size=6, schedule="gpipe", recompute="off")
-    result = simulate([s.forward_s for s in plan.stages], [s.backward_s for s in plan.stages], 6, "gpipe", num_ranks=3)
+    result = simulate(
+        Pipeline([s.forward_s for s in plan.stages], [s.backward_s for s in plan.stages], 6, "gpipe", num_ranks=3)
+    )
     assert plan.predicted.iteration_s == pytest.approx(result.iteration_s)
     # GPipe with zero communication is a pair of flow shops (docs/cost-model.md).
     f = [s.forward_s for s in plan.stages]
@@ -190,7 +193,7 @@ def test_near_best_prefers_evenly_used_ranks():
     from planner.search import Candidate, _ranked
 
     def candidate(iteration_s, busy, peak):
-        sim = simulate([1.0, 1.0], [1.0, 1.0], 2, "gpipe")
+        sim = simulate(Pipeline([1.0, 1.0], [1.0, 1.0], 2, "gpipe"))
         sim = type(sim)(**{**sim.__dict__, "iteration_s": iteration_s, "busy_s": busy})
         return Candidate(1, 2, sim.schedule, 1, None, None, sim, peak)  # type: ignore[arg-type]
 

@@ -12,6 +12,7 @@ from planner.cost import default_settings
 from planner.request import PlanRequest
 from planner.runtime.calibrate import CALIBRATED_SCHEDULES, _link, calibrate, fit_overhead, fit_transfer_cost
 from planner.runtime.tune import format_tune_table, refit_calibration, tune
+from planner.schedule.pipeline import Pipeline
 from planner.schedule.simulate import RuntimeTerms, simulate
 from planner.search import make_plans, plan_key
 from profiles.format import load_profile, save_profile
@@ -33,7 +34,7 @@ def test_one_rank_takes_the_shipped_link_and_says_so() -> None:
 
 def test_fit_overhead_inverts_the_simulator() -> None:
     def iteration(o: float) -> float:
-        return simulate([1, 1], [2, 2], 4, "1f1b", runtime=RuntimeTerms(action_overhead_s=o)).iteration_s
+        return simulate(Pipeline([1, 1], [2, 2], 4, "1f1b", runtime=RuntimeTerms(action_overhead_s=o))).iteration_s
 
     assert fit_overhead(iteration(0.125), iteration) == pytest.approx(0.125, rel=1e-9)
     assert fit_overhead(iteration(0.0) * 0.9, iteration) == 0.0  # faster than compute alone: nothing to add
@@ -272,15 +273,17 @@ def test_fit_transfer_cost_recovers_the_compute_per_byte_behind_a_slowdown() -> 
     def step_s(num_bytes: int, cost: float) -> float:
         link = [latency + num_bytes / bandwidth]
         return simulate(
-            [0.01, 0.01],
-            [0.02, 0.02],
-            4,
-            "1f1b",
-            comm_forward_s=link,
-            comm_backward_s=link,
-            runtime=RuntimeTerms(transfer_compute_s_per_byte=cost),
-            cut_forward_bytes=[num_bytes],
-            cut_backward_bytes=[num_bytes],
+            Pipeline(
+                [0.01, 0.01],
+                [0.02, 0.02],
+                4,
+                "1f1b",
+                comm_forward_s=link,
+                comm_backward_s=link,
+                runtime=RuntimeTerms(transfer_compute_s_per_byte=cost),
+                cut_forward_bytes=[num_bytes],
+                cut_backward_bytes=[num_bytes],
+            ),
         ).iteration_s
 
     times = {0: [step_s(0, 0.0)] * 3, size: [step_s(size, per_byte)] * 3}

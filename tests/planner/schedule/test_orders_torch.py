@@ -32,6 +32,7 @@ from planner.schedule.orders import (
     rank_orders,
     stage_to_rank,
 )
+from planner.schedule.pipeline import Pipeline
 from planner.schedule.simulate import simulate
 
 
@@ -122,7 +123,7 @@ def test_looped_orders_equal_torch(schedule: Schedule) -> None:
                 ours = rank_orders(schedule, ranks * v, m, ranks)
                 assert ours == _torch_looped(schedule, ranks, v, m), (schedule, ranks, v, m)
                 # and every accepted configuration runs to completion in the simulator
-                simulate([1.0] * (ranks * v), [2.0] * (ranks * v), m, schedule, num_ranks=ranks)
+                simulate(Pipeline([1.0] * (ranks * v), [2.0] * (ranks * v), m, schedule, num_ranks=ranks))
                 checked += 1
     assert checked == 244  # of 320 tried; the other 76 fail torch's M % rounds check
 
@@ -151,7 +152,7 @@ def test_multi_stage_orders_equal_torch(schedule: Schedule, stages_per_rank: tup
                 ours = rank_orders(schedule, ranks * v, m, ranks)
                 assert ours == _torch_multi(schedule, ranks, v, m), (schedule, ranks, v, m)
                 n = ranks * v
-                simulate([1.0] * n, [2.0] * n, m, schedule, num_ranks=ranks, weight_s=[1.0] * n)  # completes
+                simulate(Pipeline([1.0] * n, [2.0] * n, m, schedule, num_ranks=ranks, weight_s=[1.0] * n))  # completes
                 checked += 1
     assert checked == {Schedule.LOOPED_BFS: 288, Schedule.ZBV: 96, Schedule.DUALPIPEV: 60}[schedule]
 
@@ -226,7 +227,7 @@ def test_dualpipev_simulated_as_torch_lowers_it(seed: int) -> None:
             w = [rng.choice((1.0, 2.0)) for _ in range(n)]
             i = [rng.choice((1.0, 2.0, 4.0)) for _ in range(n)]
             times = {"F": f, "I": i, "W": w, "B": [a + b for a, b in zip(i, w, strict=True)]}
-            ours = simulate(f, times["B"], m, Schedule.DUALPIPEV, num_ranks=ranks, weight_s=w)
+            ours = simulate(Pipeline(f, times["B"], m, Schedule.DUALPIPEV, num_ranks=ranks, weight_s=w))
             assert ours.iteration_s == iteration_of_torch_lowering(Schedule.DUALPIPEV, ranks, 2, m, times, 0.0), (
                 seed,
                 ranks,

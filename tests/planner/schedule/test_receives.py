@@ -8,6 +8,7 @@ import torch.distributed.pipelining.schedules as ts
 from torch_lowering import iteration_of_torch_lowering, torch_compute
 
 from planner.schedule.orders import Schedule, orders_from_torch, rank_orders
+from planner.schedule.pipeline import Pipeline
 from planner.schedule.receives import receive_posts
 from planner.schedule.simulate import simulate
 
@@ -79,7 +80,7 @@ def test_a_transfer_starts_when_its_receive_is_posted() -> None:
     # Rank 0's 2B2 needs stage 3's gradient, whose receive is posted right before 2B2: with a link of 5 s
     # the action waits the whole link after the later of its rank's previous action and its producer.
     link = [5.0] * 3
-    run = simulate([1.0] * 4, [2.0] * 4, 4, "interleaved-1f1b", comm_forward_s=link, comm_backward_s=link)
+    run = simulate(Pipeline([1.0] * 4, [2.0] * 4, 4, "interleaved-1f1b", comm_forward_s=link, comm_backward_s=link))
     timed = {(a.stage, a.microbatch, a.kind): a for a in run.actions}
     rank0 = [a for a in run.actions if a.rank == 0]
     i = next(k for k, a in enumerate(rank0) if (a.stage, a.microbatch, a.kind) == (2, 2, "B"))
@@ -115,7 +116,7 @@ def test_simulated_with_a_link_as_torch_lowers_it(schedule: Schedule, v: int, se
             link = rng.choice((0.5, 2.0, 5.0))
             split = {"weight_s": w} if schedule.splits_backward else {}
             ours = simulate(
-                f, times["B"], m, schedule, num_ranks=ranks, comm_forward_s=[link] * (n - 1),
-                comm_backward_s=[link] * (n - 1), **split,
+                Pipeline(f, times["B"], m, schedule, num_ranks=ranks, comm_forward_s=[link] * (n - 1),
+                         comm_backward_s=[link] * (n - 1), **split),
             )  # fmt: skip
             assert ours.iteration_s == pytest.approx(iteration_of_torch_lowering(schedule, ranks, v, m, times, link))
