@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_planner_scale import synthetic_profile  # noqa: E402
+from common import run_started, write_record  # noqa: E402
 
 from planner.cluster import Cluster, plan_cluster  # noqa: E402
 from planner.cost import CostSettings  # noqa: E402
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--min-units", type=int, default=0, help="skip smaller cases")
     args = parser.parse_args(argv)
+    started = run_started()
     tp = args.tensor_parallel == "auto"
     if args.curve is not None:
         rows = curve(args.jobs, args.curve)
@@ -133,6 +135,10 @@ def main(argv: list[str] | None = None) -> None:
     headers = ["units", "params (B)", "devices", "batch", "GiB", "layouts / simulated", mesh, "placement"]
     headers += ["schedule", "step", "wall, 1 process", f"wall, {args.jobs} workers"]
     print(format_table(headers, rows, align=">>>>>>><<>>>"))
+    name = "cluster_curve" if args.curve is not None else "cluster_tp" if tp else "cluster"
+    plots = (args.curve,) if args.curve is not None else ()
+    table = {"columns": headers, "rows": [list(map(str, r)) for r in rows]}
+    write_record(name, {}, started=started, tables={"curve" if args.curve else "layouts": table}, plots=plots)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import run_started, table_from_markdown, write_record
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("gpt2-tiny", "mlp", "llama-small", "unet-small", "benchmarks/models.py:cnn13")
 
@@ -130,6 +132,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--global-batch", type=int, default=8)
     args = parser.parse_args()
+    started = run_started()
     args.out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
     runs: list[dict[str, Any]] = []
@@ -157,6 +160,7 @@ def main() -> None:
     (args.out / "default-path.md").write_text(text + "\n")
     print(text)
     print(f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}")
+    write_record("default_path", result, started=started, tables={"tries": table_from_markdown(text)})
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from common import run_started, tables_in, write_record  # noqa: E402
 
 from planner.calibration import Calibration, load_calibration, save_calibration  # noqa: E402
 from planner.cost import default_settings  # noqa: E402
@@ -395,6 +396,7 @@ def main() -> int:
         print(markdown(results, calibration, (float("nan"), float("nan"))))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
+    started = run_started()
     load_before = os.getloadavg()[0]
     if args.calibration:
         calibration = load_calibration(args.calibration)
@@ -426,6 +428,8 @@ def main() -> int:
             )
     (args.out / "fidelity.md").write_text(text)
     print(text)
+    name = "fidelity_gpt2_small" if args.gpt2_small else "fidelity_shipped" if args.calibration else "fidelity"
+    write_record(name, {"results": results}, started=started, tables=tables_in(text))
     return 0
 
 

@@ -24,6 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common import run_started, tables_in, tee_stdout, write_record  # noqa: E402
+
 from planner.calibration import shipped_calibration  # noqa: E402
 from planner.plan import Plan, load_plan  # noqa: E402
 from planner.runtime.interleave import verify_plans  # noqa: E402
@@ -46,6 +48,7 @@ def main() -> None:
     parser.add_argument("--with", dest="others", default="", help="comma-separated plan JSONs of the candidates")
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
+    started, printed = run_started(), tee_stdout()
     a, b = load_plan(args.a), load_plan(args.b)
     others = [load_plan(p) for p in args.others.split(",") if p]
     profile = load_profile(args.profile)
@@ -69,6 +72,7 @@ def main() -> None:
             speed = statistics.fmean(r.speed_factor or 0.0 for r in run.reports)
             ratio = run.ratio(index_a, index_b)
             print(f"| {rep} | {name} | {len(plans)} | {rounds} | {ratio:.3f} | {speed:.2f} |", flush=True)
+    write_record("launch_context", {}, started=started, tables=tables_in(printed.getvalue(), ("launches",)))
 
 
 if __name__ == "__main__":

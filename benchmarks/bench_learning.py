@@ -29,6 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common import run_started, table_from_markdown, write_record  # noqa: E402
+
 from planner.calibration import shipped_calibration  # noqa: E402
 from planner.runtime.interleave import InterleavedRun, rounds_within, verify_plans  # noqa: E402
 from planner.runtime.model_cost import (  # noqa: E402
@@ -40,6 +42,7 @@ from planner.runtime.model_cost import (  # noqa: E402
 )
 from profiles.format import Profile, load_profile, save_profile  # noqa: E402
 from profiles.from_spec import profile_spec  # noqa: E402
+from profiles.profile_options import ProfileOptions  # noqa: E402
 
 BOOTSTRAP_DRAWS = 200
 
@@ -87,8 +90,10 @@ def main() -> None:
     parser.add_argument("--launches", type=int, default=4, help="launches per budget")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    started = run_started()
     args.out.mkdir(parents=True, exist_ok=True)
-    profile: Profile = load_profile(args.profile) if args.profile else profile_spec(args.model, progress=False)
+    options = ProfileOptions(model=args.model, no_progress=True)
+    profile: Profile = load_profile(args.profile) if args.profile else profile_spec(options)
     if args.profile is None:
         save_profile(profile, args.out / "profile.json")
     shipped = shipped_calibration(profile.device.kind)
@@ -135,6 +140,7 @@ def main() -> None:
     text = "\n".join(lines)
     (args.out / "learning.md").write_text(text + "\n")
     print(text)
+    write_record("learning", result, started=started, tables={"budgets": table_from_markdown(text)})
 
 
 if __name__ == "__main__":

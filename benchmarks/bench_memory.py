@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common import run_started, tables_in, tee_stdout, write_record  # noqa: E402
 from models import CNN13_SPEC  # noqa: E402
 
 from planner.cost import HEADROOM_FRACTION  # noqa: E402
@@ -374,6 +375,7 @@ def main() -> None:
     parser.add_argument("--render", action="store_true", help="the tables of the reports kept in --out; run nothing")
     parser.add_argument("--out", required=True, help="folder for profiles, plans and reports")
     args = parser.parse_args()
+    started, printed = run_started(), tee_stdout()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     warnings.simplefilter("ignore")
@@ -386,6 +388,7 @@ def main() -> None:
     )
     if args.selective:
         selective(args)
+        write_record("memory_selective", {}, started=started, tables=tables_in(printed.getvalue(), ("selective",)))
         return
     if args.render:
         rows = saved_rows(out)
@@ -395,6 +398,9 @@ def main() -> None:
     print(summary(rows))
     print()
     print(detail(rows))
+    if not args.render:
+        kind = "memory_cap" if args.cap else "memory_cluster" if args.cluster else "memory"
+        write_record(kind, {}, started=started, tables=tables_in(printed.getvalue()))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import run_started, table_from_markdown, write_record  # noqa: E402
+
 import planner.schedule.pipeline as pipeline_module  # noqa: E402
 import planner.search as search  # noqa: E402
 from planner.calibration import shipped_calibration  # noqa: E402
@@ -278,6 +280,7 @@ def main(argv: list[str] | None = None) -> None:
             save_profile(synthetic_profile(n), path)
             print(f"wrote {path}")
         return
+    record_start = run_started()
     load = os.getloadavg()[0]
     started = time.perf_counter()
     points = []
@@ -303,6 +306,13 @@ def main(argv: list[str] | None = None) -> None:
         before = [ScalePoint(**p) for p in json.loads(args.before.read_text())] if args.before else []
         scale_png(points, args.png, before)
         print(f"wrote {args.png}")
+    write_record(
+        "planner_scale",
+        {"points": [asdict(p) for p in points], "wall_s": round(time.perf_counter() - started)},
+        started=record_start,
+        tables={"scale": table_from_markdown(scale_table(points)), "phases": table_from_markdown(phase_table(points))},
+        plots=(args.png,) if args.png else (),
+    )
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_fidelity import MODELS, SCHEDULES  # noqa: E402  (the same models and fixed schedules)
+from common import run_started, table_from_markdown, write_record  # noqa: E402
 
 from planner.cost import default_settings  # noqa: E402
 from planner.plan import Plan  # noqa: E402
@@ -52,6 +53,7 @@ from planner.runtime.model_cost import learn_after_profile  # noqa: E402
 from planner.search import make_plan, make_plans, plan_key  # noqa: E402
 from profiles.format import Profile, load_profile, save_profile  # noqa: E402
 from profiles.from_spec import profile_spec  # noqa: E402
+from profiles.profile_options import ProfileOptions  # noqa: E402
 
 MIN_ROUNDS = 16
 """The fewest interleaved rounds, however long the plans: llama-small's 2.6 s plans in 8 rounds measured two copies
@@ -90,7 +92,8 @@ def profile_once(spec: str, out: Path, profiles: Path | None) -> Profile:
     if profiles is not None:  # measure again what an earlier run profiled and learned
         profile = load_profile(profiles / name)
     else:
-        profile, _ = learn_after_profile(profile_spec(spec, progress=False), spec)  # as `pipeplan profile` does
+        options = ProfileOptions(model=spec, no_progress=True)
+        profile, _ = learn_after_profile(profile_spec(options), spec)  # as `pipeplan profile` does
     save_profile(profile, out / name)
     return profile
 
@@ -301,6 +304,7 @@ def main() -> None:
         (args.out / "ratios.md").write_text(f"re-predicted from {args.repredict}\n\n{text}\n")
         print(text)
         return
+    started = run_started()
     load = os.getloadavg()[0]
     results = []
     for spec in args.models.split(","):
@@ -332,6 +336,7 @@ def main() -> None:
     (args.out / "ratios.md").write_text(header + "\n\n" + text + "\n")
     print(header)
     print(text)
+    write_record("ratios", {"cases": results}, started=started, tables={"cases": table_from_markdown(text)})
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from common import run_started, tables_in, tee_stdout, write_record  # noqa: E402
 from torch import nn  # noqa: E402
 
 from planner.runtime.launch import run_ranks  # noqa: E402
@@ -438,6 +439,7 @@ def main() -> None:
         "--only", choices=PROBES, action="append", help="run only this probe (repeatable; default: all, in order)"
     )
     args = parser.parse_args()
+    started, printed = run_started(), tee_stdout()
     printers = {
         "rendezvous": _print_rendezvous,
         "resume": _print_resume,
@@ -452,6 +454,8 @@ def main() -> None:
         if i:
             print()
         printers[name](args)
+    probes = list(args.only or PROBES)
+    write_record("runtime_probes", {"probes": probes}, started=started, tables=tables_in(printed.getvalue()))
 
 
 if __name__ == "__main__":

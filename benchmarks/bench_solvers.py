@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common import run_started, tables_in, tee_stdout, write_record  # noqa: E402
+
 from solvers.dp import solve_dp  # noqa: E402
 from solvers.ilp import solve_ilp  # noqa: E402
 from solvers.problem import PartitionProblem  # noqa: E402
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="small grid, ILP at 24 x 4")
     parser.add_argument("--png", type=Path, help="write a log-log plot of the DP scaling grid")
     args = parser.parse_args(argv)
+    started, printed = run_started(), tee_stdout()
 
     headline = transformer_like(1000, 64)
     sol = solve_dp(headline)[0]
@@ -141,6 +144,11 @@ def main(argv: list[str] | None = None) -> None:
         fig.tight_layout()
         fig.savefig(args.png)
         print(f"\nwrote {args.png}")
+    dp = {f"{n}x{p}": s for (n, p), s in grid.items()}
+    tables = tables_in(printed.getvalue(), ("dp", "backends"))
+    write_record(
+        "solvers", {"dp_s": dp}, started=started, tables=tables, plots=(args.png,) if args.png else (), trial=args.quick
+    )
 
 
 if __name__ == "__main__":

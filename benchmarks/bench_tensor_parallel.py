@@ -39,6 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common import run_started, tables_in, tee_stdout, write_record  # noqa: E402
+
 from planner.cluster import Cluster, ClusterResult, plan_cluster  # noqa: E402
 from planner.cost import CostSettings  # noqa: E402
 from planner.errors import PipeplanError  # noqa: E402
@@ -310,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         headers = ["T", "columns / T", "efficiency, split by columns", "split by rows (smaller micro-batch)"]
         print(format_table(headers, gemm_efficiency(), align=">>>>"))
         return
+    started, printed = run_started(), tee_stdout()
     cases = [c for c in CASES if not args.quick or c.devices == 64]
     if args.markdown:  # row by row, as each case is planned
         print("| " + " | ".join(HEADERS) + " |")
@@ -317,9 +320,13 @@ def main(argv: list[str] | None = None) -> None:
         for case in cases:
             for row in run_case(case, args.jobs):
                 print("| " + " | ".join(map(str, row)) + " |", flush=True)
+        tables = tables_in(printed.getvalue(), ("configurations",))
+        write_record("tensor_parallel", {}, started=started, tables=tables, trial=args.quick)
         return
     rows = [row for case in cases for row in run_case(case, args.jobs)]
     print(format_table(HEADERS, rows, align="<>><<<>>>><>"))
+    table = {"columns": list(HEADERS), "rows": [list(map(str, r)) for r in rows]}
+    write_record("tensor_parallel", {}, started=started, tables={"configurations": table}, trial=args.quick)
 
 
 if __name__ == "__main__":

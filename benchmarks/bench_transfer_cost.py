@@ -21,6 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common import run_started, tables_in, tee_stdout, write_record  # noqa: E402
+
 from planner.calibration import shipped_calibration  # noqa: E402
 from planner.runtime.calibrate import fit_transfer_cost, transfer_run_times  # noqa: E402
 from planner.runtime.launch import run_ranks  # noqa: E402
@@ -36,6 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=12)
     args = parser.parse_args()
+    started, printed = run_started(), tee_stdout()
     times = run_ranks(_rank_main, (args.rounds,), 2, timeout_s=1200, backend="gloo", threads=1)[0]
     link = shipped_calibration("cpu")
     print("| bytes each way | step (median) | ratio to 0 bytes | compute per byte sent or received |")
@@ -45,6 +48,8 @@ def main() -> None:
         fitted = fit_transfer_cost({0: times[0], size: values}, 2, link.p2p_latency_s, link.p2p_bytes_per_s)
         per_byte = f"{fitted * 1e9:.2f} ns" if size else "-"
         print(f"| {size >> 10} KiB | {statistics.median(values) * 1e3:.1f} ms | {ratio:.3f} | {per_byte} |")
+    raw = {str(size): values for size, values in times.items()}
+    write_record("transfer_cost", {"step_s": raw}, started=started, tables=tables_in(printed.getvalue(), ("sizes",)))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_quality import _full_desc, quality_rows  # noqa: E402
-from common import make_setting, score  # noqa: E402
+from common import make_setting, run_started, score, tables_in, tee_stdout, write_record  # noqa: E402  # noqa: E402
 from peers import peer_partitions  # noqa: E402
 
 from planner.cost import default_settings  # noqa: E402
@@ -99,11 +99,13 @@ def zero_bubble_tables(profiles: dict[str, Profile], stages: tuple[int, ...] = (
 
 
 def main(argv: list[str]) -> None:
+    started, printed = run_started(), tee_stdout()
     profiles = {}
     for arg in argv:
         name, _, path = arg.partition("=")
         profiles[name] = load_profile(path)
     print(zero_bubble_tables(profiles))
+    write_record("zero_bubble", {}, started=started, tables=tables_in(printed.getvalue(), ("cases",)))
 
 
 if __name__ == "__main__":

@@ -14,12 +14,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_measured as bm  # noqa: E402
 from bench_quality import pipeplan_full  # noqa: E402
+from common import run_started, tables_in, tee_stdout, write_record  # noqa: E402
 
 from planner.calibration import shipped_calibration  # noqa: E402
 from planner.cost import default_settings  # noqa: E402
 from profiles.format import load_profile  # noqa: E402
 
 if __name__ == "__main__":
+    started, printed = run_started(), tee_stdout()
     prof = load_profile(sys.argv[1])
     plans = bm.choose_plans(prof, 2, 4)
     cal = default_settings(prof, calibration=shipped_calibration("cpu"), calibration_label="shipped")
@@ -37,3 +39,4 @@ if __name__ == "__main__":
         )
     bm.measure(plans, "llama-small", rounds=3, steps=2, warmup=1)
     print(bm.measured_table(plans, prof))
+    write_record("zero_bubble_measured", {}, started=started, tables=tables_in(printed.getvalue(), ("plans",)))

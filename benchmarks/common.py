@@ -8,6 +8,7 @@ ratio between two rows is a ratio of two simulations of the same profile.
 from __future__ import annotations
 
 import datetime
+import io
 import json
 import os
 import platform
@@ -17,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -38,6 +40,8 @@ __all__ = [
     "run_started",
     "write_record",
     "table_from_markdown",
+    "tables_in",
+    "tee_stdout",
     "RESULTS",
     "RECORD_FORMAT",
 ]
@@ -248,6 +252,41 @@ def table_from_markdown(text: str) -> dict[str, list]:
     return {"columns": cells(lines[0]), "rows": [cells(line) for line in lines[2:]]}
 
 
+def tables_in(text: str, names: tuple[str, ...] = ()) -> dict[str, dict[str, list]]:
+    """Every markdown table printed in ``text``, in order: named by ``names``, then ``table_<n>``."""
+    found, block = [], []
+    for line in [*text.splitlines(), ""]:
+        if line.strip().startswith("|"):
+            block.append(line.strip())
+        elif block:
+            if len(block) >= 2 and set(block[1]) <= set("|-: "):
+                found.append(table_from_markdown("\n".join(block)))
+            block = []
+    return {names[i] if i < len(names) else f"table_{i + 1}": t for i, t in enumerate(found)}
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, stream: TextIO) -> None:
+        self.stream, self.buffer_ = stream, io.StringIO()
+
+    def write(self, text: str) -> int:
+        self.buffer_.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def getvalue(self) -> str:
+        return self.buffer_.getvalue()
+
+
+def tee_stdout() -> _Tee:
+    """From now on, keep a copy of what the run prints (``.getvalue()``), for its record's tables."""
+    tee = _Tee(sys.stdout)
+    sys.stdout = tee
+    return tee
+
+
 def write_record(
     benchmark: str,
     numbers: dict[str, object],
@@ -258,14 +297,16 @@ def write_record(
     plots: tuple[str | Path, ...] = (),
     conditions: str | None = None,
     results_dir: Path | None = None,
+    trial: bool = False,
 ) -> Path:
     """Write this run's record to ``<results_dir>/<benchmark>/<date>.json`` and return its path.
 
     ``numbers`` is the run's results as JSON (raw, units in the keys); ``tables`` the tables it printed
     (``table_from_markdown``), ``text`` any sentence it wrote from its numbers; ``plots`` the pictures it
     drew; ``conditions`` what else shared the machine, when known. ``results_dir`` defaults to
-    ``benchmarks/results`` (or ``$PIPEPLAN_RESULTS_DIR``); a trial run (``--quick``, a test) passes its own.
-    A second record of the same benchmark on the same date replaces the first.
+    ``benchmarks/results`` (or ``$PIPEPLAN_RESULTS_DIR``). A trial run (``--quick``, ``--smoke``, the CPU
+    path of a device check) passes ``trial=True``: its record goes under ``.trial/`` there, which git ignores
+    and the page does not read. A second record of the same benchmark on the same date replaces the first.
     """
     finished = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     load_after = _load()
@@ -291,6 +332,8 @@ def write_record(
         "plots": [_relative(p) for p in plots],
     }
     base = results_dir or Path(os.environ.get("PIPEPLAN_RESULTS_DIR", RESULTS))
+    if trial:
+        base = base / ".trial"
     path = base / benchmark / f"{record['date']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")

@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from common import run_started, table_from_markdown, write_record  # noqa: E402
 
 from planner.calibration import save_calibration  # noqa: E402
 from planner.cost import default_settings  # noqa: E402
@@ -142,9 +143,13 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device here; run with --device cpu --quick for the CPU path", file=sys.stderr)
         return 2
+    started = run_started()
     result = run(args.device, args.quick, args.out)
     print((args.out / "check.md").read_text())
     print(f"wrote {args.out / 'check.json'} in {result['wall_s']:.0f} s")
+    tables = {"check": table_from_markdown((args.out / "check.md").read_text())}
+    trial = args.device != "cuda" or args.quick  # the CPU path is the script's own check, not a result
+    write_record("gpu_check", result, started=started, tables=tables, trial=trial)
     return 0
 
 

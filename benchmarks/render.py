@@ -53,7 +53,7 @@ class RenderError(Exception):
 def latest_records(results: Path = RESULTS) -> dict[str, tuple[Path, dict]]:
     """Each benchmark's latest record (by its file name, ``<date>[...].json``): ``{benchmark: (path, record)}``."""
     out: dict[str, tuple[Path, dict]] = {}
-    for folder in sorted(p for p in results.iterdir() if p.is_dir()):
+    for folder in sorted(p for p in results.iterdir() if p.is_dir() and not p.name.startswith(".")):
         names = sorted(p for p in folder.iterdir() if _RECORD_NAME.match(p.name))
         if names:
             record = json.loads(names[-1].read_text(encoding="utf-8"))
