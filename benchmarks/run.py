@@ -1,4 +1,4 @@
-"""Regenerate every benchmark table and picture into docs/ (docs/BENCHMARKS.md, docs/bench_*.png).
+"""Run the simulated benchmarks, write their record and re-render docs/BENCHMARKS.md (and docs/bench_*.png).
 
 Usage, from the repository root::
 
@@ -6,8 +6,9 @@ Usage, from the repository root::
     python benchmarks/run.py --quick    # fewer models, rounds and grid points (~4 min once cached)
     python benchmarks/run.py --fresh    # re-profile instead of using benchmarks/.cache/
 
-The text around the tables is ``benchmarks/BENCHMARKS.template.md``; ``{{name}}`` marks are filled
-from this run. Raw results go to ``benchmarks/.cache/results[-quick].json``.
+The run's numbers and tables go to its record, ``benchmarks/results/run/<date>.json`` (a ``--quick`` or
+``--smoke`` run's under ``benchmarks/results/.trial/``); the page is then rendered from the latest records
+by ``benchmarks/render.py`` (the prose is ``benchmarks/BENCHMARKS.template.md``).
 """
 
 from __future__ import annotations
@@ -31,14 +32,15 @@ import bench_planner_scale  # noqa: E402
 import bench_profile  # noqa: E402
 import bench_quality  # noqa: E402
 import bench_scaling  # noqa: E402
+import render  # noqa: E402
 from bench_profile import profile_cached  # noqa: E402
+from common import run_started, table_from_markdown, write_record  # noqa: E402
 from models import GPT2_DEEP_SPEC  # noqa: E402
 from peers import peer_versions  # noqa: E402
 
 from profiles.format import load_profile  # noqa: E402
 
 DOCS = ROOT / "docs"
-TEMPLATE = ROOT / "benchmarks" / "BENCHMARKS.template.md"
 SIZES = (1, 2, 4)
 # One thread per profiling process: on 2 shared cores, torch's default of one thread per core makes
 # unit times depend on the other processes' load (measured: identical blocks differ by several x),
@@ -78,15 +80,6 @@ def _machine() -> dict[str, str]:
     }
 
 
-def _fill(template: str, values: dict[str, str]) -> str:
-    for key, value in values.items():
-        template = template.replace("{{" + key + "}}", value)
-    missing = [part.split("}}")[0] for part in template.split("{{")[1:]]
-    if missing:
-        raise KeyError(f"template marks without a value: {missing}")
-    return template
-
-
 def _bullets(lines: list[str]) -> str:
     return "\n".join(f"- {x}" for x in lines) if lines else "- none"
 
@@ -100,15 +93,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--render-only",
         action="store_true",
-        help="refill docs/BENCHMARKS.md from the last run's saved results (after editing the template)",
+        help="render docs/BENCHMARKS.md from the records again (after editing the template)",
     )
     args = parser.parse_args(argv)
     if args.render_only:
-        saved = bench_profile.CACHE / _results_name(args)
-        values = json.loads(saved.read_text())["values"]
-        (args.docs / "BENCHMARKS.md").write_text(_fill(TEMPLATE.read_text(encoding="utf-8"), values), encoding="utf-8")
-        print(f"rendered {args.docs / 'BENCHMARKS.md'} from {saved}")
+        render.main(["--docs", str(args.docs)])
         return
+    record_start = run_started()
     args.docs.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     load_start = os.getloadavg()
@@ -261,12 +252,65 @@ def main(argv: list[str] | None = None) -> None:
         f", {made} profile(s) made in this run" if made else ", all profiles read from benchmarks/.cache/"
     )
     values["load"] = f"{load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end (1-minute load average, 2 cores)"
-    # Results first: a template edited during the run must not cost the run (--render-only refills).
+    # Results first: a template edited during the run must not cost the run (--render-only renders again).
     out = bench_profile.CACHE / _results_name(args)
     out.write_text(json.dumps({"values": values, "raw": raw}, indent=1, default=str))
-    text = _fill(TEMPLATE.read_text(encoding="utf-8"), values)
-    (args.docs / "BENCHMARKS.md").write_text(text, encoding="utf-8")
-    print(f"wrote {args.docs / 'BENCHMARKS.md'} and the pictures in {total / 60:.1f} min", flush=True)
+    numbers = {
+        "wall_min": round(total / 60, 1),
+        "profiles_made": made,
+        "mode": values["mode"],
+        "quality": {
+            **{k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()},
+            "peer_max_slowdown": _peer_max_slowdown(raw["quality"]),
+        },
+        "raw": raw,
+    }
+    write_record(
+        "run",
+        numbers,
+        started=record_start,
+        tables={name: table_from_markdown(values[key]) for name, key in _TABLES.items() if "|" in values[key]},
+        text={key: values[key] for key in _TEXTS},
+        plots=(args.docs / "bench_speedup.png", args.docs / "bench_solver_scaling.png"),
+        trial=args.quick or args.smoke,
+    )
+    render.main(["--docs", str(args.docs)])
+    print(f"wrote the record, the pages and the pictures in {total / 60:.1f} min", flush=True)
+
+
+_TABLES = {
+    "quality": "quality_table",
+    "quality_detail": "quality_detail",
+    "measured": "measured_table",
+    "measured_other_profiles": "measured_other_profiles",
+    "memory_cap": "memory_table",
+    "dp": "dp_table",
+    "ilp": "ilp_table",
+    "backends": "backend_table",
+    "plan_search": "plan_search_table",
+    "profile": "profile_table",
+    "spread": "spread_table",
+}
+"""The record's table names (what the template's marks read) and the values they come from."""
+_TEXTS = (
+    "quality_summary",
+    "quality_skipped",
+    "quality_findings",
+    "measured_setup",
+    "profile_gpt2_wall",
+    "spread_plans",
+)
+
+
+def _peer_max_slowdown(quality: list[dict]) -> dict[str, float]:
+    """Each peer's slowest iteration against pipeplan's boundaries, over the cases, by the peer's slug."""
+    worst: dict[str, float] = {}
+    for row in quality:
+        for name, value in row["peers"].items():
+            if isinstance(value, float):
+                slug = "_".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
+                worst[slug] = round(max(worst.get(slug, 0.0), value / row["pipeplan_boundaries_s"]), 3)
+    return worst
 
 
 def _results_name(args: argparse.Namespace) -> str:
