@@ -91,28 +91,24 @@ class Calibration:
     """Per schedule that runs one stage per rank or several (``zero-bubble``): the overhead per action of its plans
     with several, where a run of such a plan measured it (planner/runtime/model_cost.py); else
     :attr:`action_overhead_s` holds for both. A rank with four stages runs four times the actions, each on a
-    quarter of the layers, and each pays more than a single stage's: cnn13's zero-bubble plan with four stages
-    a rank was predicted 52 % too fast from the single-stage plan's overhead (docs/BENCHMARKS.md, section 6.3)."""
+    quarter of the layers, and each pays more than a single stage's, so one overhead cannot serve both."""
     action_overhead_by_microbatches_s: dict[str, dict[int, float]] = field(default_factory=dict)
     """Per schedule whose plans ran at several micro-batch counts (planner/runtime/model_cost.py): the overhead
     per action at each count. A plan at another count takes the line between the two nearest (the nearest's value
-    beyond them); :attr:`action_overhead_s` holds the value at the count the 1F1B anchor ran. On mlp (P = 2,
-    b = 4, one launch of 45 rounds) GPipe ran 1.09x 1F1B at 2 micro-batches and 1.25x at 4, and one overhead
-    learned at 4 predicted it 1.30x at 2 (docs/BENCHMARKS.md, section 6.3, 2026-12-02)."""
+    beyond them); :attr:`action_overhead_s` holds the value at the count the 1F1B anchor ran. What an action pays
+    beyond its compute moves with the micro-batch count, so an overhead learned at one count mispredicts another."""
     multi_stage_overhead_by_microbatches_s: dict[str, dict[int, float]] = field(default_factory=dict)
     """As :attr:`action_overhead_by_microbatches_s`, for :attr:`multi_stage_overhead_s`."""
     colocation_factor_by_micro_batch_size: dict[int, float] = field(default_factory=dict)
     """Per micro-batch size a run of the model measured (planner/runtime/model_cost.py): the co-location factor at
     that size. A size between two takes the line between them, one beyond them the nearest's; without entries
     :attr:`colocation_factor` holds for every size. How much slower compute runs beside the other rank depends on
-    the size: cnn13's 1F1B plans (one launch) ran their compute at 0.86-0.96x the profile at b = 4 and b = 2 and
-    1.09-1.22x at b = 1, where a plan at b = 1 was predicted 32 % too fast (docs/BENCHMARKS.md, section 6.3)."""
+    the size, so a factor learned at one size mispredicts the others."""
     transfer_compute_s_per_byte: float = 0.0
     """Compute a rank loses per byte it sends or receives across ranks: on CPU gloo copies each message on the
     ranks' own cores (``pipeplan calibrate`` times torch's 1F1B with stages that pass a 4 MiB tensor on against
-    the same without it). cnn13's interleaved plans, 1.75 to 5.25 MiB a step each way, ran 2-13 % slower than
-    predicted without it, in the order of their bytes (docs/BENCHMARKS.md, section 6.3). 0: not modelled (CUDA:
-    NCCL's copies run beside the compute stream)."""
+    the same without it), so a plan that sends more bytes computes more slowly than its profile alone says.
+    0: not modelled (CUDA: NCCL's copies run beside the compute stream)."""
     units_together_ratio: float | None = None
     """Learned from runs of a model (planner/runtime/model_cost.py): the model's units timed in the ranks with every
     rank at once, over the same units timed alone, between the steps of the run the co-location factor was learned
@@ -334,7 +330,7 @@ def save_calibration(calibration: Calibration, path: str | Path) -> None:
 
 def shipped_calibration(device_kind: str) -> Calibration:
     """The calibration that ships with pipeplan for ``device_kind`` (docs/calibration-format.md says how
-    each was obtained: cpu/gloo measured on the development machine, cuda/nccl estimated)."""
+    each was obtained: cpu/gloo measured by ``pipeplan calibrate`` on a 2-core machine, cuda/nccl estimated)."""
     name = {"cpu": "cpu-gloo.json", "cuda": "cuda-nccl.json"}.get(device_kind)
     if name is None:
         raise CalibrationError(f"no shipped calibration for device {device_kind!r}: run `pipeplan calibrate`")
