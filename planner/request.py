@@ -15,13 +15,293 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.calibration import Calibration, calibration_from_dict, load_calibration, shipped_calibration
-from planner.cost import CostSettings, default_settings
+from planner.cost import CostSettings, default_settings, parse_bytes
 from planner.errors import PipeplanWarning, UsageError, shorten
-from planner.limits import MAX_GLOBAL_BATCH, MAX_RANKS, check_at_most, check_plan_work
+from planner.limits import (
+    MAX_DEVICES,
+    MAX_GLOBAL_BATCH,
+    MAX_JSON_INT,
+    MAX_RANKS,
+    MAX_UNITS,
+    check_at_most,
+    check_plan_work,
+)
+from planner.options import (
+    auto_or_positive_int,
+    bad,
+    bandwidth,
+    check_fields,
+    heads_pair,
+    int_range,
+    items,
+    nonneg_float,
+    option,
+    pin,
+    positive_float,
+    speed_list,
+    tensor_parallel_degree,
+)
 from planner.schedule.orders import Schedule
+from planner.tensor_parallel import TpLayout, layout_switches
 from profiles.format import Profile
 
-__all__ = ["PlanRequest", "plan_request", "check_pins", "pinned_units", "calibration_settings", "profile_sha256"]
+__all__ = [
+    "PlanOptions",
+    "ClusterOptions",
+    "PlanRequest",
+    "plan_request",
+    "check_pins",
+    "pinned_units",
+    "calibration_settings",
+    "profile_sha256",
+    "memory",
+    "memory_list",
+]
+
+TRAINERS = ("torchtitan", "megatron", "deepspeed", "accelerate")
+"""What ``--for`` (and ``export --to``) name."""
+MIN_DEVICE_BYTES = 2**20
+"""A bare number below this is not a device's memory: ``--memory 10`` is refused, not read as 10 bytes."""
+
+
+def memory(text: str) -> int:
+    """``80GiB``, ``16GB``, ``512MiB`` or a byte count of at least 1 MiB."""
+    if len(text) > 40:
+        raise bad(text, "is not a memory size: write e.g. 80GiB, 16GB or 1073741824")
+    if text.strip().startswith("-"):
+        raise bad(text, "must be a positive memory size, e.g. 80GiB")
+    try:
+        value = parse_bytes(text)
+    except (UsageError, OverflowError, ValueError):
+        raise bad(text, "is not a memory size: write e.g. 80GiB, 16GB or 1073741824 (bytes)") from None
+    if text.strip().isdigit() and value < MIN_DEVICE_BYTES:
+        raise bad(text, f"bytes is not a device's memory: give a unit, e.g. {text.strip()}GiB or {text.strip()}GB")
+    if value > MAX_JSON_INT:
+        raise bad(text, "is over pipeplan's limit of 2**53 bytes (8 PiB)")
+    return value
+
+
+def memory_list(text: str) -> tuple[int, ...]:
+    return tuple(memory(t) for t in items(text, MAX_RANKS))
+
+
+_RANKS_HELP = "pipeline ranks (devices), P; each holds one stage, or several under an interleaved schedule"
+CLUSTER_RANKS_HELP = "; with --devices: the pipeline degree pp, fixed (default: searched)"
+"""What ``--ranks`` means besides, in ``plan``, where ``--devices`` exists."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanOptions:
+    """What the plan search is asked for: the options of ``plan`` and ``tune`` (:func:`plan_request` reads them)."""
+
+    ranks: int | None = option(
+        None, flag=("--ranks", "--stages"), parse=int_range(1, MAX_RANKS), metavar="P", help=_RANKS_HELP
+    )
+    global_batch: int = option(
+        required=True,
+        parse=int_range(1, MAX_GLOBAL_BATCH),
+        metavar="B",
+        help="samples per iteration, B = micro-batch size b x micro-batch count M",
+    )
+    memory_bytes: int | None = option(
+        None,
+        flag="--memory",
+        parse=memory,
+        unit="bytes",
+        metavar="80GiB",
+        help="memory of every device (default: the profiled device's; on CPU, shared by the ranks of one "
+        "machine), less 10%% headroom",
+    )
+    device_memory_bytes: tuple[int, ...] | None = option(
+        None,
+        flag="--device-memory",
+        parse=memory_list,
+        unit="bytes",
+        metavar="80GiB,40GiB,...",
+        help="memory per rank, one value each (heterogeneous devices; default: --memory)",
+    )
+    device_speeds: tuple[float, ...] | None = option(
+        None,
+        parse=speed_list,
+        metavar="1,1,0.5,...",
+        help="speed per rank relative to the profiled device, one value each (uses the ILP; default: all 1)",
+    )
+    link_bytes_per_s: float | None = option(
+        None,
+        flag="--bandwidth",
+        parse=bandwidth,
+        unit="bytes/s",
+        metavar="25GB/s",
+        help="link bandwidth per pipeline hop, bytes or bits per second: 25GB/s, 100Gbps (default: the "
+        "calibration's measured link; without one, cpu 1.1GB/s, cuda 25GB/s)",
+    )
+    link_latency_s: float | None = option(
+        None,
+        flag="--latency",
+        parse=nonneg_float,
+        unit="s",
+        metavar="SECONDS",
+        help="link latency per message, in seconds (default: the calibration's; without one, cpu 130e-6, cuda 10e-6)",
+    )
+    optimizer: str = option(
+        "adam",
+        choices=("sgd", "adam"),
+        help="the optimizer: decides the state kept per parameter and the step time (default adam)",
+    )
+    schedule: str = option(
+        "auto",
+        choices=("auto", *(x.value for x in Schedule if x is not Schedule.NAIVE)),
+        help="the pipeline schedule (torch.distributed.pipelining's): auto searches every one (the split-backward "
+        "zero-bubble, zbv and dualpipev when the profile measured the split); gpipe: all forwards, then all "
+        "backwards; 1f1b: one forward, one backward; interleaved-1f1b and looped-bfs: several stages per rank; "
+        "zero-bubble, zbv, dualpipev: the weight gradient apart, filling the bubble (default auto)",
+    )
+    micro_batch_size: int | None = option(
+        None,
+        parse=auto_or_positive_int,
+        metavar="auto|N",
+        help="samples per micro-batch b; auto searches every profiled size that divides --global-batch (default auto)",
+    )
+    recompute: str = option(
+        "auto", choices=("auto", "on", "off"), help="activation recomputation: chosen per stage (auto), on or off"
+    )
+    solver: str = option(
+        "auto",
+        choices=("auto", "dp", "ilp"),
+        help="the exact solver of the boundaries: dp (fast), ilp (pulp; needed for --pin, --device-speeds, "
+        "--max-units-per-stage); auto picks (default auto)",
+    )
+    calibration: str = option(
+        "auto",
+        metavar="auto|none|CALIBRATION.json",
+        help="runtime terms (overhead per action, optimizer, tied-gradient sum, co-location): auto = the one the "
+        "profile learned from a short pipeline run of its model (`pipeplan profile` on a CPU), else the one shipped "
+        "for the profile's device (cpu: measured on gloo; cuda: estimated), none = compute and links only, "
+        "or a file from `pipeplan calibrate` / `pipeplan tune` (default auto)",
+    )
+    pins: tuple[tuple[str, int], ...] = option(
+        (),
+        flag="--pin",
+        parse=pin,
+        repeat=True,
+        metavar="UNIT=STAGE",
+        help="keep a unit on a stage, e.g. transformer.ln_f=3 (repeatable; uses the ILP; default: none)",
+    )
+    max_units_per_stage: int | None = option(
+        None,
+        parse=int_range(1, MAX_UNITS),
+        help="at most this many units per stage (uses the ILP; default: no cap)",
+    )
+    ilp_time_limit_s: float = option(
+        60.0, flag="--time-limit", parse=positive_float, unit="s", help="ILP time limit in seconds (default 60)"
+    )
+    trainer: str | None = option(
+        None,
+        flag="--for",
+        choices=TRAINERS,
+        help="plan only what this trainer can run (its layout rules: e.g. Megatron keeps the embedding on the "
+        "first stage and the final norm and head on the last), so `pipeplan export --to` it takes the plan "
+        "(default: any plan torch runs)",
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+CLUSTER_TITLE = "cluster plans"
+CLUSTER_DESCRIPTION = (
+    "With --devices N the plan is a pp x dp mesh: pp pipeline ranks (--ranks fixes it) times dp replicas of\n"
+    "the pipeline, each stage's gradients reduced over its replicas; --global-batch is the whole step's.\n"
+    "--tensor-parallel makes it pp x tp x dp: each pipeline rank a group of tp devices inside a node."
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterOptions:
+    """A cluster plan's options (``plan --devices N``): the mesh, its links, what the replicas shard."""
+
+    devices: int | None = option(
+        None,
+        parse=int_range(1, MAX_DEVICES),
+        metavar="N",
+        help="devices to plan for: a pp x dp cluster plan (default: one pipeline of --ranks devices)",
+    )
+    devices_per_node: int | None = option(
+        None,
+        parse=int_range(1, MAX_DEVICES),
+        metavar="G",
+        help="devices per node (default: all on one node)",
+    )
+    intra_node_bytes_per_s: float | None = option(
+        None,
+        flag="--intra-node-bandwidth",
+        parse=bandwidth,
+        unit="bytes/s",
+        metavar="450GB/s",
+        help="per device, each way, inside a node (default: cuda 450GB/s, cpu 1.1GB/s)",
+    )
+    inter_node_bytes_per_s: float | None = option(
+        None,
+        flag="--inter-node-bandwidth",
+        parse=bandwidth,
+        unit="bytes/s",
+        metavar="50GB/s",
+        help="per device, each way, between nodes (default: cuda 50GB/s, cpu 1.1GB/s)",
+    )
+    shard: str = option(
+        "none",
+        choices=("none", "optimizer", "full"),
+        help="what the replicas split: none = nothing (DDP), optimizer = optimizer state (ZeRO-1), full = "
+        "weights, gradients and optimizer state (FSDP)",
+    )
+    tensor_parallel: int | str | None = option(
+        None,
+        parse=tensor_parallel_degree,
+        metavar="auto|T",
+        help="tensor-parallel degree tp: each pipeline rank of each replica is a group of T devices in one node "
+        "whose transformer blocks are split T ways (--tp-layout says what else); auto searches every T that divides "
+        "--devices-per-node and the attention heads (default 1: no tensor parallelism)",
+    )
+    tp_layout: str | None = option(
+        None,
+        choices=("blocks", "megatron"),
+        help="with --tensor-parallel: what the runtime that runs the plan splits. blocks = pipeplan's runtime "
+        "(apply_plan, verify): the blocks only, embeddings, head and sequence whole; megatron = Megatron-Core and "
+        "torchtitan (for export): the embedding and head by vocabulary too, sequence parallelism on unless "
+        "--sequence-parallel off; verify refuses it (default megatron with --for megatron|torchtitan, else blocks)",
+    )
+    sequence_parallel: str | None = option(
+        None,
+        choices=("on", "off"),
+        help="with --tp-layout megatron: split the activations outside the matrices too (Megatron's "
+        "--sequence-parallel; default on)",
+    )
+    attention_heads: tuple[int, int] | None = option(
+        None,
+        parse=heads_pair,
+        metavar="H[,KV]",
+        help="with --tensor-parallel: the model's attention heads (and key-value heads), which tp must divide "
+        "(default: what the profile records)",
+    )
+    jobs: int | None = option(
+        None,
+        parse=int_range(1, 256),
+        metavar="J",
+        help="layouts searched at once, in worker processes (default: the CPUs; the plan is the same)",
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    def tp_switches(self, trainer: str | None) -> dict[str, bool]:
+        """``plan_cluster``'s tensor-parallel layout from ``--tp-layout`` and ``--sequence-parallel``: by default
+        the layout of whoever runs the plan, Megatron's for a plan made ``--for megatron|torchtitan``, else
+        pipeplan's."""
+        default = TpLayout.MEGATRON if trainer in ("megatron", "torchtitan") else TpLayout.BLOCKS
+        layout = TpLayout(self.tp_layout) if self.tp_layout else default
+        sequence = None if self.sequence_parallel is None else self.sequence_parallel == "on"
+        sequence_parallel, vocab_parallel = layout_switches(layout, sequence)
+        return {"sequence_parallel": sequence_parallel, "vocab_parallel": vocab_parallel}
 
 
 @dataclass(frozen=True)
@@ -73,72 +353,59 @@ def profile_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def plan_request(
-    profile: Profile,
-    *,
-    stages: int | None,
-    global_batch: int,
-    cluster: bool = False,
-    memory_bytes: int | None = None,
-    device_memory_bytes: Sequence[int] | None = None,
-    device_speeds: Sequence[float] | None = None,
-    link_bytes_per_s: float | None = None,
-    link_latency_s: float | None = None,
-    optimizer: str = "adam",
-    schedule: str | Schedule = "auto",
-    micro_batch_size: int | None = None,
-    recompute: str = "auto",
-    solver: str = "auto",
-    calibration: str = "auto",
-    pins: Sequence[tuple[str, int]] = (),
-    max_units_per_stage: int | None = None,
-    ilp_time_limit_s: float = 60.0,
-) -> PlanRequest:
+def plan_request(profile: Profile, options: PlanOptions, *, cluster: bool = False) -> PlanRequest:
     """The search request of ``plan`` / ``tune`` (``cluster``: a ``--devices`` plan, whose pipeline degree is
-    chosen per layout, ``stages`` fixing it if given). ``calibration``: ``auto`` (the one the profile learned
-    while profiling, else the one shipped for its device), ``none`` or a calibration file. Raises UsageError on
-    options that cannot hold."""
-    if memory_bytes is not None and device_memory_bytes is not None:
+    chosen per layout, ``options.ranks`` fixing it if given); with ``options.trainer``, only what that trainer
+    runs (:func:`planner.trainer_rules.for_trainer`). ``options.calibration``: ``auto`` (the one the profile
+    learned while profiling, else the one shipped for its device), ``none`` or a calibration file. Raises
+    UsageError on options that cannot hold."""
+    stages = options.ranks
+    if options.memory_bytes is not None and options.device_memory_bytes is not None:
         raise UsageError("--memory and --device-memory conflict: give one (--memory is every device's memory)")
-    chosen = None if schedule == "auto" else Schedule.parse(schedule)
-    sizes = [micro_batch_size] if micro_batch_size is not None else profile.micro_batch_sizes
+    chosen = None if options.schedule == "auto" else Schedule.parse(options.schedule)
+    sizes = [options.micro_batch_size] if options.micro_batch_size is not None else profile.micro_batch_sizes
     if stages is None and not cluster:
         raise UsageError("give --ranks P (one pipeline of P ranks), or --devices N for a cluster plan")
-    if cluster and (pins or device_memory_bytes or device_speeds):
+    if cluster and (options.pins or options.device_memory_bytes or options.device_speeds):
         raise UsageError("--pin, --device-memory and --device-speeds are per pipeline rank: use them without --devices")
     if not cluster:
         assert stages is not None
-        check_plan_work(stages, global_batch, sizes)
-    if pins:
+        check_plan_work(stages, options.global_batch, sizes)
+    if options.pins:
         assert stages is not None
-        check_pins(profile, pins, stages, chosen)
-    memory = (memory_bytes,) if memory_bytes is not None else device_memory_bytes
+        check_pins(profile, options.pins, stages, chosen)
+    memory = (options.memory_bytes,) if options.memory_bytes is not None else options.device_memory_bytes
     if memory is None and not cluster and profile.device.kind == "cpu":
         assert stages is not None
         # The ranks of one pipeline on a CPU are processes of one machine: they share its memory.
         memory = (profile.device.memory_bytes // stages,)
     settings = default_settings(
         profile,
-        optimizer=optimizer,
-        link_bytes_per_s=link_bytes_per_s,
-        link_latency_s=link_latency_s,
+        optimizer=options.optimizer,
+        link_bytes_per_s=options.link_bytes_per_s,
+        link_latency_s=options.link_latency_s,
         device_memory_bytes=memory or (),
-        device_speeds=device_speeds or (),
-        **calibration_settings(calibration, profile.device.kind, profile),
+        device_speeds=options.device_speeds or (),
+        **calibration_settings(options.calibration, profile.device.kind, profile),
     )
     warn_other_model(settings.calibration, profile)
-    return PlanRequest(
+    request = PlanRequest(
         num_ranks=stages or 1,  # a cluster plan sets the pipeline degree per layout
-        global_batch_size=global_batch,
+        global_batch_size=options.global_batch,
         schedule=chosen,
-        micro_batch_size=micro_batch_size,
-        recompute=recompute,
-        solver=solver,
+        micro_batch_size=options.micro_batch_size,
+        recompute=options.recompute,
+        solver=options.solver,
         settings=settings,
-        pinned=tuple(pins),
-        max_units_per_stage=max_units_per_stage,
-        ilp_time_limit_s=ilp_time_limit_s,
+        pinned=tuple(options.pins),
+        max_units_per_stage=options.max_units_per_stage,
+        ilp_time_limit_s=options.ilp_time_limit_s,
     )
+    if options.trainer is None:
+        return request
+    from planner.trainer_rules import for_trainer  # it builds on PlanRequest: imported here, once it exists
+
+    return for_trainer(profile, request, options.trainer)
 
 
 LEARNED_LABEL = "learned while profiling"

@@ -4,13 +4,13 @@ meta device when the model cannot be held whole, the units asked for."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 
 import torch
 
 from profiles.format import Profile
 from profiles.measure import rank_threads
 from profiles.meta import too_large
+from profiles.profile_options import ProfileOptions
 from profiles.profiler import profile_model
 from profiles.workload import load_workload
 
@@ -38,51 +38,36 @@ def needs_meta(spec: str, *, seq_len: int | None, task: str | None, device: str,
     return bool(reason)
 
 
-def profile_spec(
-    spec: str,
-    *,
-    micro_batch_sizes: Sequence[int] = (1, 2, 4),
-    device: str = "cpu",
-    dtype: str = "float32",
-    seq_len: int | None = None,
-    task: str | None = None,
-    repeats: int = 5,
-    max_repeats: int | None = None,
-    min_time_s: float | None = None,
-    warmup: int = 1,
-    units: str | None = None,
-    threads: int | None = None,
-    ranks: int | None = None,
-    meta: bool = False,
-    sample_blocks: bool = False,
-    progress: bool = True,
-) -> Profile:
-    """Build the model ``spec`` names and profile it (:func:`profiles.profiler.profile_model`).
+def profile_spec(options: ProfileOptions) -> Profile:
+    """Build the model ``options.model`` names and profile it (:func:`profiles.profiler.profile_model`).
 
-    ``threads`` (else the threads each of ``ranks`` processes on this machine gets; on a CPU, without either,
-    those of a rank of a 2-rank pipeline) sets torch's intra-op threads for the measurement; ``sample_blocks``
-    implies ``meta``; an ``hf:`` config whose weights and gradients exceed the device goes meta by itself.
+    ``options.threads`` (else the threads each of ``options.ranks`` processes on this machine gets; on a CPU,
+    without either, those of a rank of a 2-rank pipeline) sets torch's intra-op threads for the measurement;
+    ``sample_blocks`` implies ``meta``; an ``hf:`` config whose weights and gradients exceed the device goes
+    meta by itself.
     """
+    spec, device, dtype = options.model, options.device, options.dtype
+    seq_len, task = options.seq_len, options.task
     # Timed at a pipeline rank's threads, not all cores: a step with every core's threads is the one a busy
     # machine slows most (a thread waiting for a core stalls the others), and it is not what any rank of a
     # pipeline runs with. The profile still records the scaling to every other rank count's threads.
-    threads = threads or (rank_threads(ranks or 2) if device == "cpu" else None)
+    threads = options.threads or (rank_threads(options.ranks or 2) if device == "cpu" else None)
     if threads:
         torch.set_num_threads(threads)
-    meta = meta or sample_blocks
+    meta = options.meta or options.sample_blocks
     if not meta and spec.startswith("hf:"):
         meta = needs_meta(spec, seq_len=seq_len, task=task, device=device, dtype=dtype)
     workload = load_workload(spec, meta=meta, seq_len=seq_len, task=task)
     return profile_model(
         workload,
-        micro_batch_sizes=micro_batch_sizes,
+        micro_batch_sizes=options.micro_batch_sizes,
         device=device,
         dtype=dtype,
-        repeats=repeats,
-        max_repeats=max(max_repeats or repeats, repeats),
-        **({} if min_time_s is None else {"min_time_s": min_time_s}),
-        warmup=warmup,
-        units=parse_units(units),
-        progress=progress,
-        sample_blocks=sample_blocks,
+        repeats=options.repeats,
+        max_repeats=max(options.max_repeats, options.repeats),
+        **({} if options.min_time_s is None else {"min_time_s": options.min_time_s}),
+        warmup=options.warmup,
+        units=parse_units(options.units),
+        progress=not options.no_progress,
+        sample_blocks=options.sample_blocks,
     )

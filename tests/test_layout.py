@@ -29,6 +29,7 @@ PARTS = {
     "planner.fileio": "planner base",
     "planner.limits": "planner base",
     "planner.formatting": "planner base",
+    "planner.options": "planner base",
     "planner.schedule": "planner.schedule",
     "planner.runtime": "planner.runtime",
     "planner": "planner",  # the plan: graph, cost, bounds, search, cluster, plan, report, export, calibration

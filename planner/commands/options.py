@@ -1,17 +1,22 @@
-"""argparse pieces of the command line: a parser that reports a bad argument as one line, and the types that
-read numbers, sizes, rates, lists and pins with the limits of planner/limits.py."""
+"""argparse pieces of the command line: a parser that reports a bad argument as one line, and the bridge
+between argparse and the options dataclasses (planner/options.py): a command's flags are added from its
+dataclass (:func:`add_options`) and its parsed namespace becomes that dataclass again (:func:`options_from`)."""
 
 from __future__ import annotations
 
 import argparse
-import math
+import dataclasses
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
-from planner.cost import parse_bytes
-from planner.errors import MAX_MESSAGE_CHARS, UsageError, shorten
-from planner.limits import MAX_GLOBAL_BATCH, MAX_JSON_INT, MAX_PROFILED_SIZES, MAX_RANKS, MAX_SECONDS, MAX_UNITS
+from planner.errors import MAX_MESSAGE_CHARS, shorten
+from planner.options import Nested, option_of
+
+__all__ = ["EXIT_USAGE", "Parser", "add_options", "options_from", "flat", "write_line", "negative_values_attached"]
+
+T = TypeVar("T")
 
 EXIT_USAGE = 2
 """Exit code of every error a user can cause."""
@@ -35,152 +40,74 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE)
 
 
-def bad(text: str, why: str) -> argparse.ArgumentTypeError:
-    return argparse.ArgumentTypeError(f"{shorten(repr(text), 40)} {why}")
+def _add_one(parser: Any, field: dataclasses.Field, amend: dict[str, str]) -> None:
+    facts = option_of(field)
+    if facts is None or not facts.cli:
+        return
+    default = None if field.default is dataclasses.MISSING or facts.repeat else field.default
+    kwargs: dict[str, Any] = {"help": facts.help + amend.get(field.name, "")}
+    if facts.positional:
+        names: tuple[str, ...] = (field.name,)
+        if field.default is not dataclasses.MISSING:
+            kwargs.update(nargs="?", default=default)
+    else:
+        names = facts.flags or ("--" + field.name.replace("_", "-"),)
+        kwargs.update(dest=field.name, default=default)
+        if facts.required:
+            kwargs["required"] = True
+    if facts.repeat:
+        kwargs["action"] = "append"
+    elif default is False and facts.parse is None and facts.choices is None:
+        kwargs["action"] = "store_true"
+    for key, value in (("type", facts.parse), ("choices", facts.choices), ("metavar", facts.metavar)):
+        if value is not None:
+            kwargs[key] = value
+    if not facts.positional and "metavar" not in kwargs and "choices" not in kwargs and "action" not in kwargs:
+        # Named by its flag, as argparse names it from the dest: ``--timeout TIMEOUT``, not ``TIMEOUT_S``.
+        kwargs["metavar"] = names[0].lstrip("-").replace("-", "_").upper()
+    parser.add_argument(*names, **kwargs)
 
 
-def int_in(minimum: int, maximum: int, text: str) -> int:
-    # Digits only (sign allowed): '4.0', '1e3', 'abc' and 400-digit numbers are refused before int().
-    stripped = text.strip()
-    if not stripped.lstrip("+-").isdigit() or len(stripped) > 19:
-        raise bad(text, f"is not an integer in {minimum}..{maximum:,}")
-    value = int(stripped)
-    if not minimum <= value <= maximum:
-        raise bad(text, f"must be an integer in {minimum}..{maximum:,}")
-    return value
+def add_options(parser: argparse.ArgumentParser, kind: type, amend: dict[str, str] | None = None) -> None:
+    """Add the flags of the options dataclass ``kind`` to ``parser``, in field order: a nested dataclass's in
+    place (in an argument group where it has a title), fields sharing ``exclusive`` in one exclusive group."""
+    exclusive: dict[str, Any] = {}
+    for field in dataclasses.fields(kind):
+        inner: Nested | None = field.metadata.get("nested")
+        if inner is not None:
+            target = parser.add_argument_group(inner.title, inner.description) if inner.title else parser
+            add_options(target, inner.kind, dict(inner.amend))  # type: ignore[arg-type]
+            continue
+        facts = option_of(field)
+        target = parser
+        if facts is not None and facts.exclusive:
+            if facts.exclusive not in exclusive:
+                exclusive[facts.exclusive] = parser.add_mutually_exclusive_group()
+            target = exclusive[facts.exclusive]
+        _add_one(target, field, amend or {})
 
 
-def int_range(minimum: int, maximum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        return int_in(minimum, maximum, text)
-
-    return parse
-
-
-def number(text: str, low: float, high: float, *, low_open: bool = True) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise bad(text, "is not a number") from None
-    if not math.isfinite(value) or not (value > low if low_open else value >= low) or value > high:
-        if low == 0 and low_open:
-            raise bad(text, f"must be a positive finite number, at most {high:g}")
-        raise bad(text, f"must be a finite number {'>' if low_open else '>='} {low:g} and <= {high:g}")
-    return value
+def options_from(args: argparse.Namespace, kind: type[T]) -> T:
+    """The options dataclass ``kind`` holding what ``args`` (parsed from :func:`add_options`' flags) says."""
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(kind):  # type: ignore[arg-type]
+        inner: Nested | None = field.metadata.get("nested")
+        facts = option_of(field)
+        if inner is not None:
+            values[field.name] = options_from(args, inner.kind)
+        elif facts is not None and facts.cli:
+            value = getattr(args, field.name)
+            values[field.name] = (tuple(value) if value else field.default) if facts.repeat else value
+    return kind(**values)
 
 
-def positive_float(text: str) -> float:
-    return number(text, 0.0, MAX_SECONDS)
-
-
-def nonneg_float(text: str) -> float:
-    return number(text, 0.0, MAX_SECONDS, low_open=False)
-
-
-def speed(text: str) -> float:
-    # Relative speeds outside [1e-3, 1e3] are not a device; they only push the solver's numbers out of range.
-    return number(text, 1e-3, 1e3, low_open=False)
-
-
-def items(text: str, limit: int) -> list[str]:
-    items = [t.strip() for t in text.split(",")]
-    if not text.strip() or any(not t for t in items):
-        raise bad(text, "is not a comma-separated list of values (empty item)")
-    if len(items) > limit:
-        raise bad(text, f"has {len(items)} values, over pipeplan's limit of {limit}")
-    return items
-
-
-def int_list(text: str) -> tuple[int, ...]:
-    return tuple(int_in(1, MAX_GLOBAL_BATCH, t) for t in items(text, MAX_PROFILED_SIZES))
-
-
-def float_list(text: str) -> tuple[float, ...]:
-    return tuple(positive_float(t) for t in items(text, MAX_UNITS))
-
-
-def speed_list(text: str) -> tuple[float, ...]:
-    return tuple(speed(t) for t in items(text, MAX_RANKS))
-
-
-MIN_DEVICE_BYTES = 2**20
-"""A bare number below this is not a device's memory: ``--memory 10`` is refused, not read as 10 bytes."""
-
-_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kKMGT]?)(i?)(B|b|bit|bps|Bps)?\s*(/s|ps)?\s*$")
-
-
-def memory(text: str) -> int:
-    """``80GiB``, ``16GB``, ``512MiB`` or a byte count of at least 1 MiB."""
-    if len(text) > 40:
-        raise bad(text, "is not a memory size: write e.g. 80GiB, 16GB or 1073741824")
-    if text.strip().startswith("-"):
-        raise bad(text, "must be a positive memory size, e.g. 80GiB")
-    try:
-        value = parse_bytes(text)
-    except (UsageError, OverflowError, ValueError):
-        raise bad(text, "is not a memory size: write e.g. 80GiB, 16GB or 1073741824 (bytes)") from None
-    if text.strip().isdigit() and value < MIN_DEVICE_BYTES:
-        raise bad(text, f"bytes is not a device's memory: give a unit, e.g. {text.strip()}GiB or {text.strip()}GB")
-    if value > MAX_JSON_INT:
-        raise bad(text, "is over pipeplan's limit of 2**53 bytes (8 PiB)")
-    return value
-
-
-def memory_list(text: str) -> tuple[int, ...]:
-    return tuple(memory(t) for t in items(text, MAX_RANKS))
-
-
-def bandwidth(text: str) -> float:
-    """A link's bandwidth in bytes per second: ``25GB/s``, ``1.1GB/s``, ``100Gbps`` or ``100Gb/s`` (bits, / 8),
-    ``10GiB/s``; a bare number is refused (bytes or bits?)."""
-    match = _RATE.match(text) if len(text) <= 40 else None
-    if text.strip().startswith("-"):
-        raise bad(text, "must be a positive bandwidth, e.g. 25GB/s")
-    if not match or not match.group(4):
-        raise bad(text, "is not a bandwidth: write e.g. 25GB/s, 100Gbps or 450GB/s (bytes or bits per second)")
-    number, prefix, binary, unit = float(match.group(1)), match.group(2).upper(), match.group(3), match.group(4)
-    bits = unit in ("b", "bit", "bps")
-    value = number * (1024 if binary else 1000) ** " KMGT".index(prefix) / (8 if bits else 1)
-    if not (math.isfinite(value) and value >= 1.0):
-        raise bad(text, "must be at least 1 byte per second")
-    if value > MAX_JSON_INT:
-        raise bad(text, "is over pipeplan's limit of 2**53 bytes per second")
-    return value
-
-
-def auto_or_positive_int(text: str) -> int | None:
-    return None if text.strip() == "auto" else int_in(1, MAX_GLOBAL_BATCH, text)
-
-
-def tensor_parallel_degree(text: str) -> int | str:
-    """``auto`` or a degree in 1..MAX_DEVICES."""
-    from planner.limits import MAX_DEVICES
-
-    return "auto" if text.strip() == "auto" else int_in(1, MAX_DEVICES, text)
-
-
-def heads_pair(text: str) -> tuple[int, int]:
-    """``H`` or ``H,KV``: attention heads, and key-value heads (default H)."""
-    parts = [p.strip() for p in text.split(",")]
-    if len(parts) not in (1, 2):
-        raise bad(text, "is not H or H,KV (attention heads, key-value heads), e.g. 64,8")
-    heads = int_in(1, 1 << 20, parts[0])
-    return heads, int_in(1, heads, parts[1]) if len(parts) == 2 else heads
-
-
-def pin(text: str) -> tuple[str, int]:
-    name, sep, stage = text.rpartition("=")
-    if not sep or not name:
-        raise bad(text, "is not UNIT=STAGE, e.g. lm_head=3 (or lm_head=-1, the last stage)")
-    return name, int_in(-MAX_UNITS, MAX_UNITS, stage)
-
-
-def rename(text: str) -> tuple[str, str]:
-    old, sep, new = text.partition("=")
-    old, new = old.strip(), new.strip()
-    if not sep or not old:
-        raise bad(text, "is not OLD=NEW, e.g. model.layers=layers (NEW may be empty: strip the prefix)")
-    return old, new
+def flat(options: object) -> dict[str, Any]:
+    """Every field of an options dataclass by name, a nested one's fields in its place."""
+    out: dict[str, Any] = {}
+    for field in dataclasses.fields(options):  # type: ignore[arg-type]
+        value = getattr(options, field.name)
+        out.update(flat(value) if "nested" in field.metadata else {field.name: value})
+    return out
 
 
 def negative_values_attached(argv: Sequence[str]) -> list[str]:

@@ -35,6 +35,7 @@ from planner.prediction import predict_plan, repredicted_plan
 from planner.request import PlanRequest
 from planner.runtime.calibrate import fit_overhead, solve_increasing
 from planner.runtime.interleave import rounds_within, verify_plans
+from planner.runtime.run_options import TuneOptions
 from planner.runtime.verify import pick_mode, verify_plan
 from planner.runtime.verify_report import VerifyReport
 from planner.schedule.orders import Schedule
@@ -229,17 +230,14 @@ def tune(
     profile: Profile,
     request: PlanRequest,
     model: str,
+    options: TuneOptions | None = None,
     *,
     sha256: str,
-    candidates: int = 4,
-    steps: int = 3,
-    warmup: int = 1,
-    mode: str = "auto",
-    device: str = "cpu",
-    timeout_s: float = 600.0,
     on_progress: Callable[[str], None] | None = None,
 ) -> TuneResult:
-    """Measure the ``candidates`` best distinct plans, refit the calibration, re-plan, keep the fastest measured.
+    """Measure the ``options.candidates`` best distinct plans, refit the calibration, re-plan, keep the fastest
+    measured (``options``: :class:`~planner.runtime.run_options.TuneOptions`, ``pipeplan tune``'s; None: its
+    defaults).
 
     ``request.settings.calibration`` is the starting point (the shipped one when None is given by the CLI).
 
@@ -247,6 +245,9 @@ def tune(
         UsageError: ``candidates < 1`` or no calibration to start from.
         ExecutionError / ModelMismatchError: a run failed or the model is not the profile's.
     """
+    options = options or TuneOptions()
+    candidates, steps, warmup, mode = options.candidates, options.steps, options.warmup, options.mode
+    device, timeout_s = options.device, options.timeout_s
     if candidates < 1:
         raise UsageError(f"--candidates must be >= 1, got {candidates}")
     start = request.settings.calibration

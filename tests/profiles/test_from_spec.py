@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from profiles import from_spec
+from profiles.profile_options import ProfileOptions
 
 
 @pytest.fixture
@@ -27,12 +28,13 @@ def threads_seen(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def test_a_cpu_profile_is_timed_at_a_two_rank_pipelines_threads_by_default(threads_seen: list[int]) -> None:
-    assert from_spec.profile_spec("mlp", progress=False) == "profile"
+    assert from_spec.profile_spec(ProfileOptions(model="mlp", no_progress=True)) == "profile"
     assert threads_seen == [4]  # 8 cores // 2 ranks, not all 8
 
 
 def test_ranks_and_threads_choose_other_counts(threads_seen: list[int]) -> None:
-    from_spec.profile_spec("mlp", ranks=8, progress=False)
-    from_spec.profile_spec("mlp", threads=3, progress=False)
-    from_spec.profile_spec("mlp", ranks=16, progress=False)  # more ranks than cores: 1 thread each
+    from_spec.profile_spec(ProfileOptions(model="mlp", ranks=8, no_progress=True))
+    from_spec.profile_spec(ProfileOptions(model="mlp", threads=3, no_progress=True))
+    # More ranks than cores: 1 thread each.
+    from_spec.profile_spec(ProfileOptions(model="mlp", ranks=16, no_progress=True))
     assert threads_seen == [1, 3, 1]

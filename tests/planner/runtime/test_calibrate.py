@@ -11,6 +11,7 @@ from planner.calibration import shipped_calibration
 from planner.cost import default_settings
 from planner.request import PlanRequest
 from planner.runtime.calibrate import CALIBRATED_SCHEDULES, _link, calibrate, fit_overhead, fit_transfer_cost
+from planner.runtime.run_options import TuneOptions
 from planner.runtime.tune import format_tune_table, refit_calibration, tune
 from planner.schedule.pipeline import Pipeline
 from planner.schedule.simulate import RuntimeTerms, simulate
@@ -189,7 +190,7 @@ def test_tune_keeps_the_fastest_measured_plan(tmp_path, monkeypatch) -> None:
     profile = load_profile(profile_path)
     settings = default_settings(profile, calibration=shipped_calibration("cpu"), calibration_label="shipped")
     request = PlanRequest(num_ranks=2, global_batch_size=8, settings=settings)
-    result = tune(profile, request, "gpt2-tiny", sha256="0" * 64, candidates=2, steps=1, warmup=1)
+    result = tune(profile, request, "gpt2-tiny", TuneOptions(candidates=2, steps=1, warmup=1), sha256="0" * 64)
     measured = [c.measured_s for c in result.candidates]
     assert len({plan_key(c.plan) for c in result.candidates}) == len(measured) >= 2
     # Two processes on this machine's cores: the candidates ran interleaved in one launch, ranked by their ratios.
@@ -242,7 +243,7 @@ def test_tune_ranks_candidates_by_their_interleaved_ratios_not_their_medians(mon
     monkeypatch.setattr(tune_module, "make_plans", lambda *args, **kwargs: next(searches))
     monkeypatch.setattr(tune_module, "verify_plans", fake_verify_plans)
     monkeypatch.setattr(tune_module, "pick_mode", lambda mode, plan, device: "processes")
-    result = tune(profile, request, "mlp", sha256="0" * 64, candidates=3)
+    result = tune(profile, request, "mlp", TuneOptions(candidates=3), sha256="0" * 64)
     keys = [plan_key(p) for p in pool]
     assert launches == [keys[:3], [keys[0], keys[3]]]
     assert [c.relative for c in result.candidates] == pytest.approx([1.0, 1.1, 1.3, 0.8])
@@ -251,7 +252,7 @@ def test_tune_ranks_candidates_by_their_interleaved_ratios_not_their_medians(mon
     # Without the refit model's choice, candidate 0, though candidate 1's median was lower.
     launches.clear()
     searches = iter([pool[:3], pool[:1]])
-    result = tune(profile, request, "mlp", sha256="0" * 64, candidates=3)
+    result = tune(profile, request, "mlp", TuneOptions(candidates=3), sha256="0" * 64)
     assert len(launches) == 1 and plan_key(result.best) == keys[0]
 
 

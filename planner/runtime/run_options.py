@@ -1,0 +1,173 @@
+"""The options of the commands that run a model on ranks: ``verify`` (:class:`VerifyOptions`, what
+:func:`planner.runtime.verify.verify_plan` takes), ``tune`` (:class:`TuneOptions`, what
+:func:`planner.runtime.tune.tune` takes) and ``calibrate`` (:class:`CalibrateOptions`).
+
+Declared once (planner/options.py): each field is the command's flag, its help and its default, and the
+Python API's keyword. No torch here: ``pipeplan --help`` builds its parser from these without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from planner.limits import MAX_GLOBAL_BATCH, MAX_RANKS, MAX_REPEATS, MAX_STEPS
+from planner.options import check_fields, int_range, option, positive_float
+from planner.runtime.verify_report import MEMORY_TOLERANCE
+
+if TYPE_CHECKING:
+    from planner.calibration import Calibration
+    from planner.runtime.model_cost import ModelRun
+
+__all__ = ["VerifyOptions", "TuneOptions", "CalibrateOptions", "calibrate_with", "DEVICES", "MODES"]
+
+DEVICES = ("cpu", "cuda")
+MODES = ("auto", "processes", "replay")
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyOptions:
+    """How ``verify`` runs a plan and judges it against its prediction."""
+
+    steps: int = option(
+        5,
+        parse=int_range(1, MAX_STEPS),
+        help="timed steps at least (default 5); processes mode also times for at least 2 s, as a shared machine's "
+        "speed changes from one second to the next; the median step is measured",
+    )
+    warmup: int = option(
+        1,
+        parse=int_range(0, MAX_STEPS),
+        help="untimed steps first (default 1); processes mode also warms up for at least 1 s, as a fresh rank's "
+        "first steps run slow",
+    )
+    tolerance: float = option(
+        0.15,
+        parse=positive_float,
+        help="the largest iteration-time error that passes, as a fraction: 0.15 = 15%% (default 0.15)",
+    )
+    mode: str = option(
+        "auto",
+        choices=MODES,
+        help="processes: one process per rank (gloo or NCCL); replay: every stage in one process, in the "
+        "schedule's order, its times through the simulator; auto: processes when there is a core (or GPU) per "
+        "rank (default auto)",
+    )
+    device: str = option("cpu", choices=DEVICES, help="run on this CPU (gloo) or GPUs (NCCL)")
+    check_numerics: bool = option(False, help="compare loss and gradients with one process")
+    timeout_s: float = option(
+        600.0, flag="--timeout", parse=positive_float, unit="s", help="seconds before every rank is stopped"
+    )
+    memory_tolerance: float = option(
+        MEMORY_TOLERANCE,
+        parse=positive_float,
+        help="allowed error of each stage's measured memory peak against its prediction (default 0.10 = 10%%); "
+        "a stage over it, or over the memory the plan gave it, fails the verdict",
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneOptions:
+    """How ``tune`` runs the planner's best candidates."""
+
+    candidates: int = option(4, parse=int_range(1, 32), help="distinct plans to run (default 4)")
+    steps: int = option(
+        3,
+        parse=int_range(1, MAX_STEPS),
+        help="the fewest timed steps per candidate (default 3; interleaved: at least that many rounds, as many as "
+        "fit in about 30 s)",
+    )
+    warmup: int = option(
+        1,
+        parse=int_range(0, MAX_STEPS),
+        help="untimed steps per candidate (default 1; processes mode also warms up for at least 1 s)",
+    )
+    mode: str = option(
+        "auto",
+        choices=MODES,
+        help="processes: one process per rank; replay: every stage in one process, in the schedule's order; auto: "
+        "processes when there is a core (or GPU) per rank (default auto)",
+    )
+    device: str = option("cpu", choices=DEVICES, help="run the candidates on CPU or GPUs")
+    timeout_s: float = option(
+        600.0, flag="--timeout", parse=positive_float, unit="s", help="seconds per candidate before it is stopped"
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrateOptions:
+    """What ``calibrate`` measures, and, with a model, what run of it refits the result."""
+
+    ranks: int = option(2, parse=int_range(1, MAX_RANKS), help="ranks to run, as in your pipeline (default 2)")
+    device: str = option("cpu", choices=DEVICES, help="calibrate gloo on this CPU or NCCL on GPUs")
+    repeats: int = option(15, parse=int_range(1, MAX_REPEATS), help="timed repeats of each measurement (median)")
+    timeout_s: float = option(
+        300.0, flag="--timeout", parse=positive_float, unit="s", help="seconds before every rank is stopped"
+    )
+    model: str | None = option(None, metavar="MODEL", help="also run this model's plans and learn its per-action cost")
+    profile: str | None = option(None, metavar="PROFILE.json", help="with --model: the model's profile (plans its run)")
+    global_batch: int | None = option(
+        None,
+        parse=int_range(1, MAX_GLOBAL_BATCH),
+        help="with --model: the batch of its run (default: 2 micro-batches per rank of the largest profiled size)",
+    )
+    steps: int = option(5, parse=int_range(1, MAX_STEPS), help="with --model: timed steps of its run (default 5)")
+    learn: str = option(
+        "auto",
+        choices=("auto", "1f1b", "every"),
+        help="with --model: run 1F1B's plans only (one a profiled micro-batch size), or every schedule's at two "
+        "micro-batch counts as well, each learning its own overhead (auto: every where 1F1B's plan steps in "
+        "under 0.5 s; default auto)",
+    )
+    start: str | None = option(
+        None,
+        metavar="CALIBRATION.json",
+        help="with --model: refit this calibration ('auto': the shipped one) instead of measuring the machine first",
+    )
+    out: str | None = option(None, required=True, metavar="CALIBRATION.json", help="where to write the calibration")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+def calibrate_with(options: CalibrateOptions) -> tuple[Calibration, ModelRun | None]:
+    """What ``calibrate`` does: measure the machine (or start from ``options.start``: a file, or ``auto``, the
+    calibration shipped for the device) and, with ``options.model``, refit it from runs of that model's plans.
+    Returns the calibration before the refit and the model's run (None without a model), whose
+    ``calibration`` is the refit one. torch is imported here, not with the options."""
+    from planner.calibration import load_calibration, shipped_calibration
+    from planner.request import profile_sha256
+    from planner.runtime.calibrate import calibrate
+    from planner.runtime.model_cost import learn_model_cost_on_ranks
+    from profiles.format import load_profile
+
+    profile = load_profile(options.profile) if options.profile is not None else None
+    if options.start is None:
+        calibration = calibrate(
+            options.ranks, device=options.device, repeats=options.repeats, timeout_s=options.timeout_s
+        )
+    elif options.start == "auto":
+        calibration = shipped_calibration(options.device)
+    else:
+        calibration = load_calibration(options.start)
+    if profile is None or options.model is None or options.profile is None:
+        return calibration, None
+    run = learn_model_cost_on_ranks(
+        calibration,
+        profile,
+        options.model,
+        num_ranks=options.ranks,
+        sha256=profile_sha256(options.profile),
+        global_batch=options.global_batch,
+        steps=options.steps,
+        device=options.device,
+        timeout_s=options.timeout_s,
+        every_schedule={"auto": None, "1f1b": False, "every": True}[options.learn],
+    )
+    return calibration, run
