@@ -171,10 +171,9 @@ def pin_rank_cpus(local_rank: int, local_world_size: int, threads: int) -> tuple
 
     Opt-in (``PIPEPLAN_PIN_CPUS=1`` for :func:`run_ranks`), because it helps some models and not others.
     Unbound, a rank's gloo threads (the socket loop that completes a receive, the worker of a collective)
-    may run on the other rank's core: a 32 KiB message then took 74-144 us instead of 53-59 us bound on the
-    development VM, and an MLP's 1F1B step (0.1-0.2 ms actions) ran 1.01x and 1.21x faster bound in two
-    runs; but gpt2-tiny's (3 ms actions) ran 1.05-1.08x slower bound, its gloo threads no longer free to
-    use the core the other rank leaves idle (docs/BENCHMARKS.md, "Fidelity", 2026-12-01). Call it first
+    may run on the other rank's core, and messages arrive later and less steadily, which costs a model of short
+    actions; bound, those threads cannot use a core the other rank leaves idle, which costs a model of long
+    actions (``python benchmarks/bench_runtime_probes.py --only delivery``, ``--only binding``). Call it first
     thing in a rank, before the process group opens, with torchrun's ``LOCAL_RANK`` and
     ``LOCAL_WORLD_SIZE``.
     """
