@@ -261,8 +261,9 @@ def simulate(pipeline: Pipeline, orders: Sequence[Sequence[Step]] | None = None)
     ranks = pipeline.num_ranks
     assert ranks is not None  # set when the pipeline was made
     check_microbatches(sched, ranks, virtual_stages(sched, n, ranks), m)
+    own = orders is None
     # Micro-batch indices of rank_orders' orders are 0..M-1; given orders are scanned for theirs.
-    width = m if orders is None else None
+    width = m if own else 1 + max((step.microbatch for order in orders for step in order), default=0)
     if orders is None:
         orders = _rank_orders(sched, n, m, ranks)
         peaks = _peaks(sched, n, m, ranks)
@@ -274,7 +275,7 @@ def simulate(pipeline: Pipeline, orders: Sequence[Sequence[Step]] | None = None)
     _check_runtime(terms, ranks)
     stage_rank = ranks_of_stages(orders, n)
     # pipeplan's own orders depend on nothing else, and so do their receives: kept for the plan search.
-    posts = _receive_posts(sched, n, m, ranks) if width is not None else _posts(sched, orders, n)
+    posts = _receive_posts(sched, n, m, ranks) if own else _posts(sched, orders, n)
     costs = _costs(pipeline, terms, stage_rank)
     actions, comm_wait = _run(orders, posts, width, costs)
     actions, tails = _with_step_tails(actions, terms, ranks)
@@ -375,30 +376,23 @@ def _busy_and_overhead(actions: Sequence[TimedAction], ranks: int) -> tuple[list
 
 
 def _run(
-    orders: Sequence[Sequence[Step]], posts: Sequence[Sequence[int]], width: int | None, costs: _Costs
+    orders: Sequence[Sequence[Step]], posts: Sequence[Sequence[int]], width: int, costs: _Costs
 ) -> tuple[list[TimedAction], list[float]]:
-    """Time every action of ``orders`` (the longest path over the DAG of the module docstring's rules).
-
-    ``posts[r][p]`` is the index of rank ``r``'s action after which the receive of its ``p``-th is posted;
-    ``width`` the micro-batch count (None: read from the orders). Returns the actions in (rank, start) order and
-    each rank's time idle waiting on a link."""
+    """Time every action of ``orders`` (the longest path over the DAG of the module docstring's rules); ``posts``
+    as :func:`_posts` gives them, ``width`` above every micro-batch index. Returns the actions in (rank, start)
+    order and each rank's time idle waiting on a link."""
     # Repeatedly advance every rank whose next action has all its dependencies timed: each pass advances at least
     # one rank unless the orders deadlock. End times live in one flat list per kind, indexed stage * M +
     # micro-batch (None: not yet timed), and the dependency rules are written out per kind in the loop: a plan
     # search runs this on up to 65,536 actions per call, where tuple-keyed look-ups and a call per action cost.
-    if width is None:  # one more than the largest micro-batch index
-        width = 1 + max((step.microbatch for order in orders for step in order), default=0)
     durations, comm_f, comm_b = costs.durations_s, costs.comm_forward_s, costs.comm_backward_s
     overhead_s, resume = costs.overhead_s, costs.resume
-    num_stages = len(durations["F"])
-    end: dict[str, list[float | None]] = {kind: [None] * (num_stages * width) for kind in durations}
+    last = len(durations["F"]) - 1
+    end: dict[str, list[float | None]] = {kind: [None] * ((last + 1) * width) for kind in durations}
     end_f, end_b, end_i = end["F"], end["B"], end["I"]
-    last = num_stages - 1
-    pos = [0] * len(orders)
-    free = [0.0] * len(orders)
+    pos, free, comm_wait = [0] * len(orders), [0.0] * len(orders), [0.0] * len(orders)
     # Per rank, the key of an overlapped forward whose output leaves with the next action's sends (-1: none).
     held = [-1] * len(orders)
-    comm_wait = [0.0] * len(orders)
     # Each rank's actions in its execution order: start times never decrease along a rank (an action starts
     # when the previous one has ended), so this is the (rank, start, end) order without sorting.
     by_rank: list[list[TimedAction]] = [[] for _ in orders]
@@ -419,11 +413,9 @@ def _run(
                         if prev is None:
                             break
                         comm = comm_f[s - 1]
-                        if comm:  # the transfer starts when this rank has posted the receive
-                            q = post[p]
-                            posted = out[q].end_s if q >= 0 else 0.0
-                            if posted > prev:
-                                prev = posted
+                        # The transfer starts when this rank has posted the receive (q < 0: at the start).
+                        if comm and (q := post[p]) >= 0 and out[q].end_s > prev:
+                            prev = out[q].end_s
                         ready = prev + comm
                 elif kind == "W":
                     own_i = end_i[key]
@@ -442,11 +434,8 @@ def _run(
                             grad = end_i[key + width]
                             if grad is None:
                                 break
-                        if comm_b[s]:
-                            q = post[p]
-                            posted = out[q].end_s if q >= 0 else 0.0
-                            if posted > grad:
-                                grad = posted
+                        if comm_b[s] and (q := post[p]) >= 0 and out[q].end_s > grad:
+                            grad = out[q].end_s
                         arrival = grad + comm_b[s]
                         ready, comm = (arrival, comm_b[s]) if arrival > own else (own, 0.0)
                 # max() and min() spelled as comparisons (the same values, ties included: builtin calls cost).
