@@ -42,7 +42,7 @@ from planner.cost import HEADROOM_FRACTION  # noqa: E402
 from planner.errors import PlanInfeasibleError  # noqa: E402
 from planner.formatting import format_table, human_bytes  # noqa: E402
 from planner.plan import Plan, save_plan  # noqa: E402
-from planner.request import plan_request  # noqa: E402
+from planner.request import PlanOptions, plan_request  # noqa: E402
 from planner.search import make_plan  # noqa: E402
 from profiles.format import Profile, load_profile, save_profile  # noqa: E402
 
@@ -72,9 +72,8 @@ def get_profile(spec: str, out: Path) -> Profile:
 
 
 def plan_for(profile: Profile, schedule: str, recompute: str, memory_bytes: int | None = None) -> Plan:
-    request = plan_request(
-        profile,
-        stages=2,
+    options = PlanOptions(
+        ranks=2,
         global_batch=GLOBAL_BATCH,
         schedule=schedule,
         micro_batch_size=MICRO_BATCH if memory_bytes is None else None,
@@ -82,6 +81,7 @@ def plan_for(profile: Profile, schedule: str, recompute: str, memory_bytes: int 
         calibration="none",
         memory_bytes=memory_bytes,
     )
+    request = plan_request(profile, options)
     return make_plan(profile, request, sha256="0" * 64)
 
 
@@ -253,16 +253,14 @@ def cluster(args: argparse.Namespace, out: Path) -> list[Row]:
     for spec in args.models:
         profile = get_profile(spec, out)
         for shard in ("none", "full"):
-            request = plan_request(
-                profile,
-                stages=None,
+            options = PlanOptions(
                 global_batch=2 * GLOBAL_BATCH,
-                cluster=True,
                 schedule="1f1b",
                 micro_batch_size=MICRO_BATCH,
                 recompute="off",
                 calibration="none",
             )
+            request = plan_request(profile, options, cluster=True)
             found = plan_cluster(
                 profile, request, default_cluster("cpu", 4, shard=shard), sha256="0" * 64, pipeline_degree=2
             )
