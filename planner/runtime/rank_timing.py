@@ -26,7 +26,7 @@ import torch
 from planner.plan import Plan
 from planner.runtime.apply import apply_plan
 from planner.runtime.launch import each_rank_in_turn, every_rank_at_once
-from planner.runtime.replay import captured_units
+from planner.runtime.run_setup import captured_units, make_optimizer
 from planner.runtime.stage_memory import track_rank_memory
 from profiles.dataflow import Piece
 from profiles.memory import MemorySample
@@ -42,7 +42,6 @@ __all__ = [
     "RankResult",
     "rank_main",
     "rank_main_interleaved",
-    "make_optimizer",
     "step_batch",
     "own_unit_reference",
 ]
@@ -50,14 +49,12 @@ __all__ = [
 MIN_WARMUP_S = 1.0
 """Processes mode warms up for at least this long (and ``warmup`` steps). A fresh rank's first steps run
 slow while its heap grows (profiles/allocator.py: freed blocks are reused only after a few iterations) and
-gloo opens its pairs: gpt2-tiny's 1F1B plan (P = 2, 35 ms a step) measured +78 % and +85 % over its
-prediction after 1 warm-up step, +31 % and +28 % after 5 (docs/BENCHMARKS.md, section 6)."""
+gloo opens its pairs: a step count alone would time a short plan's steps before they settle."""
 MAX_WARMUP_STEPS = 100
 """The warm-up floor's limit in steps, for plans of a few milliseconds a step."""
 MIN_TIME_S = 2.0
-"""Processes mode also times steps until they span this long: on the shared development VM a fixed
-forward+backward's median over one second moved between 395 and 661 us from one second to the next, and
-five steps of gpt2-tiny (35 ms each) see one such moment (profiles/rounds.py, ``MIN_TIME_S``, for the
+"""Processes mode also times steps until they span this long: a shared machine's speed moves from one second
+to the next, and a few short steps would see one such moment only (profiles/rounds.py, ``MIN_TIME_S``, for the
 profile's side of it)."""
 MAX_TIMED_STEPS = 1000
 """The timed floor's limit in steps."""
@@ -179,19 +176,6 @@ class _WaitTimer:
                 self.total_s += time.perf_counter() - t0
 
         schedules._wait_batch_p2p = timed  # the schedules look the function up by name at each call
-
-
-def make_optimizer(name: str, params: list[torch.nn.Parameter], replicas: Any = None) -> torch.optim.Optimizer:
-    """The optimizer a plan was made for: ``adam`` (Adam, lr 1e-4) or ``sgd`` (SGD with momentum 0.9);
-    with ``replicas`` (a cluster plan sharding the optimizer, ZeRO-1) torch's ZeroRedundancyOptimizer."""
-    cls, options = (
-        (torch.optim.SGD, {"lr": 1e-4, "momentum": 0.9}) if name == "sgd" else (torch.optim.Adam, {"lr": 1e-4})
-    )
-    if replicas is not None:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=replicas, **options)
-    return cls(params, **options)
 
 
 def step_batch(plan: Plan) -> int:
@@ -333,7 +317,7 @@ class _PlanSteps:
 def _captured_units(
     plan: Plan, workload: Workload, dev: torch.device, captured: dict[int, tuple[tuple[Piece, ...], torch.Tensor]]
 ) -> tuple[tuple[Piece, ...], torch.Tensor] | None:
-    """:func:`~planner.runtime.replay.captured_units`, once per micro-batch size in ``captured``; None also where
+    """:func:`~planner.runtime.run_setup.captured_units`, once per micro-batch size in ``captured``; None also where
     the plan's stages are split across tensor-parallel ranks."""
     if plan.mesh is not None and plan.mesh.tp > 1:
         return None
@@ -358,9 +342,8 @@ def own_unit_reference(
     micro-batch each, the last with the loss (``loss_fn`` on ``target``) where the rank holds the model's last unit.
 
     The speed reference of a rank: its own share of the model, timed alone as the profile timed it. The fixed
-    layer (profiles/reference.py) did not follow a long model: verifying llama-small's plans, it put the machine
-    at 0.97-1.35x its profiling speed while the ranks' stages computed 0.97-1.40x their profile, and the
-    co-location factor learned through it moved 1.01-1.33 between three profiles (docs/BENCHMARKS.md, 6.1).
+    layer (profiles/reference.py) is one kind of work; a long model's units slow down by their own amount, which
+    only they measure.
     """
     mine = {u for s in stage_indices for u in plan.stages[s].units}
     own = tuple(p for p in pieces if p.name in mine)
@@ -372,10 +355,8 @@ def time_units_together(rank: int, world_size: int, tag: str, references: Sequen
     """Each of ``references`` timed once more, every rank at once (:func:`planner.runtime.launch.every_rank_at_once`).
 
     The reference timed alone reads the machine's speed; it does not read how much the ranks slow each other,
-    and that moves within minutes on the 2-core development VM: one gpt2-tiny plan verified 60 times in 11
-    minutes (2026-12-04) came within 15 % of its prediction at the speed of its units alone in 43 runs, and in 55
-    once also divided by how much slower the same units ran timed together (docs/cost-model.md, "The machine's
-    speed").
+    and that moves within minutes on a shared machine: the same units timed together, against the co-location
+    factor the plan was predicted with, say how much (docs/cost-model.md, "The machine's speed").
     """
 
     def timed() -> None:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -28,10 +29,10 @@ from torch import nn
 from planner.errors import ExecutionError
 from planner.plan import Plan
 from planner.runtime.apply import microbatch_inputs, schedule_microbatches, split_stages, tied_parameter_groups
+from planner.runtime.run_setup import captured_units, make_optimizer
 from planner.schedule.orders import Schedule, Step, rank_orders
-from profiles.dataflow import Piece
 from profiles.memory import LiveBytes, MemorySample
-from profiles.model_reference import UnitReference, unit_pieces
+from profiles.model_reference import UnitReference
 from profiles.reference import SpeedReference
 from profiles.workload import Workload, as_tuple
 
@@ -126,8 +127,8 @@ def replay_plan(
 @contextmanager
 def profiled_threads(plan: Plan, dev: torch.device) -> Iterator[None]:
     """On a CPU, torch's intra-op threads as the plan's profile had them (``plan.device["threads"]``),
-    restored after. A profile made with ``--ranks 2`` on 2 cores times each unit on 1 thread; replayed on 2,
-    gpt2-small's stages ran 43-45 % under their prediction."""
+    restored after. A profile made with ``--ranks 2`` on 2 cores times each unit on 1 thread: replayed on both
+    threads, the stages would run faster than the plan predicts them."""
     threads = plan.profile_threads
     if dev.type != "cpu" or threads is None:
         yield
@@ -262,150 +263,25 @@ def _backward_pairs(stages: _Stages, s: int, mb: int, out: Any) -> tuple[list[to
 def _replay(
     plan: Plan, workload: Workload, steps: int, warmup: int, dev: torch.device, keep_grads: bool
 ) -> ReplayResult:
-    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
-
-    from planner.runtime.rank_timing import make_optimizer
-
-    n = plan.num_stages
-    m = schedule_microbatches(plan)
+    """Warm up, time ``steps`` steps and the speed reference after each, then one more step for memory."""
     # Before the model is split into stages: its units are captured as the profile captured them.
     reference: SpeedReference | UnitReference = _unit_reference(plan, workload, dev) or SpeedReference(dev)
-    inputs, target = workload.make_batch(plan.global_batch_size)
-    modules = [
-        s.to(dev)
-        for s in split_stages(
-            workload.model, microbatch_inputs(plan, inputs), plan.split_points, [s.recompute for s in plan.stages]
-        )
-    ]
-    batch = tuple(t.to(dev) for t in as_tuple(inputs))
-    target = target.to(dev)
-    mb_inputs = list(zip(*(t.chunk(m) for t in batch), strict=True))
-    mb_targets = target.chunk(m)
-    order = merged_order(rank_orders(plan.schedule, n, m, plan.num_ranks), n)
-    params = list({id(p): p for module in modules for p in module.parameters()}.values())
-    optimizer = make_optimizer(str(plan.constraints.get("optimizer", "adam")), params)
-    stages = _Stages(plan, modules, mb_inputs, dev)
-    tied = [
-        [p for module in modules for name, p in module.original_named_parameters() if name in names]
-        for names in tied_parameter_groups(workload.model)
-    ]
-    act: Callable[[int, str], Any] = lambda s, kind: contextlib.nullcontext()  # noqa: E731 - set when tracked
-
-    def one_step(times: dict[str, list[list[float]]] | None, tail: bool = True) -> torch.Tensor:
-        """One step; ``times`` gets every stage's forward times (``F``) and each micro-batch's whole backward
-        (``B``: its B, or its I and W added); without ``tail`` no tied sum, optimizer step or ``zero_grad``."""
-        losses: list[torch.Tensor] = []
-        backward_s: dict[tuple[int, int], float] = {}
-        for step in order:
-            s, mb = step.stage, step.microbatch
-            if step.kind == "F":
-                with act(s, "activations"):
-                    args = stages.forward(s, mb)
-                    # The last stage's forward includes the loss, as the profile's last unit and torch's schedule
-                    # (right after the forward) have it: a 50k-word LM head's loss is 5-10 % of a GPT-2 step.
-                    if s == n - 1:
-                        out, dt = _timed(lambda: modules[s](*args), dev)  # noqa: B023 - run at once
-                        raw, dl = _timed(lambda: workload.loss_fn(out, mb_targets[mb]), dev)  # noqa: B023
-                        # torch's schedules keep every micro-batch's loss until the step ends (_internal_losses);
-                        # its split backward detaches it in place at I, so the loss keeps its storage, not its graph.
-                        stages.kept_losses.append(raw.detach())
-                        loss = raw / m
-                        stages.loss[mb] = loss
-                        losses.append(loss.detach() * m)
-                        dt += dl
-                    else:
-                        out, dt = _timed(lambda: modules[s](*args), dev)  # noqa: B023 - run at once
-                stages.fwd[s, mb] = (out, args)
-                kind = "F"
-            elif step.kind == "B" or (step.kind == "I" and stages.whole_in_input[s]):
-                with act(s, "transient"):
-                    # The outputs stay referenced through the backward, as in torch's backward_one_chunk.
-                    out, args = stages.fwd.pop((s, mb))
-                    roots, grads = _backward_pairs(stages, s, mb, out)
-                    _, dt = _timed(lambda: torch.autograd.backward(roots, grads if s < n - 1 else None), dev)  # noqa: B023
-                    stages.finished(s, out, mb)
-                    del out, roots, grads
-                    stages.hand_back(s, mb, args)
-                kind = "B"
-            elif step.kind == "I":
-                with act(s, "transient"):
-                    out, args = stages.fwd.pop((s, mb))
-                    roots, grads = _backward_pairs(stages, s, mb, out)
-                    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-                    if s == 0 or not leaves:  # torch's first stage runs no I: its W is the whole backward
-                        stages.split[s, mb] = (None, args, (roots, grads))
-                        dt = 0.0
-                    else:
-                        roots = [r.clone() if r._is_view() else r for r in roots]
-                        (_, groups), dt = _timed(
-                            lambda: stage_backward_input(roots, grads, leaves, modules[s].parameters()),  # noqa: B023
-                            dev,
-                        )
-                        stages.split[s, mb] = (groups, args, (roots, grads) if s < n - 1 else None)
-                        stages.hand_back(s, mb, args)
-                    del out, roots, grads
-                kind = "B"
-            else:  # W
-                with act(s, "transient"):
-                    groups, args, pending = stages.split.pop((s, mb), (None, (), None))
-                    if groups is not None:
-                        _, dt = _timed(lambda: stage_backward_weight(modules[s].parameters(), groups), dev)  # noqa: B023
-                        if pending is not None:
-                            stages.finished(s, pending[0], mb)
-                    elif pending is not None:
-                        roots, grads = pending
-                        _, dt = _timed(lambda: torch.autograd.backward(roots, grads if s < n - 1 else None), dev)  # noqa: B023
-                        stages.finished(s, roots, mb)
-                        stages.hand_back(s, mb, args)
-                        del roots, grads
-                    else:
-                        dt = 0.0  # a recomputing stage ran its whole backward in I
-                    del groups, args, pending
-                kind = "W"
-            if kind == "F":
-                if times is not None:
-                    times["F"][s].append(dt)
-            else:
-                backward_s[s, mb] = backward_s.get((s, mb), 0.0) + dt
-        if times is not None:
-            for (s, _), dt in sorted(backward_s.items()):
-                times["B"][s].append(dt)
-        stages.step_ended()
-        if not tail:
-            return torch.stack(losses).mean()
-        # The step's tail, untimed: the tied copies summed, the optimizer stepped, the gradients let go.
-        with torch.no_grad():
-            for copies in tied:
-                held = [p for p in copies if p.grad is not None]
-                if len(held) > 1:
-                    total = held[0].grad
-                    for p in held[1:]:
-                        total.add_(p.grad)
-                    for p in held[1:]:
-                        p.grad.copy_(total)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return torch.stack(losses).mean()
-
+    replayer = _Replayer(plan, workload, dev)
     loss = grads = None
     if keep_grads:  # before the warm-up, without the step's tail: the weights stay those of a fresh model
-        loss = one_step(None, tail=False).item()
-        grads = _gathered_grads(workload.model, modules)
-        optimizer.zero_grad(set_to_none=True)
+        loss = replayer.step(None, tail=False).item()
+        grads = _gathered_grads(workload.model, replayer.modules)
+        replayer.optimizer.zero_grad(set_to_none=True)
     for _ in range(warmup):
-        one_step(None)
-    times: dict[str, list[list[float]]] = {k: [[] for _ in range(n)] for k in "FB"}
+        replayer.step(None)
+    times: dict[str, list[list[float]]] = {k: [[] for _ in range(plan.num_stages)] for k in "FB"}
     step_s = []
     reference.warm_up()
     for _ in range(steps):
-        _, dt = _timed(lambda: one_step(times), dev)
+        _, dt = _timed(lambda: replayer.step(times), dev)
         step_s.append(dt)
         reference.time_once()
-    tracker = _tracker(plan, modules, stages, optimizer, batch, target)
-    act = tracker.acting
-    stages.handed = lambda tensors, owner: [tracker.classify(t, "buffers", owner) for t in tensors]
-    with tracker:
-        one_step(None)
+    stage_memory = replayer.tracked_step()
     return ReplayResult(
         forward_s=tuple(statistics.median(t) for t in times["F"]),
         backward_s=tuple(statistics.median(t) for t in times["B"]),
@@ -414,21 +290,180 @@ def _replay(
         grads=grads,
         reference_s=reference.median_s,
         reference="units" if isinstance(reference, UnitReference) else "layer",
-        stage_memory=tuple(tracker.peak(s) for s in range(n)),
+        stage_memory=stage_memory,
     )
 
 
-def captured_units(plan: Plan, workload: Workload, dev: torch.device) -> tuple[tuple[Piece, ...], torch.Tensor] | None:
-    """Every unit of the model at the plan's micro-batch size, captured as its profile captured them, and the
-    micro-batch's target; None where the plan did not record the profile's unit sum (older plans, meta profiles).
-    Before the model is split into stages."""
-    if plan.profile_unit_sum_s is None:
-        return None
-    inputs, target = workload.make_batch(plan.micro_batch_size)
-    inputs = tuple(t.to(dev) for t in as_tuple(inputs))
-    units = [u for stage in plan.stages for u in stage.units]
-    pieces = unit_pieces(workload.model.to(dev), inputs, str(plan.device["capture"]), units)
-    return pieces, target.to(dev)
+class _Replayer:
+    """The plan's stage modules in this process, its batch, optimizer and tied copies, and the step that runs
+    every rank's actions in one order (:func:`merged_order`), one action at a time."""
+
+    def __init__(self, plan: Plan, workload: Workload, dev: torch.device) -> None:
+        self.plan, self.dev, self.loss_fn = plan, dev, workload.loss_fn
+        self.n = n = plan.num_stages
+        self.m = m = schedule_microbatches(plan)
+        inputs, target = workload.make_batch(plan.global_batch_size)
+        self.modules = [
+            s.to(dev)
+            for s in split_stages(
+                workload.model, microbatch_inputs(plan, inputs), plan.split_points, [s.recompute for s in plan.stages]
+            )
+        ]
+        self.batch = tuple(t.to(dev) for t in as_tuple(inputs))
+        self.target = target.to(dev)
+        mb_inputs = list(zip(*(t.chunk(m) for t in self.batch), strict=True))
+        self.mb_targets = self.target.chunk(m)
+        self.order = merged_order(rank_orders(plan.schedule, n, m, plan.num_ranks), n)
+        params = list({id(p): p for module in self.modules for p in module.parameters()}.values())
+        self.optimizer = make_optimizer(str(plan.constraints.get("optimizer", "adam")), params)
+        self.stages = _Stages(plan, self.modules, mb_inputs, dev)
+        self.tied = [
+            [p for module in self.modules for name, p in module.original_named_parameters() if name in names]
+            for names in tied_parameter_groups(workload.model)
+        ]
+        self.act: Callable[[int, str], Any] = lambda s, kind: contextlib.nullcontext()
+        """Each action runs inside ``act(stage, category)``: the memory tracker's, in :meth:`tracked_step`."""
+        self.last_raw_loss: torch.Tensor | None = None
+        self.last_loss: torch.Tensor | None = None
+        """The latest last-stage forward's loss and its share of the step's (over M), held until the next last-stage
+        forward replaces them or the step ends: the measured memory counts them that long, and past a split
+        backward's I the loss function's graph with them (cross-entropy's log-probabilities; torch's I lets it go)."""
+
+    def step(self, times: dict[str, list[list[float]]] | None, tail: bool = True) -> torch.Tensor:
+        """One step; ``times`` gets every stage's forward times (``F``) and each micro-batch's whole backward
+        (``B``: its B, or its I and W added); without ``tail`` no tied sum, optimizer step or ``zero_grad``.
+        Returns the step's loss (mean over micro-batches)."""
+        losses: list[torch.Tensor] = []
+        backward_s: dict[tuple[int, int], float] = {}
+        for action in self.order:
+            s, mb = action.stage, action.microbatch
+            if action.kind == "F":
+                dt = self._forward(s, mb, losses)
+                if times is not None:
+                    times["F"][s].append(dt)
+                continue
+            if action.kind == "B" or (action.kind == "I" and self.stages.whole_in_input[s]):
+                dt = self._backward(s, mb)
+            elif action.kind == "I":
+                dt = self._input_gradient(s, mb)
+            else:
+                dt = self._weight_gradient(s, mb)
+            backward_s[s, mb] = backward_s.get((s, mb), 0.0) + dt
+        if times is not None:
+            for (s, _), dt in sorted(backward_s.items()):
+                times["B"][s].append(dt)
+        self.stages.step_ended()
+        if tail:
+            self._tail()
+        mean = torch.stack(losses).mean()
+        self.last_raw_loss = self.last_loss = None
+        return mean
+
+    def tracked_step(self) -> tuple[MemorySample, ...]:
+        """One more step under the memory tracker (after the timed ones: its bookkeeping would slow them): each
+        stage's peak of live tensor bytes."""
+        tracker = _tracker(self.plan, self.modules, self.stages, self.optimizer, self.batch, self.target)
+        self.act = tracker.acting
+        self.stages.handed = lambda tensors, owner: [tracker.classify(t, "buffers", owner) for t in tensors]
+        with tracker:
+            self.step(None)
+        return tuple(tracker.peak(s) for s in range(self.n))
+
+    def _forward(self, s: int, mb: int, losses: list[torch.Tensor]) -> float:
+        """Stage ``s``'s forward of micro-batch ``mb``, the last stage's with its loss (added to ``losses``);
+        returns its time."""
+        stages, module = self.stages, self.modules[s]
+        with self.act(s, "activations"):
+            args = stages.forward(s, mb)
+            out, dt = _timed(lambda: module(*args), self.dev)
+            # The last stage's forward includes the loss, as the profile's last unit and torch's schedule
+            # (right after the forward) have it: a large vocabulary's loss is a sizeable part of a step.
+            if s == self.n - 1:
+                raw, dl = _timed(lambda: self.loss_fn(out, self.mb_targets[mb]), self.dev)
+                self.last_raw_loss = raw
+                # torch's schedules keep every micro-batch's loss until the step ends (_internal_losses);
+                # its split backward detaches it in place at I, so the loss keeps its storage, not its graph.
+                stages.kept_losses.append(raw.detach())
+                loss = raw / self.m
+                self.last_loss = loss
+                stages.loss[mb] = loss
+                losses.append(loss.detach() * self.m)
+                dt += dl
+        stages.fwd[s, mb] = (out, args)
+        return dt
+
+    def _backward(self, s: int, mb: int) -> float:
+        """Stage ``s``'s whole backward of micro-batch ``mb`` (its B, or the I of a stage that runs its whole
+        backward there); returns its time."""
+        stages = self.stages
+        with self.act(s, "transient"):
+            # The outputs stay referenced through the backward, as in torch's backward_one_chunk.
+            out, args = stages.fwd.pop((s, mb))
+            roots, grads = _backward_pairs(stages, s, mb, out)
+            _, dt = _timed(partial(torch.autograd.backward, roots, grads if s < self.n - 1 else None), self.dev)
+            stages.finished(s, out, mb)
+            del out, roots, grads
+            stages.hand_back(s, mb, args)
+        return dt
+
+    def _input_gradient(self, s: int, mb: int) -> float:
+        """Stage ``s``'s input-gradient action I of micro-batch ``mb`` (torch's ``stage_backward_input``), what its
+        W needs kept in ``stages.split``; returns its time."""
+        from torch.distributed.pipelining._backward import stage_backward_input
+
+        stages = self.stages
+        with self.act(s, "transient"):
+            out, args = stages.fwd.pop((s, mb))
+            roots, grads = _backward_pairs(stages, s, mb, out)
+            leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+            if s == 0 or not leaves:  # torch's first stage runs no I: its W is the whole backward
+                stages.split[s, mb] = (None, args, (roots, grads))
+                dt = 0.0
+            else:
+                roots = [r.clone() if r._is_view() else r for r in roots]
+                params = self.modules[s].parameters()
+                (_, groups), dt = _timed(partial(stage_backward_input, roots, grads, leaves, params), self.dev)
+                stages.split[s, mb] = (groups, args, (roots, grads) if s < self.n - 1 else None)
+                stages.hand_back(s, mb, args)
+            del out, roots, grads
+        return dt
+
+    def _weight_gradient(self, s: int, mb: int) -> float:
+        """Stage ``s``'s weight-gradient action W of micro-batch ``mb`` (torch's ``stage_backward_weight``; the
+        first stage's whole backward, which its I left to it); returns its time."""
+        from torch.distributed.pipelining._backward import stage_backward_weight
+
+        stages = self.stages
+        with self.act(s, "transient"):
+            groups, args, pending = stages.split.pop((s, mb), (None, (), None))
+            if groups is not None:
+                _, dt = _timed(partial(stage_backward_weight, self.modules[s].parameters(), groups), self.dev)
+                if pending is not None:
+                    stages.finished(s, pending[0], mb)
+            elif pending is not None:
+                roots, grads = pending
+                _, dt = _timed(partial(torch.autograd.backward, roots, grads if s < self.n - 1 else None), self.dev)
+                stages.finished(s, roots, mb)
+                stages.hand_back(s, mb, args)
+                del roots, grads
+            else:
+                dt = 0.0  # a recomputing stage ran its whole backward in I
+            del groups, args, pending
+        return dt
+
+    def _tail(self) -> None:
+        """The step's tail, untimed: the tied copies summed, the optimizer stepped, the gradients let go."""
+        with torch.no_grad():
+            for copies in self.tied:
+                held = [p for p in copies if p.grad is not None]
+                if len(held) > 1:
+                    total = held[0].grad
+                    for p in held[1:]:
+                        total.add_(p.grad)
+                    for p in held[1:]:
+                        p.grad.copy_(total)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
 
 def _unit_reference(plan: Plan, workload: Workload, dev: torch.device) -> UnitReference | None:
