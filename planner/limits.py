@@ -1,10 +1,8 @@
 """The largest inputs pipeplan accepts, and the checks that refuse more, at the edges.
 
-Each bound keeps a command within seconds on a 2-core CPU (measured 2026-11-30, synthetic profiles,
-machine shared with another job): ``plan`` on 16 units, 4 ranks and 1,024 micro-batches 3.1 s; on 64
-units, 16 ranks and 256 micro-batches 3.3 s; ``simulate`` of 128 stages x 1,024 micro-batches 2.8 s;
-``plan``'s search on 2,000 units 1.8-4.8 s from 2 to 64 ranks, the command 6-7 s (docs/BENCHMARKS.md, section 8).
-Past a bound a command refuses at once, naming the bound, instead of running for minutes or exhausting
+Each bound keeps a command within seconds on a 2-core CPU: ``plan`` and ``simulate`` at the largest
+inputs accepted finish in seconds, as ``python benchmarks/bench_planner_scale.py`` measures (docs/BENCHMARKS.md,
+"Planner scale"). Past a bound a command refuses at once, naming the bound, instead of running for minutes or exhausting
 memory. The checks live where input enters (the CLI, the file readers, ``PlanRequest``), not inside the
 solvers or the simulator. README, "Limits", lists them.
 """

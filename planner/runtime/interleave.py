@@ -1,20 +1,18 @@
 """Several plans of one model run in one launch, interleaved: ratios that hold on a machine whose speed moves.
 
-This development VM's speed moves by up to 1.5x within a minute (``profiles/reference.py``'s layer alone:
-100-sample medians 4.6-7.2 ms, docs/BENCHMARKS.md): two plans verified one after the other, each in its own
-launch, differ by as much from that alone. :func:`verify_plans` starts the ranks once; every rank builds each
-plan's stages on a model of its own (same seed), warms each up, then runs ``rounds`` rounds in which every plan
-runs a block of steps (at least one, and on until ``min_block_s``), the order rotating from round to round
-(:func:`planner.runtime.rank_timing.rank_main_interleaved`). Plans timed seconds apart see the same machine,
-so the per-round ratio of two plans (:attr:`InterleavedRun.round_iteration_s`) holds while its speed moves.
-Short blocks and many rounds pair the plans' times closer than long blocks and few rounds in the same time: on
-mlp (P = 2, 8 plans, about 30 s a launch) GPipe's ratio to 1F1B ranged 1.02-1.40 over five launches of 9 rounds
-of 0.5 s blocks and 1.24-1.28 over three of 45 rounds of 0.1 s blocks (2026-12-02, development VM, nothing else
-running).
+A shared machine's speed moves by tens of percent within a minute (``profiles/reference.py``'s layer alone shows
+it): two plans verified one after the other, each in its own launch, differ by as much from that alone.
+:func:`verify_plans` starts the ranks once; every rank builds each plan's stages on a model of its own (same seed),
+warms each up, then runs ``rounds`` rounds in which every plan runs a block of steps (at least one, and on until
+``min_block_s``), the order rotating from round to round
+(:func:`planner.runtime.rank_timing.rank_main_interleaved`). Plans timed seconds apart see the same machine, so the
+per-round ratio of two plans (:attr:`InterleavedRun.round_iteration_s`) holds while its speed moves.
+Short blocks and many rounds pair the plans' times closer than long blocks and few rounds in the same time: each
+round's ratio is taken over a shorter stretch of the machine, and the median over rounds has more of them
+(``python benchmarks/bench_learning.py`` measures the spread).
 
-Two copies of one plan, each on a model of its own, still differ: in one launch of 40 rounds, three copies of
-mlp's 1F1B plan measured 0.94-1.06x one another (2026-12-02). Where a ratio must hold to a few percent, run a plan
-as several copies and pass their indices to :meth:`InterleavedRun.ratio` together.
+Two copies of one plan, each on a model of its own, still differ by a few percent. Where a ratio must hold that
+closely, run a plan as several copies and pass their indices to :meth:`InterleavedRun.ratio` together.
 
 Each plan also gets the :class:`~planner.runtime.verify_report.VerifyReport` that ``verify`` would give it
 (stage times, waits, step tail, memory, speed reference), for :func:`planner.runtime.tune.refit_calibration`.
