@@ -69,7 +69,7 @@ def _cut_sums(profile: Profile, graph: nx.DiGraph, size_index: int, *, grad_only
 
     A tensor crosses the cuts ``max(producer, 0) .. last consumer - 1`` (every edge of a tensor leaves its
     one producer), so one pass over the edges and a running sum give every cut at once: linear in edges +
-    cuts, where asking :func:`crossing_tensors` per cut was edges x cuts (8M edge visits, 25 s, for 1,000
+    cuts, where asking :func:`crossing_tensors` per cut would be edges x cuts (8M edge visits for 1,000
     units). The sums are of integers, so they are exactly the per-cut ones.
     """
     last_consumer: dict[int, tuple[int, int]] = {}

@@ -110,8 +110,8 @@ def layout_switches(layout: TpLayout, sequence_parallel: bool | None = None) -> 
 
 
 def planned_switches(constraints: Mapping[str, object]) -> tuple[bool, bool]:
-    """``(sequence_parallel, vocab_parallel)`` a plan was made with, from its constraints. A plan written before
-    the plan recorded ``vocab_parallel`` was planned with Megatron's layout, so each defaults to on."""
+    """``(sequence_parallel, vocab_parallel)`` a plan was made with, from its constraints. A plan without
+    ``vocab_parallel`` is read as planned with Megatron's layout, so each defaults to on."""
     return bool(constraints.get("sequence_parallel", True)), bool(constraints.get("vocab_parallel", True))
 
 

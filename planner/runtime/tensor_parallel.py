@@ -97,8 +97,8 @@ def check_runtime_layout(plan: Plan) -> None:
     times would be another runtime's (sequence parallelism, or the embedding and head split by vocabulary).
 
     Raises:
-        UsageError: the plan's ``constraints`` record sequence or vocabulary parallelism (a plan written before
-            they were recorded counts as Megatron's layout, which it was planned with).
+        UsageError: the plan's ``constraints`` record sequence or vocabulary parallelism (a plan without the
+            fields is read as Megatron's layout, the one such plans were planned with).
     """
     if plan.mesh is None or plan.mesh.tp == 1:
         return
