@@ -3,6 +3,10 @@
 A MODEL is a built-in name (``pipeplan profile --help`` lists them), ``path/to/file.py:NAME``,
 ``package.module:NAME`` or ``hf:path/to/config.json`` (:mod:`profiles.models.hf_config`). NAME is a
 zero-argument callable returning a :class:`Workload` (or a ``(model, make_batch, loss_fn)`` tuple).
+
+The checks and adapters a user's workload goes through are here too. The :class:`Workload` type itself lives
+one floor down (:mod:`profiles.workload_type`, re-exported here), where the built-in models this resolver looks
+up can import it.
 """
 
 from __future__ import annotations
@@ -13,11 +17,12 @@ import importlib.util
 import inspect
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import ModelSpecError, shorten
+from profiles.workload_type import Workload
 
 if TYPE_CHECKING:  # torch is imported where a model is built, so that the planner's CLI starts fast
     import torch
@@ -34,38 +39,6 @@ __all__ = [
     "adapt_workload",
     "pick_output",
 ]
-
-
-@dataclass(frozen=True)
-class Workload:
-    """A model with the means to feed it.
-
-    ``make_batch(batch_size)`` returns ``(inputs, target)``: ``inputs`` a tensor, a tuple of tensors
-    passed positionally to ``model``, or a dict of tensors passed by keyword (``input_ids=``,
-    ``attention_mask=``); ``target`` is what ``loss_fn(output, target)`` takes. The model may return a
-    tensor, a ModelOutput, a dict or a tuple: ``output`` picks the tensor the loss takes, by default
-    ``logits`` or else the first tensor (:func:`pick_output`). :func:`adapt_workload` turns such a
-    workload into one whose ``model(*inputs)`` returns a tensor, which is what the pipeline splits.
-    """
-
-    model: nn.Module
-    make_batch: Callable[[int], tuple[Any, torch.Tensor]]
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    name: str = ""
-    units: tuple[str, ...] | None = None
-    """Optional default unit FQNs, in execution order; the profiler finds them when None."""
-    output: Callable[[Any], torch.Tensor] | None = None
-    """Optional: the model's output -> the tensor ``loss_fn`` takes (default :func:`pick_output`)."""
-    notes: tuple[str, ...] = ()
-    """What :func:`adapt_workload` (and ``hf:`` configs) did to the model, for the profile to say."""
-    meta_buffers: Mapping[str, torch.Tensor] | None = None
-    """Set by ``load_workload(spec, meta=True)``: the model is on the meta device (no weights held) and
-    these are its buffers' real values by FQN, restored when a unit is materialised (profiles/meta.py)."""
-    tp_plan: Callable[[nn.Module], Mapping[str, Any]] | None = None
-    """Optional, for tensor-parallel plans of a model without a built-in layout: the model ->
-    ``{linear FQN: ColwiseParallel() | RowwiseParallel()}`` (torch.distributed.tensor.parallel). The model's
-    attention must read its head count from tensor shapes (``view(..., -1, head_dim)``): each rank traces it
-    with its share of the heads (planner/runtime/tensor_parallel.py; docs/guide.md)."""
 
 
 def as_tuple(inputs: Any) -> tuple[torch.Tensor, ...]:

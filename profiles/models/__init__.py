@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 
-from profiles.workload import Workload
+from profiles.workload_type import Workload
 
 __all__ = ["BUILTIN_MODELS", "BUILTIN_NAMES"]
 

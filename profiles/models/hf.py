@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from profiles.workload import Workload
+from profiles.workload_type import Workload
 
 __all__ = ["CausalLMLogits", "gpt2_tiny", "gpt2_small", "llama_small", "lm_loss"]
 

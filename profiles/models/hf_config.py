@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from planner.errors import ModelSpecError, shorten
-from profiles.workload import Workload
+from profiles.workload_type import Workload
 
 __all__ = ["TASKS", "PREFIX", "parse_hf_spec", "hf_config_workload"]
 

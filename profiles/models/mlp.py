@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from profiles.workload import Workload
+from profiles.workload_type import Workload
 
 __all__ = ["MLPBlock", "TinyMLP", "mlp"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from profiles.workload import Workload
+from profiles.workload_type import Workload
 
 __all__ = ["ConvBlock", "EncoderLevel", "DecoderLevel", "SmallUNet", "unet_small"]
 
