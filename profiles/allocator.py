@@ -2,27 +2,19 @@
 
 glibc's malloc serves blocks above its mmap threshold by fresh ``mmap`` and gives them back on free,
 and trims the heap top back to the OS; every iteration of a large model then touches new pages and
-pays a page fault per 4 KiB. A small unit reuses its freed heap instead, so unit times were faster
-than the whole model they add up to. Measured on gpt2-small, b = 1, 1 thread, paired rounds: unit sum
--11.6 % against the whole model (exported as one piece) with glibc's defaults, -2.5 % with freed
-memory kept (the whole model 2.10 s -> 1.69 s). The profiler and every runtime rank set the same,
-so the profile describes the process that runs the plan.
+pays a page fault per 4 KiB. A small unit reuses its freed heap instead, so unit times would be faster
+than the whole model they add up to, and a rank's stages slower than their profile. The profiler and every
+runtime rank set the same, so the profile describes the process that runs the plan.
 
-No block is mmap'd at all, not only those under glibc's largest threshold (32 MiB): GPT-2's embedding
-gradient (154 MB) and its logits (51 MB at b = 2) are larger, and on 2 gloo ranks their page faults
-doubled rank 0's optimizer step and slowed its backward by a third (gpt2-small zbv P = 2, three runs
-each, alternating: +44 to +54 % over the prediction with the threshold alone, +14 to +19 % with no
-mmap; docs/BENCHMARKS.md section 6).
+No block is mmap'd at all, not only those under glibc's largest threshold (32 MiB): an LM's embedding
+gradient and its logits are larger, and faulting them in every step slows the backward and the optimizer
+step of the ranks that hold them.
 
-Nor is the heap ever trimmed. A trim threshold of 2 GiB (the largest positive ``int``) still trimmed:
-the 1 GiB top pad plus a freed block at the top passed it, so the heap shrank by a gigabyte at the end
-of a step and page-faulted it back in the next. In the README's main job (gpt2-small zero-bubble,
-b = 4, replay) that made 2 or 3 of the LM head's 4 weight-gradient passes fault a fresh 154 MB
-(37,693 minor faults, 950 ms instead of 450 ms) in every step, and its stage ran +33 % over its
-profile while the others ran 14-17 % under; with trimming off the faults stop after the second step
-and the stage ran like the others (-12.6 % against -15.8..-19.9 %, 2026-12-04). On gpt2-tiny's ranks,
-too, the model's units timed between steps read the machine steadier: 1.02x its profiling speed
-(0.99-1.21x) against 1.12x (0.98-1.46x), 9 verify runs each way, alternating (docs/BENCHMARKS.md 6.1).
+Nor is the heap ever trimmed (``M_TRIM_THRESHOLD`` -1). A positive threshold, even the largest (2 GiB), still
+trims: the 1 GiB top pad plus a freed block at the top passes it, so the heap shrinks by a gigabyte at the
+end of a step and page-faults it back in the next, in whichever pass first needs it again.
+
+The one exception is :func:`return_freed_memory`, which a meta profile calls between units (profiles/meta.py).
 """
 
 from __future__ import annotations

@@ -7,13 +7,11 @@ size, one forward and one backward each (the last with the loss), through
 against the profile's unit sum at that size. What is left between the replayed stages and the prediction at
 that speed is what the plan composes: units into stages, stages into a schedule, memory held between them.
 
-The fixed reference layer (profiles/reference.py), a few milliseconds of small matrices, did not follow a long
-model's stages on the 2-core development VM: replaying gpt2-small's 4-stage plan (b = 4, 1 thread), it read
-the machine 1.03x faster than while profiling while every stage ran 19-27 % slower, and four hours later 1.50x
-faster while the stages ran 5-22 % faster (2026-12-02, docs/BENCHMARKS.md, section 6.1). Nor is the whole
-model as one piece a fair stand-in: in gpt2-small profiles that time three micro-batch sizes in shared rounds,
-the whole model at b = 4 came out 5.5-13.9 % slower than its units added up (seven profiles), and 0.0 % in one
-that timed b = 4 alone (2026-12-02).
+The fixed reference layer (profiles/reference.py), a few milliseconds of small matrices, need not follow a long
+model's stages: its small matrices and the model's large ones are slowed differently by whatever else runs, and
+it can read the machine faster while every stage runs slower. Nor is the whole model as one piece a fair
+stand-in: timed in rounds shared with other micro-batch sizes it need not equal its units added up, which is what
+the plan's prediction is made of.
 
 Timing the units once per step costs at least two micro-batches through every stage (an untimed pass and the
 timed one): half as much again on a plan of 4 micro-batches. On real processes each rank times the units of its

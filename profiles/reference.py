@@ -1,16 +1,15 @@
 """A fixed reference workload: how fast the machine runs right now, to compare two moments.
 
-A shared machine changes speed with its co-tenants, and slowly: on the 2-core development VM a gpt2-tiny
-stage's median forward+backward moved 0.78-1.17x its typical value between 10 s windows and 0.86-1.15x
-between 30 s windows, with no steal time in ``/proc/stat``. A profile taken at one moment and a run
-measured at another then disagree by that much, whatever the cost model. Timed call for call with the
-stage, this reference moved with it: the ratio stage / reference stayed within 0.95-1.05 between 10 s
-windows and 0.98-1.01 between 30 s windows (docs/BENCHMARKS.md, "Fidelity": the ``--only track`` probe, 2026-11-30).
+A shared machine changes speed with its co-tenants, and slowly, by tens of percent between windows of tens of
+seconds, with no steal time in ``/proc/stat`` to show it. A profile taken at one moment and a run measured at
+another then disagree by that much, whatever the cost model. Timed call for call with a model's stage, this
+reference moves with it (``python benchmarks/bench_runtime_probes.py --only track`` measures both).
 
 The profiler times the reference once per round and records its median (``settings.reference_s``);
 ``verify`` times it between its steps and reports how much slower or faster the machine ran than while
-profiling. A diagnostic, not a correction: over six models' pipelines it did not track every one
-(docs/cost-model.md, "The machine's speed").
+profiling. It says how the machine moved, not how each model's pipeline moved with it, so the verdict takes the
+error at its speed only where that is the smaller one; where the plan records the model's own unit sum, the units
+are the reference instead (profiles/model_reference.py; docs/cost-model.md, "The machine's speed").
 """
 
 from __future__ import annotations
@@ -60,10 +59,9 @@ class SpeedReference:
     def time_once(self) -> float:
         """One forward+backward, in seconds, right after an untimed one; also kept in ``samples``.
 
-        Warm, because what came before should not count: right after a replayed gpt2-small step the first
-        call took 10.1-12.2 ms and the next five 6.6-7.8 ms (2026-12-02), and timed cold once after each
-        step, verify's reference read the machine 1.67x and 3.64x slower than while profiling in two runs
-        whose stages ran 16-31 % slower and within 5 % of their profile (docs/BENCHMARKS.md, section 6.1).
+        Warm, because what came before should not count: right after a large model's step the first call runs
+        far slower than the next ones, and a reference timed cold after each step would read the machine much
+        slower than its stages ran.
         """
         self._step()
         elapsed = self._step()

@@ -1,15 +1,12 @@
 """What an action costs after its rank has waited: the whole model's forward and backward after an idle gap.
 
 The profiler times every piece back to back, as a warm loop runs it. A pipeline rank runs each action after
-a wait for its input or gradient, and on the development VM an action after a wait ran longer, by an amount
-that grows with the wait and levels off near 10 ms (``python benchmarks/bench_runtime_probes.py --only
-resume``, 2026-12-01; docs/BENCHMARKS.md, "Fidelity"): gpt2-tiny's forward (3.1 ms back to back) +0.16 ms
-after 1 ms idle, +0.49 ms after 5 ms, +0.67 ms after 10 ms; the MLP's (0.12 ms) +0.01, +0.25 and +0.38 ms;
-five models levelled off at 0.4-0.8 ms a forward or backward. A sleep and a busy wait of the same length
-cost about the same, and so did a 64 MiB write before the step: that points at caches and predictors
-refilled, not at a core waking up. It is measured here on the whole model, once per size: the refill is
-mostly the code path (the model's units run the same kernels), so a stage pays about the whole model's,
-not the sum of its units' (gpt2-tiny: +1.0 ms for the whole model, +3.3 ms summed over its eight units).
+a wait for its input or gradient, and an action after a wait runs longer, by an amount that grows with the wait
+and levels off within about 10 ms (``python benchmarks/bench_runtime_probes.py --only resume`` measures it). A
+sleep and a busy wait of the same length cost about the same, and so does a large memory write before the step:
+that points at caches and predictors refilled, not at a core waking up. It is measured here on the whole model,
+once per size: the refill is mostly the code path (the model's units run the same kernels), so a stage pays
+about the whole model's extra, not the sum of its units' (which is several times larger).
 
 The simulator adds, to each action, the extra interpolated at the idle time before it on its rank
 (docs/cost-model.md, "Resuming after a wait").
@@ -30,10 +27,10 @@ from profiles.measure import backward_roots, fresh_args, sync_device
 __all__ = ["RESUME_GAPS_S", "MAX_STEP_S", "measure_resume"]
 
 RESUME_GAPS_S = (0.001, 0.003, 0.01)
-"""Idle gaps measured: below 1 ms the extra was under 0.1 ms on every model tried; at 10 ms it has levelled."""
+"""Idle gaps measured: below 1 ms the extra is small next to an action; by 10 ms it has levelled off."""
 MAX_STEP_S = 0.5
-"""A step longer than this is not measured (its extras are recorded as 0): at most about a millisecond was
-seen, under 0.2 % of such a step, and the rounds would cost seconds each."""
+"""A step longer than this is not measured (its extras are recorded as 0): an extra of about a millisecond is
+under 0.2 % of such a step, and the rounds would cost seconds each."""
 _MIN_ROUNDS = 5
 _MIN_TIME_S = 0.5
 _MAX_ROUNDS = 40

@@ -1,4 +1,4 @@
-"""Timing a set of pieces in round-robin rounds until their medians are stable (issue 9, fidelity).
+"""Timing a set of pieces in round-robin rounds until their medians are stable (docs/fidelity-profile.md).
 
 A round times every piece once. Round-robin spreads a load spike of a few seconds on a shared machine
 over one sample of many pieces instead of every sample of one piece. Rounds go on past the minimum
@@ -10,8 +10,8 @@ Also here, the two reference pieces the unit sum is checked against:
 
 - ``whole_piece``: the whole model along the units' own code path. With export capture the units are
   pieces of torch's ``pipeline()`` split of the exported graph (what ``apply_plan`` runs), so the whole
-  model is the same graph exported as ONE piece (no split points); the eager model is not comparable
-  (measured on gpt2-tiny, 1 thread: eager fwd+bwd 7.3 ms, the exported graph as one piece 15.8 ms).
+  model is the same graph exported as ONE piece (no split points); the eager model is not comparable (it runs
+  other code, at another speed, than the exported pieces the runtime runs).
   With hooks capture the units are eager modules, so the whole model is the eager model.
 - ``overhead_piece``: a trivial piece (one multiply) timed through the same harness: the fixed cost
   each timed piece pays once (module call, autograd launch, timers) that a stage of several units
@@ -74,17 +74,15 @@ class Timing:
 
 
 MIN_TIME_S = 2.0
-"""The time the rounds of one micro-batch size span by default. On the 2-core development VM a fixed
-forward+backward's median over one second moved between 395 and 661 us from one second to the next (its
-10th percentile held at 377-397 us): a machine shared with other tenants changes speed on that time
-scale. gpt2-tiny's rounds took 0.3 s per size, so each size saw one moment of the machine (a profile came
-out 15.0 ms at b = 2 and 11.9 ms at b = 4); over two seconds the median sees several."""
+"""The time the rounds of one micro-batch size span by default. A machine shared with other tenants changes
+speed from one second to the next (``python benchmarks/bench_runtime_probes.py --only speed`` measures a fixed
+step's median per second), so a small model whose rounds take a fraction of a second would see one moment of the
+machine per size, and the ratio between sizes would be that moment's; over two seconds the median sees several."""
 MAX_ROUNDS = 1000
 """Rounds at most, whatever the time floor: the medians of a model of tiny units need no more."""
 SPREAD_ROUNDS = 5
 """Rounds before their spread may judge a median stable: the MAD of three or four values is often near 0
-by chance (gpt2-small, 2026-12-02: b = 1's unit sums 1.92, 1.65, 1.63 s gave a standard error of 0.7 %, the
-next five rounds ran 1.51-2.00 s)."""
+by chance, and would call a median known to a fraction of a percent that the next rounds move by tens."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +119,7 @@ class Measurements:
     thread_reference_s: tuple[float, ...] = ()
     """The speed reference at each of ``thread_counts``."""
     loss_bytes: tuple[tuple[int, int], ...] | None = None
-    """Per size, ``(target bytes, bytes the loss's output keeps)`` (profiles/profiler.py ``loss_memory``); None
+    """Per size, ``(target bytes, bytes the loss's output keeps)`` (profiles/loaded_profile.py ``loss_memory``); None
     for a meta profile."""
 
 
@@ -200,10 +198,10 @@ def median_error(samples: Sequence[float]) -> float:
     estimated as 1.4826 x the median absolute deviation (Rousseeuw and Croux, JASA 1993), so that a round
     caught in a load spike widens it no more than any other outlier.
 
-    Timed one after another, a piece's samples share a moment of the machine and a stop rule on how far the
-    median moved in one round stopped early; spread over the whole profile in shared rounds they do not, and
-    gpt2-small's median moved by more than 1 % a round for all 15 rounds (its profile took 21.5 min, against
-    13.1). The standard error says how well the median is known, whichever way the samples were taken.
+    A stop rule on how far the median moved in one round suits samples taken back to back, which share a moment
+    of the machine; samples spread over the whole profile in shared rounds do not, and their median keeps moving
+    round after round. The standard error says how well the median is known, whichever way the samples were
+    taken.
     """
     median = statistics.median(samples)
     if median <= 0:

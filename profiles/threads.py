@@ -1,9 +1,9 @@
 """How a CPU profile's times change with the threads a rank gets, so that a plan for P ranks uses them.
 
 On a CPU each of P ranks on one machine runs with ``cores // P`` intra-op threads (planner/runtime/launch.py),
-while a profile is timed with however many threads its process had. The same unit timed with 2 threads and
-with 1 differed by about 1.7x on the 2-core development VM, so a profile made with both cores predicted every
-stage of a 2-rank pipeline 30-40 % fast (gpt2-tiny, ``pipeplan verify`` with default flags, 2026-12-01).
+while a profile is timed with however many threads its process had. A unit's time depends on its threads
+(with half the cores it can take nearly twice as long), so a profile timed with every core would predict each
+stage of a 2-rank pipeline, whose ranks have half the cores each, too fast.
 
 The profiler therefore also times the whole model, and the speed reference, at every thread count a rank of
 this machine can get (``cores // P`` for P = 1, 2, 4, ...), interleaved with the profiled count in one run
@@ -106,8 +106,8 @@ SLACK = 1.25
 def plausible(ratio: float, threads: int, profiled: int) -> float:
     """``ratio`` (time with ``threads`` / with ``profiled`` threads) within what threads can do: with fewer, at
     least as slow (less ``SLACK``) and at most ``profiled / threads`` slower (more ``SLACK``); with more, the
-    mirror. On a busy machine threads that spin for a core made a 2-thread step 100x slower than 1 thread
-    (gpt2-tiny beside another process on both cores): such a ratio is clamped, not believed."""
+    mirror. On a busy machine threads that spin for a core can make a step many times slower with more threads
+    than with fewer: such a ratio is clamped, not believed."""
     if threads < profiled:
         low, high = 1.0 / SLACK, SLACK * profiled / threads
     else:

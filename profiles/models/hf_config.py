@@ -182,7 +182,8 @@ def hf_config_workload(spec: str, task: str | None = None, seq_len: int | None =
     if chosen_task != "image-classification" and limit is not None and length > limit:
         raise ModelSpecError(f"seq_len {length} exceeds the config's {limit} positions: use seq_len <= {limit}")
     if hasattr(config, "use_cache"):
-        config.use_cache = False  # a cache in the output cannot be exported (NOTES)
+        # A KV cache in the output is a cache object, not tensors: torch.export cannot return it nor a stage send it.
+        config.use_cache = False
     _zero_dropout(config)
     config._attn_implementation = "eager"  # fvcore counts eager attention's matmuls
     import transformers
