@@ -1,33 +1,31 @@
 """What a model's own actions cost in a pipeline, learned from measured runs of it.
 
 ``pipeplan calibrate`` measures the runtime with stages of one tiny ``Linear``. Real stages pay more per
-action once they run in a pipeline: on this 2-core CPU about 0.15 ms for a small MLP and 0.45 ms for
-gpt2-tiny, beyond what they cost alone, with neither the other rank's compute nor a pause alone
-explaining it (docs/BENCHMARKS.md, "Fidelity", 2026-12-01). No per-action constant of the runtime
-fits both models, so a calibration that is to predict a given model's plans has to see that model run.
+action once they run in a pipeline, beyond what they cost alone, by an amount that differs from model to model
+and that neither the other rank's compute nor a pause alone explains. No per-action constant of the runtime
+fits every model, so a calibration that is to predict a given model's plans has to see that model run.
 
 ``pipeplan calibrate --model MODEL --profile PROFILE`` does so once: it plans the model for the
 calibration's ranks under the 1F1B schedule, runs that plan on real processes
 (:func:`planner.runtime.verify.verify_plan`) and refits the calibration from the run
 (:func:`planner.runtime.tune.refit_calibration`: the co-location factor from the measured compute, the
 1F1B overhead from the measured iteration, every other schedule shifted by the same per-action change,
-the optimizer by the measured step tail). Held out of sample on the other plans of six models, such a
-calibration predicted within 3.9-8.0 % (median, five runs; one plan of 49 above 20 % in the last three),
-where the one made with trivial stages was 9.9-52.7 % off (docs/BENCHMARKS.md, "Fidelity", 2026-12-01).
+the optimizer by the measured step tail). How well such a calibration predicts the model's other plans, against
+the machine's constants alone, is measured by ``python benchmarks/bench_fidelity.py`` (docs/BENCHMARKS.md,
+"Fidelity").
 
 Where the model's 1F1B plan is short (:data:`EVERY_SCHEDULE_BELOW_S`), the best plan of every other schedule
 runs too (zero-bubble's with one stage per rank and with several), in the same launch and interleaved with it
 (:func:`planner.runtime.interleave.verify_plans`), and each schedule's overhead is learned from its plan's
 measured ratio to the 1F1B plan (:func:`learn_from_runs`). A small model's actions are a few milliseconds, and
 there what a schedule's bookkeeping costs per action differs from model to model as much as from schedule to
-schedule: on mlp (P = 2, b = 4) the shipped calibration put GPipe 1.32x 1F1B and the ranks ran it 1.04x
-(docs/BENCHMARKS.md, section 6.3). It differs from one micro-batch count to another too: in one launch mlp's
-GPipe ran 1.09x 1F1B at 2 micro-batches and 1.25x at 4, so every schedule runs at two counts, the global batch's
-and as many micro-batches as ranks (same micro-batch size), and keeps an overhead for each
+schedule, so the machine's constants can rank the schedules of a small model wrongly. It differs from one
+micro-batch count to another too, so every schedule runs at two counts, the global batch's and as many
+micro-batches as ranks (same micro-batch size), and keeps an overhead for each
 (``Calibration.action_overhead_by_microbatches_s``). And 1F1B runs at each other profiled micro-batch size,
 whose ratio to the first run sets that size's co-location factor
 (``Calibration.colocation_factor_by_micro_batch_size``: the factor at which the calibration predicts the ratio,
-:func:`_colocation_to_ratios`): cnn13's compute ran 0.86-0.96x its profile at b = 4 and 1.09-1.22x at b = 1.
+:func:`_colocation_to_ratios`): how much slower compute runs beside the other rank depends on the size.
 Where actions are long, their overhead is a few percent of the step, and one 1F1B run, its change shifted onto
 the other schedules, is enough for what the extra runs would cost; but the co-location factor still moves with
 the size, so a long model's 1F1B plan runs at each profiled size too, at the same global batch, in one launch of
@@ -95,12 +93,10 @@ and the other plans' runs take about two and a half minutes (:data:`LEARNING_BUD
 
 LEARNING_BUDGET_S = 90.0
 """About how long the interleaved launches that learn schedule ratios (a short model's every schedule) time
-steps, together (:func:`~planner.runtime.interleave.rounds_within`): for mlp's seventeen plans and the 1F1B plan's
-second copy, two launches of 24 rounds of 0.1 s blocks. A learned ratio's error is mostly the rounds' own: one
-round's ratio of two copies of mlp's 1F1B plan spreads by 13-15 % (sd), and a plan's ratio to 1F1B moved from
-launch to launch by 6.9 % (median sd over the plans, worst 11.4 %) in launches of 12 rounds, by 2.8 % (worst 7.5 %)
-in launches of 24, four of each alternated (``python benchmarks/bench_learning.py --model mlp --budgets 45,90``,
-2026-12-03). The 24 rounds cost a short model's profile about 50 s more than 12."""
+steps, together (:func:`~planner.runtime.interleave.rounds_within`): for a small model's seventeen or so plans,
+two launches of a few dozen rounds of 0.1 s blocks. A learned ratio's error is mostly the rounds' own: one
+round's ratio spreads by more than ten percent, and the median's spread from launch to launch falls as the rounds
+grow (``python benchmarks/bench_learning.py --budgets 45,90`` measures it at this budget and at half of it)."""
 
 LEARNING_SIZE_BUDGET_S = 45.0
 """The same for a launch that learns co-location factors alone (a long model's 1F1B plan at each profiled size):
@@ -108,23 +104,20 @@ each factor is compute summed over every action of its rounds, not a median of p
 
 LEARNING_ROUNDS = 7
 """The fewest rounds of each interleaved learning launch: its ratios are medians over them, and one round's ratio
-of two plans of mlp ranged 0.65-0.91 within a minute on the development VM."""
+of two plans can move by tens of percent within a minute on a shared machine."""
 
 LEARNING_SIZE_ROUNDS = 3
 """The fewest rounds of a launch that learns co-location factors alone (a long model's 1F1B plan at each profiled
 micro-batch size): each factor is a ratio of compute summed over every action of its rounds, not a median of
-per-round ratios, and a long model's round is seconds (llama-small, 3 sizes: about 8 s)."""
+per-round ratios, and a long model's round takes seconds."""
 
 LEARNING_MAX_ROUNDS = 30
 """The most rounds of each interleaved learning launch, however short its plans."""
 
 LEARNING_LAUNCHES = 2
 """The learning rounds are split over this many launches, and each plan's ratio to the 1F1B plan is the geometric
-mean of the launches': a launch as a whole can favour one schedule. mlp's interleaved-1f1b plan measured 2.13,
-2.37 and 2.68x its 1F1B plan in three single launches of about 22 rounds each (against the launch before it,
-the last put every other plan but one 2-40 % higher against 1F1B, as if its 1F1B copies ran fast throughout),
-where two copies of one plan in one launch agree within 2-6 %, and the pairs of mlp's plans predicted from that
-last launch measured up to 27 % off (``python benchmarks/bench_ratios.py --models mlp``, 2026-12-02)."""
+mean of the launches': a launch as a whole can favour one schedule (its 1F1B copies running fast throughout,
+say), moving every ratio of that launch by more than two copies of one plan differ within it."""
 
 
 @dataclass(frozen=True)
@@ -186,15 +179,12 @@ def learning_plans(
         every_schedule = first.predicted.iteration_s < EVERY_SCHEDULE_BELOW_S
     if not every_schedule:
         # Where the planner would go, and 1F1B at each other size for that size's co-location factor, at the same
-        # global batch (as many samples a step, not up to 4x as many). llama-small learned at b = 1 alone chose
-        # DualPipeV b = 1 at global batch 16 where a DualPipeV plan at b = 4 ran 15 % faster: its compute at
-        # b = 4 ran 25 % under its prediction, at b = 1 10-19 % (docs/BENCHMARKS.md, section 6.3).
+        # global batch (as many samples a step, not up to 4x as many): a factor learned at one size alone carries
+        # its error into every other size and can tip the planner's choice of micro-batch size.
         return [first, *_one_f_one_b_at_other_sizes(profile, settings, first, global_batch, sha256)]
     # At the largest size that plans: it is where the plans worth running mostly are, and an overhead learned at
-    # one size carries to another only as well as the profile's times at the two sizes agree. cnn13's 1F1B plan
-    # took b = 2, every schedule's overhead was learned there, and its plans at b = 4 (every candidate at global
-    # batch 8 and 16) measured up to 10 % off their predicted ratios; learned at b = 4, 4.1 % at global batch 8
-    # (`python benchmarks/bench_ratios.py --models benchmarks/models.py:cnn13`, 2026-12-02). A long model's
+    # one size carries to another only as well as the profile's times at the two sizes agree
+    # (`python benchmarks/bench_ratios.py` measures the predicted ratios against the runs). A long model's
     # 1F1B run stays at the size the planner picks (above).
     for size in sorted(profile.micro_batch_sizes, reverse=True):
         if size == first.micro_batch_size:
@@ -208,10 +198,7 @@ def learning_plans(
             log.info("not learning at b=%d for %s: %s", size, profile.model.name, exc)
     plans = [first]
     # Every plan at the 1F1B plan's micro-batch size: a ratio across sizes would carry how far the profile's
-    # times at one size are from the other's into the overhead. cnn13's 1F1B plan took b = 2, four other
-    # schedules' b = 4, and their overheads, fitted to ratios of 0.78-0.94 to 1F1B, all came out 0: their plans
-    # at b = 2 were then predicted 20-36 % too fast against the others (`python benchmarks/bench_ratios.py
-    # --models benchmarks/models.py:cnn13`, 2026-12-02).
+    # times at one size are from the other's into the overhead (a faster size would fit every overhead to 0).
     b = first.micro_batch_size
     others = _best_of_each_schedule(profile, settings, calibration.num_ranks, global_batch, b, sha256)
     plans += [p for p in others if p.schedule is not Schedule.ONE_F_ONE_B]
@@ -296,9 +283,8 @@ def learn_from_runs(
     iterations): the overhead at which the refit model predicts that ratio. A ratio measured interleaved holds
     while the machine's speed moves; an absolute fit does not, and where the 1F1B run measured faster than the
     model can go (no overhead, no slowdown) every schedule's fit stops at zero and their differences are lost:
-    cnn13's runs all measured about 20 % under their prediction at the machine's speed, every overhead came out
-    0, and the plans with four times the actions were predicted 1 % from 1F1B and ran 20-27 % behind it
-    (``python benchmarks/bench_ratios.py``, 2026-12-02). A run at another micro-batch count sets its schedule's
+    plans with four times the actions would then be predicted level with 1F1B. A run at another micro-batch
+    count sets its schedule's
     overhead at that count; a 1F1B run at another micro-batch size, that size's co-location factor.
     """
     (first, first_report), others = runs[0], runs[1:]
@@ -390,14 +376,11 @@ def _colocation_to_ratios(
     measured ratio to the first run, where the ratios were learned (a short model's launches: the medians of at
     least fourteen rounds in two launches, of a step mostly outside compute).
 
-    The compute the ranks measured misses what a size costs beyond its compute: cnn13's and unet-small's
-    calibrations, their factors set from compute alone, predicted their own 1F1B runs at b = 1 and 2 2.4-6.6 %
-    faster against the first than they ran (two profiles each), and cnn13's GPipe plan at b = 2 then measured
-    1.097x its 1F1B plan at b = 4 where 0.992x was predicted. Set from the ratios, the factors put the same
-    measurements' pair 2.9 % off, not 9.6 % (``python benchmarks/bench_ratios.py``, 2026-12-03, the profiles'
-    stored ratios fitted again). A long model keeps the factor from compute: its runs at other sizes are one
-    launch of a few rounds of mostly compute, and llama-small's pairs, re-predicted with factors set from that
-    launch's ratios, erred up to 15.2 % where those from compute erred 9.4 %."""
+    The compute the ranks measured misses what a size costs outside its compute, so factors set from compute alone
+    can predict the sizes' ratios off; set from the ratios, they reproduce the measured ratios. A long model keeps
+    the factor from compute: its runs at other sizes are one launch of a few rounds of mostly compute, whose ratios
+    are noisier than its compute summed over every action (``python benchmarks/bench_ratios.py`` compares the
+    two)."""
     (first, _), by_size = runs[0], dict(learned.colocation_factor_by_micro_batch_size)
 
     def iteration_s(plan: Plan, factor: float | None = None) -> float:
@@ -446,10 +429,9 @@ def learn_model_cost(
     launches'.
 
     Every other plan's ratio is taken to the first plan's, so the first runs as two copies, one at each end of
-    the launch's order: a plan's copy can measure 6 % from another copy of it in the same launch (one on mlp,
-    :mod:`planner.runtime.interleave`), and gpt2-tiny's one copy once measured 51 % over its prediction while
-    the plans around it ran as predicted, which set every other schedule's overhead to 0
-    (``python benchmarks/bench_default_path.py``, 2026-12-02).
+    the launch's order: a plan's copy can measure a few percent from another copy of it in the same launch
+    (:mod:`planner.runtime.interleave`), and one copy caught in a slow spell would set every other schedule's
+    overhead to 0.
 
     Raises:
         UsageError: the run was not on real processes.
