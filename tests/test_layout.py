@@ -12,6 +12,12 @@ made here on purpose or not at all. The rules the table keeps (checked on the ta
   ``planner.runtime``, and no torch;
 - ``solvers`` imports no torch, and of ``planner`` only the one exception hierarchy (``planner.errors``);
 - only the CLI, examples and benchmarks (and ``planner.runtime`` itself) import ``planner.runtime``.
+
+Inside a row the table says nothing of direction, so a second rule holds the modules themselves: the imports of
+the packages and the CLI (each import counted as above, type-only ones under ``TYPE_CHECKING`` too) go round in
+no circle. A circle is a design smell with a known cut: a format module that also assembles (move the
+assembling up), two modules each holding a helper the other needs (move both down), a type and its resolver
+in one file (split them).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,19 +100,27 @@ def _imports(path: Path) -> set[str]:
     ``from package import name`` counts as ``package.name`` (a submodule, or a name the package defines), so
     ``from planner import runtime`` is an import of ``planner.runtime``; relative imports are resolved.
     """
-    found: set[str] = set()
+    return set(_import_lines(path))
+
+
+def _import_lines(path: Path) -> dict[str, int]:
+    """:func:`_imports`, each with the line of its first import in ``path``."""
+    found: dict[str, int] = {}
     package = _module_name(path).split(".") if path.relative_to(ROOT).parts[0] in PARTS else []
     if package and path.name != "__init__.py":
         package = package[:-1]
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        names: list[str] = []
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             module = node.module or ""
             if node.level:
                 assert len(package) >= node.level, f"{path}: a relative import outside a package"
                 module = ".".join(package[: len(package) - node.level + 1] + ([module] if module else []))
-            found.update(f"{module}.{alias.name}" for alias in node.names)
+            names = [f"{module}.{alias.name}" for alias in node.names]
+        for name in names:
+            found[name] = min(found.get(name, node.lineno), node.lineno)
     return found
 
 
@@ -167,3 +182,69 @@ def test_the_checks_see_imports() -> None:
     lazy = ROOT / "profiles" / "workload.py"  # imports profiles.models inside a function
     assert any(_part(m) == "profiles.models" for m in _imports(lazy))
     assert _outside(ROOT / "cli.py", LAYOUT["solvers"]), "cli.py imports what a solver may not"
+
+
+# The modules held to no circle: the packages and the CLI (tests, examples and benchmarks sit above them all).
+ACYCLIC = ("planner", "profiles", "solvers", "cli.py")
+MODULES = {_module_name(p): p for p in SOURCES if p.relative_to(ROOT).parts[0] in ACYCLIC}
+
+
+def _first_party(name: str, modules: set[str] | dict[str, Path] = MODULES) -> str | None:
+    """The module an import of ``name`` reaches: the longest of ``modules`` it starts with, so that ``from pkg
+    import name`` reaches ``pkg.name`` where that is a module, else ``pkg``; None where it is not ours."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _import_graph() -> nx.DiGraph:
+    """Each module of :data:`MODULES` -> the modules it imports, every edge with the file and line of its import."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from(MODULES)
+    for module, path in MODULES.items():
+        for name, line in _import_lines(path).items():
+            target = _first_party(name)
+            if target is None or target == module:
+                continue
+            # A package's __init__ is its front door: it re-exports what lies below it (planner's resolves each
+            # name on first use, through a module-level __getattr__), so its edges point into the package by
+            # construction. Counted, a submodule that takes a name from its own package would close a circle
+            # that no import ever runs.
+            if path.name == "__init__.py" and target.startswith(module + "."):
+                continue
+            graph.add_edge(module, target, at=f"{path.relative_to(ROOT)}:{line}")
+    return graph
+
+
+def _circles(graph: nx.DiGraph) -> list[str]:
+    """One circle of each group of modules that import each other, as ``a (file:line) -> b (...) -> a``."""
+    circles = []
+    for group in sorted(nx.strongly_connected_components(graph), key=min):
+        if len(group) > 1:
+            cycle = nx.find_cycle(graph.subgraph(group))
+            steps = [f"{a} ({graph.edges[a, b]['at']})" for a, b in cycle]
+            circles.append(" -> ".join([*steps, cycle[0][0]]))
+    return circles
+
+
+def test_imports_go_round_in_no_circle() -> None:
+    circles = _circles(_import_graph())
+    assert circles == [], (
+        "modules that import each other (cut: move a format's assembling up, move helpers two modules share "
+        "down, split a type from its resolver):\n" + "\n".join(circles)
+    )
+
+
+def test_the_import_graph_sees_every_kind_of_import() -> None:
+    # The rule above would hold vacuously on a graph that missed imports, or on a search that missed circles.
+    assert _first_party("planner.plan.Plan") == "planner.plan"  # a name from a module
+    assert _first_party("planner.export.export_plan") == "planner.export"  # a name a package defines
+    assert _first_party("planner.runtime") == "planner.runtime"  # a subpackage, as `from planner import runtime`
+    assert _first_party("torch.nn") is None
+    graph = _import_graph()
+    assert graph.has_edge("planner.search", "planner.assemble")  # at module level
+    assert graph.has_edge("profiles.workload", "profiles.models")  # inside a function
+    assert graph.has_edge("planner.assemble", "planner.request")  # under TYPE_CHECKING
+    assert not graph.has_edge("planner.export", "planner.export.common")  # a package's front door
+    graph.add_edge("planner.errors", "cli", at="(added)")
+    assert any(c.startswith("cli (") and c.endswith("-> cli") for c in _circles(graph))
