@@ -118,7 +118,7 @@ def _cmd_calibrate(options: CalibrateOptions) -> int:
 
 
 def _cmd_plan(options: PlanCommand) -> int:
-    from planner.cluster import default_cluster, plan_cluster
+    from planner.cluster import MeshSearch, default_cluster, plan_cluster
     from planner.fileio import check_output_path
     from planner.formatting import human_seconds
     from planner.plan import save_plan
@@ -160,11 +160,13 @@ def _cmd_plan(options: PlanCommand) -> int:
             profile,
             request,
             mesh,
+            MeshSearch(
+                pipeline_degree=search.ranks,
+                tensor_parallel=None if cluster.tensor_parallel == "auto" else cluster.tensor_parallel or 1,
+                attention_heads=cluster.attention_heads,
+                **cluster.tp_switches(search.trainer),
+            ),
             sha256=sha256,
-            pipeline_degree=search.ranks,
-            tensor_parallel=None if cluster.tensor_parallel == "auto" else cluster.tensor_parallel or 1,
-            attention_heads=cluster.attention_heads,
-            **cluster.tp_switches(search.trainer),
             record_timing=options.record_timing,
             jobs=cluster.jobs or os.cpu_count() or 1,
         )

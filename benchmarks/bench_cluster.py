@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_planner_scale import synthetic_profile  # noqa: E402
 from common import run_started, write_record  # noqa: E402
 
-from planner.cluster import Cluster, plan_cluster  # noqa: E402
+from planner.cluster import Cluster, MeshSearch, plan_cluster  # noqa: E402
 from planner.cost import CostSettings  # noqa: E402
 from planner.formatting import format_table  # noqa: E402
 from planner.request import PlanRequest  # noqa: E402
@@ -61,7 +61,9 @@ def run(
         # GPU clusters of this size run Megatron's layout (vocabulary-parallel embedding and head, sequence split).
         megatron = {"sequence_parallel": True, "vocab_parallel": True}
         results.append(
-            plan_cluster(profile, request, cluster, sha256="0" * 64, tensor_parallel=degree, jobs=workers, **megatron)
+            plan_cluster(
+                profile, request, cluster, MeshSearch(tensor_parallel=degree, **megatron), sha256="0" * 64, jobs=workers
+            )
         )
         walls.append(time.perf_counter() - started)
     result = results[0]

@@ -247,7 +247,7 @@ def capped(args: argparse.Namespace, out: Path) -> list[Row]:
 
 def cluster(args: argparse.Namespace, out: Path) -> list[Row]:
     """pp 2 x dp 2 on 4 processes, 1F1B: DDP (shard none) and FSDP (shard full); global batch 16 (8 a replica)."""
-    from planner.cluster import default_cluster, plan_cluster
+    from planner.cluster import MeshSearch, default_cluster, plan_cluster
 
     rows: list[Row] = []
     for spec in args.models:
@@ -262,7 +262,7 @@ def cluster(args: argparse.Namespace, out: Path) -> list[Row]:
             )
             request = plan_request(profile, options, cluster=True)
             found = plan_cluster(
-                profile, request, default_cluster("cpu", 4, shard=shard), sha256="0" * 64, pipeline_degree=2
+                profile, request, default_cluster("cpu", 4, shard=shard), MeshSearch(pipeline_degree=2), sha256="0" * 64
             )
             name = f"{short(spec)}~1f1b-dp2-{'ddp' if shard == 'none' else 'fsdp'}~off~processes"
             got = run_one(spec, found.plan, "processes", name, out)

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import run_started, tables_in, tee_stdout, write_record  # noqa: E402
 
-from planner.cluster import Cluster, ClusterResult, plan_cluster  # noqa: E402
+from planner.cluster import Cluster, ClusterResult, MeshSearch, plan_cluster  # noqa: E402
 from planner.cost import CostSettings  # noqa: E402
 from planner.errors import PipeplanError  # noqa: E402
 from planner.formatting import format_table  # noqa: E402
@@ -208,7 +208,9 @@ def run_case(case: Case, jobs: int) -> list[list[object]]:
     cluster = Cluster(case.devices, 8, hw.intra_node_bytes_per_s, hw.inter_node_bytes_per_s, hw.latency_s, case.shard)
     runs: list[tuple[str, ClusterResult | str, float]] = []
     started = time.perf_counter()
-    chosen = plan_cluster(profile, request, cluster, sha256="0" * 64, tensor_parallel=None, jobs=jobs, **MEGATRON)
+    chosen = plan_cluster(
+        profile, request, cluster, MeshSearch(tensor_parallel=None, **MEGATRON), sha256="0" * 64, jobs=jobs
+    )
     runs.append(("pipeplan", chosen, time.perf_counter() - started))
     if case.published is not None:
         pp, tp = case.published
@@ -218,11 +220,9 @@ def run_case(case: Case, jobs: int) -> list[list[object]]:
                 profile,
                 request,
                 cluster,
+                MeshSearch(pipeline_degree=pp, tensor_parallel=tp, **MEGATRON),
                 sha256="0" * 64,
-                pipeline_degree=pp,
-                tensor_parallel=tp,
                 jobs=jobs,
-                **MEGATRON,
             )
         except PipeplanError as exc:
             fixed = str(exc)

@@ -22,9 +22,10 @@ import math
 import multiprocessing
 import signal
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from planner.cost import SHARDING, CostSettings, DataParallel, bytes_per_param, state_bytes_per_param, unit_costs
 from planner.errors import PipeplanError, PipeplanWarning, PlanInfeasibleError, SearchPrunedError, UsageError
@@ -40,6 +41,7 @@ __all__ = [
     "Cluster",
     "Layout",
     "ClusterResult",
+    "MeshSearch",
     "layouts",
     "plan_cluster",
     "tensor_parallel_degrees",
@@ -360,67 +362,119 @@ def tensor_parallel_degrees(
     return (tensor_parallel,)
 
 
+@dataclass(frozen=True)
+class MeshSearch:
+    """Which ``pp x tp x dp`` layouts a cluster search tries, beyond what the cluster's devices allow."""
+
+    pipeline_degree: int | None = None
+    """``pp`` fixed (``--ranks`` with ``--devices``), which must then divide the devices; None: every degree."""
+    tensor_parallel: int | None = 1
+    """``tp`` fixed (1: none), or None: every degree that divides a node and the attention heads."""
+    attention_heads: tuple[int, int] | None = None
+    """(heads, key-value heads) the tensor-parallel degrees must divide; None: the profile's."""
+    sequence_parallel: bool = False
+    """Model Megatron's sequence parallelism (planner/tensor_parallel.py); off is pipeplan's runtime."""
+    vocab_parallel: bool = False
+    """Model a vocabulary-parallel embedding and head (:func:`~planner.tensor_parallel.layout_switches`)."""
+
+
+class _Candidate(NamedTuple):
+    """A layout to search, in the order the search takes them: likeliest winner first."""
+
+    guess_s: float
+    bound_s: float
+    order: int
+    """The layout's place in the exhaustive order (ties go to the earlier)."""
+    layout: Layout
+    replica: PlanRequest
+    """One replica's request: ``pp`` ranks, its share of the global batch, the layout's links."""
+
+
 def plan_cluster(
     profile: Profile,
     request: PlanRequest,
     cluster: Cluster,
+    mesh: MeshSearch = MeshSearch(),  # noqa: B008 - frozen, so one shared default is safe
     *,
     sha256: str,
-    pipeline_degree: int | None = None,
-    tensor_parallel: int | None = 1,
-    attention_heads: tuple[int, int] | None = None,
-    sequence_parallel: bool = False,
-    vocab_parallel: bool = False,
     record_timing: bool = False,
     jobs: int = 1,
 ) -> ClusterResult:
     """The fastest simulated ``pp x tp x dp`` plan of ``request.global_batch_size`` samples on ``cluster``.
 
-    ``request.num_ranks`` is ignored (the search sets it per layout); ``pipeline_degree`` fixes ``pp``
-    (``--ranks`` with ``--devices``), which must then divide the devices. ``tensor_parallel`` fixes ``tp``
-    (1: none, the default), or None searches every degree that divides a node and the attention heads
-    (``attention_heads``: (heads, key-value heads); None: the profile's). ``sequence_parallel`` and
-    ``vocab_parallel`` choose the layout modelled (planner/tensor_parallel.py): both off, the default, is what
-    pipeplan's runtime runs; both on is Megatron's (:func:`~planner.tensor_parallel.layout_switches`). ``jobs``
-    > 1 searches that many layouts at once in worker processes; the plan is the same (only which layouts were
-    pruned, rather than simulated, may differ).
+    ``request.num_ranks`` is ignored (the search sets it per layout); ``mesh`` says which degrees are searched
+    and the tensor-parallel layout modelled: both switches off, the default, is what pipeplan's runtime runs, both
+    on is Megatron's. ``jobs`` > 1 searches that many layouts at once in worker processes; the plan is the same
+    (only which layouts were pruned, rather than simulated, may differ).
 
     Raises:
-        UsageError: ``pipeline_degree`` does not divide the devices, or exceeds the units; a tensor-parallel
+        UsageError: the pipeline degree does not divide the devices, or exceeds the units; a tensor-parallel
             degree the nodes or the model cannot take.
         PlanInfeasibleError: no layout gives a plan; the message says why for the closest one.
     """
-    heads = attention_heads if attention_heads is not None else tensor_attention_heads(profile)
-    degrees = tensor_parallel_degrees(profile, cluster, tensor_parallel, heads)
-    if pipeline_degree is not None:
-        if cluster.num_devices % pipeline_degree:
-            raise UsageError(
-                f"--ranks {pipeline_degree} does not divide --devices {cluster.num_devices}: a pp x dp mesh "
-                f"needs pp to divide the devices (e.g. --ranks "
-                f"{_nearest_divisors(pipeline_degree, cluster.num_devices)})"
-            )
-        if pipeline_degree > profile.num_units:
-            raise UsageError(f"cannot cut {profile.num_units} units into {pipeline_degree} stages")
-        fitting = tuple(t for t in degrees if cluster.num_devices % (pipeline_degree * t) == 0)
-        if not fitting:
-            raise UsageError(
-                f"--ranks {pipeline_degree} x --tensor-parallel {degrees[0]} does not divide --devices "
-                f"{cluster.num_devices}: a pp x tp x dp mesh uses them all"
-            )
-        degrees = fitting
+    heads = mesh.attention_heads if mesh.attention_heads is not None else tensor_attention_heads(profile)
+    degrees = tensor_parallel_degrees(profile, cluster, mesh.tensor_parallel, heads)
+    if mesh.pipeline_degree is not None:
+        degrees = _degrees_with_pipeline(profile, cluster, mesh.pipeline_degree, degrees)
     if jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {jobs}")
-    tried: list[tuple[int, tuple[Layout, float | None, str]]] = []
-    best: tuple[tuple[float, int, int, int], Plan] | None = None
-    last_error = "no layout"
+    candidates, profiles = _candidates(profile, request, cluster, mesh, degrees)
+    standings = _Standings(cluster, request)
+    with _executor(jobs) as pool:
+
+        def submit(candidate: _Candidate, beat_s: float) -> Future[Plan]:
+            layout, replica = candidate.layout, candidate.replica
+            return pool.submit(_search_layout, profiles[layout.tp], replica, sha256, record_timing, beat_s)
+
+        _branch_and_bound(submit, jobs, candidates, standings)
+    if standings.best is None:
+        mesh_kind = "pp x dp" if degrees == (1,) else "pp x tp x dp"
+        raise PlanInfeasibleError(
+            f"no {mesh_kind} layout of {cluster.num_devices} devices gives a plan ({standings.last_error})"
+        )
+    plan = standings.best[1]
+    constraints = _cluster_constraints(plan, cluster, request, mesh, [t for _, t in standings.tried])
+    tried = tuple(t for _, t in sorted(standings.tried, key=_first))
+    return ClusterResult(replace(plan, constraints=constraints), tried)
+
+
+def _degrees_with_pipeline(
+    profile: Profile, cluster: Cluster, pipeline_degree: int, degrees: tuple[int, ...]
+) -> tuple[int, ...]:
+    """The tensor-parallel ``degrees`` that a fixed pipeline degree leaves a whole mesh of the devices; raises
+    where the pipeline degree itself cannot be (it must divide the devices and cut the units)."""
+    if cluster.num_devices % pipeline_degree:
+        raise UsageError(
+            f"--ranks {pipeline_degree} does not divide --devices {cluster.num_devices}: a pp x dp mesh "
+            f"needs pp to divide the devices (e.g. --ranks "
+            f"{_nearest_divisors(pipeline_degree, cluster.num_devices)})"
+        )
+    if pipeline_degree > profile.num_units:
+        raise UsageError(f"cannot cut {profile.num_units} units into {pipeline_degree} stages")
+    fitting = tuple(t for t in degrees if cluster.num_devices % (pipeline_degree * t) == 0)
+    if not fitting:
+        raise UsageError(
+            f"--ranks {pipeline_degree} x --tensor-parallel {degrees[0]} does not divide --devices "
+            f"{cluster.num_devices}: a pp x tp x dp mesh uses them all"
+        )
+    return fitting
+
+
+def _candidates(
+    profile: Profile, request: PlanRequest, cluster: Cluster, mesh: MeshSearch, degrees: tuple[int, ...]
+) -> tuple[list[_Candidate], dict[int, Profile]]:
+    """Every layout of every degree with its lower bound and guessed step, sorted likeliest winner first, and the
+    profile as one device of each degree's group computes it."""
     candidates = []
     profiles: dict[int, Profile] = {}
     order = 0
     for tp in degrees:
-        group = TensorParallel(tp, cluster.intra_node_bytes_per_s, cluster.latency_s, sequence_parallel, vocab_parallel)
+        group = TensorParallel(
+            tp, cluster.intra_node_bytes_per_s, cluster.latency_s, mesh.sequence_parallel, mesh.vocab_parallel
+        )
         profiles[tp] = sharded = sharded_profile(profile, group)
-        for layout in layouts(cluster, profile.num_units, request.global_batch_size, pipeline_degree, tp):
-            if pipeline_degree is None or layout.used_devices == cluster.num_devices:
+        for layout in layouts(cluster, profile.num_units, request.global_batch_size, mesh.pipeline_degree, tp):
+            if mesh.pipeline_degree is None or layout.used_devices == cluster.num_devices:
                 settings = _settings_for(request, cluster, layout)
                 bound = _lower_bound_s(sharded, request, settings, layout)
                 replica = replace(
@@ -432,55 +486,93 @@ def plan_cluster(
                 # The likeliest winners first, so that the rest meet a good step to beat: the bound alone puts
                 # the deepest pipelines first (least work per rank), whose bubble then loses.
                 guess = _guess_s(sharded, replica) if bound < math.inf else math.inf
-                candidates.append((guess, bound, order, layout, replica))
+                candidates.append(_Candidate(guess, bound, order, layout, replica))
             order += 1
-    # Branch and bound: a layout whose bound exceeds the best step found cannot win, or tie, so the
-    # answer is the exhaustive search's (tests/planner/test_cluster.py holds them equal), whatever the order.
-    queue = iter(sorted(candidates, key=lambda c: (c[0], c[1], c[2])))
+    return sorted(candidates, key=lambda c: (c.guess_s, c.bound_s, c.order)), profiles
+
+
+class _Standings:
+    """What the layouts searched so far gave: each one's outcome, in search order, and the best plan."""
+
+    def __init__(self, cluster: Cluster, request: PlanRequest) -> None:
+        self.cluster, self.request = cluster, request
+        self.tried: list[tuple[int, tuple[Layout, float | None, str]]] = []
+        self.best: tuple[tuple[float, int, int, int], Plan] | None = None
+        self.last_error = "no layout"
+
+    @property
+    def best_s(self) -> float:
+        """The best step so far (inf: none yet)."""
+        return self.best[0][0] if self.best is not None else math.inf
+
+    def refuse(self, order: int, layout: Layout, reason: str, error: str | None = None) -> None:
+        """The layout gave no plan, for ``reason``; ``error`` is what the final refusal cites, if it is the last."""
+        self.tried.append((order, (layout, None, reason)))
+        if error is not None:
+            self.last_error = f"{_named(layout)}: {error}"
+
+    def take(self, order: int, layout: Layout, replica: PlanRequest, plan: Plan) -> None:
+        """The layout's plan, kept if it is the best yet (ties: fewer devices, less memory, earlier layout)."""
+        step_s = plan.predicted.iteration_s
+        self.tried.append((order, (layout, step_s, "")))
+        peak = max(s.memory_bytes.peak for s in plan.stages)
+        key = (round(step_s, 12), layout.used_devices, peak, order)
+        if self.best is None or key < self.best[0]:
+            # Throughput counts every replica's samples.
+            predicted = replace(plan.predicted, samples_per_s=self.request.global_batch_size / step_s)
+            mesh = _mesh(self.cluster, layout, self.request, replica.settings)
+            self.best = (key, replace(plan, predicted=predicted, mesh=mesh))
+
+
+def _branch_and_bound(
+    submit: Callable[[_Candidate, float], Future[Plan]], jobs: int, candidates: list[_Candidate], standings: _Standings
+) -> None:
+    """Search the candidates ``jobs`` at a time (``submit`` starts one's search, to beat a step), each held
+    against the best step so far.
+
+    A layout whose bound exceeds the best step found cannot win, or tie, so the answer is the exhaustive
+    search's (tests/planner/test_cluster.py holds them equal), whatever the order."""
+    queue = iter(candidates)
     running: dict[Future[Plan], tuple[int, Layout, PlanRequest, float]] = {}
-    with _executor(jobs) as pool:
-        while True:
-            for _guess, bound, order, layout, replica in queue:
-                if bound == math.inf:
-                    reason = "does not fit: the parameters' state alone exceeds the devices' memory"
-                    tried.append((order, (layout, None, reason)))
-                    last_error = f"{_named(layout)}: the parameters' state alone exceeds the memory"
-                    continue
-                if best is not None and bound > best[0][0]:
-                    tried.append((order, (layout, None, f"pruned: at least {bound:.4g} s")))
-                    continue
-                beat_s = best[0][0] if best is not None else math.inf
-                future = pool.submit(_search_layout, profiles[layout.tp], replica, sha256, record_timing, beat_s)
-                running[future] = (order, layout, replica, beat_s)
-                if len(running) >= jobs:
-                    break
-            if not running:
+    while True:
+        for candidate in queue:
+            _guess, bound, order, layout, replica = candidate
+            if bound == math.inf:
+                reason = "does not fit: the parameters' state alone exceeds the devices' memory"
+                standings.refuse(order, layout, reason, "the parameters' state alone exceeds the memory")
+                continue
+            if standings.best is not None and bound > standings.best_s:
+                standings.refuse(order, layout, f"pruned: at least {bound:.4g} s")
+                continue
+            beat_s = standings.best_s
+            future = submit(candidate, beat_s)
+            running[future] = (order, layout, replica, beat_s)
+            if len(running) >= jobs:
                 break
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in sorted(done, key=lambda f: running[f][0]):
-                order, layout, replica, beat_s = running.pop(future)
-                try:
-                    plan = future.result()
-                except SearchPrunedError:
-                    tried.append((order, (layout, None, f"pruned: no candidate can beat {beat_s:.4g} s")))
-                    continue
-                except PipeplanError as exc:
-                    tried.append((order, (layout, None, str(exc))))
-                    last_error = f"{_named(layout)}: {exc}"
-                    continue
-                step_s = plan.predicted.iteration_s
-                tried.append((order, (layout, step_s, "")))
-                peak = max(s.memory_bytes.peak for s in plan.stages)
-                key = (round(step_s, 12), layout.used_devices, peak, order)
-                if best is None or key < best[0]:
-                    # Throughput counts every replica's samples.
-                    predicted = replace(plan.predicted, samples_per_s=request.global_batch_size / step_s)
-                    mesh = _mesh(cluster, layout, request, replica.settings)
-                    best = (key, replace(plan, predicted=predicted, mesh=mesh))
-    if best is None:
-        mesh_kind = "pp x dp" if degrees == (1,) else "pp x tp x dp"
-        raise PlanInfeasibleError(f"no {mesh_kind} layout of {cluster.num_devices} devices gives a plan ({last_error})")
-    plan = best[1]
+        if not running:
+            return
+        done, _ = wait(running, return_when=FIRST_COMPLETED)
+        for future in sorted(done, key=lambda f: running[f][0]):
+            order, layout, replica, beat_s = running.pop(future)
+            try:
+                plan = future.result()
+            except SearchPrunedError:
+                standings.refuse(order, layout, f"pruned: no candidate can beat {beat_s:.4g} s")
+                continue
+            except PipeplanError as exc:
+                standings.refuse(order, layout, str(exc), str(exc))
+                continue
+            standings.take(order, layout, replica, plan)
+
+
+def _cluster_constraints(
+    plan: Plan,
+    cluster: Cluster,
+    request: PlanRequest,
+    mesh: MeshSearch,
+    tried: list[tuple[Layout, float | None, str]],
+) -> dict[str, object]:
+    """The plan's constraints with the cluster's and, with tensor parallelism searched, why its degree won."""
     constraints = {
         **plan.constraints,
         "num_devices": cluster.num_devices,
@@ -491,15 +583,15 @@ def plan_cluster(
         "global_batch_size": request.global_batch_size,
         "layouts_tried": len(tried),
     }
-    if tensor_parallel != 1:  # absent for plans without it, which stay as they were written
-        constraints["tensor_parallel"] = "auto" if tensor_parallel is None else tensor_parallel
+    if mesh.tensor_parallel != 1:  # absent for plans without it, which stay as they were written
+        constraints["tensor_parallel"] = "auto" if mesh.tensor_parallel is None else mesh.tensor_parallel
         # The layout modelled: what the runtime refuses unless it runs it, and what the exports carry.
-        constraints["sequence_parallel"] = sequence_parallel
-        constraints["vocab_parallel"] = vocab_parallel
+        constraints["sequence_parallel"] = mesh.sequence_parallel
+        constraints["vocab_parallel"] = mesh.vocab_parallel
         # Why this degree: the report (and `show`, from the plan file alone) prints each degree's best step.
-        outcomes = best_step_per_degree([t for _, t in tried])
+        outcomes = best_step_per_degree(tried)
         constraints["tensor_parallel_best_s"] = {str(tp): outcome for tp, outcome in outcomes.items()}
-    return ClusterResult(replace(plan, constraints=constraints), tuple(t for _, t in sorted(tried, key=_first)))
+    return constraints
 
 
 def best_step_per_degree(tried: Iterable[tuple[Layout, float | None, str]]) -> dict[int, float | str]:

@@ -11,7 +11,7 @@ import pytest
 
 from cli import main
 from cli_checks import assert_fails
-from planner.cluster import Cluster, Layout, layouts, plan_cluster
+from planner.cluster import Cluster, Layout, MeshSearch, layouts, plan_cluster
 from planner.cost import CostSettings, DataParallel, step_tails, unit_costs
 from planner.errors import PlanFormatError, UsageError
 from planner.plan import load_plan, plan_from_dict, save_plan
@@ -170,7 +170,7 @@ def test_the_choice_with_tensor_parallelism_searched_is_the_exhaustive_searchs(s
         shard=rng.choice(["none", "optimizer"]),
     )
     request = _request(rng.choice([4, 8]), link_bytes_per_s=1e9)
-    result = plan_cluster(profile, request, cluster, sha256=SHA, tensor_parallel=None)
+    result = plan_cluster(profile, request, cluster, MeshSearch(tensor_parallel=None), sha256=SHA)
     mesh = result.plan.mesh
     assert mesh is not None
     step, devices = _exhaustive(profile, request, cluster, degrees=(1, 2, 4))
@@ -217,14 +217,18 @@ def test_fewer_devices_when_the_batch_allows_no_more() -> None:
 def test_a_fixed_pipeline_degree_must_divide_the_devices() -> None:
     profile = make_profile([1.0] * 4)
     with pytest.raises(UsageError, match="does not divide --devices 6"):
-        plan_cluster(profile, _request(8), Cluster(6, 6, 1e9, 1e9, 0.0), sha256=SHA, pipeline_degree=4)
-    plan = plan_cluster(profile, _request(8), Cluster(8, 4, 1e9, 1e8, 0.0), sha256=SHA, pipeline_degree=2).plan
+        plan_cluster(profile, _request(8), Cluster(6, 6, 1e9, 1e9, 0.0), MeshSearch(pipeline_degree=4), sha256=SHA)
+    plan = plan_cluster(
+        profile, _request(8), Cluster(8, 4, 1e9, 1e8, 0.0), MeshSearch(pipeline_degree=2), sha256=SHA
+    ).plan
     assert (plan.mesh.pp, plan.mesh.dp, plan.num_ranks) == (2, 4, 2)
 
 
 def test_the_mesh_round_trips_and_is_checked(tmp_path) -> None:
     profile = make_profile([1.0] * 4)
-    plan = plan_cluster(profile, _request(8), Cluster(8, 4, 1e10, 1e9, 1e-5), sha256=SHA, pipeline_degree=2).plan
+    plan = plan_cluster(
+        profile, _request(8), Cluster(8, 4, 1e10, 1e9, 1e-5), MeshSearch(pipeline_degree=2), sha256=SHA
+    ).plan
     path = tmp_path / "plan.json"
     save_plan(plan, path)
     assert load_plan(path) == plan
@@ -275,7 +279,7 @@ def test_export_gives_torchtitan_the_replicas() -> None:
     profile = make_profile([1.0] * 4)
     for shard, replicate, sharded in (("none", 4, 1), ("full", 1, 4)):
         cluster = Cluster(8, 8, 1e10, 1e10, 1e-5, shard=shard)
-        plan = plan_cluster(profile, _request(8), cluster, sha256=SHA, pipeline_degree=2).plan
+        plan = plan_cluster(profile, _request(8), cluster, MeshSearch(pipeline_degree=2), sha256=SHA).plan
         words = shell_words(export_plan(plan, "torchtitan").text())
         value = {flag.removeprefix("--parallelism."): words[i + 1] for i, flag in enumerate(words) if "." in flag}
         assert value["pipeline_parallel_degree"] == "2"

@@ -10,7 +10,7 @@ import pytest
 
 from cli import main
 from cli_checks import assert_fails
-from planner.cluster import Cluster, layouts, plan_cluster
+from planner.cluster import Cluster, MeshSearch, layouts, plan_cluster
 from planner.cost import CostSettings
 from planner.errors import PipeplanWarning, UsageError
 from planner.plan import load_plan
@@ -204,8 +204,8 @@ def test_the_search_splits_tensors_when_no_stage_fits_otherwise() -> None:
         plan_cluster(profile, _request(8), cluster, sha256=SHA)  # tensor parallelism off: nothing fits
     with pytest.raises(Exception, match="no pp x tp x dp layout"):
         # pipeplan's runtime keeps the vocabulary table whole on every device: it fits no better.
-        plan_cluster(profile, _request(8), cluster, sha256=SHA, tensor_parallel=None)
-    result = plan_cluster(profile, _request(8), cluster, sha256=SHA, tensor_parallel=None, **MEGATRON)
+        plan_cluster(profile, _request(8), cluster, MeshSearch(tensor_parallel=None), sha256=SHA)
+    result = plan_cluster(profile, _request(8), cluster, MeshSearch(tensor_parallel=None, **MEGATRON), sha256=SHA)
     mesh = result.plan.mesh
     assert mesh is not None and mesh.tp in (2, 4)
     assert mesh.used_devices == mesh.pp * mesh.dp * mesh.tp <= 8
@@ -219,7 +219,7 @@ def test_the_search_keeps_tp_1_where_splitting_only_costs() -> None:
     # Plenty of memory and a slow node link: every block's collectives cost more than the halved compute saves.
     profile = transformer_profile("llama", block_params=1000, hidden_bytes=1_000_000, heads=8)
     cluster = Cluster(4, 4, 1e8, 1e8, 1e-4)
-    result = plan_cluster(profile, _request(4), cluster, sha256=SHA, tensor_parallel=None)
+    result = plan_cluster(profile, _request(4), cluster, MeshSearch(tensor_parallel=None), sha256=SHA)
     assert result.plan.mesh is not None and result.plan.mesh.tp == 1
     steps = {layout.tp for layout, step, _ in result.tried if step is not None}
     assert 1 in steps and len({layout.tp for layout, _, _ in result.tried}) == 3  # tp 1, 2 and 4 were tried
@@ -231,17 +231,21 @@ def test_tensor_parallel_1_writes_the_plan_it_wrote_before() -> None:
     plan = plan_cluster(profile, _request(4), cluster, sha256=SHA).plan
     data = plan.to_dict()
     assert "tp" not in data["mesh"] and "tensor_parallel" not in data["constraints"]
-    assert plan_cluster(profile, _request(4), cluster, sha256=SHA, tensor_parallel=1).plan.to_dict() == data
+    assert plan_cluster(profile, _request(4), cluster, MeshSearch(tensor_parallel=1), sha256=SHA).plan.to_dict() == data
 
 
 def test_a_fixed_degree_and_pipeline_must_fill_the_devices() -> None:
     profile = transformer_profile("llama", heads=8)
     with pytest.raises(UsageError, match="--ranks 2 x --tensor-parallel 4 does not divide --devices 4"):
         plan_cluster(
-            profile, _request(4), Cluster(4, 4, 1e9, 1e9, 0.0), sha256=SHA, pipeline_degree=2, tensor_parallel=4
+            profile,
+            _request(4),
+            Cluster(4, 4, 1e9, 1e9, 0.0),
+            MeshSearch(pipeline_degree=2, tensor_parallel=4),
+            sha256=SHA,
         )
     with pytest.raises(UsageError, match="--tensor-parallel 2 needs 2 devices, and the plan has --devices 1"):
-        plan_cluster(profile, _request(4), Cluster(1, 1, 1e9, 1e9, 0.0), sha256=SHA, tensor_parallel=2)
+        plan_cluster(profile, _request(4), Cluster(1, 1, 1e9, 1e9, 0.0), MeshSearch(tensor_parallel=2), sha256=SHA)
 
 
 # --- the command line ---------------------------------------------------------------------------------------
@@ -321,10 +325,16 @@ def test_bad_tensor_parallel_input_gets_one_line(tmp_path, capsys) -> None:
 def test_auto_without_heads_searches_tp_1_and_says_so() -> None:
     profile = transformer_profile("llama", block_params=1000, heads=None)
     with pytest.warns(PipeplanWarning, match="records no attention heads, so only tp 1 is searched"):
-        result = plan_cluster(profile, _request(4), Cluster(4, 4, 1e9, 1e9, 0.0), sha256=SHA, tensor_parallel=None)
+        result = plan_cluster(
+            profile, _request(4), Cluster(4, 4, 1e9, 1e9, 0.0), MeshSearch(tensor_parallel=None), sha256=SHA
+        )
     assert {layout.tp for layout, _, _ in result.tried} == {1}
     given = plan_cluster(
-        profile, _request(4), Cluster(4, 4, 1e9, 1e9, 0.0), sha256=SHA, tensor_parallel=None, attention_heads=(4, 2)
+        profile,
+        _request(4),
+        Cluster(4, 4, 1e9, 1e9, 0.0),
+        MeshSearch(tensor_parallel=None, attention_heads=(4, 2)),
+        sha256=SHA,
     )
     assert {layout.tp for layout, _, _ in given.tried} == {1, 2}
 

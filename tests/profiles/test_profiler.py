@@ -97,7 +97,7 @@ def test_gpt2_tiny_units_in_execution_order(gpt2_profile) -> None:
 
 
 def test_gpt2_tiny_records_its_heads_and_splits_as_megatron_does(gpt2_profile) -> None:
-    from planner.cluster import Cluster, plan_cluster
+    from planner.cluster import Cluster, MeshSearch, plan_cluster
     from planner.cost import CostSettings
     from planner.request import PlanRequest
     from planner.tensor_parallel import Role, attention_heads, unit_roles
@@ -111,9 +111,8 @@ def test_gpt2_tiny_records_its_heads_and_splits_as_megatron_does(gpt2_profile) -
         gpt2_profile,
         request,
         Cluster(4, 4, 1.1e9, 1.1e9, 1.3e-4),
+        MeshSearch(pipeline_degree=2, tensor_parallel=2),
         sha256="0" * 64,
-        pipeline_degree=2,
-        tensor_parallel=2,
     )
     assert (result.plan.mesh.pp, result.plan.mesh.tp, result.plan.mesh.dp) == (2, 2, 1)
 

@@ -196,7 +196,7 @@ def test_a_pp2_x_tp2_plan_runs_within_the_tolerance_of_its_predicted_memory() ->
     embedding, the head and their logits whole) and run on 4 gloo processes: every stage within the 10 % tolerance.
     Modelled with Megatron's vocabulary-parallel embedding and head and sequence parallelism, such a plan (batch 8)
     measured 34-38 % over."""
-    from planner.cluster import Cluster, plan_cluster
+    from planner.cluster import Cluster, MeshSearch, plan_cluster
     from planner.request import PlanRequest
     from profiles.workload import load_workload
 
@@ -210,7 +210,9 @@ def test_a_pp2_x_tp2_plan_runs_within_the_tolerance_of_its_predicted_memory() ->
     pinned = (("model.layers.0", 0), ("model.layers.1", 1))
     request = PlanRequest(num_ranks=1, global_batch_size=4, settings=CostSettings(), pinned=pinned)
     cluster = Cluster(4, 4, 1e9, 1e9, 1e-4)
-    plan = plan_cluster(profile, request, cluster, sha256="0" * 64, pipeline_degree=2, tensor_parallel=2).plan
+    plan = plan_cluster(
+        profile, request, cluster, MeshSearch(pipeline_degree=2, tensor_parallel=2), sha256="0" * 64
+    ).plan
     assert plan.mesh is not None and (plan.mesh.pp, plan.mesh.tp) == (2, 2)
     assert (plan.constraints["sequence_parallel"], plan.constraints["vocab_parallel"]) == (False, False)
     with warnings.catch_warnings():
