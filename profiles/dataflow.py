@@ -138,12 +138,8 @@ def _codegen_safe(sub: nn.Module) -> bool:
     return True
 
 
-def capture_export(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: list[str]) -> Capture:
-    """Split ``model`` at every unit but the first with ``pipeline()`` and run it once to capture.
-
-    Raises whatever ``pipeline()`` raises when the model cannot be traced (the caller falls back to
-    hooks), and :class:`ProfilingError` when the split does not give one piece per unit.
-    """
+def _split_graph(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: list[str]) -> torch.fx.GraphModule:
+    """``pipeline()``'s split of ``model`` before every unit but the first, its pieces run as generated code."""
     from torch.distributed.pipelining import SplitPoint, pipeline
 
     # pipeline() wraps each split module's forward in place (torch 2.13, annotate_split_points) and a
@@ -161,13 +157,11 @@ def capture_export(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: li
                 module.forward = forward
     gm = pipe.split_gm
     run_as_generated_code(gm)
-    calls = [n for n in gm.graph.nodes if n.op == "call_module"]
-    if len(calls) != len(units):
-        raise ProfilingError(
-            f"splitting at {len(units)} units gave {len(calls)} pieces: a unit is probably called more than "
-            "once or inside another unit; choose other units"
-        )
-    index = {node: i for i, node in enumerate(calls)}
+    return gm
+
+
+def _record_calls(gm: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> dict[int, tuple[tuple[Any, ...], Any]]:
+    """Run the split graph once: each piece's (inputs, output), in call order."""
     captured: dict[int, tuple[tuple[Any, ...], Any]] = {}
 
     class _Recorder(torch.fx.Interpreter):
@@ -177,30 +171,32 @@ def capture_export(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: li
             return out
 
     _Recorder(gm).run(*inputs)
+    return captured
 
-    # A value passed between pieces: a placeholder, a piece's single output, or getitem(piece, j).
-    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
 
-    def value_of(node: torch.fx.Node) -> tuple[int, int] | None:
-        if node in placeholders:
-            return (-1, placeholders[node])
-        if node in index:
-            return (index[node], -1)
-        if node.op == "call_function" and node.args and node.args[0] in index:
-            return (index[node.args[0]], int(node.args[1]))
-        return None
+def _source_of(
+    node: torch.fx.Node, placeholders: dict[torch.fx.Node, int], index: dict[torch.fx.Node, int]
+) -> Source | None:
+    """Where a value passed between pieces comes from: a placeholder, a piece's single output, or
+    ``getitem(piece, j)``; None for anything else."""
+    if node in placeholders:
+        return (-1, placeholders[node])
+    if node in index:
+        return (index[node], -1)
+    if node.op == "call_function" and node.args and node.args[0] in index:
+        return (index[node.args[0]], int(node.args[1]))
+    return None
 
-    consumers: dict[tuple[int, int], set[int]] = {}
-    for node, i in index.items():
-        used: list[torch.fx.Node] = []
-        torch.fx.node.map_arg((node.args, node.kwargs), used.append)
-        for arg in used:
-            key = value_of(arg)
-            if key is None:
-                raise ProfilingError(f"unexpected value {arg.name!r} between pieces of {type(model).__name__}")
-            consumers.setdefault(key, set()).add(i)
 
-    def tensor_of(key: tuple[int, int]) -> Any:
+def _edges(
+    consumers: dict[Source, set[int]],
+    inputs: tuple[torch.Tensor, ...],
+    captured: dict[int, tuple[tuple[Any, ...], Any]],
+    units: list[str],
+) -> tuple[Edge, ...]:
+    """The tensors among the values passed between pieces, each with its producer and consumers."""
+
+    def tensor_of(key: Source) -> Any:
         producer, j = key
         if producer == -1:
             return inputs[j]
@@ -215,6 +211,34 @@ def capture_export(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: li
         producer = key[0]
         name = f"input{key[1]}" if producer == -1 else f"{units[producer]}:out{max(key[1], 0)}"
         edges.append(_edge(producer, consumers[key], t, name))
+    return tuple(edges)
+
+
+def capture_export(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: list[str]) -> Capture:
+    """Split ``model`` at every unit but the first with ``pipeline()`` and run it once to capture.
+
+    Raises whatever ``pipeline()`` raises when the model cannot be traced (the caller falls back to
+    hooks), and :class:`ProfilingError` when the split does not give one piece per unit.
+    """
+    gm = _split_graph(model, inputs, units)
+    calls = [n for n in gm.graph.nodes if n.op == "call_module"]
+    if len(calls) != len(units):
+        raise ProfilingError(
+            f"splitting at {len(units)} units gave {len(calls)} pieces: a unit is probably called more than "
+            "once or inside another unit; choose other units"
+        )
+    index = {node: i for i, node in enumerate(calls)}
+    captured = _record_calls(gm, inputs)
+    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    consumers: dict[Source, set[int]] = {}
+    for node, i in index.items():
+        used: list[torch.fx.Node] = []
+        torch.fx.node.map_arg((node.args, node.kwargs), used.append)
+        for arg in used:
+            key = _source_of(arg, placeholders, index)
+            if key is None:
+                raise ProfilingError(f"unexpected value {arg.name!r} between pieces of {type(model).__name__}")
+            consumers.setdefault(key, set()).add(i)
     pieces = tuple(
         Piece(
             units[i],
@@ -224,12 +248,15 @@ def capture_export(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: li
         )
         for i, node in enumerate(calls)
     )
-    sources = tuple(tuple(value_of(a) if isinstance(a, torch.fx.Node) else None for a in node.args) for node in calls)
+    sources = tuple(
+        tuple(_source_of(a, placeholders, index) if isinstance(a, torch.fx.Node) else None for a in node.args)
+        for node in calls
+    )
     outputs = tuple(
         tuple((tuple(t.shape), _dtype_name(t)) for t in tree_leaves(captured[i][1]) if isinstance(t, torch.Tensor))
         for i in range(len(calls))
     )
-    return Capture("export", pieces, tuple(edges), sources, outputs)
+    return Capture("export", pieces, _edges(consumers, inputs, captured, units), sources, outputs)
 
 
 def capture_hooks(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: list[str]) -> Capture:

@@ -185,6 +185,151 @@ def count_flops(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         return int(analysis.total())
 
 
+class _PieceRun:
+    """One piece's iterations on fresh copies of its captured inputs: the forward, the whole backward, and the
+    backward split into I and W the way the zero-bubble schedules run it (module docstring)."""
+
+    def __init__(
+        self,
+        piece: Piece,
+        device: torch.device,
+        loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None,
+        target: torch.Tensor | None,
+    ) -> None:
+        self.args = fresh_args(piece)
+        self.module, self.kwargs = piece.module, piece.kwargs
+        self.device = device
+        self.loss_fn, self.target = loss_fn, target
+        self.grads: list[torch.Tensor] | None = None
+        self.grad_inputs = [a for a in self.args if isinstance(a, torch.Tensor) and a.requires_grad]
+
+    def forward(self) -> tuple[list[torch.Tensor], list[torch.Tensor | None], Any]:
+        """The backward's roots and their gradients (the loss, else fixed random gradients on the outputs that
+        need one), and the output."""
+        out = self.module(*self.args, **self.kwargs)
+        if self.loss_fn is not None:
+            return [self.loss_fn(out, self.target)], [None], out
+        roots = [t for t in tree_leaves(out) if needs_grad(t)]
+        if self.grads is None:
+            g = torch.Generator(device="cpu").manual_seed(0)
+            self.grads = [torch.randn(t.shape, generator=g, dtype=t.dtype).to(t.device) for t in roots]
+        return roots, list(self.grads), out
+
+    @staticmethod
+    def backward(roots: list[torch.Tensor], root_grads: list[torch.Tensor | None]) -> None:
+        """The whole backward; nothing when no output needs a gradient."""
+        if roots:
+            torch.autograd.backward(roots, root_grads)
+
+    def input_backward(self, roots: list[torch.Tensor], root_grads: list[torch.Tensor | None]) -> Any:
+        """I: torch's ``stage_backward_input``; its parameter groups for W (None: no input needs a gradient,
+        and W runs the whole backward, as torch's first stage does)."""
+        from torch.distributed.pipelining._backward import stage_backward_input
+
+        if not self.grad_inputs or not roots:
+            return None
+        # stage_backward_input detaches its outputs in place, which torch refuses for a view.
+        roots = [r.clone() if r._is_view() else r for r in roots]
+        return stage_backward_input(roots, root_grads, self.grad_inputs, self.module.parameters())[1]
+
+    def weight_backward(self, roots: list[torch.Tensor], root_grads: list[torch.Tensor | None], groups: Any) -> None:
+        """W: torch's ``stage_backward_weight`` from I's groups, or the whole backward without them."""
+        from torch.distributed.pipelining._backward import stage_backward_weight
+
+        if groups is None:
+            self.backward(roots, root_grads)
+        else:
+            stage_backward_weight(self.module.parameters(), groups)
+
+    def split_backward(
+        self, roots: list[torch.Tensor], root_grads: list[torch.Tensor | None]
+    ) -> tuple[float, float, int]:
+        """Time I then W; and the bytes of the gradients I keeps for W."""
+        if not roots:
+            return 0.0, 0.0, 0
+        sync_device(self.device)
+        t0 = time.perf_counter()
+        groups = self.input_backward(roots, root_grads)
+        sync_device(self.device)
+        t1 = time.perf_counter()
+        kept_grads = [g for group in groups or () for grads in group.get("grads") or () for g in grads or ()]
+        # By storage, each once: a kept gradient may be a slice of a larger one (the gradient of a cat's
+        # output, split among its inputs) and holds all of it until W (unet-small's decoder: 4/3 of its bytes).
+        storages = {s.data_ptr(): s.nbytes() for g in kept_grads if g is not None for s in tensor_storages(g)}
+        kept = sum(storages.values())
+        self.weight_backward(roots, root_grads, groups)
+        sync_device(self.device)
+        return t1 - t0, time.perf_counter() - t1, kept
+
+    def probe(self) -> tuple[int, int, int | None]:
+        """One untimed iteration for the memory figures: output bytes, saved-for-backward bytes, and the CUDA
+        allocator's peak above what was allocated before it (None off CUDA)."""
+        device = self.device
+        if device.type == "cuda":
+            sync_device(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+        hooks = _SavedBytes(_state_pointers(self.module))
+        with torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
+            roots, root_grads, out = self.forward()
+        output_bytes = sum(tensor_bytes(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+        self.backward(roots, root_grads)
+        del roots, root_grads, out
+        peak: int | None = None
+        if device.type == "cuda":
+            sync_device(device)
+            peak = torch.cuda.max_memory_allocated(device) - base
+        return output_bytes, hooks.total_bytes, peak
+
+    def warm_up(self, iterations: int) -> None:
+        """Untimed forwards and backwards."""
+        for _ in range(iterations):
+            roots, root_grads, _out = self.forward()
+            self.backward(roots, root_grads)
+
+    def timed(self, repeats: int) -> tuple[list[float], list[float], list[float], list[float], int, bool]:
+        """``repeats`` iterations, each a timed forward and whole backward, then a forward and its backward
+        split into I and W: the four lists of times, the bytes I keeps for W, and whether there was a backward."""
+        forward_times, backward_times, input_times, weight_times = [], [], [], []
+        kept_bytes = 0
+        roots: list[torch.Tensor] = []
+        for _ in range(repeats):
+            sync_device(self.device)
+            t0 = time.perf_counter()
+            roots, root_grads, _out = self.forward()
+            sync_device(self.device)
+            t1 = time.perf_counter()
+            self.backward(roots, root_grads)
+            sync_device(self.device)
+            t2 = time.perf_counter()
+            forward_times.append(t1 - t0)
+            backward_times.append(t2 - t1)
+            roots, root_grads, _out = self.forward()
+            i_s, w_s, kept_bytes = self.split_backward(roots, root_grads)
+            input_times.append(i_s)
+            weight_times.append(w_s)
+        return forward_times, backward_times, input_times, weight_times, kept_bytes, bool(roots)
+
+    def clear_input_grads(self) -> None:
+        """Drop the inputs' gradients: a pipeline stage's input gradient is new for every micro-batch."""
+        for a in self.args:
+            if isinstance(a, torch.Tensor):
+                a.grad = None
+
+    def tracked(self) -> TrackedMemory:
+        """The piece's memory in a pipeline stage's steady state (:func:`tracked_memory`)."""
+        self.clear_input_grads()
+        return tracked_memory(
+            self.module,
+            self.args,
+            self.grads or [],
+            self.forward,
+            self.backward,
+            self.input_backward,
+            self.weight_backward,
+        )
+
+
 def measure_piece(
     piece: Piece,
     *,
@@ -199,125 +344,24 @@ def measure_piece(
 
     With ``loss_fn`` the backward starts from ``loss_fn(output, target)`` (the last pipeline stage
     computes the loss); otherwise from fixed random gradients on the float outputs that need grad.
-    With ``track_memory`` one more iteration, untimed, measures :attr:`PieceMeasurement.held_bytes` and
-    :attr:`PieceMeasurement.backward_transient_bytes` (:func:`tracked_memory`).
+    With ``track_memory`` one more iteration, untimed, measures :attr:`PieceMeasurement.memory`
+    (:func:`tracked_memory`).
     """
-    args = fresh_args(piece)
-    module, kwargs = piece.module, piece.kwargs
-    grads: list[torch.Tensor] | None = None
-
-    def forward() -> tuple[list[torch.Tensor], list[torch.Tensor | None], Any]:
-        nonlocal grads
-        out = module(*args, **kwargs)
-        if loss_fn is not None:
-            return [loss_fn(out, target)], [None], out
-        roots = [t for t in tree_leaves(out) if needs_grad(t)]
-        if grads is None:
-            g = torch.Generator(device="cpu").manual_seed(0)
-            grads = [torch.randn(t.shape, generator=g, dtype=t.dtype).to(t.device) for t in roots]
-        return roots, list(grads), out
-
-    def backward(roots: list[torch.Tensor], root_grads: list[torch.Tensor | None]) -> None:
-        if roots:
-            torch.autograd.backward(roots, root_grads)
-
-    grad_inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-
-    def input_backward(roots: list[torch.Tensor], root_grads: list[torch.Tensor | None]) -> Any:
-        """I: torch's ``stage_backward_input``; its parameter groups for W (None: no input needs a gradient,
-        and W runs the whole backward, as torch's first stage does)."""
-        from torch.distributed.pipelining._backward import stage_backward_input
-
-        if not grad_inputs or not roots:
-            return None
-        # stage_backward_input detaches its outputs in place, which torch refuses for a view.
-        roots = [r.clone() if r._is_view() else r for r in roots]
-        return stage_backward_input(roots, root_grads, grad_inputs, module.parameters())[1]
-
-    def weight_backward(roots: list[torch.Tensor], root_grads: list[torch.Tensor | None], groups: Any) -> None:
-        """W: torch's ``stage_backward_weight`` from I's groups, or the whole backward without them."""
-        from torch.distributed.pipelining._backward import stage_backward_weight
-
-        if groups is None:
-            backward(roots, root_grads)
-        else:
-            stage_backward_weight(module.parameters(), groups)
-
-    def split_backward(roots: list[torch.Tensor], root_grads: list[torch.Tensor | None]) -> tuple[float, float, int]:
-        if not roots:
-            return 0.0, 0.0, 0
-        sync_device(device)
-        t0 = time.perf_counter()
-        groups = input_backward(roots, root_grads)
-        sync_device(device)
-        t1 = time.perf_counter()
-        kept_grads = [g for group in groups or () for grads in group.get("grads") or () for g in grads or ()]
-        # By storage, each once: a kept gradient may be a slice of a larger one (the gradient of a cat's
-        # output, split among its inputs) and holds all of it until W (unet-small's decoder: 4/3 of its bytes).
-        storages = {s.data_ptr(): s.nbytes() for g in kept_grads if g is not None for s in tensor_storages(g)}
-        kept = sum(storages.values())
-        weight_backward(roots, root_grads, groups)
-        sync_device(device)
-        return t1 - t0, time.perf_counter() - t1, kept
-
-    def clear_grads() -> None:
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                a.grad = None
-        module.zero_grad(set_to_none=True)
-
-    # Probe: memory figures, untimed.
-    peak: int | None = None
-    if device.type == "cuda":
-        sync_device(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-    hooks = _SavedBytes(_state_pointers(module))
-    with torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
-        roots, root_grads, out = forward()
-    output_bytes = sum(tensor_bytes(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
-    backward(roots, root_grads)
-    del roots, root_grads, out
-    if device.type == "cuda":
-        sync_device(device)
-        peak = torch.cuda.max_memory_allocated(device) - base
-
-    for _ in range(max(warmup - 1, 0)):  # the probe was the first warm-up iteration
-        roots, root_grads, _out = forward()
-        backward(roots, root_grads)
-    forward_times, backward_times, input_times, weight_times = [], [], [], []
-    kept_bytes = 0
-    for _ in range(repeats):
-        sync_device(device)
-        t0 = time.perf_counter()
-        roots, root_grads, _out = forward()
-        sync_device(device)
-        t1 = time.perf_counter()
-        backward(roots, root_grads)
-        sync_device(device)
-        t2 = time.perf_counter()
-        forward_times.append(t1 - t0)
-        backward_times.append(t2 - t1)
-        roots, root_grads, _out = forward()
-        i_s, w_s, kept_bytes = split_backward(roots, root_grads)
-        input_times.append(i_s)
-        weight_times.append(w_s)
-    del _out
-    memory: TrackedMemory | None = None
-    if track_memory:
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                a.grad = None  # a pipeline stage's input gradient is new for every micro-batch
-        memory = tracked_memory(module, args, grads or [], forward, backward, input_backward, weight_backward)
-    clear_grads()
+    run = _PieceRun(piece, device, loss_fn, target)
+    output_bytes, saved_bytes, peak = run.probe()
+    run.warm_up(max(warmup - 1, 0))  # the probe was the first warm-up iteration
+    forward_times, backward_times, input_times, weight_times, kept_bytes, has_backward = run.timed(repeats)
+    memory = run.tracked() if track_memory else None
+    run.clear_input_grads()
+    piece.module.zero_grad(set_to_none=True)
     return PieceMeasurement(
         forward_s=statistics.median(forward_times),
-        backward_s=statistics.median(backward_times) if roots else 0.0,
+        backward_s=statistics.median(backward_times) if has_backward else 0.0,
         output_bytes=output_bytes,
-        saved_bytes=hooks.total_bytes,
+        saved_bytes=saved_bytes,
         peak_bytes=peak,
-        backward_input_s=statistics.median(input_times) if roots else 0.0,
-        backward_weight_s=statistics.median(weight_times) if roots else 0.0,
+        backward_input_s=statistics.median(input_times) if has_backward else 0.0,
+        backward_weight_s=statistics.median(weight_times) if has_backward else 0.0,
         weight_grad_bytes=kept_bytes,
         memory=memory,
     )

@@ -1,4 +1,4 @@
-"""Profiling a model larger than the device: one unit materialised at a time (issue 12, part 4).
+"""Profiling a model larger than the device: one unit materialised at a time.
 
 The model is on the meta device (:mod:`profiles.meta`). At each micro-batch size it is split by
 ``torch.distributed.pipelining.pipeline()`` on meta inputs, exactly as a loaded model is
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ from profiles.measure import PieceMeasurement, count_flops, measure_piece, peak_
 from profiles.meta import META, materialise, release, retarget_devices
 from profiles.rounds import Measurements, Timing, measure_rounds, overhead_piece
 
-__all__ = ["measure_on_meta", "identical_runs", "check_sample_blocks"]
+__all__ = ["MetaSetup", "measure_on_meta", "identical_runs", "check_sample_blocks"]
 
 
 def _signature(model: nn.Module, capture: Capture, i: int) -> tuple[Any, ...]:
@@ -187,28 +188,118 @@ def _measure_piece(
     return done.medians[0], done.rounds
 
 
-def measure_on_meta(
-    model: nn.Module,
-    buffers: Mapping[str, torch.Tensor],
-    batch: Callable[[int], tuple[tuple[Any, ...], Any]],
-    units: list[str],
-    sizes: tuple[int, ...],
-    dev: torch.device,
-    timing: Timing,
-    *,
-    loss_fn: Callable[[Any, Any], torch.Tensor],
-    sample_blocks: bool = False,
-    progress: bool = True,
-) -> tuple[Measurements, dict[str, Any]]:
-    """Measure every unit of the meta ``model`` one at a time (module docstring); and the settings to record.
+@dataclass(frozen=True)
+class MetaSetup:
+    """What :func:`measure_on_meta` measures, and how."""
 
-    ``batch(b)`` returns real inputs and target on ``dev``. Raises :class:`UsageError` for
-    ``sample_blocks`` with no two consecutive identical units, :class:`ProfilingError` when the model cannot
-    be split on meta or a unit fails.
+    model: nn.Module
+    """The model, built on the meta device."""
+    buffers: Mapping[str, torch.Tensor]
+    """The real values of its buffers by FQN (``Workload.meta_buffers``), put in as each piece is materialised."""
+    batch: Callable[[int], tuple[tuple[Any, ...], Any]]
+    """``batch(b)``: real inputs and target of ``b`` samples on ``device``."""
+    units: tuple[str, ...]
+    """The units' FQNs in execution order."""
+    sizes: tuple[int, ...]
+    """The micro-batch sizes, ascending."""
+    device: torch.device
+    """Where each piece is materialised and measured."""
+    timing: Timing
+    loss_fn: Callable[[Any, Any], torch.Tensor]
+    """``loss_fn(output, target)``: timed with the last unit, as the last pipeline stage computes it."""
+    sample_blocks: bool = False
+    """Measure one unit of each run of identical consecutive units (module docstring)."""
+    progress: bool = True
+    """Show a progress bar on stderr."""
+
+
+def _copies(setup: MetaSetup, capture: Capture) -> dict[int, int]:
+    """The units measured by another's numbers (:func:`identical_runs`); none without ``sample_blocks``."""
+    if not setup.sample_blocks:
+        return {}
+    copies = identical_runs(setup.model, capture)
+    if not copies:
+        raise _no_identical(len(setup.units))
+    return copies
+
+
+def _measure_unit(
+    setup: MetaSetup, capture: Capture, i: int, stream: _Stream, target: Any, b: int, tick: Callable[[], None]
+) -> tuple[PieceMeasurement, int, Any, int]:
+    """Materialise piece ``i``, measure it on the real values before it and return it to meta; its
+    measurement, rounds, output and forward multiply-adds."""
+    meta_piece = capture.pieces[i]
+    module = meta_piece.module
+    materialise(module, setup.buffers, setup.device)
+    try:
+        piece = Piece(meta_piece.name, module, _args(meta_piece, capture.sources[i], stream), meta_piece.arg_needs_grad)
+        loss = (setup.loss_fn, target) if i == len(capture.pieces) - 1 else None
+        measured, rounds = _measure_piece(piece, setup.device, setup.timing, loss, tick)
+        with torch.no_grad():
+            out = module(*piece.args)
+        count = count_flops(module, piece.args)
+    except PipeplanError:
+        raise
+    except Exception as exc:
+        raise ProfilingError(
+            f"measuring unit {meta_piece.name} at micro-batch size {b} failed: "
+            f"{shorten(f'{type(exc).__name__}: {exc}', 200)}"
+        ) from None
+    finally:
+        release(module)
+    return measured, rounds, out, count
+
+
+def _measure_units(
+    setup: MetaSetup,
+    capture: Capture,
+    copies: dict[int, int],
+    inputs: tuple[Any, ...],
+    target: Any,
+    b: int,
+    bar: Any,
+) -> tuple[tuple[PieceMeasurement, ...], tuple[int, ...], int]:
+    """Every unit at size ``b``, in order, each fed the real outputs of those before it (a copy in ``copies``
+    takes its measured unit's numbers and outputs); their measurements, multiply-adds, and the most rounds any
+    needed."""
+    stream = _Stream(inputs, capture.sources)
+    results: list[PieceMeasurement] = []
+    counted: list[int] = []
+    sample_out: dict[int, Any] = {}
+    most_rounds = 0
+
+    def tick() -> None:
+        bar.update()
+
+    for i, meta_piece in enumerate(capture.pieces):
+        if i in copies:
+            s = copies[i]
+            results.append(results[s])
+            counted.append(counted[s])
+            stream.done(i, sample_out[s])  # its outputs stand in for the copy's
+            continue
+        bar.set_description(f"b={b} {meta_piece.name}")
+        measured, rounds, out, count = _measure_unit(setup, capture, i, stream, target, b, tick)
+        results.append(measured)
+        counted.append(count)
+        most_rounds = max(most_rounds, rounds)
+        if i + 1 in copies:
+            sample_out[i] = out
+        stream.done(i, out)
+        del out
+    return tuple(results), tuple(counted), most_rounds
+
+
+def measure_on_meta(setup: MetaSetup) -> tuple[Measurements, dict[str, Any]]:
+    """Measure every unit of the meta model one at a time (module docstring); and the settings to record.
+
+    Raises :class:`UsageError` for ``sample_blocks`` with no two consecutive identical units,
+    :class:`ProfilingError` when the model cannot be split on meta or a unit fails.
     """
     from tqdm import tqdm
 
-    bar = tqdm(total=0, disable=not progress, file=sys.stderr, unit="round", leave=False)
+    dev, timing = setup.device, setup.timing
+    bar = tqdm(total=0, disable=not setup.progress, file=sys.stderr, unit="round", leave=False)
     per_size: list[tuple[PieceMeasurement, ...]] = []
     flops: list[tuple[int, ...]] = []
     overhead: list[PieceMeasurement] = []
@@ -216,85 +307,36 @@ def measure_on_meta(
     edges = []
     ownership: list[tuple[int, int, tuple[str, ...], int, int]] | None = None
     sampled: dict[int, int] | None = None
-
-    def tick() -> None:
-        bar.update()
-
     try:
-        for b in sizes:
-            inputs, target = batch(b)
+        for b in setup.sizes:
+            inputs, target = setup.batch(b)
             meta_inputs = tree_map(lambda t: t.to(META) if isinstance(t, torch.Tensor) else t, inputs)
             bar.set_description(f"split b={b} (meta)")
-            capture = _split_on_meta(model, meta_inputs, units, dev)
+            capture = _split_on_meta(setup.model, meta_inputs, list(setup.units), dev)
             if ownership is None:
-                ownership = param_ownership(model, capture)
-            copies = identical_runs(model, capture) if sample_blocks else {}
-            if sample_blocks and not copies:
-                raise _no_identical(len(units))
+                ownership = param_ownership(setup.model, capture)
+            copies = _copies(setup, capture)
             if sampled is None:
                 sampled = copies
             elif copies != sampled:
-                raise ProfilingError(f"the identical units differ at micro-batch size {b} from size {sizes[0]}")
-            n = len(capture.pieces)
-            bar.total += (n - len(copies)) * timing.repeats + timing.repeats
+                raise ProfilingError(f"the identical units differ at micro-batch size {b} from size {setup.sizes[0]}")
+            bar.total += (len(capture.pieces) - len(copies)) * timing.repeats + timing.repeats
             bar.refresh()
-            stream = _Stream(inputs, capture.sources)
-            results: list[PieceMeasurement] = []
-            counted: list[int] = []
-            sample_out: dict[int, Any] = {}
-            most_rounds = 0
-            for i, meta_piece in enumerate(capture.pieces):
-                if i in copies:
-                    s = copies[i]
-                    results.append(results[s])
-                    counted.append(counted[s])
-                    stream.done(i, sample_out[s])  # its outputs stand in for the copy's
-                    continue
-                bar.set_description(f"b={b} {meta_piece.name}")
-                module = meta_piece.module
-                materialise(module, buffers, dev)
-                try:
-                    piece = Piece(
-                        meta_piece.name,
-                        module,
-                        _args(meta_piece, capture.sources[i], stream),
-                        meta_piece.arg_needs_grad,
-                    )
-                    loss = (loss_fn, target) if i == n - 1 else None
-                    measured, rounds = _measure_piece(piece, dev, timing, loss, tick)
-                    with torch.no_grad():
-                        out = module(*piece.args)
-                    count = count_flops(module, piece.args)
-                except PipeplanError:
-                    raise
-                except Exception as exc:
-                    raise ProfilingError(
-                        f"measuring unit {meta_piece.name} at micro-batch size {b} failed: "
-                        f"{shorten(f'{type(exc).__name__}: {exc}', 200)}"
-                    ) from None
-                finally:
-                    release(module)
-                results.append(measured)
-                counted.append(count)
-                most_rounds = max(most_rounds, rounds)
-                if i + 1 in copies:
-                    sample_out[i] = out
-                stream.done(i, out)
-                del piece, out
+            results, counted, most_rounds = _measure_units(setup, capture, copies, inputs, target, b, bar)
             bar.set_description(f"b={b} overhead")
             trivial = overhead_piece("export", dev)
-            overhead.append(_measure_piece(trivial, dev, timing, None, tick)[0])
-            per_size.append(tuple(results))
-            flops.append(tuple(counted))
+            overhead.append(_measure_piece(trivial, dev, timing, None, bar.update)[0])
+            per_size.append(results)
+            flops.append(counted)
             rounds_used.append(most_rounds)
             edges.append(capture.edges)
-            del capture, stream, sample_out
+            del capture
     finally:
         bar.close()
     assert ownership is not None and sampled is not None
     settings: dict[str, Any] = {"meta": True}
-    if sample_blocks:
-        settings["sampled_from"] = {units[c]: units[s] for c, s in sampled.items()}
+    if setup.sample_blocks:
+        settings["sampled_from"] = {setup.units[c]: setup.units[s] for c, s in sampled.items()}
     settings["peak_rss_bytes"] = peak_rss_bytes()
     measurements = Measurements(
         units=tuple(per_size),

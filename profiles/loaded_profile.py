@@ -1,0 +1,260 @@
+"""Profiling a model held whole on the device: at every micro-batch size its units, the whole model and
+the overhead piece are captured (:mod:`profiles.dataflow`), then timed together in shared round-robin rounds.
+
+The counterpart of :mod:`profiles.meta_profile`, which holds one unit at a time; both return the
+:class:`profiles.rounds.Measurements` that :func:`profiles.profiler.profile_model` assembles into a profile.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from planner.errors import ProfilingError
+from profiles.dataflow import Capture, Edge, Piece, capture_export, capture_hooks, param_ownership
+from profiles.measure import PieceMeasurement, count_flops, measure_piece
+from profiles.reference import SpeedReference
+from profiles.resume import measure_resume
+from profiles.rounds import Measurements, Rounds, Timing, measure_parts_in_rounds, overhead_piece, whole_piece
+from profiles.threads import measure_reference_at, measure_thread_scaling, rank_thread_counts
+from profiles.workload import Workload
+
+__all__ = ["measure_loaded", "loss_memory", "SizeRun"]
+
+log = logging.getLogger("pipeplan")
+
+Batch = Callable[[int], tuple[tuple[Any, ...], Any]]
+"""``batch(b)``: a micro-batch of ``b`` samples, inputs and target, on the profiling device."""
+
+
+def _capture(model: nn.Module, inputs: tuple, units: list[str], mode: str | None) -> tuple[Capture, str]:
+    """Split by export unless it already failed; returns the capture and why export failed (or "")."""
+    if mode != "hooks":
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return capture_export(model, inputs, units), ""
+        except ProfilingError:
+            raise
+        except Exception as exc:  # untraceable model: fall back to hooks, and say so
+            if mode == "export":
+                raise ProfilingError(f"splitting the model failed: {type(exc).__name__}: {exc}") from None
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            log.info("torch.export cannot split this model (%s); timing units by hooks", reason)
+            return capture_hooks(model, inputs, units), reason
+    return capture_hooks(model, inputs, units), ""
+
+
+@dataclass(frozen=True)
+class SizeRun:
+    """One micro-batch size, captured and ready to time: each round times ``pieces`` (the units, the whole
+    model unless a one-unit export already is it, the overhead piece) in order."""
+
+    b: int
+    cap: Capture
+    target: Any
+    pieces: tuple[Piece, ...]
+    whole_index: int
+
+    @property
+    def units(self) -> int:
+        return len(self.cap.pieces)
+
+
+def _size_run(cap: Capture, model: nn.Module, inputs: tuple, target: Any, b: int, dev: torch.device) -> SizeRun:
+    n = len(cap.pieces)
+    whole = whole_piece(model, inputs, cap, [p.name for p in cap.pieces])
+    shared = whole is cap.pieces[0] and n == 1  # a one-unit export: the unit is the whole model
+    pieces = (*cap.pieces, *(() if shared else (whole,)), overhead_piece(cap.mode, dev))
+    return SizeRun(b, cap, target, pieces, n - 1 if shared else n)
+
+
+def _time_sizes(
+    runs: Sequence[SizeRun],
+    workload: Workload,
+    dev: torch.device,
+    bar: Any,
+    timing: Timing,
+    reference: SpeedReference,
+) -> list[Rounds]:
+    """Time every size's pieces in shared round-robin rounds (:func:`profiles.rounds.measure_parts_in_rounds`:
+    each round visits every size still going, starting one size later each round); the speed reference once per
+    size per round.
+
+    A slow spell of the machine then falls on every size alike, and the ratio between sizes, which picks the
+    micro-batch size, holds. Timed one size after another, a slow spell over gpt2-small's 4 rounds at b = 2 made
+    it 1.3-1.6x slower per sample than b = 1 and 4, and the plan took a size its run did not bear out
+    (docs/fidelity-profile.md). A size leaves the rounds once its median unit sum is known to within
+    ``timing.stable_within`` (:func:`profiles.rounds.median_error`).
+    """
+    bar.total = sum(len(run.pieces) for run in runs) * timing.repeats
+    bar.refresh()
+
+    def measure(s: int, i: int, r: int) -> PieceMeasurement:
+        run = runs[s]
+        piece = run.pieces[i]
+        n = run.units
+        with_loss = i == n - 1 or i == run.whole_index  # the last unit and the whole model
+        bar.set_description(f"b={run.b} {'whole model' if i == run.whole_index >= n else piece.name}")
+        if i == 0:
+            reference.time_once()
+        try:
+            result = measure_piece(
+                piece,
+                device=dev,
+                repeats=1,
+                warmup=timing.warmup if r == 0 else 0,
+                loss_fn=workload.loss_fn if with_loss else None,
+                target=run.target if with_loss else None,
+                track_memory=r == 0 and i < n,  # bytes do not vary: the first round's stand (rounds.py)
+            )
+        except Exception as exc:
+            raise ProfilingError(
+                f"measuring unit {piece.name} at micro-batch size {run.b} failed: {type(exc).__name__}: {exc}"
+            ) from None
+        bar.update()
+        return result
+
+    def extra_round(s: int) -> None:
+        bar.total += len(runs[s].pieces)
+        bar.refresh()
+
+    return measure_parts_in_rounds(
+        [len(run.pieces) for run in runs],
+        measure,
+        # The unit sum, which plans are made of; the whole model, a check on it (report.py), is timed alike.
+        watch=[[range(run.units)] for run in runs],
+        min_rounds=timing.repeats,
+        max_rounds=timing.max_repeats,
+        stable_within=timing.stable_within,
+        min_time_s=timing.min_time_s * len(runs),
+        on_extra_round=extra_round,
+    )
+
+
+def _after_rounds(
+    run: SizeRun,
+    timed: Rounds,
+    workload: Workload,
+    dev: torch.device,
+    bar: Any,
+    timing: Timing,
+    thread_counts: tuple[int, ...],
+) -> tuple[tuple[tuple[float, ...], tuple[float, ...]], tuple[float, ...]]:
+    """At one size, after the rounds: the whole model's extras after idle gaps (profiles/resume.py) and its
+    time at each of ``thread_counts`` / as profiled (profiles/threads.py)."""
+    whole, whole_timed = run.pieces[run.whole_index], timed.medians[run.whole_index]
+    step_s = whole_timed.forward_s + whole_timed.backward_s
+    bar.set_description(f"b={run.b} after a wait")
+    try:
+        resume = measure_resume(whole, device=dev, loss_fn=workload.loss_fn, target=run.target, step_s=step_s)
+    except Exception as exc:
+        raise ProfilingError(
+            f"measuring the model after a wait at micro-batch size {run.b} failed: {type(exc).__name__}: {exc}"
+        ) from None
+    if not thread_counts:
+        return resume, ()
+    bar.set_description(f"b={run.b} at {', '.join(map(str, thread_counts))} threads")
+    factors = measure_thread_scaling(
+        whole,
+        device=dev,
+        loss_fn=workload.loss_fn,
+        target=run.target,
+        step_s=step_s,
+        thread_counts=thread_counts,
+        min_time_s=min(0.5, timing.min_time_s),
+    )
+    return resume, factors
+
+
+def measure_loaded(
+    model: nn.Module,
+    workload: Workload,
+    batch: Batch,
+    unit_names: list[str],
+    sizes: tuple[int, ...],
+    dev: torch.device,
+    timing: Timing,
+    *,
+    capture: str | None,
+    progress: bool,
+) -> Measurements:
+    """The model held whole on the device: units, whole model and overhead piece in round-robin rounds.
+
+    ``capture`` forces ``export`` or ``hooks`` (None: export, hooks when the model cannot be traced).
+    """
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, disable=not progress, file=sys.stderr, unit="step", leave=False)
+    flops: list[tuple[int, ...]] = []
+    edges_by_size: list[tuple[Edge, ...]] = []
+    runs: list[SizeRun] = []
+    ownership = None
+    mode: str | None = capture
+    fallback_reason = ""
+    reference = SpeedReference(dev)
+    reference.warm_up()
+    # A CPU rank of a P-rank pipeline gets cores // P threads: the profile carries its times at each such count.
+    counts = rank_thread_counts(os.cpu_count() or 1) if dev.type == "cpu" else ()
+    losses: list[tuple[int, int]] = []
+    try:
+        for b in sizes:
+            inputs, target = batch(b)
+            losses.append(loss_memory(model, workload, inputs, target))
+            bar.set_description(f"split b={b}")
+            cap, reason = _capture(model, inputs, unit_names, mode)
+            mode, fallback_reason = cap.mode, fallback_reason or reason
+            if ownership is None:
+                ownership = param_ownership(model, cap)
+            try:
+                counted = tuple(count_flops(piece.module, piece.args, piece.kwargs) for piece in cap.pieces)
+            except Exception as exc:
+                raise ProfilingError(
+                    f"counting FLOPs at micro-batch size {b} failed: {type(exc).__name__}: {exc}"
+                ) from None
+            flops.append(counted)
+            edges_by_size.append(cap.edges)
+            runs.append(_size_run(cap, model, inputs, target, b, dev))
+        timed = _time_sizes(runs, workload, dev, bar, timing, reference)
+        after = [_after_rounds(run, t, workload, dev, bar, timing, counts) for run, t in zip(runs, timed, strict=True)]
+        thread_reference = measure_reference_at(dev, counts, rounds=15 if timing.min_time_s > 0 else 3)
+    finally:
+        bar.close()
+    assert ownership is not None and mode is not None
+    return Measurements(
+        units=tuple(t.medians[: run.units] for run, t in zip(runs, timed, strict=True)),
+        flops=tuple(flops),
+        whole=tuple(t.medians[run.whole_index] for run, t in zip(runs, timed, strict=True)),
+        overhead=tuple(t.medians[-1] for t in timed),
+        rounds=tuple(t.rounds for t in timed),
+        edges=tuple(edges_by_size),
+        ownership=tuple(ownership),
+        mode=mode,
+        export_error=fallback_reason,
+        reference_s=reference.median_s,
+        resume=tuple(resume for resume, _ in after),
+        thread_factors=tuple(f for _, f in after) if counts else None,
+        thread_counts=counts,
+        thread_reference_s=thread_reference,
+        loss_bytes=tuple(losses),
+    )
+
+
+def loss_memory(model: nn.Module, workload: Workload, inputs: tuple[Any, ...], target: Any) -> tuple[int, int]:
+    """``(target bytes, bytes the loss's output keeps)`` for one micro-batch: the target's tensors, and the storage
+    behind the loss ``loss_fn(model(*inputs), target)`` returns, which torch's schedules keep for every micro-batch
+    until the step ends (a CPU ``mse_loss`` returns a 0-d view of its elementwise loss: the output's size)."""
+    target_bytes = sum(t.numel() * t.element_size() for t in tree_leaves(target) if isinstance(t, torch.Tensor))
+    with torch.no_grad():
+        loss = workload.loss_fn(model(*inputs), target)
+    kept = loss.untyped_storage().nbytes() if isinstance(loss, torch.Tensor) else 0
+    return target_bytes, kept
