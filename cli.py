@@ -15,7 +15,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.commands.checks import refuse_idle_plan_options, refuse_idle_simulate_options
 from planner.commands.command_options import (
@@ -34,6 +34,10 @@ from planner.runtime.run_options import CalibrateOptions
 from planner.simulate_options import SimulateOptions
 from profiles.profile_options import ProfileOptions
 
+if TYPE_CHECKING:
+    from planner.request import PlanRequest
+    from profiles.format import Profile
+
 __all__ = ["main", "build_parser"]
 
 EXIT_INTERNAL = 1
@@ -48,6 +52,15 @@ def _model_file(spec: str | None) -> str | None:
 def _calibration_inputs(options: PlanOptions) -> list[str]:
     """The calibration file a command reads, if any: an input that no output may replace."""
     return [] if options.calibration in ("auto", "none") else [options.calibration]
+
+
+def _plan_request(profile: Profile, search: PlanOptions, *, cluster: bool = False) -> PlanRequest:
+    """The search request of ``plan`` and ``tune``: the options', narrowed to what ``--for`` runs."""
+    from planner.request import plan_request
+    from planner.trainer_rules import for_trainer
+
+    request = plan_request(profile, search, cluster=cluster)
+    return for_trainer(profile, request, search.trainer) if search.trainer else request
 
 
 def _beside(path: str, suffix: str) -> str:
@@ -97,8 +110,8 @@ def _cmd_show(options: ShowOptions) -> int:
 def _cmd_calibrate(options: CalibrateOptions) -> int:
     from planner.calibration import format_calibration, save_calibration
     from planner.fileio import check_output_path
+    from planner.runtime.calibrate_with import calibrate_with
     from planner.runtime.model_cost import format_learned
-    from planner.runtime.run_options import calibrate_with
 
     if (options.model is None) != (options.profile is None):
         raise UsageError("--model and --profile go together: the model to run and its profile (pipeplan profile)")
@@ -123,7 +136,7 @@ def _cmd_plan(options: PlanCommand) -> int:
     from planner.formatting import human_seconds
     from planner.plan import save_plan
     from planner.report import format_cluster, format_plan
-    from planner.request import plan_request, profile_sha256
+    from planner.request import profile_sha256
     from planner.search import fewer_ranks_faster, make_plan
     from planner.trainer_rules import check_trainer
     from profiles.format import load_profile
@@ -132,7 +145,7 @@ def _cmd_plan(options: PlanCommand) -> int:
     check_output_path(options.out, inputs=[options.profile, *_calibration_inputs(search)])
     refuse_idle_plan_options(options)
     profile = load_profile(options.profile)
-    request = plan_request(profile, search, cluster=cluster.devices is not None)
+    request = _plan_request(profile, search, cluster=cluster.devices is not None)
     sha256 = profile_sha256(options.profile)
     if cluster.devices is None:
         plan = make_plan(profile, request, sha256=sha256, record_timing=options.record_timing)
@@ -209,7 +222,7 @@ def _cmd_tune(options: TuneCommand) -> int:
     from planner.fileio import check_output_path
     from planner.plan import save_plan
     from planner.report import format_plan
-    from planner.request import plan_request, profile_sha256
+    from planner.request import profile_sha256
     from planner.runtime.tune import format_tune_table, tune
     from profiles.format import load_profile
 
@@ -220,7 +233,7 @@ def _cmd_tune(options: TuneCommand) -> int:
     if search.calibration == "none":
         raise UsageError("tune refits a calibration: give --calibration auto (the shipped one) or a file")
     profile = load_profile(options.profile)
-    request = plan_request(profile, search)
+    request = _plan_request(profile, search)
     total = options.run.candidates + 1
     with tqdm(total=total, disable=options.no_progress, file=sys.stderr, leave=False) as bar:
 

@@ -355,10 +355,10 @@ def profile_sha256(path: str | Path) -> str:
 
 def plan_request(profile: Profile, options: PlanOptions, *, cluster: bool = False) -> PlanRequest:
     """The search request of ``plan`` / ``tune`` (``cluster``: a ``--devices`` plan, whose pipeline degree is
-    chosen per layout, ``options.ranks`` fixing it if given); with ``options.trainer``, only what that trainer
-    runs (:func:`planner.trainer_rules.for_trainer`). ``options.calibration``: ``auto`` (the one the profile
-    learned while profiling, else the one shipped for its device), ``none`` or a calibration file. Raises
-    UsageError on options that cannot hold."""
+    chosen per layout, ``options.ranks`` fixing it if given). ``options.calibration``: ``auto`` (the one the
+    profile learned while profiling, else the one shipped for its device), ``none`` or a calibration file;
+    ``options.trainer`` is the caller's to apply (:func:`planner.trainer_rules.for_trainer` builds on the
+    request). Raises UsageError on options that cannot hold."""
     stages = options.ranks
     if options.memory_bytes is not None and options.device_memory_bytes is not None:
         raise UsageError("--memory and --device-memory conflict: give one (--memory is every device's memory)")
@@ -389,7 +389,7 @@ def plan_request(profile: Profile, options: PlanOptions, *, cluster: bool = Fals
         **calibration_settings(options.calibration, profile.device.kind, profile),
     )
     warn_other_model(settings.calibration, profile)
-    request = PlanRequest(
+    return PlanRequest(
         num_ranks=stages or 1,  # a cluster plan sets the pipeline degree per layout
         global_batch_size=options.global_batch,
         schedule=chosen,
@@ -401,11 +401,6 @@ def plan_request(profile: Profile, options: PlanOptions, *, cluster: bool = Fals
         max_units_per_stage=options.max_units_per_stage,
         ilp_time_limit_s=options.ilp_time_limit_s,
     )
-    if options.trainer is None:
-        return request
-    from planner.trainer_rules import for_trainer  # it builds on PlanRequest: imported here, once it exists
-
-    return for_trainer(profile, request, options.trainer)
 
 
 LEARNED_LABEL = "learned while profiling"

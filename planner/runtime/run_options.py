@@ -1,6 +1,7 @@
 """The options of the commands that run a model on ranks: ``verify`` (:class:`VerifyOptions`, what
 :func:`planner.runtime.verify.verify_plan` takes), ``tune`` (:class:`TuneOptions`, what
-:func:`planner.runtime.tune.tune` takes) and ``calibrate`` (:class:`CalibrateOptions`).
+:func:`planner.runtime.tune.tune` takes) and ``calibrate`` (:class:`CalibrateOptions`, what
+:func:`planner.runtime.calibrate_with.calibrate_with` takes).
 
 Declared once (planner/options.py): each field is the command's flag, its help and its default, and the
 Python API's keyword. No torch here: ``pipeplan --help`` builds its parser from these without it.
@@ -9,17 +10,12 @@ Python API's keyword. No torch here: ``pipeplan --help`` builds its parser from 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from planner.limits import MAX_GLOBAL_BATCH, MAX_RANKS, MAX_REPEATS, MAX_STEPS
 from planner.options import check_fields, int_range, option, positive_float
 from planner.runtime.verify_report import MEMORY_TOLERANCE
 
-if TYPE_CHECKING:
-    from planner.calibration import Calibration
-    from planner.runtime.model_cost import ModelRun
-
-__all__ = ["VerifyOptions", "TuneOptions", "CalibrateOptions", "calibrate_with", "DEVICES", "MODES"]
+__all__ = ["VerifyOptions", "TuneOptions", "CalibrateOptions", "DEVICES", "MODES"]
 
 DEVICES = ("cpu", "cuda")
 MODES = ("auto", "processes", "replay")
@@ -134,40 +130,3 @@ class CalibrateOptions:
 
     def __post_init__(self) -> None:
         check_fields(self)
-
-
-def calibrate_with(options: CalibrateOptions) -> tuple[Calibration, ModelRun | None]:
-    """What ``calibrate`` does: measure the machine (or start from ``options.start``: a file, or ``auto``, the
-    calibration shipped for the device) and, with ``options.model``, refit it from runs of that model's plans.
-    Returns the calibration before the refit and the model's run (None without a model), whose
-    ``calibration`` is the refit one. torch is imported here, not with the options."""
-    from planner.calibration import load_calibration, shipped_calibration
-    from planner.request import profile_sha256
-    from planner.runtime.calibrate import calibrate
-    from planner.runtime.model_cost import learn_model_cost_on_ranks
-    from profiles.format import load_profile
-
-    profile = load_profile(options.profile) if options.profile is not None else None
-    if options.start is None:
-        calibration = calibrate(
-            options.ranks, device=options.device, repeats=options.repeats, timeout_s=options.timeout_s
-        )
-    elif options.start == "auto":
-        calibration = shipped_calibration(options.device)
-    else:
-        calibration = load_calibration(options.start)
-    if profile is None or options.model is None or options.profile is None:
-        return calibration, None
-    run = learn_model_cost_on_ranks(
-        calibration,
-        profile,
-        options.model,
-        num_ranks=options.ranks,
-        sha256=profile_sha256(options.profile),
-        global_batch=options.global_batch,
-        steps=options.steps,
-        device=options.device,
-        timeout_s=options.timeout_s,
-        every_schedule={"auto": None, "1f1b": False, "every": True}[options.learn],
-    )
-    return calibration, run
