@@ -19,7 +19,45 @@ def _unit_span(units: tuple[str, ...]) -> str:
 
 
 def format_plan(plan: Plan) -> str:
+    """The plan as people read it: a head line, the stage table, the mesh, the prediction and its terms, the
+    solver, notes, and the baselines it beats."""
+    lines = [_head_line(plan), _stage_table(plan), ""]
+    if plan.mesh is not None:
+        lines += _mesh_lines(plan)
     p = plan.predicted
+    lines.append(
+        f"predicted iteration {human_seconds(p.iteration_s)}, bubble {p.bubble_fraction:.1%}, "
+        f"{p.samples_per_s:.3g} samples/s: the schedule simulated action by action (what verify checks)"
+    )
+    lines.append(_runtime_terms_line(plan))
+    capacity = plan.constraints.get("capacity_bytes") or []
+    if capacity:
+        lines.append(f"usable memory per rank {human_bytes(min(capacity))} (its memory less headroom)")
+    proven = "optimal" if plan.solver.optimal else "NOT proven optimal"
+    count = plan.solver.candidates
+    lines.append(
+        f"solver {plan.solver.name}: boundaries {proven} for its objective, a bound without the schedule's order "
+        f"({human_seconds(p.formula_iteration_s)}); the simulator ranked {count} candidate"
+        + ("s" if count != 1 else "")
+        + " (micro-batching x schedule x best partitions)"
+    )
+    lines += [f"note: {note}" for note in plan_notes(plan)]
+    if plan.baselines:
+        lines += ["", _baseline_table(plan)]
+    return "\n".join(lines)
+
+
+def _head_line(plan: Plan) -> str:
+    """Model, ranks, stages, schedule and batching in one line."""
+    return (
+        f"plan for {plan.model_name}: {plan.num_ranks} ranks, {plan.num_stages} stages, schedule {plan.schedule}"
+        + (f" (v={plan.virtual_stages})" if plan.virtual_stages > 1 else "")
+        + f", micro-batch {plan.micro_batch_size} x {plan.num_microbatches} = {plan.global_batch_size}"
+    )
+
+
+def _stage_table(plan: Plan) -> str:
+    """One row per stage: its rank, units, recomputation, times, sends, in-flight micro-batches and memory."""
     rows = []
     for s in plan.stages:
         m = s.memory_bytes
@@ -36,114 +74,84 @@ def format_plan(plan: Plan) -> str:
                 human_bytes(m.params + m.grads + m.optimizer),
                 human_bytes(m.activations),
                 human_bytes(m.peak),
-                "<- bottleneck" if s.index == p.bottleneck_stage else "",
+                "<- bottleneck" if s.index == plan.predicted.bottleneck_stage else "",
             ]
         )
-    table = format_table(
-        [
-            "stage",
-            "rank",
-            "units",
-            "recompute",
-            "fwd/mb",
-            "bwd/mb",
-            "send/mb",
-            "in-flight",
-            "params+grads+opt",
-            "activations",
-            "peak mem",
-            "",
-        ],
-        rows,
-        align=">><<>>>>>>><",
-    )
-    capacity = plan.constraints.get("capacity_bytes") or []
-    head = (
-        f"plan for {plan.model_name}: {plan.num_ranks} ranks, {plan.num_stages} stages, schedule {plan.schedule}"
-        + (f" (v={plan.virtual_stages})" if plan.virtual_stages > 1 else "")
-        + f", micro-batch {plan.micro_batch_size} x {plan.num_microbatches} = {plan.global_batch_size}"
-    )
-    lines = [head, table, ""]
-    if plan.mesh is not None:
-        m = plan.mesh
-        degrees = f"pp {m.pp} x dp {m.dp}" if m.tp == 1 else f"pp {m.pp} x tp {m.tp} x dp {m.dp}"
-        if m.tp > 1:
-            sequence, vocab = planned_switches(plan.constraints)
-            if not (sequence or vocab):
-                layout = "pipeplan's runtime layout (blocks split; embeddings, head and sequence whole)"
-            else:
-                layout = (
-                    "embedding and head split by vocabulary" if vocab else "embeddings and head whole"
-                ) + f", sequence parallelism {'on' if sequence else 'off'} (Megatron's layout, for export)"
-            lines.append(
-                f"tensor parallelism: each pipeline rank is a group of {m.tp} consecutive devices in one node"
-                f"; the table's times and memory are one device's share; {layout}"
-            )
-        steps = plan.constraints.get("tensor_parallel_best_s")
-        if isinstance(steps, dict) and steps:
-            lines.append(degree_steps_line({int(t): v for t, v in steps.items()}, m.tp))
+    header = ["stage", "rank", "units", "recompute", "fwd/mb", "bwd/mb", "send/mb", "in-flight"]
+    header += ["params+grads+opt", "activations", "peak mem", ""]
+    return format_table(header, rows, align=">><<>>>>>>><")
+
+
+def _mesh_lines(plan: Plan) -> list[str]:
+    """A cluster plan's mesh: the tensor-parallel layout, each degree's best step, and the devices used."""
+    m = plan.mesh
+    assert m is not None  # only called for cluster plans
+    lines = []
+    degrees = f"pp {m.pp} x dp {m.dp}" if m.tp == 1 else f"pp {m.pp} x tp {m.tp} x dp {m.dp}"
+    if m.tp > 1:
+        sequence, vocab = planned_switches(plan.constraints)
+        if not (sequence or vocab):
+            layout = "pipeplan's runtime layout (blocks split; embeddings, head and sequence whole)"
+        else:
+            layout = (
+                "embedding and head split by vocabulary" if vocab else "embeddings and head whole"
+            ) + f", sequence parallelism {'on' if sequence else 'off'} (Megatron's layout, for export)"
         lines.append(
-            f"mesh: {degrees} = {m.used_devices} of {m.num_devices} devices ({m.placement}, shard "
-            f"{m.shard}); each replica runs the table's {plan.global_batch_size} of the step's {m.global_batch_size} "
-            "samples; step tail = gradient sync over the replicas"
-            + (" + optimizer" if plan.predicted.calibration != "none" else "")
-            + ": "
-            + ", ".join(human_seconds(t) for t in plan.predicted.runtime.step_tail_s)
+            f"tensor parallelism: each pipeline rank is a group of {m.tp} consecutive devices in one node"
+            f"; the table's times and memory are one device's share; {layout}"
         )
+    steps = plan.constraints.get("tensor_parallel_best_s")
+    if isinstance(steps, dict) and steps:
+        lines.append(degree_steps_line({int(t): v for t, v in steps.items()}, m.tp))
     lines.append(
-        f"predicted iteration {human_seconds(p.iteration_s)}, bubble {p.bubble_fraction:.1%}, "
-        f"{p.samples_per_s:.3g} samples/s: the schedule simulated action by action (what verify checks)"
+        f"mesh: {degrees} = {m.used_devices} of {m.num_devices} devices ({m.placement}, shard "
+        f"{m.shard}); each replica runs the table's {plan.global_batch_size} of the step's {m.global_batch_size} "
+        "samples; step tail = gradient sync over the replicas"
+        + (" + optimizer" if plan.predicted.calibration != "none" else "")
+        + ": "
+        + ", ".join(human_seconds(t) for t in plan.predicted.runtime.step_tail_s)
     )
+    return lines
+
+
+def _runtime_terms_line(plan: Plan) -> str:
+    """What the runtime adds in the prediction, from which calibration (or none: the textbook model)."""
+    p = plan.predicted
     if p.calibration == "none":
-        lines.append("runtime terms: none (the textbook model: compute and links only)")
-    else:
-        lines.append(
-            f"runtime terms from calibration {p.calibration}: {human_seconds(p.runtime.action_overhead_s)} per action, "
-            f"compute x {p.runtime.compute_scale:.2f} beside the other ranks (co-location"
-            + (
-                f", learned while the model's units ran {plan.learned_together_ratio:.2f}x slower together than alone"
-                if plan.learned_together_ratio
-                else ""
-            )
-            + "), "
-            + (
-                f"{p.runtime.transfer_compute_s_per_byte * 1e9:.2f} ns of compute per byte sent or received, "
-                if p.runtime.transfer_compute_s_per_byte
-                else ""
-            )
-            + "step tail "
-            + ", ".join(human_seconds(t) for t in p.runtime.step_tail_s)
+        return "runtime terms: none (the textbook model: compute and links only)"
+    return (
+        f"runtime terms from calibration {p.calibration}: {human_seconds(p.runtime.action_overhead_s)} per action, "
+        f"compute x {p.runtime.compute_scale:.2f} beside the other ranks (co-location"
+        + (
+            f", learned while the model's units ran {plan.learned_together_ratio:.2f}x slower together than alone"
+            if plan.learned_together_ratio
+            else ""
         )
-    if capacity:
-        lines.append(f"usable memory per rank {human_bytes(min(capacity))} (its memory less headroom)")
-    proven = "optimal" if plan.solver.optimal else "NOT proven optimal"
-    count = plan.solver.candidates
-    lines.append(
-        f"solver {plan.solver.name}: boundaries {proven} for its objective, a bound without the schedule's order "
-        f"({human_seconds(p.formula_iteration_s)}); the simulator ranked {count} candidate"
-        + ("s" if count != 1 else "")
-        + " (micro-batching x schedule x best partitions)"
+        + "), "
+        + (
+            f"{p.runtime.transfer_compute_s_per_byte * 1e9:.2f} ns of compute per byte sent or received, "
+            if p.runtime.transfer_compute_s_per_byte
+            else ""
+        )
+        + "step tail "
+        + ", ".join(human_seconds(t) for t in p.runtime.step_tail_s)
     )
-    lines += [f"note: {note}" for note in plan_notes(plan)]
-    if plan.baselines:
-        lines.append("")
-        baseline_rows = []
-        for b in plan.baselines:
-            if b.iteration_s is None:
-                baseline_rows.append([b.name, "does not fit", human_bytes(b.peak_memory_bytes), "-"])
-            else:
-                speedup = b.iteration_s / p.iteration_s
-                baseline_rows.append(
-                    [b.name, human_seconds(b.iteration_s), human_bytes(b.peak_memory_bytes), f"{speedup:.2f}x"]
-                )
-        lines.append(
-            format_table(
-                ["baseline (one stage per rank, same micro-batches)", "iteration", "peak mem", "pipeplan speed-up"],
-                baseline_rows,
-                align="<>>>",
-            )
-        )
-    return "\n".join(lines)
+
+
+def _baseline_table(plan: Plan) -> str:
+    """Each baseline's iteration and peak memory, and how much faster the plan is."""
+    rows = []
+    for b in plan.baselines:
+        if b.iteration_s is None:
+            rows.append([b.name, "does not fit", human_bytes(b.peak_memory_bytes), "-"])
+        else:
+            speedup = b.iteration_s / plan.predicted.iteration_s
+            rows.append([b.name, human_seconds(b.iteration_s), human_bytes(b.peak_memory_bytes), f"{speedup:.2f}x"])
+    return format_table(
+        ["baseline (one stage per rank, same micro-batches)", "iteration", "peak mem", "pipeplan speed-up"],
+        rows,
+        align="<>>>",
+    )
 
 
 def plan_notes(plan: Plan) -> list[str]:
