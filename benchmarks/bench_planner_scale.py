@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from common import run_started, table_from_markdown, write_record  # noqa: E402
 
-import planner.schedule.pipeline as pipeline_module  # noqa: E402
+import planner.prediction as prediction  # noqa: E402
 import planner.search as search  # noqa: E402
 from planner.calibration import shipped_calibration  # noqa: E402
 from planner.cost import default_settings  # noqa: E402
@@ -128,12 +128,13 @@ class _Phases:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        # The search solves with solve_dp and simulates through Pipeline.simulate (planner.schedule.pipeline).
-        homes = {"solve_dp": search, "simulate": pipeline_module, "in_flight_per_stage": search}
-        originals = {name: getattr(module, name) for name, module in homes.items()}
+        # The search solves with solve_dp and simulates with simulate, taken into its namespace and into that of
+        # planner.prediction (which predicts the plan it builds).
+        homes = [(search, "solve_dp"), (search, "simulate"), (prediction, "simulate"), (search, "in_flight_per_stage")]
+        originals = {(module, name): getattr(module, name) for module, name in homes}
 
-        def timed(name: str, attribute: str):  # noqa: ANN202
-            inner = originals[name]
+        def timed(module: object, name: str, attribute: str):  # noqa: ANN202
+            inner = originals[module, name]
 
             def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
                 start = time.perf_counter()
@@ -144,14 +145,15 @@ class _Phases:
 
             return call
 
-        search.solve_dp = timed("solve_dp", "dp_s")
-        pipeline_module.simulate = timed("simulate", "simulator_s")
-        search.in_flight_per_stage = timed("in_flight_per_stage", "simulator_s")
+        search.solve_dp = timed(search, "solve_dp", "dp_s")
+        search.simulate = timed(search, "simulate", "simulator_s")
+        prediction.simulate = timed(prediction, "simulate", "simulator_s")
+        search.in_flight_per_stage = timed(search, "in_flight_per_stage", "simulator_s")
         try:
             yield
         finally:
-            for name, value in originals.items():
-                setattr(homes[name], name, value)
+            for (module, name), value in originals.items():
+                setattr(module, name, value)
 
 
 def measure(units: int, ranks: int, repeats: int = 3) -> ScalePoint:

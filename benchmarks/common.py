@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from planner.cost import CostSettings, UnitCosts, build_problem, default_settings, unit_costs  # noqa: E402
 from planner.schedule.orders import Schedule, stage_to_rank  # noqa: E402
 from planner.schedule.pipeline import Pipeline  # noqa: E402
-from planner.schedule.simulate import in_flight_per_stage  # noqa: E402
+from planner.schedule.simulate import in_flight_per_stage, simulate  # noqa: E402
 from profiles.format import Profile  # noqa: E402
 from solvers.problem import PartitionProblem, evaluate, stage_cost  # noqa: E402
 
@@ -115,15 +115,17 @@ def score(setting: Setting, boundaries: tuple[int, ...], recompute: tuple[bool, 
         forward.append(f)
         backward.append(sum(p.backward_s[i:j]) + (f if recompute[s] else 0.0))
     cuts = [b - 1 for b in boundaries[1:]]
-    sim = Pipeline(
-        schedule=setting.schedule,
-        num_ranks=p.num_stages,
-        num_microbatches=p.num_microbatches,
-        forward_s=forward,
-        backward_s=backward,
-        comm_forward_s=[p.cut_forward_s[c] for c in cuts] if p.cut_forward_s else (),
-        comm_backward_s=[p.cut_backward_s[c] for c in cuts] if p.cut_backward_s else (),
-    ).simulate()
+    sim = simulate(
+        Pipeline(
+            schedule=setting.schedule,
+            num_ranks=p.num_stages,
+            num_microbatches=p.num_microbatches,
+            forward_s=forward,
+            backward_s=backward,
+            comm_forward_s=[p.cut_forward_s[c] for c in cuts] if p.cut_forward_s else (),
+            comm_backward_s=[p.cut_backward_s[c] for c in cuts] if p.cut_backward_s else (),
+        )
+    )
     objective, _ = evaluate(p, tuple(boundaries), tuple(recompute))
     peak = max(
         stage_cost(p, s, i, j - 1, recompute[s]).memory_bytes

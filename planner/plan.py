@@ -22,7 +22,7 @@ from planner.fileio import load_document, write_json_atomic
 from planner.plan_checks import PLAN_FORMAT, PLAN_VERSION, validate_plan_dict
 from planner.schedule.orders import Schedule
 from planner.schedule.pipeline import Pipeline
-from planner.schedule.simulate import RuntimeTerms, SimulationResult
+from planner.schedule.simulate import RuntimeTerms, SimulationResult, simulate
 
 __all__ = [
     "PLAN_FORMAT",
@@ -338,7 +338,7 @@ class Plan:
         ``speed`` multiplies the stage times: the stages on a machine running ``speed`` times slower than
         when profiled (with ``runtime.at_speed(speed)`` for the runtime's own compute as well).
         """
-        return self.pipeline(runtime).at_speed(speed).simulate()
+        return simulate(self.pipeline(runtime).at_speed(speed))
 
     def to_dict(self) -> dict[str, Any]:
         return {

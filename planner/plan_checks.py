@@ -14,7 +14,7 @@ from planner.errors import PipeplanError, PlanFormatError, shorten
 from planner.fileio import check_document
 from planner.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_RANKS, MAX_SECONDS, MAX_UNITS
 from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank, virtual_stages
-from planner.schedule.simulate import resume_gaps_valid
+from planner.schedule.pipeline import resume_gaps_valid
 
 __all__ = ["PLAN_FORMAT", "PLAN_VERSION", "validate_plan_dict"]
 

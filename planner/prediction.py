@@ -16,15 +16,14 @@ from planner.cost import (
     build_problem,
     split_backward_times,
     stage_memory,
-    step_tails,
-    tail_groups,
     unit_costs,
 )
 from planner.errors import UsageError
 from planner.plan import Plan, Prediction
 from planner.schedule.orders import Schedule, stage_to_rank
 from planner.schedule.pipeline import Pipeline
-from planner.schedule.simulate import RuntimeTerms, SimulationResult, in_flight_per_stage
+from planner.schedule.simulate import RuntimeTerms, SimulationResult, in_flight_per_stage, simulate
+from planner.step_tails import step_tails, tail_groups
 from profiles.format import Profile
 from solvers.problem import PartitionProblem, PartitionSolution, evaluate, stage_cost
 
@@ -188,7 +187,7 @@ def prediction_of(
 
 def predict_plan(profile: Profile, plan: Plan, settings: CostSettings) -> SimulationResult:
     """Simulate an existing plan's partition under other settings (:func:`plan_pipeline`)."""
-    return plan_pipeline(profile, plan, settings).simulate()
+    return simulate(plan_pipeline(profile, plan, settings))
 
 
 def _plan_problem(
@@ -252,7 +251,7 @@ def repredicted_plan(profile: Profile, plan: Plan, settings: CostSettings) -> Pl
     pipeline = plan_pipeline(profile, plan, settings)
     old = plan.predicted
     prediction = prediction_of(
-        pipeline.simulate(),
+        simulate(pipeline),
         settings,
         pipeline.runtime,
         formula_s=old.formula_iteration_s,

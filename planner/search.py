@@ -32,7 +32,7 @@ from planner.prediction import (
 )
 from planner.request import PlanRequest, pinned_units
 from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank
-from planner.schedule.simulate import RuntimeTerms, SimulationResult, in_flight_per_stage
+from planner.schedule.simulate import RuntimeTerms, SimulationResult, in_flight_per_stage, simulate
 from profiles.format import Profile
 from solvers.baselines import balanced_by_params, balanced_by_time, uniform_by_count
 from solvers.dp import solve_dp
@@ -343,7 +343,7 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
             ):
                 continue
             pipeline = partition_pipeline(costs, problem, solution, schedule, request.num_ranks, runtime)
-            simulation = pipeline.simulate()
+            simulation = simulate(pipeline)
             fastest = min(fastest, simulation.iteration_s)
             peak = partition_peak_memory(problem, solution)
             candidate = Candidate(b, m, schedule, v, problem, solution, simulation, peak, runtime)
@@ -503,7 +503,7 @@ def _baselines(profile: Profile, best: Candidate, request: PlanRequest) -> list[
             continue
         b = best.micro_batch_size
         runtime = partition_runtime_terms(profile, costs, request.settings, problem, solution, schedule, p, b)
-        simulation = partition_pipeline(costs, problem, solution, schedule, p, runtime).simulate()
+        simulation = simulate(partition_pipeline(costs, problem, solution, schedule, p, runtime))
         baselines.append(BaselinePlan(name, split_points, simulation.iteration_s, True, peak))
     return baselines
 

@@ -14,6 +14,7 @@ from planner.options import check_fields, float_list, int_range, items, option, 
 from planner.plan import Plan, load_plan
 from planner.schedule.orders import Schedule
 from planner.schedule.simulate import SimulationResult
+from planner.schedule.simulate import simulate as simulate_pipeline
 from planner.schedule.what_if import compare_schedules, what_if_pipeline
 
 __all__ = ["SimulateOptions", "Simulated", "simulate"]
@@ -146,4 +147,4 @@ def simulate(options: SimulateOptions) -> Simulated:
         )
         check_simulation(pipeline.num_stages, pipeline.num_microbatches)
         compared = compare_schedules(pipeline, compare, options.virtual_stages) if compare else []
-    return Simulated(pipeline.simulate(), compared, plan)
+    return Simulated(simulate_pipeline(pipeline), compared, plan)

@@ -79,91 +79,115 @@ def balance_ranks(
     ``(busiest rank, sum of squared rank loads)``, recomputation flags kept, every stage non-empty and
     fitting; None when no move helps or the problem is not homogeneous.
     """
-    n, stages = problem.num_units, problem.num_stages
+    stages = problem.num_stages
     if not problem.is_homogeneous or len(stage_rank) != stages or len(set(stage_rank)) == stages:
         return None
-    ranks = max(stage_rank) + 1
-    known: dict[tuple[int, int, int], float | None] = {}
+    moves = _BoundaryMoves(problem, start, stage_rank)
+    if np.isnan(moves.stage_s).any():
+        return None
+    moved = False
+    for _ in range(max_moves):
+        m = moves.best()
+        if m is None:
+            break
+        moves.take(m)
+        moved = True
+    if not moved:
+        return None
+    bounds = tuple(moves.bounds)
+    objective, bottleneck = evaluate(problem, bounds, start.recompute)
+    return PartitionSolution(bounds, start.recompute, objective, bottleneck, solver="rank-balance")
 
-    def compute_s(s: int, a: int, b: int) -> float:
+
+class _BoundaryMoves:
+    """The moves of :func:`balance_ranks`: each boundary one unit left or right, scored all at once.
+
+    Move ``2(k-1)`` takes boundary ``k`` one unit left, ``2(k-1)+1`` one unit right; ``new_left``/``new_right``
+    hold the compute of the two stages it changes (NaN: the move empties a stage or does not fit). A move touches
+    only the boundaries beside it, so after each move six entries are looked up again, and every move is scored
+    in one numpy pass (a plan of hundreds of stages has hundreds of moves at every step)."""
+
+    def __init__(self, problem: PartitionProblem, start: PartitionSolution, stage_rank: tuple[int, ...]) -> None:
+        n, stages = problem.num_units, problem.num_stages
+        self.problem, self.recompute, self.n, self.stages = problem, start.recompute, n, stages
+        self.ranks = max(stage_rank) + 1
+        self.known: dict[tuple[int, int, int], float | None] = {}
+        self.bounds = list(start.boundaries)
+        ends = (*self.bounds[1:], n)
+        self.stage_s = np.array(
+            [self.compute_s(s, a, b) for s, (a, b) in enumerate(zip(self.bounds, ends, strict=True))]
+        )
+        self.a_stage = np.repeat(np.arange(stages - 1), 2)
+        self.b_stage = self.a_stage + 1
+        self.rank_of = np.asarray(stage_rank)
+        self.ra, self.rb = self.rank_of[self.a_stage], self.rank_of[self.b_stage]
+        self.same = self.ra == self.rb
+        self.new_left = np.full(2 * (stages - 1), math.nan)
+        self.new_right = np.full(2 * (stages - 1), math.nan)
+        for k in range(1, stages):
+            self.look_up(k)
+
+    def compute_s(self, s: int, a: int, b: int) -> float:
         """Stage ``s`` holding units ``a..b-1``: its compute, or NaN where it is empty or does not fit."""
-        if not 0 <= a < b <= n:
+        if not 0 <= a < b <= self.n:
             return math.nan
         key = (s, a, b)
-        if key not in known:
-            cost = stage_cost(problem, s, a, b - 1, start.recompute[s])
-            known[key] = cost.compute_s if cost.feasible else None
-        value = known[key]
+        if key not in self.known:
+            cost = stage_cost(self.problem, s, a, b - 1, self.recompute[s])
+            self.known[key] = cost.compute_s if cost.feasible else None
+        value = self.known[key]
         return math.nan if value is None else value
 
-    bounds = list(start.boundaries)
-    ends = (*bounds[1:], n)
-    stage_s = np.array([compute_s(s, a, b) for s, (a, b) in enumerate(zip(bounds, ends, strict=True))])
-    if np.isnan(stage_s).any():
-        return None
-    # Move 2(k-1) takes boundary k one unit left, 2(k-1)+1 one unit right; new_left/new_right hold the
-    # compute of the two stages it changes (NaN: the move empties a stage or does not fit). A move touches
-    # only the boundaries beside it, so after each move six entries are looked up again, and every move is
-    # scored at once (a 240-stage problem scored ~500 moves in Python per step, 26 % of a cluster search).
-    a_stage = np.repeat(np.arange(stages - 1), 2)
-    b_stage = a_stage + 1
-    rank_of = np.asarray(stage_rank)
-    ra, rb = rank_of[a_stage], rank_of[b_stage]
-    same = ra == rb
-    new_left = np.full(2 * (stages - 1), math.nan)
-    new_right = np.full(2 * (stages - 1), math.nan)
-
-    def look_up(k: int) -> None:
-        if not 1 <= k < stages:
+    def look_up(self, k: int) -> None:
+        """The two moves of boundary ``k``: the compute of the stages on either side after each."""
+        bounds = self.bounds
+        if not 1 <= k < self.stages:
             return
-        end = bounds[k + 1] if k + 1 < stages else n
+        end = bounds[k + 1] if k + 1 < self.stages else self.n
         for j, step in enumerate((-1, 1)):
             b = bounds[k] + step
             m = 2 * (k - 1) + j
-            new_left[m] = compute_s(k - 1, bounds[k - 1], b) if bounds[k - 1] < b < end else math.nan
-            new_right[m] = compute_s(k, b, end) if bounds[k - 1] < b < end else math.nan
+            self.new_left[m] = self.compute_s(k - 1, bounds[k - 1], b) if bounds[k - 1] < b < end else math.nan
+            self.new_right[m] = self.compute_s(k, b, end) if bounds[k - 1] < b < end else math.nan
 
-    for k in range(1, stages):
-        look_up(k)
-    moved = False
-    for _ in range(max_moves):
+    def best(self) -> int | None:
+        """The move of steepest descent on (busiest rank, sum of squared loads), the first such in boundary order;
+        None where no move lowers it."""
+        ra, rb, stage_s = self.ra, self.rb, self.stage_s
         # Sums in stage order, as a loop would (bincount adds its weights in order).
-        per_rank = np.bincount(rank_of, weights=stage_s, minlength=ranks)
+        per_rank = np.bincount(self.rank_of, weights=stage_s, minlength=self.ranks)
         loads = per_rank.tolist()
         squares = sum(x * x for x in loads)
         busiest = max(loads)
         # The busiest rank that a move leaves alone: the first of the three busiest not among its two.
-        top = sorted(range(ranks), key=lambda r: -loads[r])[:3]
+        top = sorted(range(self.ranks), key=lambda r: -loads[r])[:3]
         others = np.zeros(len(ra))
         for r in reversed(top):
             others = np.where((ra != r) & (rb != r), per_rank[r], others)
-        load_a = per_rank[ra] + new_left - stage_s[a_stage]
-        load_b = per_rank[rb] + new_right - stage_s[b_stage]
+        load_a = per_rank[ra] + self.new_left - stage_s[self.a_stage]
+        load_b = per_rank[rb] + self.new_right - stage_s[self.b_stage]
         # The turn of a V (both stages on one rank): one load changes by both moves.
-        turn = load_a + new_right - stage_s[b_stage]
-        peak = np.where(same, np.maximum(others, turn), np.maximum(np.maximum(others, load_a), load_b))
+        turn = load_a + self.new_right - stage_s[self.b_stage]
+        peak = np.where(self.same, np.maximum(others, turn), np.maximum(np.maximum(others, load_a), load_b))
         spread = np.where(
-            same,
+            self.same,
             squares - per_rank[ra] * per_rank[ra] + turn * turn,
             squares - per_rank[ra] * per_rank[ra] - per_rank[rb] * per_rank[rb] + load_a * load_a + load_b * load_b,
         )
         valid = ~np.isnan(peak)
         if not valid.any():
-            break
+            return None
         least = peak[valid].min()
         tied = valid & (peak == least)
         flattest = spread[tied].min()
-        # Steepest descent on (busiest rank, sum of squared loads), the first such move in boundary order.
         if (least, flattest) >= (busiest, squares):
-            break
-        m = int(np.flatnonzero(tied & (spread == flattest))[0])
+            return None
+        return int(np.flatnonzero(tied & (spread == flattest))[0])
+
+    def take(self, m: int) -> None:
+        """Make move ``m`` and look up again the moves it changed."""
         k = m // 2 + 1
-        bounds[k] += 1 if m % 2 else -1
-        stage_s[k - 1], stage_s[k] = new_left[m], new_right[m]
+        self.bounds[k] += 1 if m % 2 else -1
+        self.stage_s[k - 1], self.stage_s[k] = self.new_left[m], self.new_right[m]
         for j in (k - 1, k, k + 1):
-            look_up(j)
-        moved = True
-    if not moved:
-        return None
-    objective, bottleneck = evaluate(problem, tuple(bounds), start.recompute)
-    return PartitionSolution(tuple(bounds), start.recompute, objective, bottleneck, solver="rank-balance")
+            self.look_up(j)

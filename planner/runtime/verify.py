@@ -54,6 +54,7 @@ from planner.runtime.verify_report import (
     contention_change,
     format_report,
 )
+from planner.schedule.simulate import simulate
 from profiles.memory import MemorySample
 from profiles.workload import Workload, as_tuple, load_workload
 
@@ -252,7 +253,7 @@ def verify_plan(
         )
         if not plan.schedule.splits_backward:
             pipeline = replace(pipeline, input_s=(), weight_s=())
-        sim = pipeline.with_backward(bwd).simulate()
+        sim = simulate(pipeline.with_backward(bwd))
         memory = [as_breakdown(m) for m in result.stage_memory] if result.stage_memory else [None] * plan.num_stages
         measured_run = MeasuredRun(
             fwd,

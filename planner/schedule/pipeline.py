@@ -1,7 +1,8 @@
 """A pipeline as the simulator sees it: one value, whoever made it (a plan, a search candidate, a replay, a what-if).
 
 A :class:`Pipeline` holds the per-stage times, the links between stages, the schedule, the rank count and the
-runtime terms, checked together on construction; :func:`~planner.schedule.simulate.simulate` takes it whole.
+runtime terms (:class:`RuntimeTerms`), checked together on construction; :func:`~planner.schedule.simulate.simulate`
+takes it whole.
 ``Plan.pipeline()`` makes one from a plan.
 """
 
@@ -12,10 +13,66 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from planner.errors import UsageError
-from planner.schedule.orders import Schedule, Step, default_ranks, stage_to_rank
-from planner.schedule.simulate import RuntimeTerms, SimulationResult, simulate
+from planner.schedule.orders import Schedule, default_ranks, stage_to_rank
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "RuntimeTerms", "resume_gaps_valid"]
+
+
+@dataclass(frozen=True)
+class RuntimeTerms:
+    """What a real runtime adds to the compute of a schedule (all zero: the textbook model)."""
+
+    action_overhead_s: float = 0.0
+    """Per compute action, on its rank: torch's Python dispatch, posting and waiting on P2P ops."""
+    step_tail_s: tuple[float, ...] = ()
+    """Per rank, after its last action: tied-gradient sum, ``optimizer.step()``, ``zero_grad``."""
+    compute_scale: float = 1.0
+    """Co-location factor: compute inside a running pipeline / compute profiled alone. Applied to every
+    action of a pipeline of two or more ranks (planner.schedule.simulate says why)."""
+    tail_groups: tuple[tuple[int, ...], ...] = ()
+    """Ranks whose step tails open by summing a weight tied across them, each waiting for the others: a rank
+    of a group starts its tail when the group's last rank has finished its last action."""
+    resume: tuple[tuple[float, float, float], ...] = ()
+    """``(idle gap, forward extra, backward extra)`` points, gaps increasing: what an action costs more after
+    its rank was idle that long (profiles/resume.py). Interpolated linearly from ``(0, 0, 0)``, flat past
+    the last gap; I and W take the backward's. Empty: nothing added."""
+    transfer_compute_s_per_byte: float = 0.0
+    """Compute time a rank loses per byte it sends or receives across ranks, charged to the action that sends
+    or consumes it (F: its input and output; B or I: the gradients; W: none) and counted as compute. On CPU
+    gloo copies each message on the ranks' cores (docs/cost-model.md, "The cores a CPU transfer takes"); 0:
+    nothing."""
+
+    def __post_init__(self) -> None:
+        values = (
+            self.action_overhead_s,
+            self.transfer_compute_s_per_byte,
+            *self.step_tail_s,
+            *(v for point in self.resume for v in point),
+        )
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            raise UsageError(f"runtime terms must be finite and >= 0, got {values}")
+        if not (math.isfinite(self.compute_scale) and self.compute_scale > 0):
+            raise UsageError(f"compute_scale must be finite and > 0, got {self.compute_scale}")
+        gaps = [point[0] for point in self.resume]
+        if not resume_gaps_valid(gaps):
+            raise UsageError(f"resume gaps must be positive and increasing, got {gaps}")
+
+    def at_speed(self, speed: float) -> RuntimeTerms:
+        """These terms on a machine ``speed`` times slower: the per-action overhead and the step tails are
+        the machine's own work (Python, the optimizer, refilling caches, copying messages), so they scale; the
+        co-location factor is a ratio."""
+        return replace(
+            self,
+            action_overhead_s=self.action_overhead_s * speed,
+            transfer_compute_s_per_byte=self.transfer_compute_s_per_byte * speed,
+            step_tail_s=tuple(t * speed for t in self.step_tail_s),
+            resume=tuple((g, f * speed, b * speed) for g, f, b in self.resume),
+        )
+
+
+def resume_gaps_valid(gaps: Sequence[float]) -> bool:
+    """The idle gaps of resume points: positive and strictly increasing (what interpolation needs)."""
+    return all(g > 0 for g in gaps) and list(gaps) == sorted(set(gaps))
 
 
 def _times(name: str, values: Sequence[float], length: int | None, *, allow_zero: bool) -> tuple[float, ...]:
@@ -195,7 +252,3 @@ class Pipeline:
             weight_s=apply(self.weight_s),
             **links,
         )
-
-    def simulate(self, orders: Sequence[Sequence[Step]] | None = None) -> SimulationResult:
-        """One iteration of this pipeline (:func:`~planner.schedule.simulate.simulate`)."""
-        return simulate(self, orders)

@@ -9,7 +9,7 @@ from planner.errors import UsageError
 from planner.limits import check_simulation
 from planner.schedule.orders import Schedule
 from planner.schedule.pipeline import Pipeline
-from planner.schedule.simulate import SimulationResult
+from planner.schedule.simulate import SimulationResult, simulate
 
 __all__ = ["stages_per_rank", "what_if_pipeline", "compare_schedules"]
 
@@ -86,9 +86,9 @@ def compare_schedules(
     results = []
     for schedule in schedules:
         if schedule is pipeline.schedule and virtual_stages is None:
-            results.append(pipeline.simulate())
+            results.append(simulate(pipeline))
             continue
         v = stages_per_rank(schedule, virtual_stages) if schedule.multi_stage else 1
         overhead = overhead_of(schedule, v) if overhead_of is not None else None
-        results.append(pipeline.as_schedule(schedule, v, action_overhead_s=overhead).simulate())
+        results.append(simulate(pipeline.as_schedule(schedule, v, action_overhead_s=overhead)))
     return results

@@ -15,7 +15,7 @@ from planner.calibration import (
     save_calibration,
     shipped_calibration,
 )
-from planner.cost import CostSettings, _transfer_s, default_settings, step_tails, tail_groups, unit_costs
+from planner.cost import CostSettings, _transfer_s, default_settings, unit_costs
 from planner.errors import CalibrationError, UsageError
 from planner.prediction import predict_plan
 from planner.request import PlanRequest
@@ -23,6 +23,7 @@ from planner.schedule.orders import Schedule
 from planner.schedule.pipeline import Pipeline
 from planner.schedule.simulate import RuntimeTerms, simulate
 from planner.search import make_plan, make_plans, plan_key
+from planner.step_tails import step_tails, tail_groups
 from synthetic import calibration, make_profile
 
 

@@ -12,11 +12,12 @@ import pytest
 from cli import main
 from cli_checks import assert_fails
 from planner.cluster import Cluster, Layout, MeshSearch, layouts, plan_cluster
-from planner.cost import CostSettings, DataParallel, step_tails, unit_costs
+from planner.cost import CostSettings, DataParallel, unit_costs
 from planner.errors import PlanFormatError, UsageError
 from planner.plan import load_plan, plan_from_dict, save_plan
 from planner.request import PlanRequest
 from planner.search import make_plan, plan_key
+from planner.step_tails import step_tails
 from planner.tensor_parallel import TensorParallel, sharded_profile
 from profiles.format import save_profile
 from synthetic import make_profile, transformer_profile

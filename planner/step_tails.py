@@ -1,0 +1,80 @@
+"""What follows a rank's last action: the step tail the simulator adds per rank (``RuntimeTerms.step_tail_s``).
+
+Gradient synchronisation over the data-parallel replicas, the sum of a weight tied across ranks, then the
+optimizer step and ``zero_grad`` (docs/cost-model.md, "Runtime terms"); and which ranks start their tails together
+because a tied weight's sum waits for both.
+"""
+
+from __future__ import annotations
+
+from planner.cost import CostSettings, DataParallel, UnitCosts, bytes_per_param, tie_owner
+from profiles.format import Profile
+
+__all__ = ["step_tails", "tail_groups"]
+
+
+def _gradient_sync_s(dp: DataParallel | None, weight_bytes: float, grad_bytes: float) -> float:
+    """A rank's gradient synchronisation over its replicas after its last backward: DDP all-reduces
+    the gradients; ZeRO-1 reduce-scatters them and all-gathers the updated weights (the same volume);
+    FSDP has reduce-scattered them after every backward already (``planner.cost._with_gathers``)."""
+    if dp is None or dp.shard == "full":
+        return 0.0
+    if dp.shard == "optimizer":
+        return dp.gather_s(grad_bytes) + dp.gather_s(weight_bytes)
+    return dp.allreduce_s(grad_bytes)
+
+
+def tail_groups(
+    profile: Profile, stage_units: list[range] | list[list[int]], stage_rank: tuple[int, ...]
+) -> tuple[tuple[int, ...], ...]:
+    """Pairs of ranks whose step tails open with the sum of a weight tied across them (a copy and
+    its owner on different ranks): neither finishes it before both have finished their last action."""
+    unit_rank = {u: stage_rank[s] for s, units in enumerate(stage_units) for u in units}
+    pairs = {
+        tuple(sorted((unit_rank[u], unit_rank[tie_owner(profile, u)])))
+        for u, unit in enumerate(profile.units)
+        if unit.tied_param_count and unit.tied_params
+    }
+    return tuple(sorted(p for p in pairs if p[0] != p[1]))
+
+
+def step_tails(
+    profile: Profile,
+    costs: UnitCosts,
+    settings: CostSettings,
+    stage_units: list[range] | list[list[int]],
+    stage_rank: tuple[int, ...],
+) -> tuple[float, ...]:
+    """Per rank, what follows its last action: gradient synchronisation over the data-parallel replicas,
+    tied-gradient sum, then optimizer step and zero_grad.
+
+    The replicas' synchronisation (see :func:`_gradient_sync_s`) needs no calibration. With one,
+    ``optimizer_s(parameters and parameter tensors of the rank)`` (docs/cost-model.md, "Runtime terms"),
+    plus, for every tied copy whose owner sits on another rank, a ring all-reduce of the copy's gradient
+    over the two ranks. Zero for every rank without either.
+    """
+    num_ranks = max(stage_rank) + 1
+    cal, dp = settings.calibration, settings.data_parallel
+    if cal is None and dp is None:
+        return (0.0,) * num_ranks
+    unit_rank = {u: stage_rank[s] for s, units in enumerate(stage_units) for u in units}
+    params, tensors = [0] * num_ranks, [0] * num_ranks
+    for u, r in unit_rank.items():
+        params[r] += costs.param_count[u]
+        tensors[r] += profile.units[u].param_tensor_count
+    weight_bytes, grad_bytes, _ = bytes_per_param(profile.device.dtype, settings.optimizer)
+    tails = [_gradient_sync_s(dp, n * weight_bytes, n * grad_bytes) for n in params]
+    if cal is None:
+        return tuple(tails)
+    # A sharded optimizer steps only the replica's share of the parameters.
+    share = dp.replicas if dp is not None and dp.shard != "none" else 1
+    for r, (n, k) in enumerate(zip(params, tensors, strict=True)):
+        tails[r] += cal.optimizer_s(settings.optimizer, -(-n // share), k) if n else 0.0
+    for u, unit in enumerate(profile.units):
+        if unit.tied_param_count and unit.tied_params:
+            here, there = unit_rank[u], unit_rank[tie_owner(profile, u)]
+            if here != there:
+                seconds = cal.swap_s(unit.tied_param_count * weight_bytes)
+                tails[here] += seconds
+                tails[there] += seconds
+    return tuple(tails)
