@@ -58,7 +58,7 @@ from functools import cached_property, lru_cache
 import highspy
 import numpy as np
 
-from planner.schedule.orders import Schedule, rank_orders
+from planner.schedule.orders import Schedule, Step, rank_orders
 from solvers.ilp import quiet_stdout
 
 __all__ = ["UnitWork", "candidate_floor_s", "partition_floor_s", "order_floor_s"]
@@ -186,7 +186,16 @@ def _order_programme(
 ) -> float:
     """The programme of fact 4 for work 1 (forwards ``forward_share`` of it): its optimum, or 0 when HiGHS
     finds none (no floor). Cached: a cluster search meets the same (schedule, P, S, M, shares) per placement."""
-    orders = rank_orders(schedule, stages, m, ranks)
+    rows, columns = _order_rows(rank_orders(schedule, stages, m, ranks), stages, m, low, high)
+    return _solve_programme(rows, stages, columns, forward_share)
+
+
+def _order_rows(
+    orders: list[list[Step]], stages: int, m: int, low: float, high: float
+) -> tuple[list[dict[int, float]], int]:
+    """The programme's ``<= 0`` rows (column -> coefficient) and its column count: the ranks' orders and the
+    dependencies between the first and last micro-batches' actions, and each stage's backward within ``low``
+    and ``high`` times its forward."""
     kept_mbs = {0, m - 1}
     kept: dict[tuple[int, int, str], int] = {}
     for order in orders:
@@ -237,6 +246,13 @@ def _order_programme(
         rows.append({s: low, stages + s: -1.0})  # low * f_s <= b_s
         if math.isfinite(high):
             rows.append({stages + s: 1.0, s: -high})  # b_s <= high * f_s
+    return rows, step_col + 1
+
+
+def _solve_programme(rows: list[dict[int, float]], stages: int, columns: int, forward_share: float) -> float:
+    """Minimise the step (the last column) under ``rows`` with the stages' forwards summing to ``forward_share``
+    and their backwards to the rest: its optimum, or 0 when HiGHS finds none."""
+    step_col = columns - 1
     count = len(rows)
     sums_row = [dict.fromkeys(range(stages), 1.0), dict.fromkeys(range(stages, 2 * stages), 1.0)]
     lp = highspy.HighsLp()

@@ -399,27 +399,34 @@ class _Incumbents:
 
 
 def _search(model: _Model, best: _Incumbents) -> None:
-    """Examine the bottleneck bounds that can matter (see the module docstring)."""
-    m = model.m
+    """Examine the bottleneck bounds that can matter (see the module docstring): the least feasible one, an
+    upper bound past which none can win, and the candidates between them by branch and bound."""
     c_min = model.pfb if model.allow0 else model.pfb + model.pf
-    unit_c = np.diff(c_min)
     total = float(c_min[-1])
-    t_low = max(float(unit_c.max()), total / model.p) * (1 - 1e-12)
     cut_comm = np.sort(model.comm[1:])
     sum_low = total + float(np.sum(cut_comm[: model.p - 1]))
     # The whole model as one stage (with recompute if allowed): no stage compute exceeds it.
     t_all = float(model.pfb[-1] + (model.pf[-1] if model.allow1 else 0.0))
-
-    if m == 1:
+    if model.m == 1:
         best.add(model.solve(math.inf))
         return
+    t_min = _least_bottleneck(model, best, c_min, t_all)
+    if t_min is None:
+        return
+    upper = _upper_bound(model, best, t_min, sum_low)
+    _branch_and_bound(model, best, t_min, t_all if math.isinf(upper) else upper)
 
-    # 1) Gallop upward from the lower bound until some bound is feasible, then bisect to the least one.
+
+def _least_bottleneck(model: _Model, best: _Incumbents, c_min: np.ndarray, t_all: float) -> float | None:
+    """The least bottleneck bound with a feasible partition (None: none up to ``t_all``): gallop upward from the
+    lower bound until some bound is feasible, then bisect over the candidates below it."""
+    total = float(c_min[-1])
+    t_low = max(float(np.diff(c_min).max()), total / model.p) * (1 - 1e-12)
     lo, step = t_low, max(0.05 * t_low, 1e-9 * total, 1e-300)
     hi = min(t_low + step, t_all)
     while (found := model.solve(hi)) is None:
         if hi >= t_all:
-            return
+            return None
         lo, step = hi, 2 * step
         hi = min(hi + step, t_all)
     best.add(found)
@@ -435,8 +442,13 @@ def _search(model: _Model, best: _Incumbents) -> None:
             b = mid
     t_min = float(between[b])
     best.add(model.solve(t_min))
+    return t_min
 
-    # 2) Bounds above upper cannot win: (M-1) * t_max + (a lower bound of the sum) >= k-th best.
+
+def _upper_bound(model: _Model, best: _Incumbents, t_min: float, sum_low: float) -> float:
+    """Bounds above it cannot win: ``(M-1) * t_max + (a lower bound of the sum) >= k-th best`` (inf: no bound
+    known yet), tightened by the partition found at it, at most twice."""
+    m = model.m
     upper = max(t_min, (best.bound(fallback_worst=True) - sum_low) / (m - 1))
     for _ in range(2):
         if upper <= t_min or math.isinf(upper):
@@ -449,10 +461,13 @@ def _search(model: _Model, best: _Incumbents) -> None:
             upper = tighter
             break
         upper = tighter
-    if math.isinf(upper):
-        upper = t_all
+    return upper
 
-    # 3) Branch and bound over the sorted candidates in [t_min, upper].
+
+def _branch_and_bound(model: _Model, best: _Incumbents, t_min: float, upper: float) -> None:
+    """Branch and bound over the sorted candidate bounds in ``[t_min, upper]``: an interval whose best possible
+    objective (its right end's sum, its left end's bottleneck) cannot beat the k-th best is dropped."""
+    m = model.m
     cands = model.candidates(t_min, upper)
     if len(cands) == 0 or cands[0] != t_min:
         cands = np.unique(np.concatenate(([t_min], cands)))

@@ -159,10 +159,7 @@ def _stage_symbols(embedding: bool, layers: int, loss: bool) -> str:
 
 def _megatron(plan: Plan, version: str) -> MegatronExport:
     _check_looped(plan, Trainer.MEGATRON)
-    units = [u for s in plan.stages for u in s.units]
-    stage_of = {u: s.index for s in plan.stages for u in s.units}
-    roles = megatron_layers(units)
-    last = plan.num_stages - 1
+    roles = megatron_layers([u for s in plan.stages for u in s.units])
     pp, v, m = plan.num_ranks, plan.num_stages // plan.num_ranks, plan.num_microbatches
     if v > 1 and m % pp != 0:
         raise ExportError(
@@ -170,6 +167,32 @@ def _megatron(plan: Plan, version: str) -> MegatronExport:
             f"schedules.py), and the plan has {m} micro-batches on pp {pp}: plan with --global-batch and "
             f"--micro-batch giving a multiple of {pp}"
         )
+    layout = _megatron_layout(plan, roles)
+    pipeline_inner = _pipeline_inner(plan)
+    tp, sequence = tensor_parallel_of(plan)
+    notes = _megatron_notes(plan, roles)
+    return MegatronExport(
+        trainer_version=version,
+        pipeline_model_parallel_size=pp,
+        pipeline_model_parallel_layout=layout,
+        virtual_stages_per_rank=v,
+        num_layers=len(roles.decoder),
+        micro_batch_size=plan.micro_batch_size,
+        global_batch_size=plan.mesh.global_batch_size if plan.mesh is not None else plan.global_batch_size,
+        use_distributed_optimizer=plan.mesh is not None and plan.mesh.shard != "none",
+        use_tp_pp_dp_mapping=pipeline_inner,
+        tensor_model_parallel_size=tp,
+        sequence_parallel=sequence,
+        header=_header(plan, Trainer.MEGATRON, version),
+        notes=tuple(notes),
+    )
+
+
+def _megatron_layout(plan: Plan, roles: MegatronLayers) -> str:
+    """``--pipeline-model-parallel-layout``: per stage, E, its decoder layers and L; raises where the plan cuts
+    inside the embedding, a decoder layer or the loss (Megatron builds each as one)."""
+    stage_of = {u: s.index for s in plan.stages for u in s.units}
+    last = plan.num_stages - 1
 
     def one_stage(names: Sequence[str], what: str, fix: str) -> int:
         stages = sorted({stage_of[n] for n in names})
@@ -189,8 +212,13 @@ def _megatron(plan: Plan, version: str) -> MegatronExport:
     for k, layer in enumerate(roles.decoder):
         stage = one_stage(layer, f"decoder layer {k} ({shorten(layer[0], 50)} ..)", f"--pin {layer[-1]}=STAGE")
         layers_per_stage[stage] += 1
-    layout = "|".join(_stage_symbols(s == 0, layers_per_stage[s], s == last) for s in range(plan.num_stages))
-    pipeline_inner = _pipeline_inner(plan)
+    return "|".join(_stage_symbols(s == 0, layers_per_stage[s], s == last) for s in range(plan.num_stages))
+
+
+def _megatron_notes(plan: Plan, roles: MegatronLayers) -> list[str]:
+    """What a user of the export should know: the symbols, the virtual stages, data and tensor parallelism, and
+    where Megatron runs other than the plan (schedule, sharding, recomputation)."""
+    pp, v = plan.num_ranks, plan.num_stages // plan.num_ranks
     notes = [
         "E = " + shorten(", ".join(roles.embedding), 80) + f"; t = {shorten(roles.prefix, 60)}.N; "
         "L = " + shorten(", ".join(roles.loss), 80),
@@ -209,7 +237,7 @@ def _megatron(plan: Plan, version: str) -> MegatronExport:
             "the plan shards weights too (--shard full); Megatron's distributed optimizer shards optimizer state "
             "and gradients only: the plan's memory does not carry over"
         )
-    if pipeline_inner:
+    if _pipeline_inner(plan):
         notes.append(
             "the plan puts each pipeline on consecutive devices: --use-tp-pp-dp-mapping makes Megatron's rank "
             "order tp-cp-ep-pp-dp (its default, tp-cp-ep-dp-pp, puts replicas of a stage on consecutive ranks)"
@@ -229,18 +257,4 @@ def _megatron(plan: Plan, version: str) -> MegatronExport:
             "carries over, the predicted iteration does not"
         )
     notes += _recompute_note(plan, "Megatron's --recompute-* flags apply to every stage alike; set them by hand")
-    return MegatronExport(
-        trainer_version=version,
-        pipeline_model_parallel_size=pp,
-        pipeline_model_parallel_layout=layout,
-        virtual_stages_per_rank=v,
-        num_layers=len(roles.decoder),
-        micro_batch_size=plan.micro_batch_size,
-        global_batch_size=plan.mesh.global_batch_size if plan.mesh is not None else plan.global_batch_size,
-        use_distributed_optimizer=plan.mesh is not None and plan.mesh.shard != "none",
-        use_tp_pp_dp_mapping=pipeline_inner,
-        tensor_model_parallel_size=tp,
-        sequence_parallel=sequence,
-        header=_header(plan, Trainer.MEGATRON, version),
-        notes=tuple(notes),
-    )
+    return notes

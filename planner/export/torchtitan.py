@@ -84,6 +84,35 @@ class TorchtitanExport:
 
 def _torchtitan(plan: Plan, renames: Sequence[tuple[str, str]], version: str) -> TorchtitanExport:
     stages = _renamed_stages(plan, renames)
+    _check_part_names(stages)
+    dp = plan.mesh.dp if plan.mesh is not None else 1
+    sharded = plan.mesh is not None and plan.mesh.shard != "none"
+    recompute = [s.recompute for s in plan.stages]
+    ranks = rank_of_device(plan)
+    schedule = TORCH_SCHEDULE_CLASS[plan.schedule].removeprefix("Schedule")
+    tp, sequence = tensor_parallel_of(plan)
+    notes = _torchtitan_notes(plan, stages, ranks)
+    return TorchtitanExport(
+        trainer_version=version,
+        pipeline_parallel_degree=plan.num_ranks,
+        pipeline_parallel_schedule=schedule,
+        pipeline_parallel_microbatch_size=plan.micro_batch_size,
+        local_batch_size=plan.global_batch_size,
+        global_batch_size=plan.mesh.global_batch_size if plan.mesh is not None else plan.global_batch_size,
+        module_fqns_per_model_part=stages,
+        activation_checkpoint="full" if any(recompute) else "none",
+        data_parallel_replicate_degree=1 if sharded else dp,
+        data_parallel_shard_degree=dp if sharded else 1,
+        rank_of_device=ranks,
+        tensor_parallel_degree=tp,
+        enable_sequence_parallel=sequence or tp == 1,
+        header=_header(plan, Trainer.TORCHTITAN, version),
+        notes=tuple(notes),
+    )
+
+
+def _check_part_names(stages: Sequence[Sequence[str]]) -> None:
+    """Raise where a stage names a module torchtitan cannot split the model at, or cannot read in a part."""
     for index, names in enumerate(stages):
         for name in names:
             if name.count(".") > 1 or name.startswith(".") or name.endswith("."):
@@ -97,11 +126,12 @@ def _torchtitan(plan: Plan, renames: Sequence[tuple[str, str]], version: str) ->
                     f"torchtitan reads a model part as comma-joined names, and stage {index} holds "
                     f"{shorten(repr(name), 60)}: rename it with --rename OLD=NEW"
                 )
-    dp = plan.mesh.dp if plan.mesh is not None else 1
-    sharded = plan.mesh is not None and plan.mesh.shard != "none"
+
+
+def _torchtitan_notes(plan: Plan, stages: Sequence[Sequence[str]], ranks: tuple[int, ...]) -> list[str]:
+    """What a user of the export should know: how to launch it, the names, weight tying, data and tensor
+    parallelism, the rank order, and recomputation."""
     recompute = [s.recompute for s in plan.stages]
-    ranks = rank_of_device(plan)
-    schedule = TORCH_SCHEDULE_CLASS[plan.schedule].removeprefix("Schedule")
     notes = [
         "append to: torchrun ... -m torchtitan.train --module MODULE --config CONFIG (torchtitan 0.3 reads no "
         "TOML); activation-checkpoint:... stays last: no --section.key may follow it",
@@ -146,20 +176,4 @@ def _torchtitan(plan: Plan, renames: Sequence[tuple[str, str]], version: str) ->
         notes += _recompute_note(
             plan, "torchtitan checkpoints every stage alike; activation-checkpoint:full keeps each within its memory"
         )
-    return TorchtitanExport(
-        trainer_version=version,
-        pipeline_parallel_degree=plan.num_ranks,
-        pipeline_parallel_schedule=schedule,
-        pipeline_parallel_microbatch_size=plan.micro_batch_size,
-        local_batch_size=plan.global_batch_size,
-        global_batch_size=plan.mesh.global_batch_size if plan.mesh is not None else plan.global_batch_size,
-        module_fqns_per_model_part=stages,
-        activation_checkpoint="full" if any(recompute) else "none",
-        data_parallel_replicate_degree=1 if sharded else dp,
-        data_parallel_shard_degree=dp if sharded else 1,
-        rank_of_device=ranks,
-        tensor_parallel_degree=tp,
-        enable_sequence_parallel=sequence or tp == 1,
-        header=_header(plan, Trainer.TORCHTITAN, version),
-        notes=tuple(notes),
-    )
+    return notes
