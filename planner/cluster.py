@@ -320,7 +320,7 @@ def _executor(jobs: int) -> Executor:
     if jobs <= 1:
         return _Inline()
     # fork: workers start in milliseconds with the profile already in memory (spawn re-imports numpy and
-    # networkx, about a second a worker on this 2-core machine); spawn where fork does not exist.
+    # networkx in every worker); spawn where fork does not exist.
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     return ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_leave_interrupts_to_the_parent)

@@ -127,7 +127,7 @@ class MegatronExport:
     use_tp_pp_dp_mapping: bool = False
     """The plan puts each pipeline on consecutive devices: Megatron's rank order tp-cp-ep-pp-dp."""
     tensor_model_parallel_size: int = 1
-    """The plan's ``tp`` (written only above 1, as before tensor parallelism)."""
+    """The plan's ``tp`` (written only above 1: an export without tensor parallelism carries no trace of it)."""
     sequence_parallel: bool = False
     """The plan's tensor parallelism splits the activations outside the matrices too."""
     header: tuple[str, ...] = ()

@@ -52,7 +52,7 @@ class TorchtitanExport:
     rank_of_device: tuple[int, ...] = ()
     """The ``RANK`` torchtitan must be given on each device (:func:`rank_of_device`); empty: its own."""
     tensor_parallel_degree: int = 1
-    """The plan's ``tp`` (written only above 1, as before tensor parallelism)."""
+    """The plan's ``tp`` (written only above 1: an export without tensor parallelism carries no trace of it)."""
     enable_sequence_parallel: bool = True
     """torchtitan's default; off only when the plan's tensor parallelism is without it."""
     header: tuple[str, ...] = ()
