@@ -313,7 +313,7 @@ def selective(args: argparse.Namespace) -> None:
     import torch
     from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-    from planner.runtime.apply import split_stages
+    from planner.runtime.stages import split_stages
     from profiles.workload import as_tuple, load_workload
 
     torch.set_num_threads(1)

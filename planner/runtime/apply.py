@@ -1,10 +1,8 @@
 """Apply a plan in training code: split the model, build this rank's stages and torch's schedule.
 
-The split is torch's tracer (``torch.distributed.pipelining.pipeline``) at the plan's split points.
-The tracer lets a stage read a value made by any earlier stage (GPT-2's causal mask, a UNet's skip
-connections), but torch's schedules only pass tensors between neighbouring stages, so every stage is
-wrapped in a :class:`StageModule` that relays such values through the stages in between. Each stage
-is then a manual ``PipelineStage``, which runs every schedule on gloo (see the project NOTES).
+The model is cut at the plan's split points into stages that relay the values later stages read
+(:mod:`planner.runtime.stages`); each stage of this rank is then a manual ``PipelineStage``, which runs
+every schedule of torch's on gloo.
 
 Typical use (every rank runs the same lines)::
 
@@ -20,20 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import fx, nn
-from torch.utils.checkpoint import checkpoint
+from torch import nn
 
-from planner.errors import ModelMismatchError, PlanFormatError, ScheduleError
+from planner.errors import ModelMismatchError, ScheduleError
 from planner.plan import Plan
 from planner.runtime.failure import mark_stage
 from planner.runtime.mesh_groups import MeshPlace, mesh_place, pipelines, replicated
+from planner.runtime.stages import StageModule, split_stages
 from planner.runtime.tensor_parallel import (
     TensorParallelLayout,
     TpPlanHook,
@@ -46,17 +43,14 @@ from planner.runtime.tensor_parallel import (
 )
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule, stage_to_rank
 from profiles.allocator import keep_freed_memory
-from profiles.dataflow import run_as_generated_code, used_parameters
 from profiles.fingerprint import model_fingerprint
 from profiles.workload import as_tuple
 
 __all__ = [
-    "StageModule",
     "TiedCopies",
     "PipelineRun",
     "apply_plan",
     "check_fingerprint",
-    "split_stages",
     "tied_parameter_groups",
     "microbatch_inputs",
     "schedule_microbatches",
@@ -66,175 +60,6 @@ __all__ = [
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's part of a tensor: the local shard of an FSDP DTensor, a plain tensor itself."""
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-
-def _needs_grad(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.requires_grad
-
-
-class _ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward makes the gradient contiguous and its own: it is sent back to the previous
-    stage, and gloo refuses non-contiguous tensors (``torch.cat``'s backward hands out strided slices). A slice
-    that is contiguous already (a channel slice at micro-batch size 1) would keep the whole of ``cat``'s
-    gradient alive for as long as the send holds it (to the end of the step): unet-small's stages at b = 1 held
-    10-14 % more than the gradients they send."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        plain = type(grad) is torch.Tensor  # a DTensor's storage is its shard's
-        if plain and grad.is_contiguous() and grad.untyped_storage().nbytes() > grad.numel() * grad.element_size():
-            return grad.clone()
-        return grad.contiguous()
-
-
-def _not_a_view(value: Any) -> Any:
-    return value.clone() if _needs_grad(value) and value._is_view() else value
-
-
-class StageModule(nn.Module):
-    """One pipeline stage: the traced piece ``inner`` plus the relaying of values later stages read.
-
-    ``forward(*carried)`` takes the values the previous stage hands on (the model's inputs for stage 0)
-    and returns the values the next stage needs: the piece's own outputs and relayed inputs. The last
-    stage returns the piece's output unchanged (what ``loss_fn`` takes). With ``recompute`` the piece
-    runs under ``torch.utils.checkpoint`` (non-reentrant): only its inputs are saved for backward.
-    """
-
-    def __init__(
-        self,
-        inner: nn.Module,
-        arg_sources: Sequence[int],
-        out_sources: Sequence[tuple[str, int]],
-        *,
-        tuple_output: bool,
-        final: bool,
-        recompute: bool = False,
-    ) -> None:
-        super().__init__()
-        self.inner = inner
-        self.arg_sources = tuple(arg_sources)
-        self.out_sources = tuple(out_sources)
-        self.tuple_output = tuple_output
-        self.final = final
-        self.recompute = recompute
-
-    def forward(self, *carried: Any) -> Any:
-        carried = tuple(_ContiguousGrad.apply(t) if _needs_grad(t) else t for t in carried)
-        args = [carried[i] for i in self.arg_sources]
-        if self.recompute and torch.is_grad_enabled():
-            out = checkpoint(self.inner, *args, use_reentrant=False)
-        else:
-            out = self.inner(*args)
-        if self.final:
-            return out
-        outs = out if self.tuple_output else (out,)
-        # gloo sends only contiguous tensors (a getitem or slice may not be). The split-backward schedules'
-        # stage_backward_input detaches every stage output in place, which torch refuses for a view (a
-        # relayed value needing a gradient is one, through _ContiguousGrad): such an output is a copy.
-        result = tuple(
-            _not_a_view((carried[i] if kind == "in" else outs[i]).contiguous()) for kind, i in self.out_sources
-        )
-        return result[0] if len(result) == 1 else result
-
-    def original_named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        """Parameters under the original model's FQNs (the tracer keeps them), duplicates removed."""
-        yield from self.inner.named_parameters()
-
-
-def _stage_value_nodes(gm: fx.GraphModule) -> tuple[list[fx.Node], list[fx.Node], dict[fx.Node, int]]:
-    """The split graph's placeholders, stage calls, and which stage makes each value (-1: an input)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    calls = [n for n in gm.graph.nodes if n.op == "call_module"]
-    producer: dict[fx.Node, int] = {p: -1 for p in placeholders}
-    for k, call in enumerate(calls):
-        producer[call] = k
-        for user in call.users:
-            if user.op == "call_function" and user.target is operator.getitem:
-                producer[user] = k
-    return placeholders, calls, producer
-
-
-def _relay_stages(gm: fx.GraphModule, recompute: Sequence[bool]) -> list[StageModule]:
-    placeholders, calls, producer = _stage_value_nodes(gm)
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    for call in calls:
-        for a in list(call.args) + list(call.kwargs.values()):
-            if not isinstance(a, fx.Node) or a not in producer or call.kwargs:
-                raise PlanFormatError(
-                    f"cannot pipeline this model: stage {call.target} takes an unsupported argument {a!r}"
-                )
-    # carried[k]: values stage k receives = values made before stage k that stage k or a later one reads.
-    carried: list[list[fx.Node]] = [placeholders]
-    for k in range(1, len(calls)):
-        needed = {a for call in calls[k:] for a in call.args}
-        carried.append(sorted((v for v in needed if producer[v] < k), key=order.__getitem__))
-    stages = []
-    for k, call in enumerate(calls):
-        tuple_output = any(u.target is operator.getitem for u in call.users)
-        final = k == len(calls) - 1
-        out_sources: list[tuple[str, int]] = []
-        if not final:
-            for v in carried[k + 1]:
-                if producer[v] == k:
-                    out_sources.append(("out", v.args[1] if v is not call else 0))
-                else:
-                    out_sources.append(("in", carried[k].index(v)))
-        stages.append(
-            StageModule(
-                gm.get_submodule(call.target),
-                [carried[k].index(a) for a in call.args],
-                out_sources,
-                tuple_output=tuple_output,
-                final=final,
-                recompute=recompute[k],
-            )
-        )
-    return stages
-
-
-def split_stages(
-    model: nn.Module, mb_inputs: tuple[torch.Tensor, ...], split_points: Sequence[str], recompute: Sequence[bool]
-) -> list[StageModule]:
-    """Trace ``model`` on one micro-batch and cut it before each of ``split_points``; every stage."""
-    from torch.distributed.pipelining import SplitPoint, pipeline
-
-    modules = dict(model.named_modules())
-    missing = [p for p in split_points if p not in modules]
-    if missing:
-        raise ModelMismatchError(f"split points {missing} are not modules of this model: is it the plan's model?")
-    # Traced where the weights are: capturing the units for the speed reference moves the model to its device.
-    weights = next(model.parameters(), None)
-    if weights is not None:
-        mb_inputs = tuple(t.to(weights.device) for t in mb_inputs)
-    pipe = pipeline(model, mb_args=mb_inputs, split_spec={fqn: SplitPoint.BEGINNING for fqn in split_points})
-    if pipe.num_stages != len(split_points) + 1:
-        raise PlanFormatError(
-            f"splitting at {list(split_points)} gave {pipe.num_stages} stages, expected {len(split_points) + 1}: "
-            "every split point must be a module the forward calls once, in order"
-        )
-    run_as_generated_code(pipe.split_gm)  # the code path the profiler measured (profiles/dataflow.py)
-    stages = _relay_stages(pipe.split_gm, recompute)
-    for stage in stages:
-        _drop_unread_parameters(stage.inner)
-    return stages
-
-
-def _drop_unread_parameters(piece: nn.Module) -> None:
-    """Remove the parameters the piece's code never reads.
-
-    torch's ``pipeline()`` leaves a tied weight's other name in the first piece (GPT-2's ``lm_head.weight``
-    beside ``transformer.wte.weight``): a third 150 MB copy that the optimizer stepped and the tied sum
-    filled on every step, which the profile, and so the plan, never counted.
-    """
-    used = used_parameters(piece)
-    for name, _ in list(piece.named_parameters(remove_duplicate=False)):
-        if name not in used:
-            owner, _, leaf = name.rpartition(".")
-            del piece.get_submodule(owner)._parameters[leaf]
 
 
 def tied_parameter_groups(model: nn.Module) -> list[tuple[str, ...]]:
@@ -302,7 +127,7 @@ def _sum_across(total: torch.Tensor, group: Any) -> None:
     here, so the rank that arrives last finds the other's gradient waiting. On the development VM, for
     gpt2-tiny's 256 KiB embedding with the ranks 2 ms apart, the late rank spent 338-473 us (median) in
     gloo's all-reduce, over 1 ms in 15-21 of 70 steps, and 183-206 us swapping, never over 1 ms
-    (``python benchmarks/bench_runtime_probes.py --only tied``, 2026-12-01; docs/BENCHMARKS.md, "Fidelity").
+    (``python benchmarks/bench_runtime_probes.py --only tied``; docs/BENCHMARKS.md, "Fidelity").
     Both add the two tensors, whose sum does not depend on the order: the copies stay bitwise equal."""
     if dist.get_world_size(group) != 2:
         dist.all_reduce(total, group=group)
@@ -581,8 +406,6 @@ def apply_plan(
         UsageError: the plan models a tensor-parallel layout this runtime does not run (Megatron's).
         TensorParallelError: the plan's tensor parallelism has no layout for this model.
     """
-    from torch.distributed import pipelining
-
     check_fingerprint(plan, model)
     check_runtime_layout(plan)
     sched = _check_placement(plan)
@@ -591,11 +414,10 @@ def apply_plan(
         # The profile was measured with freed memory kept in the process; a training rank that runs the
         # plan must allocate the same way for the plan's times to hold (profiles/allocator.py).
         keep_freed_memory()
-    replica, replicas, place = 0, None, None
-    if plan.mesh is not None and group is None:
-        place = mesh_place(plan, device)
-        replica, rank, group, replicas = place.replica, place.pp_rank, place.pp_group, place.replicas
-        world_size = plan.mesh.pp
+    place = mesh_place(plan, device) if plan.mesh is not None and group is None else None
+    if place is not None:
+        assert plan.mesh is not None
+        rank, group, world_size = place.pp_rank, place.pp_group, plan.mesh.pp
     layout = _tp_layout(plan, model, place, tp_plan)
     rank = dist.get_rank(group) if rank is None else rank
     world_size = dist.get_world_size(group) if world_size is None else world_size
@@ -609,20 +431,58 @@ def apply_plan(
         modules = split_stages(model, mb_inputs, plan.split_points, [s.recompute for s in plan.stages])
         io = _stage_io_examples(modules, mb_inputs)
     mine = tuple(s.index for s in plan.stages_of_rank(rank))
+    local, runs = _local_modules(plan, model, modules, mine, io, device, layout, place)
+    # After the replicas' wrapping: FSDP2 replaces a stage's parameters with sharded ones.
+    tied = _tied_copies(plan, model, modules, rank, group, place.pipeline_row(plan.mesh.tp) if place else 0)
+    stages = _pipeline_stages(plan, modules, runs, mine, io, device, group)
+    schedule = _torch_schedule(plan, sched, stages, loss_fn)
+    dp = plan.mesh.dp if plan.mesh is not None else 1
+    group_of_replicas = place.replicas.get_group() if place is not None and dp > 1 else None
+    replica = place.replica if place is not None else 0
+    return PipelineRun(
+        plan, rank, world_size, mine, local, stages, schedule, tied, replica, group_of_replicas, layout, tp_rank
+    )
+
+
+def _local_modules(
+    plan: Plan,
+    model: nn.Module,
+    modules: Sequence[StageModule],
+    mine: tuple[int, ...],
+    io: Sequence[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]],
+    device: torch.device,
+    layout: TensorParallelLayout | None,
+    place: MeshPlace | None,
+) -> tuple[tuple[StageModule, ...], tuple[nn.Module, ...]]:
+    """This rank's stages on its device, sharded over its tensor-parallel group; and what the schedule runs of
+    them: the same, or each wrapped for its replicas (DDP or FSDP2) where there are several."""
     local = tuple(modules[s].to(device) for s in mine)
     if layout is not None:
         assert place is not None
         for m in local:
             shard_stage(m.inner, model, layout, place.tp_mesh)
-    runs = local
     # One replica has no gradients to reduce: no DDP or FSDP2 around its stages.
-    if replicas is not None and plan.mesh is not None and plan.mesh.dp > 1:
-        runs = tuple(
-            replicated(m, plan, replicas, tuple(t.to(device) for t in io[s][0]))
-            for m, s in zip(local, mine, strict=True)
-        )
-    # After the replicas' wrapping: FSDP2 replaces a stage's parameters with sharded ones.
-    tied = _tied_copies(plan, model, modules, rank, group, place.pipeline_row(plan.mesh.tp) if place else 0)
+    if place is None or plan.mesh is None or plan.mesh.dp <= 1:
+        return local, local
+    runs = tuple(
+        replicated(m, plan, place.replicas, tuple(t.to(device) for t in io[s][0]))
+        for m, s in zip(local, mine, strict=True)
+    )
+    return local, runs
+
+
+def _pipeline_stages(
+    plan: Plan,
+    modules: Sequence[StageModule],
+    runs: Sequence[nn.Module],
+    mine: tuple[int, ...],
+    io: Sequence[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]],
+    device: torch.device,
+    group: Any,
+) -> tuple[Any, ...]:
+    """torch's ``PipelineStage`` for each of this rank's stages, its errors naming the stage."""
+    from torch.distributed import pipelining
+
     stages = tuple(
         pipelining.PipelineStage(
             m,
@@ -638,16 +498,18 @@ def apply_plan(
     )
     for stage, s in zip(stages, mine, strict=True):
         _name_failures(stage, s, plan.stages[s].units, modules[s])
+    return stages
+
+
+def _torch_schedule(plan: Plan, sched: Schedule, stages: tuple[Any, ...], loss_fn: Any) -> Any:
+    """torch's schedule object for the plan's schedule, over this rank's stages."""
+    from torch.distributed import pipelining
+
     cls = getattr(pipelining, TORCH_SCHEDULE_CLASS[sched])
     n_mb = schedule_microbatches(plan)
     if sched.multi_stage:
-        schedule = cls(list(stages), n_microbatches=n_mb, loss_fn=loss_fn)
-    else:
-        schedule = cls(stages[0], n_microbatches=n_mb, loss_fn=loss_fn)
-    group_of_replicas = replicas.get_group() if replicas is not None and plan.mesh.dp > 1 else None
-    return PipelineRun(
-        plan, rank, world_size, mine, local, stages, schedule, tied, replica, group_of_replicas, layout, tp_rank
-    )
+        return cls(list(stages), n_microbatches=n_mb, loss_fn=loss_fn)
+    return cls(stages[0], n_microbatches=n_mb, loss_fn=loss_fn)
 
 
 def _tp_layout(

@@ -28,8 +28,9 @@ from torch import nn
 
 from planner.errors import ExecutionError
 from planner.plan import Plan
-from planner.runtime.apply import microbatch_inputs, schedule_microbatches, split_stages, tied_parameter_groups
+from planner.runtime.apply import microbatch_inputs, schedule_microbatches, tied_parameter_groups
 from planner.runtime.run_setup import captured_units, make_optimizer
+from planner.runtime.stages import split_stages
 from planner.schedule.orders import Schedule, Step, rank_orders
 from profiles.memory import LiveBytes, MemorySample
 from profiles.model_reference import UnitReference

@@ -7,8 +7,9 @@ import torch
 from conftest import make_plan
 
 from planner.errors import ModelMismatchError, ScheduleError
-from planner.runtime.apply import apply_plan, check_fingerprint, split_stages, tied_parameter_groups
+from planner.runtime.apply import apply_plan, check_fingerprint, tied_parameter_groups
 from planner.runtime.launch import run_ranks
+from planner.runtime.stages import split_stages
 from profiles.models import BUILTIN_MODELS
 
 torch.set_num_threads(1)

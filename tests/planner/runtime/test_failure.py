@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from planner.errors import ExecutionError
-from planner.runtime.apply import split_stages
 from planner.runtime.failure import mark_stage, where
 from planner.runtime.launch import run_ranks
+from planner.runtime.stages import split_stages
 
 torch.set_num_threads(1)
 
