@@ -16,7 +16,7 @@ run (``cores // P`` on a CPU machine):
    of Adam and SGD, every rank at once (as in training), on 2^18 parameters in 8 tensors, 2^21 in 8 and
    2^18 in 256 (a quarter second each), solved for ``per_step + per_param * parameters + per_tensor *
    tensors`` (torch's CPU optimizers loop over tensors, so a model of many small tensors pays per tensor);
-   each set again after a 5 ms pause, and the median extra joins ``per_step`` (:data:`COLD_PAUSE_S`).
+   each set again after a 5 ms pause, and the median extra joins ``per_step`` (:mod:`planner.runtime.optimizer_probe`).
 4. **Compute lost to transfers** (CPU): torch's 1F1B over the ranks, stages of an MLP block that also pass on a
    4 MiB tensor (and its gradient back), against the same without it, alternated round by round; the compute per
    byte sent or received at which the simulator, with the fitted link, predicts the measured slowdown (median of
@@ -47,9 +47,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.calibration import BACKEND_OF_DEVICE, Calibration, OptimizerCost, shipped_calibration
+from planner.calibration import BACKEND_OF_DEVICE, Calibration, shipped_calibration
 from planner.errors import UsageError
 from planner.runtime.launch import each_rank_in_turn, run_ranks
+from planner.runtime.optimizer_probe import fit_optimizers, time_optimizers
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule, stage_to_rank
 from planner.schedule.pipeline import Pipeline
 from planner.schedule.simulate import RuntimeTerms, simulate
@@ -61,7 +62,6 @@ __all__ = [
     "transfer_run_times",
     "fit_transfer_cost",
     "CALIBRATED_SCHEDULES",
-    "COLD_PAUSE_S",
     "TRANSFER_PROBE_BYTES",
 ]
 
@@ -105,24 +105,6 @@ def fit_overhead(measured_s: float, simulate_with: Callable[[float], float]) -> 
     Returns 0 when even ``o = 0`` over-predicts: the runtime then adds nothing measurable.
     """
     return solve_increasing(simulate_with, measured_s, 0.0, measured_s)
-
-
-def _median_time(
-    fn: Callable[[], Any], repeats: int, sync: Callable[[], None], min_s: float = 0.0, pause_s: float = 0.0
-) -> float:
-    """Median time of ``fn``: ``repeats`` calls, and on until ``min_s`` have passed; each call after an
-    untimed ``pause_s`` of sleep when given."""
-    times: list[float] = []
-    started = time.perf_counter()
-    while len(times) < repeats or time.perf_counter() - started < min_s:
-        sync()
-        if pause_s:
-            time.sleep(pause_s)
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _p2p(
@@ -349,59 +331,6 @@ def fit_transfer_cost(times: dict[int, list[float]], world: int, latency_s: floa
     return solve_increasing(lambda c: iteration(forward_s, large, c) / plain, ratio, 0.0, 1e-9, limit=1e-6)
 
 
-_OPTIMIZER_SETS = ((1 << 18, 8), (1 << 21, 8), (1 << 18, 256))
-"""(parameters, tensors) timed for the optimizer fit: two sizes at one count, two counts at one size."""
-CUDA_OPTIMIZER_SCALE = 32
-"""On a GPU the sets hold this many times the parameters: there an Adam step on 2^21 parameters is a few kernel
-launches and the size difference drowned in them (an H200 fitted 0 s a parameter: 2^18 in 0.51 ms, 2^21 in
-0.33 ms, 2026-12-04). 2^26 parameters with gradients and Adam's two moments are 1 GiB in float32."""
-COLD_PAUSE_S = 0.005
-"""Each optimizer set is also timed after this pause. A training step runs the optimizer once, after the
-schedule's last action, never back to back with itself, and a step after other work costs more than the
-back-to-back repeats a fit of its own would see: on the development VM an Adam step took 0.2-0.5 ms more
-(2^18 parameters in 8 tensors 0.40 -> 0.61 ms, 2^21 in 8 6.9 -> 7.4 ms, 272k in 52 1.13 -> 1.51 ms), the same
-after a transformer layer's forward+backward as after the pause (docs/BENCHMARKS.md, "Fidelity", 2026-12-01).
-The fit stays on the back-to-back times (their differences give the per-parameter and per-tensor
-slopes); the median cold extra is added to ``per_step``."""
-
-
-def _optimizer(
-    dev: torch.device, sync: Callable[[], None], repeats: int, min_measure_s: float
-) -> dict[str, list[tuple[int, int, float, float]]]:
-    """Per optimizer, ``(parameters, tensors, back to back, after a pause)`` per set, in seconds."""
-    import torch.distributed as dist
-
-    out: dict[str, list[tuple[int, int, float, float]]] = {}
-    for name in ("adam", "sgd"):
-        points = []
-        scale = CUDA_OPTIMIZER_SCALE if dev.type == "cuda" else 1
-        for numel, count in ((n * scale, k) for n, k in _OPTIMIZER_SETS):
-            params = [nn.Parameter(torch.randn(numel // count, device=dev)) for _ in range(count)]
-            for p in params:
-                p.grad = torch.randn_like(p)
-            opt = (
-                torch.optim.Adam(params, lr=1e-4) if name == "adam" else torch.optim.SGD(params, lr=1e-4, momentum=0.9)
-            )
-            opt.step()  # state allocation happens once, not every step
-
-            def step(opt: torch.optim.Optimizer = opt, params: list[nn.Parameter] = params) -> None:
-                # The schedule's scale_grads: a pass over every gradient, per tensor, before the step
-                # (gpt2-tiny's 26-tensor stage: 0.37 ms of a 3.5 ms tail).
-                for p in params:
-                    p.grad.div_(2)  # type: ignore[union-attr]
-                opt.step()
-                for p in params:  # zero_grad(set_to_none=True) would free what the next step needs
-                    p.grad.zero_()  # type: ignore[union-attr]
-
-            dist.barrier()
-            warm = _median_time(step, repeats, sync, min_measure_s / 4)
-            dist.barrier()
-            cold = _median_time(step, repeats, sync, min_measure_s / 4, pause_s=COLD_PAUSE_S)
-            points.append((numel, count, warm, cold))
-        out[name] = points
-    return out
-
-
 class _Tiny(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -506,7 +435,7 @@ def _rank_main(
     if dev.type == "cpu" and world > 1:
         # A quick calibration (tests: no least time) takes one round; a real one, the rounds a ratio needs.
         result["transfer"] = transfer_run_times(rank, world, _TRANSFER_ROUNDS if min_measure_s > 0 else 1)
-    result["optimizer"] = _optimizer(dev, sync, repeats, min_measure_s)
+    result["optimizer"] = time_optimizers(dev, sync, repeats, min_measure_s)
     result["compute"] = _tiny_compute(dev)
     result["schedules"] = _schedule_runs(rank, world, dev, steps, counts, min_measure_s)
     result["threads"] = torch.get_num_threads()
@@ -577,15 +506,10 @@ def calibrate(
     schedule run (a quarter of it per ping-pong size and optimizer set): 0 for a quick check (tests).
 
     Raises:
-        UsageError: fewer than 2 ranks, or CUDA asked for without enough GPUs.
+        UsageError: fewer than 1 rank, an unknown device, or CUDA asked for without enough GPUs.
         ExecutionError: a rank failed or hung.
     """
-    if num_ranks < 1:
-        raise UsageError(f"calibrate needs at least 1 rank (got {num_ranks})")
-    if device not in BACKEND_OF_DEVICE:
-        raise UsageError(f"unknown device {device!r}: use cpu or cuda")
-    if device == "cuda" and torch.cuda.device_count() < num_ranks:
-        raise UsageError(f"--ranks {num_ranks} needs {num_ranks} GPUs, this machine has {torch.cuda.device_count()}")
+    _check_request(num_ranks, device)
     backend = BACKEND_OF_DEVICE[device]
     load_before = os.getloadavg()[0]
     results = run_ranks(
@@ -593,33 +517,10 @@ def calibrate(
     )
     head = results[0]
     latency, bandwidth, link_source = _link(head["p2p"], device)
-    ratios = [t / a for r in results for a, t in r["colocation"] if a > 0]
-    optimizer = {}
-    for name in ("adam", "sgd"):
-        # Every rank stepped at once; the slowest rank is what the iteration waits for.
-        (n1, t1, a), (n2, _, b), (_, t2, c) = [
-            (n, k, max(r["optimizer"][name][i][2] for r in results))
-            for i, (n, k, *_) in enumerate(head["optimizer"][name])
-        ]
-        cold_extra = statistics.median(
-            max(max(r["optimizer"][name][i][3] for r in results) - warm, 0.0) for i, warm in enumerate((a, b, c))
-        )
-        per_param = max((b - a) / (n2 - n1), 0.0)
-        per_tensor = max((c - a) / (t2 - t1), 0.0)
-        per_step = max(a - per_param * n1 - per_tensor * t1, 0.0) + cold_extra
-        optimizer[name] = OptimizerCost(per_param_s=per_param, per_step_s=per_step, per_tensor_s=per_tensor)
     forward_s, backward_s = head["compute"]
-    transfer = latency + _WIDTH * 4 / bandwidth
-    runs = {
-        name: [(m, max(r["schedules"][name][i][1] for r in results)) for i, (m, _) in enumerate(pts)]
-        for name, pts in head["schedules"].items()
-    }
-    overheads, per_count = _overheads(forward_s, backward_s, transfer, runs, num_ranks)
-    if "transfer" in head:
-        transfer_cost = fit_transfer_cost(head["transfer"], num_ranks, latency, bandwidth)
-        transfer_source = f"measured: 1F1B stages passing {TRANSFER_PROBE_BYTES >> 20} MiB on, against none"
-    else:
-        transfer_cost, transfer_source = 0.0, "not measured (one rank, or CUDA)"
+    runs = _slowest_runs(results)
+    overheads, per_count = _overheads(forward_s, backward_s, latency + _WIDTH * 4 / bandwidth, runs, num_ranks)
+    transfer_cost, transfer_source = _transfer_cost(head, num_ranks, latency, bandwidth)
     return Calibration(
         device_kind=device,
         backend=backend,
@@ -629,10 +530,8 @@ def calibrate(
         p2p_bytes_per_s=bandwidth,
         transfer_compute_s_per_byte=transfer_cost,
         action_overhead_s=overheads,
-        optimizer=optimizer,
-        # Sharing a machine cannot make compute faster: a ratio below 1 is noise, and 1 is what it means. On
-        # CUDA a rank is a device and shares no compute units: an H200 with one rank read 1.04 and 1.06, noise.
-        colocation_factor=max(statistics.median(ratios), 1.0) if ratios and device != "cuda" else 1.0,
+        optimizer=fit_optimizers([r["optimizer"] for r in results]),
+        colocation_factor=_colocation_factor(results, device),
         source="measured",
         notes={
             "measured_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -642,17 +541,59 @@ def calibrate(
             "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "p2p": link_source,
             "transfer_compute": transfer_source,
-            "samples": {
-                "p2p_one_way_s": [[s, t] for s, t in head["p2p"]],
-                "colocation_s": [[list(pair) for pair in r["colocation"]] for r in results],
-                "transfer_step_s": {str(size): values for size, values in head.get("transfer", {}).items()},
-                "optimizer_step_s": {k: [[n, c, t] for n, c, t, _ in v] for k, v in head["optimizer"].items()},
-                "optimizer_step_after_pause_s": {
-                    k: [[n, c, t] for n, c, _, t in v] for k, v in head["optimizer"].items()
-                },
-                "tiny_stage_s": {"forward": forward_s, "backward": backward_s},
-                "schedule_iteration_s": {k: [[m, t] for m, t in v] for k, v in runs.items()},
-                "overhead_per_microbatch_count_s": per_count,
-            },
+            "samples": _samples(results, runs, per_count),
         },
     )
+
+
+def _check_request(num_ranks: int, device: str) -> None:
+    """:class:`UsageError` for no rank, an unknown device, or more ranks than this machine has GPUs."""
+    if num_ranks < 1:
+        raise UsageError(f"calibrate needs at least 1 rank (got {num_ranks})")
+    if device not in BACKEND_OF_DEVICE:
+        raise UsageError(f"unknown device {device!r}: use cpu or cuda")
+    if device == "cuda" and torch.cuda.device_count() < num_ranks:
+        raise UsageError(f"--ranks {num_ranks} needs {num_ranks} GPUs, this machine has {torch.cuda.device_count()}")
+
+
+def _slowest_runs(results: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """Per schedule, ``(M, iteration)`` of the slowest rank: what the iteration waits for."""
+    head = results[0]
+    return {
+        name: [(m, max(r["schedules"][name][i][1] for r in results)) for i, (m, _) in enumerate(pts)]
+        for name, pts in head["schedules"].items()
+    }
+
+
+def _transfer_cost(head: dict[str, Any], world: int, latency_s: float, bytes_per_s: float) -> tuple[float, str]:
+    """The compute per byte transferred (:func:`fit_transfer_cost`) and how it was had; 0 where not measured."""
+    if "transfer" not in head:
+        return 0.0, "not measured (one rank, or CUDA)"
+    cost = fit_transfer_cost(head["transfer"], world, latency_s, bytes_per_s)
+    return cost, f"measured: 1F1B stages passing {TRANSFER_PROBE_BYTES >> 20} MiB on, against none"
+
+
+def _colocation_factor(results: list[dict[str, Any]], device: str) -> float:
+    """The median over ranks and rounds of pipelined over alone, at least 1; 1 on CUDA."""
+    ratios = [t / a for r in results for a, t in r["colocation"] if a > 0]
+    # Sharing a machine cannot make compute faster: a ratio below 1 is noise, and 1 is what it means. On
+    # CUDA a rank is a device and shares no compute units: an H200 with one rank read 1.04 and 1.06, noise.
+    return max(statistics.median(ratios), 1.0) if ratios and device != "cuda" else 1.0
+
+
+def _samples(
+    results: list[dict[str, Any]], runs: dict[str, list[tuple[int, float]]], per_count: dict[str, list[float]]
+) -> dict[str, Any]:
+    """Everything the calibration measured, for its ``notes.samples``."""
+    head = results[0]
+    forward_s, backward_s = head["compute"]
+    return {
+        "p2p_one_way_s": [[s, t] for s, t in head["p2p"]],
+        "colocation_s": [[list(pair) for pair in r["colocation"]] for r in results],
+        "transfer_step_s": {str(size): values for size, values in head.get("transfer", {}).items()},
+        "optimizer_step_s": {k: [[n, c, t] for n, c, t, _ in v] for k, v in head["optimizer"].items()},
+        "optimizer_step_after_pause_s": {k: [[n, c, t] for n, c, _, t in v] for k, v in head["optimizer"].items()},
+        "tiny_stage_s": {"forward": forward_s, "backward": backward_s},
+        "schedule_iteration_s": {k: [[m, t] for m, t in v] for k, v in runs.items()},
+        "overhead_per_microbatch_count_s": per_count,
+    }
