@@ -247,64 +247,11 @@ def run_ranks(
         ExecutionError: ``"rank 1 failed: RuntimeError: boom"``, ``"rank 0 did not finish within 30 s"``
             or ``"rank 1 was killed (signal 9)"``; every process is gone when it is raised.
     """
-    ctx = mp.get_context("spawn")
     port = free_port()
     threads = threads or rank_threads(world_size)
-    procs, conns = [], []
-    for rank in range(world_size):
-        parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(
-            target=_worker,
-            args=(fn, args, rank, world_size, port, backend, threads, child),
-            daemon=True,
-            name=f"pipeplan-rank-{rank}",
-        )
-        p.start()
-        child.close()
-        procs.append(p)
-        conns.append(parent)
-    results: dict[int, Any] = {}
-    failures: dict[int, tuple[int, float, str, str]] = {}  # rank -> (priority, time, message, traceback)
-    deadline = time.monotonic() + timeout_s
-    first_failure: float | None = None
+    procs, conns = _start_ranks(fn, args, world_size, port, backend, threads)
     try:
-        while len(results) + len(failures) < world_size:
-            now = time.monotonic()
-            limit = deadline if first_failure is None else min(deadline, first_failure + _GRACE_S)
-            if now >= limit:
-                break
-            waiting = {conns[r]: r for r in range(world_size) if r not in results and r not in failures}
-            sentinels = {procs[r].sentinel: r for r in waiting.values()}
-            ready = wait(list(waiting) + list(sentinels), timeout=limit - now)
-            for obj in ready:
-                rank = waiting.get(obj, sentinels.get(obj))  # type: ignore[arg-type]
-                if rank is None or rank in results or rank in failures:
-                    continue
-                conn = conns[rank]
-                message = None
-                if conn.poll():
-                    try:
-                        message = pickle.loads(conn.recv_bytes())
-                    except EOFError:
-                        message = None
-                if message is not None and message[0] == "ok":
-                    results[rank] = message[1]
-                    continue
-                if message is not None:
-                    # A raised error: ordered by when it was raised, so the root cause wins over peers.
-                    # The place before the message: the CLI cuts the line at 300 characters, a torch message is long.
-                    place = f" {message[4]}" if message[4] else ""
-                    failures[rank] = (1, message[2], f"rank {rank} failed{place}: {message[1]}", message[3])
-                else:
-                    procs[rank].join(_TERMINATE_S)
-                    code = procs[rank].exitcode
-                    why = (
-                        f"was killed (signal {-code})" if code is not None and code < 0 else f"exited with code {code}"
-                    )
-                    # Death by a signal is never a peer's reaction, so it outranks raised errors.
-                    failures[rank] = (0, time.time(), f"rank {rank} {why}", "")
-                if first_failure is None:
-                    first_failure = time.monotonic()
+        results, failures = _collect(procs, conns, timeout_s)
     finally:
         _stop(procs)
         for c in conns:
@@ -318,6 +265,86 @@ def run_ranks(
     if unfinished:
         raise ExecutionError(f"{_ranks_text(unfinished)} did not finish within {timeout_s:g} s")
     return [results[r] for r in range(world_size)]
+
+
+def _start_ranks(
+    fn: Callable[..., Any], args: Sequence[Any], world_size: int, port: int, backend: str | None, threads: int
+) -> tuple[list[mp.process.BaseProcess], list[Connection]]:
+    """Spawn one process per rank; the processes and the read ends of the pipes their results come back on."""
+    ctx = mp.get_context("spawn")
+    procs, conns = [], []
+    for rank in range(world_size):
+        parent, child = ctx.Pipe(duplex=False)
+        p = ctx.Process(
+            target=_worker,
+            args=(fn, args, rank, world_size, port, backend, threads, child),
+            daemon=True,
+            name=f"pipeplan-rank-{rank}",
+        )
+        p.start()
+        child.close()
+        procs.append(p)
+        conns.append(parent)
+    return procs, conns
+
+
+_Failure = tuple[int, float, str, str]
+"""How a rank failed: (priority, time, message, traceback); the least (priority, time) is reported."""
+
+
+def _receive(rank: int, conn: Connection, proc: mp.process.BaseProcess) -> tuple[bool, Any]:
+    """What a rank that is done sent: ``(True, result)``, or ``(False, failure)`` (:data:`_Failure`) when it
+    raised or died."""
+    message = None
+    if conn.poll():
+        try:
+            message = pickle.loads(conn.recv_bytes())
+        except EOFError:
+            message = None
+    if message is not None and message[0] == "ok":
+        return True, message[1]
+    if message is not None:
+        # A raised error: ordered by when it was raised, so the root cause wins over peers.
+        # The place before the message: the CLI cuts the line at 300 characters, a torch message is long.
+        place = f" {message[4]}" if message[4] else ""
+        return False, (1, message[2], f"rank {rank} failed{place}: {message[1]}", message[3])
+    proc.join(_TERMINATE_S)
+    code = proc.exitcode
+    why = f"was killed (signal {-code})" if code is not None and code < 0 else f"exited with code {code}"
+    # Death by a signal is never a peer's reaction, so it outranks raised errors.
+    return False, (0, time.time(), f"rank {rank} {why}", "")
+
+
+def _collect(
+    procs: Sequence[mp.process.BaseProcess], conns: Sequence[Connection], timeout_s: float
+) -> tuple[dict[int, Any], dict[int, _Failure]]:
+    """Every rank's result or failure, as they come, until all are in, the time-out passes, or :data:`_GRACE_S`
+    after the first failure."""
+    world_size = len(procs)
+    results: dict[int, Any] = {}
+    failures: dict[int, _Failure] = {}
+    deadline = time.monotonic() + timeout_s
+    first_failure: float | None = None
+    while len(results) + len(failures) < world_size:
+        now = time.monotonic()
+        limit = deadline if first_failure is None else min(deadline, first_failure + _GRACE_S)
+        if now >= limit:
+            break
+        waiting = {conns[r]: r for r in range(world_size) if r not in results and r not in failures}
+        sentinels = {procs[r].sentinel: r for r in waiting.values()}
+        ready = wait(list(waiting) + list(sentinels), timeout=limit - now)
+        for obj in ready:
+            rank = waiting.get(obj, sentinels.get(obj))  # type: ignore[arg-type]
+            if rank is None or rank in results or rank in failures:
+                continue
+            ok, value = _receive(rank, conns[rank], procs[rank])
+            if ok:
+                results[rank] = value
+                continue
+            failures[rank] = value
+            if first_failure is None:
+                first_failure = time.monotonic()
+    return results, failures
 
 
 class Signalled(KeyboardInterrupt):

@@ -26,7 +26,7 @@ import math
 import statistics
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from planner.calibration import Calibration, OptimizerCost
 from planner.errors import UsageError
@@ -122,7 +122,7 @@ def overhead_cap(plan: Plan, report: VerifyReport, start_s: float) -> float:
     The overhead is fitted to the iteration, so any miss of the model lands in it: on llama-small's 1F1B run
     (b = 4 x 4, about 0.2 s actions) a 6 % miss became 8-13 ms per action while its ranks measured about 2 ms
     outside compute and waits, and the zero-bubble plan it then predicted was 20 % off (`python
-    benchmarks/bench_default_path.py`, 2026-12-01). A miss of large actions is not a per-action cost."""
+    benchmarks/bench_default_path.py`). A miss of large actions is not a per-action cost."""
     measured = [r.measured_overhead_s for r in report.ranks]
     if not any(m > 0 for m in measured):
         return math.inf
@@ -131,13 +131,10 @@ def overhead_cap(plan: Plan, report: VerifyReport, start_s: float) -> float:
     return max(start_s, OVERHEAD_SLACK * per_action)
 
 
-def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyReport]]) -> Calibration:
-    """Refit ``calibration`` from measured runs (module docstring, step 3); replay runs change nothing."""
-    measured = [(p, r) for p, r in runs if r.mode == "processes" and r.ranks]
-    if not measured:
-        return calibration
-    tails = [r.measured_tail_s / r.predicted_tail_s for _, rep in measured for r in rep.ranks if r.predicted_tail_s > 0]
-    tail_factor = statistics.median(tails) if tails else 1.0
+def _fit_runtime(
+    calibration: Calibration, measured: list[tuple[Plan, VerifyReport]], tail_factor: float
+) -> tuple[float, list[float]]:
+    """The co-location factor and each run's per-action overhead that, together, reproduce the measured runs."""
     # The factor and the overheads depend on each other (overhead moves actions, hence the waits the
     # overhead fit sees): alternate the two fits; a few rounds settle them.
     per_run = [calibration.overhead_for(plan.schedule, plan.virtual_stages) for plan, _ in measured]
@@ -162,6 +159,14 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
             )
             for (plan, report), cap in zip(measured, caps, strict=True)
         ]
+    return scale, per_run
+
+
+def _refit_overheads(
+    calibration: Calibration, measured: list[tuple[Plan, VerifyReport]], per_run: list[float]
+) -> Calibration:
+    """``calibration`` with its per-action overheads refit from each run's: a measured schedule takes the median
+    of its runs', the others shift by the measured ones' median change."""
     by_schedule: dict[str, list[float]] = {}
     by_multi: dict[str, list[float]] = {}  # the schedules whose plans with several stages a rank cost their own
     for (plan, _), overhead in zip(measured, per_run, strict=True):
@@ -180,7 +185,7 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
     # slow down in a pipeline; the calibration's stages are one tiny Linear), which every action pays
     # whatever the schedule: shift the others by it. A ratio also multiplied interleaving's larger
     # bookkeeping and predicted its plans 26-43 % too slow from one 1F1B run (docs/BENCHMARKS.md, section 6,
-    # "Fidelity", run B of 2026-12-01); the shift, within 15 %.
+    # "Fidelity"); the shift, within 15 %.
     shift = statistics.median(shifts) if shifts else 0.0
     for name in overheads:
         if name not in by_schedule:
@@ -190,6 +195,23 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
         for name, values in calibration.action_overhead_by_microbatches_s.items()
         if name not in by_schedule
     }
+    return replace(
+        calibration,
+        action_overhead_s=overheads,
+        multi_stage_overhead_s=multi,
+        action_overhead_by_microbatches_s=by_count,
+        multi_stage_overhead_by_microbatches_s=multi_by_count,
+    )
+
+
+def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyReport]]) -> Calibration:
+    """Refit ``calibration`` from measured runs (module docstring, step 3); replay runs change nothing."""
+    measured = [(p, r) for p, r in runs if r.mode == "processes" and r.ranks]
+    if not measured:
+        return calibration
+    tails = [r.measured_tail_s / r.predicted_tail_s for _, rep in measured for r in rep.ranks if r.predicted_tail_s > 0]
+    tail_factor = statistics.median(tails) if tails else 1.0
+    scale, per_run = _fit_runtime(calibration, measured, tail_factor)
     optimizer = {
         k: OptimizerCost(v.per_param_s * tail_factor, v.per_step_s * tail_factor, v.per_tensor_s * tail_factor)
         for k, v in calibration.optimizer.items()
@@ -202,12 +224,8 @@ def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyRep
         "optimizer_factor": tail_factor,
     }
     return replace(
-        calibration,
+        _refit_overheads(calibration, measured, per_run),
         colocation_factor=scale,
-        action_overhead_s=overheads,
-        multi_stage_overhead_s=multi,
-        action_overhead_by_microbatches_s=by_count,
-        multi_stage_overhead_by_microbatches_s=multi_by_count,
         # The other sizes' factors move with the one refit here (they were learned as ratios to it).
         colocation_factor_by_micro_batch_size={
             b: k * scale / calibration.colocation_factor
@@ -224,6 +242,83 @@ def _units_together_ratio(runs: list[tuple[Plan, VerifyReport]]) -> float | None
     """The median over ``runs`` of their units timed together over alone: the contention the refit factor holds."""
     ratios = [r.units_together_ratio for _, r in runs if r.units_together_ratio is not None]
     return statistics.median(ratios) if ratios else None
+
+
+@dataclass
+class _Runs:
+    """The candidates run so far, each with its iteration relative to the first candidate's."""
+
+    model: str
+    steps: int
+    warmup: int
+    mode: str
+    device: str
+    timeout_s: float
+    interleaved: bool
+    """All on processes, in one launch, interleaved round by round (module docstring, step 2)."""
+    progress: Callable[[str], None]
+    runs: list[tuple[Plan, VerifyReport]] = field(default_factory=list)
+    relative: list[float] = field(default_factory=list)
+
+    def measure(self, batch: list[Plan], versus: int | None = None) -> None:
+        """Run ``batch`` (with the candidate ``versus`` first, when given) and add each plan's run and its
+        iteration relative to the first candidate."""
+        if self.interleaved:
+            self._measure_interleaved(batch, versus)
+        else:
+            self._measure_each(batch)
+
+    def _measure_each(self, batch: list[Plan]) -> None:
+        """One launch per plan, ranked by the ratio of medians."""
+        for plan in batch:
+            self.progress(f"running {_label(plan)}")
+            report = verify_plan(
+                plan,
+                self.model,
+                steps=self.steps,
+                warmup=self.warmup,
+                mode=self.mode,
+                device=self.device,
+                timeout_s=self.timeout_s,
+            )
+            self.runs.append((plan, report))
+            first = self.runs[0][1].measured_iteration_s
+            self.relative.append(report.measured_iteration_s / first)
+
+    def _measure_interleaved(self, batch: list[Plan], versus: int | None) -> None:
+        """One launch for the batch and the anchor, ranked by the median over rounds of their ratios."""
+        anchor = [] if versus is None else [self.runs[versus][0]]
+        launch = [*anchor, *batch]
+        rounds = rounds_within(launch, INTERLEAVED_BUDGET_S, at_least=self.steps, at_most=INTERLEAVED_MAX_ROUNDS)
+        for _ in batch:
+            self.progress(f"running {len(launch)} plans interleaved, {rounds} rounds")
+        timeout = self.timeout_s * len(launch)  # the budget is per candidate
+        run = verify_plans(launch, self.model, rounds=rounds, warmup=self.warmup, device=self.device, timeout_s=timeout)
+        scale = 1.0 if versus is None else self.relative[versus]
+        for k, plan in enumerate(batch, start=len(anchor)):
+            self.runs.append((plan, run.reports[k]))
+            self.relative.append(scale * run.ratio(k, 0))
+
+    def fastest(self) -> int:
+        """The index of the run that measured fastest."""
+        return min(range(len(self.runs)), key=self.relative.__getitem__)
+
+
+def _with_measurement(best: Plan, measured: VerifyReport) -> Plan:
+    """``best`` with its ``measured`` block: the run's times and their error against its prediction."""
+    error = (measured.measured_iteration_s - best.predicted.iteration_s) / best.predicted.iteration_s * 100.0
+    return replace(
+        best,
+        measured=Measurement(
+            mode=measured.mode,
+            iteration_s=measured.measured_iteration_s,
+            forward_s=tuple(s.measured_forward_s for s in measured.stages),
+            backward_s=tuple(s.measured_backward_s for s in measured.stages),
+            steps=measured.steps,
+            error_pct=error,
+            speed_factor=measured.speed_factor,
+        ),
+    )
 
 
 def tune(
@@ -253,66 +348,23 @@ def tune(
     start = request.settings.calibration
     if start is None:
         raise UsageError("tune needs a calibration to start from (--calibration auto or a file)")
-    progress = on_progress or (lambda _text: None)
     plans = make_plans(profile, request, sha256=sha256, count=candidates)
-    runs: list[tuple[Plan, VerifyReport]] = []
-    relative: list[float] = []
     interleaved = all(pick_mode(mode, p, device) == "processes" and p.mesh is None for p in plans)
-
-    def measure(batch: list[Plan], versus: int | None = None) -> None:
-        """Run ``batch`` (with the candidate ``versus`` first, when given) and add each plan's run and its
-        iteration relative to the first candidate."""
-        if not interleaved:
-            for plan in batch:
-                progress(f"running {_label(plan)}")  # one launch each
-                report = verify_plan(
-                    plan, model, steps=steps, warmup=warmup, mode=mode, device=device, timeout_s=timeout_s
-                )
-                runs.append((plan, report))
-                first = runs[0][1].measured_iteration_s
-                relative.append(report.measured_iteration_s / first)
-            return
-        anchor = [] if versus is None else [runs[versus][0]]
-        launch = [*anchor, *batch]
-        rounds = rounds_within(launch, INTERLEAVED_BUDGET_S, at_least=steps, at_most=INTERLEAVED_MAX_ROUNDS)
-        for _ in batch:
-            progress(f"running {len(launch)} plans interleaved, {rounds} rounds")
-        timeout = timeout_s * len(launch)  # the budget is per candidate
-        run = verify_plans(launch, model, rounds=rounds, warmup=warmup, device=device, timeout_s=timeout)
-        scale = 1.0 if versus is None else relative[versus]
-        for k, plan in enumerate(batch, start=len(anchor)):
-            runs.append((plan, run.reports[k]))
-            relative.append(scale * run.ratio(k, 0))
-
-    def fastest() -> int:
-        return min(range(len(runs)), key=relative.__getitem__)
-
-    measure(plans)
-    refit = refit_calibration(start, runs)
+    progress = on_progress or (lambda _text: None)
+    measured = _Runs(model, steps, warmup, mode, device, timeout_s, interleaved, progress)
+    measured.measure(plans)
+    refit = refit_calibration(start, measured.runs)
     if refit is not start:
-        refit = refit.learned_from(profile.model.name, profile.model.fingerprint, runs=len(runs))
+        refit = refit.learned_from(profile.model.name, profile.model.fingerprint, runs=len(measured.runs))
     refit_settings = replace(request.settings, calibration=refit, calibration_label="refit by tune")
     replanned = make_plans(profile, replace(request, settings=refit_settings), sha256=sha256, count=1)[0]
-    if plan_key(replanned) not in {plan_key(p) for p, _ in runs}:
-        measure([replanned], versus=fastest())
-    fastest_plan, measured = runs[fastest()]
-    best = repredicted_plan(profile, fastest_plan, refit_settings)
-    error = (measured.measured_iteration_s - best.predicted.iteration_s) / best.predicted.iteration_s * 100.0
-    best = replace(
-        best,
-        measured=Measurement(
-            mode=measured.mode,
-            iteration_s=measured.measured_iteration_s,
-            forward_s=tuple(s.measured_forward_s for s in measured.stages),
-            backward_s=tuple(s.measured_backward_s for s in measured.stages),
-            steps=measured.steps,
-            error_pct=error,
-            speed_factor=measured.speed_factor,
-        ),
-    )
+    if plan_key(replanned) not in {plan_key(p) for p, _ in measured.runs}:
+        measured.measure([replanned], versus=measured.fastest())
+    fastest_plan, report = measured.runs[measured.fastest()]
+    best = _with_measurement(repredicted_plan(profile, fastest_plan, refit_settings), report)
     tuned = tuple(
         TunedCandidate(plan, report, predict_plan(profile, plan, refit_settings).iteration_s, r)
-        for (plan, report), r in zip(runs, relative, strict=True)
+        for (plan, report), r in zip(measured.runs, measured.relative, strict=True)
     )
     return TuneResult(best=best, calibration=refit, candidates=tuned)
 

@@ -218,63 +218,113 @@ def verify_plan(
         UsageError: bad steps, mode, or ranks that cannot get the threads the plan was timed with
             (:func:`rank_thread_count`); a tensor-parallel layout the runtime does not run.
     """
+    chosen = _check_run(plan, workload, steps, warmup, mode, device)
+    if chosen == "processes":
+        spec = workload if isinstance(workload, str) else workload.name
+        measured_run, numerics = _run_processes(
+            plan,
+            spec,
+            steps=steps,
+            warmup=warmup,
+            min_warmup_s=min_warmup_s,
+            min_time_s=min_time_s,
+            check_numerics=check_numerics,
+            device=device,
+            timeout_s=timeout_s,
+        )
+    else:
+        measured_run, numerics = _run_replay(
+            plan, workload, steps, warmup, check_numerics=check_numerics, device=device, timeout_s=timeout_s
+        )
+    return build_report(plan, chosen, measured_run, tolerance, memory_tolerance, numerics)
+
+
+def _check_run(plan: Plan, workload: str | Workload, steps: int, warmup: int, mode: str, device: str) -> str:
+    """Refuse what cannot run before any process starts; the mode the plan runs in (:func:`pick_mode`)."""
     if steps < 1 or warmup < 0:
         raise UsageError(f"steps must be >= 1 and warmup >= 0 (steps: {steps}, warmup: {warmup})")
     check_runtime_layout(plan)  # before any process starts
     chosen = pick_mode(mode, plan, device)
-    spec = workload if isinstance(workload, str) else workload.name
-    numerics = None
     if plan.mesh is not None and plan.mesh.tp > 1:
         # Refused here, in one line, rather than by every rank after the processes start.
         local = load_workload(workload) if isinstance(workload, str) else workload
         tp_layout(local.model, plan.mesh.tp, local.tp_plan)
-    if chosen == "processes":
-        backend = "nccl" if device.startswith("cuda") else "gloo"
-        args = (spec, plan, steps, warmup, min_warmup_s, min_time_s, check_numerics, device)
-        threads = rank_thread_count(plan, chosen, device)
-        everyone = run_ranks(rank_main, args, _processes(plan), timeout_s=timeout_s, backend=backend, threads=threads)
-        measured_run = measured_from_ranks(plan, everyone)
-        if check_numerics:
-            results = _first_replica(plan, everyone)
-            loss = statistics.fmean(r.loss for r in everyone if r.loss is not None)
-            fresh = load_workload(spec)
-            grads = _merge_rank_grads([r.grads or {} for r in results], tied_parameter_groups(fresh.model))
-            numerics = compare_numerics(*reference_step(fresh, plan), loss, grads)
-    else:
-        local = load_workload(workload) if isinstance(workload, str) else workload
-        with _deadline(timeout_s):
-            result = replay_plan(plan, local, steps=steps, warmup=warmup, device=device, keep_grads=check_numerics)
-        fwd, bwd = list(result.forward_s), list(result.backward_s)
-        # Replay measures compute alone; the runtime terms (overhead, step tail, co-location) stay the plan's,
-        # and so do its links and, for a split backward, its proportions of I and W.
-        terms = plan.predicted.runtime if plan.predicted.runtime.step_tail_s else None
-        pipeline = replace(
-            plan.pipeline().with_runtime(terms), forward_s=fwd, num_microbatches=schedule_microbatches(plan)
-        )
-        if not plan.schedule.splits_backward:
-            pipeline = replace(pipeline, input_s=(), weight_s=())
-        sim = simulate(pipeline.with_backward(bwd))
-        memory = [as_breakdown(m) for m in result.stage_memory] if result.stage_memory else [None] * plan.num_stages
-        measured_run = MeasuredRun(
-            fwd,
-            bwd,
-            memory,
-            sim.iteration_s,
-            tuple(sim.busy_s),
-            (),
-            warmup,
-            steps,
-            result.reference_s,
-            (),
-            (),
-            (),
-            result.reference,
-        )
-        if check_numerics:
-            fresh = load_workload(workload) if isinstance(workload, str) else workload
-            assert result.loss is not None and result.grads is not None
-            numerics = compare_numerics(*reference_step(fresh, plan), result.loss, result.grads)
-    return build_report(plan, chosen, measured_run, tolerance, memory_tolerance, numerics)
+    return chosen
+
+
+def _run_processes(
+    plan: Plan,
+    spec: str,
+    *,
+    steps: int,
+    warmup: int,
+    min_warmup_s: float,
+    min_time_s: float,
+    check_numerics: bool,
+    device: str,
+    timeout_s: float,
+) -> tuple[MeasuredRun, NumericsReport | None]:
+    """Run the plan on one process per rank, each building the model from ``spec``; what they measured, and the
+    numerics against one process when asked."""
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    args = (spec, plan, steps, warmup, min_warmup_s, min_time_s, check_numerics, device)
+    threads = rank_thread_count(plan, "processes", device)
+    everyone = run_ranks(rank_main, args, _processes(plan), timeout_s=timeout_s, backend=backend, threads=threads)
+    measured_run = measured_from_ranks(plan, everyone)
+    if not check_numerics:
+        return measured_run, None
+    results = _first_replica(plan, everyone)
+    loss = statistics.fmean(r.loss for r in everyone if r.loss is not None)
+    fresh = load_workload(spec)
+    grads = _merge_rank_grads([r.grads or {} for r in results], tied_parameter_groups(fresh.model))
+    return measured_run, compare_numerics(*reference_step(fresh, plan), loss, grads)
+
+
+def _run_replay(
+    plan: Plan,
+    workload: str | Workload,
+    steps: int,
+    warmup: int,
+    *,
+    check_numerics: bool,
+    device: str,
+    timeout_s: float,
+) -> tuple[MeasuredRun, NumericsReport | None]:
+    """Replay every stage in one process and simulate the iteration from the measured stage times; what it
+    measured, and the numerics against one process when asked."""
+    local = load_workload(workload) if isinstance(workload, str) else workload
+    with _deadline(timeout_s):
+        result = replay_plan(plan, local, steps=steps, warmup=warmup, device=device, keep_grads=check_numerics)
+    fwd, bwd = list(result.forward_s), list(result.backward_s)
+    # Replay measures compute alone; the runtime terms (overhead, step tail, co-location) stay the plan's,
+    # and so do its links and, for a split backward, its proportions of I and W.
+    terms = plan.predicted.runtime if plan.predicted.runtime.step_tail_s else None
+    pipeline = replace(plan.pipeline().with_runtime(terms), forward_s=fwd, num_microbatches=schedule_microbatches(plan))
+    if not plan.schedule.splits_backward:
+        pipeline = replace(pipeline, input_s=(), weight_s=())
+    sim = simulate(pipeline.with_backward(bwd))
+    memory = [as_breakdown(m) for m in result.stage_memory] if result.stage_memory else [None] * plan.num_stages
+    measured_run = MeasuredRun(
+        fwd,
+        bwd,
+        memory,
+        sim.iteration_s,
+        tuple(sim.busy_s),
+        (),
+        warmup,
+        steps,
+        result.reference_s,
+        (),
+        (),
+        (),
+        result.reference,
+    )
+    if not check_numerics:
+        return measured_run, None
+    # A spec builds a fresh model: the replay's steps have changed the weights of its own.
+    fresh = load_workload(workload) if isinstance(workload, str) else workload
+    assert result.loss is not None and result.grads is not None
+    return measured_run, compare_numerics(*reference_step(fresh, plan), result.loss, result.grads)
 
 
 class MeasuredRun(NamedTuple):

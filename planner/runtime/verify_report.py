@@ -451,8 +451,8 @@ def _seconds(value: float) -> str:
     return f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.3f} s"
 
 
-def format_report(report: VerifyReport) -> str:
-    """A human-readable table: predicted vs measured per stage and for the iteration."""
+def _stage_lines(report: VerifyReport) -> list[str]:
+    """The header and one row per stage: predicted and measured times and memory."""
     lines = [
         f"verify: {report.schedule}, {report.num_ranks} ranks, {report.num_microbatches} micro-batches, "
         f"mode {report.mode}, {report.steps} timed steps after {report.warmup} warm-up",
@@ -468,13 +468,18 @@ def format_report(report: VerifyReport) -> str:
             f"{s.predicted_backward_s * 1e3:>8.3f}ms {s.measured_backward_s * 1e3:>8.3f}ms "
             f"{s.error_pct:>+7.1f}% {pred:>10} {meas:>10} {err:>8}"
         )
+    return lines
+
+
+def _iteration_lines(report: VerifyReport) -> list[str]:
+    """The iteration predicted and measured, and what the machine's speed and the ranks' contention say of it."""
     how = "simulated from measured stage times" if report.mode == "replay" else "measured between barriers"
     predicted_ms, measured_ms = report.predicted_iteration_s * 1e3, report.measured_iteration_s * 1e3
-    lines.append(
+    lines = [
         f"iteration: predicted {predicted_ms:.3f} ms, {how} {measured_ms:.3f} ms "
         f"({report.iteration_error_pct:+.1f}%, tolerance {report.tolerance * 100:.0f}%); "
         f"worst stage {report.worst_stage}"
-    )
+    ]
     adjusted = report.speed_adjusted_iteration_s
     if report.speed_factor and adjusted and report.reference_s and report.profile_reference_s:
         factor = report.speed_factor
@@ -501,22 +506,33 @@ def format_report(report: VerifyReport) -> str:
                 else " (the plan's co-location factor was not learned with it: not applied)"
             )
         )
-    lines.append(_verdict_line(report))
-    lines.append("busy per rank: " + ", ".join(f"{b * 1e3:.3f} ms" for b in report.busy_s))
-    if report.ranks:
-        lines.append(
-            f"where the time went (ms, predicted / measured; step tail = gradient scaling + tied-gradient sum + "
-            f"{report.optimizer} step + zero_grad, inside the timed iteration):"
+    return lines
+
+
+def _rank_lines(report: VerifyReport) -> list[str]:
+    """Each rank's busy time, and where its time went (real processes only)."""
+    lines = ["busy per rank: " + ", ".join(f"{b * 1e3:.3f} ms" for b in report.busy_s)]
+    if not report.ranks:
+        return lines
+    lines.append(
+        f"where the time went (ms, predicted / measured; step tail = gradient scaling + tied-gradient sum + "
+        f"{report.optimizer} step + zero_grad, inside the timed iteration):"
+    )
+    lines.append(f"{'rank':>4} {'compute':>17} {'waiting':>17} {'overhead':>17} {'step tail':>17}")
+    for r in report.ranks:
+        pairs = (
+            (r.predicted_compute_s, r.measured_compute_s),
+            (r.predicted_wait_s, r.measured_wait_s),
+            (r.predicted_overhead_s, r.measured_overhead_s),
+            (r.predicted_tail_s, r.measured_tail_s),
         )
-        lines.append(f"{'rank':>4} {'compute':>17} {'waiting':>17} {'overhead':>17} {'step tail':>17}")
-        for r in report.ranks:
-            pairs = (
-                (r.predicted_compute_s, r.measured_compute_s),
-                (r.predicted_wait_s, r.measured_wait_s),
-                (r.predicted_overhead_s, r.measured_overhead_s),
-                (r.predicted_tail_s, r.measured_tail_s),
-            )
-            lines.append(f"{r.rank:>4} " + " ".join(f"{p * 1e3:>8.2f} / {m * 1e3:<6.2f}" for p, m in pairs))
+        lines.append(f"{r.rank:>4} " + " ".join(f"{p * 1e3:>8.2f} / {m * 1e3:<6.2f}" for p, m in pairs))
+    return lines
+
+
+def format_report(report: VerifyReport) -> str:
+    """A human-readable table: predicted vs measured per stage and for the iteration."""
+    lines = [*_stage_lines(report), *_iteration_lines(report), _verdict_line(report), *_rank_lines(report)]
     if report.numerics is not None:
         n = report.numerics
         lines.append(
