@@ -15,7 +15,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from planner.commands.checks import refuse_idle_plan_options, refuse_idle_simulate_options
 from planner.commands.command_options import (
@@ -34,10 +34,6 @@ from planner.runtime.run_options import CalibrateOptions
 from planner.simulate_options import SimulateOptions
 from profiles.profile_options import ProfileOptions
 
-if TYPE_CHECKING:
-    from planner.request import PlanRequest
-    from profiles.format import Profile
-
 __all__ = ["main", "build_parser"]
 
 EXIT_INTERNAL = 1
@@ -52,15 +48,6 @@ def _model_file(spec: str | None) -> str | None:
 def _calibration_inputs(options: PlanOptions) -> list[str]:
     """The calibration file a command reads, if any: an input that no output may replace."""
     return [] if options.calibration in ("auto", "none") else [options.calibration]
-
-
-def _plan_request(profile: Profile, search: PlanOptions, *, cluster: bool = False) -> PlanRequest:
-    """The search request of ``plan`` and ``tune``: the options', narrowed to what ``--for`` runs."""
-    from planner.request import plan_request
-    from planner.trainer_rules import for_trainer
-
-    request = plan_request(profile, search, cluster=cluster)
-    return for_trainer(profile, request, search.trainer) if search.trainer else request
 
 
 def _beside(path: str, suffix: str) -> str:
@@ -131,65 +118,28 @@ def _cmd_calibrate(options: CalibrateOptions) -> int:
 
 
 def _cmd_plan(options: PlanCommand) -> int:
-    from planner.cluster import MeshSearch, default_cluster, plan_cluster
     from planner.fileio import check_output_path
     from planner.formatting import human_seconds
     from planner.plan import save_plan
+    from planner.planning import plan_profile
     from planner.report import format_cluster, format_plan
-    from planner.request import profile_sha256
-    from planner.search import fewer_ranks_faster, make_plan
-    from planner.trainer_rules import check_trainer
-    from profiles.format import load_profile
 
-    search, cluster = options.search, options.cluster
+    search = options.search
     check_output_path(options.out, inputs=[options.profile, *_calibration_inputs(search)])
     refuse_idle_plan_options(options)
-    profile = load_profile(options.profile)
-    request = _plan_request(profile, search, cluster=cluster.devices is not None)
-    sha256 = profile_sha256(options.profile)
-    if cluster.devices is None:
-        plan = make_plan(profile, request, sha256=sha256, record_timing=options.record_timing)
-        if search.trainer:
-            check_trainer(plan, search.trainer)
-        save_plan(plan, options.out)
-        print(format_plan(plan))
-        faster = fewer_ranks_faster(profile, request, plan)
-        if faster is not None:
-            print(
-                f"note: {faster[0]} ranks predict {human_seconds(faster[1])} per iteration, faster than these "
-                f"{plan.num_ranks}: the work does not split that far; plan with --ranks {faster[0]}"
-            )
-    else:
-        mesh = default_cluster(
-            profile.device.kind,
-            cluster.devices,
-            devices_per_node=cluster.devices_per_node,
-            intra_node_bytes_per_s=cluster.intra_node_bytes_per_s,
-            inter_node_bytes_per_s=cluster.inter_node_bytes_per_s,
-            latency_s=search.link_latency_s,
-            shard=cluster.shard,
-        )
-        result = plan_cluster(
-            profile,
-            request,
-            mesh,
-            MeshSearch(
-                pipeline_degree=search.ranks,
-                tensor_parallel=None if cluster.tensor_parallel == "auto" else cluster.tensor_parallel or 1,
-                attention_heads=cluster.attention_heads,
-                **cluster.tp_switches(search.trainer),
-            ),
-            sha256=sha256,
-            record_timing=options.record_timing,
-            jobs=cluster.jobs or os.cpu_count() or 1,
-        )
-        plan = result.plan
-        if search.trainer:
-            check_trainer(plan, search.trainer)
-        save_plan(plan, options.out)
-        print(format_cluster(result))
+    planned = plan_profile(options.profile, search, options.cluster, record_timing=options.record_timing)
+    plan = planned.plan
+    save_plan(plan, options.out)
+    if planned.cluster is not None:
+        print(format_cluster(planned.cluster))
         print()
-        print(format_plan(plan))
+    print(format_plan(plan))
+    if planned.fewer_ranks is not None:
+        ranks, iteration_s = planned.fewer_ranks
+        print(
+            f"note: {ranks} ranks predict {human_seconds(iteration_s)} per iteration, faster than these "
+            f"{plan.num_ranks}: the work does not split that far; plan with --ranks {ranks}"
+        )
     print(f"\nwrote {options.out}")
     print(f"next: pipeplan simulate {options.out} --out timeline.png   (see the bubble)")
     print(f"      pipeplan verify {options.out} --model {plan.model_name}   (run it, compare with the prediction)")
@@ -221,6 +171,7 @@ def _cmd_tune(options: TuneCommand) -> int:
     from planner.calibration import save_calibration
     from planner.fileio import check_output_path
     from planner.plan import save_plan
+    from planner.planning import request_for
     from planner.report import format_plan
     from planner.request import profile_sha256
     from planner.runtime.tune import format_tune_table, tune
@@ -233,7 +184,7 @@ def _cmd_tune(options: TuneCommand) -> int:
     if search.calibration == "none":
         raise UsageError("tune refits a calibration: give --calibration auto (the shipped one) or a file")
     profile = load_profile(options.profile)
-    request = _plan_request(profile, search)
+    request = request_for(profile, search)
     total = options.run.candidates + 1
     with tqdm(total=total, disable=options.no_progress, file=sys.stderr, leave=False) as bar:
 

@@ -1,0 +1,101 @@
+"""Plan a profile: the one call ``pipeplan plan`` makes, for the command line and the Python API alike.
+
+:func:`plan_profile` takes the options as the command declares them (:class:`~planner.request.PlanOptions`,
+and :class:`~planner.request.ClusterOptions` for a ``pp x tp x dp`` mesh), builds the checked request (narrowed
+to a trainer's rules with ``trainer``), searches, and returns the plan with what the search learned beside it.
+It sits above the search, the cluster search and the trainers' rules, and nothing below imports it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.cluster import ClusterResult, MeshSearch, default_cluster, plan_cluster
+from planner.plan import Plan
+from planner.request import ClusterOptions, PlanOptions, PlanRequest, plan_request, profile_sha256
+from planner.search import fewer_ranks_faster, make_plan
+from planner.trainer_rules import check_trainer, for_trainer
+from profiles.format import Profile, load_profile
+
+__all__ = ["Planned", "plan_profile", "request_for"]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A plan and what its search found beside it."""
+
+    plan: Plan
+    cluster: ClusterResult | None = None
+    """A cluster plan's search: every layout tried (None for one pipeline)."""
+    fewer_ranks: tuple[int, float] | None = None
+    """``(ranks, iteration_s)`` of half as many ranks where that predicts faster (one pipeline only)."""
+
+
+def request_for(profile: Profile, search: PlanOptions, *, cluster: bool = False) -> PlanRequest:
+    """The search request of ``plan`` and ``tune``: the options' (:func:`~planner.request.plan_request`),
+    narrowed to what ``search.trainer`` runs (``--for``)."""
+    request = plan_request(profile, search, cluster=cluster)
+    return for_trainer(profile, request, search.trainer) if search.trainer else request
+
+
+def plan_profile(
+    profile: Profile | str | Path,
+    search: PlanOptions,
+    cluster: ClusterOptions | None = None,
+    *,
+    sha256: str | None = None,
+    record_timing: bool = False,
+) -> Planned:
+    """The best plan for ``profile`` (a :class:`Profile`, or the path of its JSON) under ``search``, over the
+    devices of ``cluster`` when it names them (``cluster.devices``), else one pipeline of ``search.ranks``.
+
+    ``sha256`` is the profile file's digest the plan records (default: the file's, when given a path).
+    Raises what the request's checks and the search raise (``UsageError``, ``PlanInfeasibleError``, ...).
+    """
+    if not isinstance(profile, Profile):
+        sha256 = sha256 or profile_sha256(profile)
+        profile = load_profile(profile)
+    if cluster is None or cluster.devices is None:
+        request = request_for(profile, search)
+        plan = make_plan(profile, request, sha256=sha256, record_timing=record_timing)
+        if search.trainer:
+            check_trainer(plan, search.trainer)
+        return Planned(plan, fewer_ranks=fewer_ranks_faster(profile, request, plan))
+    result = _plan_mesh(profile, search, cluster, sha256=sha256, record_timing=record_timing)
+    if search.trainer:
+        check_trainer(result.plan, search.trainer)
+    return Planned(result.plan, cluster=result)
+
+
+def _plan_mesh(
+    profile: Profile, search: PlanOptions, cluster: ClusterOptions, *, sha256: str | None, record_timing: bool
+) -> ClusterResult:
+    """The cluster search over ``cluster``'s devices, with the links of its device kind where none is given."""
+    assert cluster.devices is not None
+    request = request_for(profile, search, cluster=True)  # its checks before the cluster's, as the CLI reads them
+    devices = default_cluster(
+        profile.device.kind,
+        cluster.devices,
+        devices_per_node=cluster.devices_per_node,
+        intra_node_bytes_per_s=cluster.intra_node_bytes_per_s,
+        inter_node_bytes_per_s=cluster.inter_node_bytes_per_s,
+        latency_s=search.link_latency_s,
+        shard=cluster.shard,
+    )
+    mesh = MeshSearch(
+        pipeline_degree=search.ranks,
+        tensor_parallel=None if cluster.tensor_parallel == "auto" else cluster.tensor_parallel or 1,
+        attention_heads=cluster.attention_heads,
+        **cluster.tp_switches(search.trainer),
+    )
+    return plan_cluster(
+        profile,
+        request,
+        devices,
+        mesh,
+        sha256=sha256,
+        record_timing=record_timing,
+        jobs=cluster.jobs or os.cpu_count() or 1,
+    )
