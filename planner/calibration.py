@@ -194,7 +194,7 @@ class Calibration:
         return ring_s(2 * (num_ranks - 1), num_bytes, num_ranks, self.p2p_latency_s, self.p2p_bytes_per_s)
 
     def swap_s(self, num_bytes: int) -> float:
-        """Two ranks exchanging ``num_bytes`` each way at once (a tied weight's gradient: apply.py's
+        """Two ranks exchanging ``num_bytes`` each way at once (a tied weight's gradient: planner/runtime/apply.py's
         ``_sum_across``): one message's time on the calibrated link."""
         return self.p2p_latency_s + num_bytes / self.p2p_bytes_per_s
 

@@ -64,8 +64,8 @@ class MemoryBreakdown:
 
 
 # One-way link per pipeline hop: (bytes/s, latency s).
-# cpu: gloo over localhost, measured on the development machine (../shared/NOTES.md): ~1.1 GB/s from 1 MiB,
-#      ~0.13 ms one way for 64 KiB.
+# cpu: gloo over localhost (~1.1 GB/s from 1 MiB, ~0.13 ms one way for 64 KiB; `pipeplan calibrate` measures
+#      the machine's own).
 # cuda: one 200 Gb/s InfiniBand link per GPU (25 GB/s), the inter-node hop pipeline parallelism usually spans.
 DEFAULT_LINKS: dict[str, tuple[float, float]] = {"cpu": (1.1e9, 1.3e-4), "cuda": (25e9, 1e-5)}
 
@@ -76,7 +76,7 @@ Optimizer = str  # "sgd" | "adam"
 
 # Bytes per parameter (weights, gradients, optimizer state), after ZeRO (Rajbhandari et al., SC 2020, Sec. 3.1):
 # fp32 Adam keeps m and v (8 B); mixed precision keeps 16-bit weights and gradients plus an fp32 master copy,
-# m and v (12 B). SGD is the one the runtime steps (planner/runtime/rank_timing.py ``make_optimizer``): with
+# m and v (12 B). SGD is the one the runtime steps (planner/runtime/run_setup.py ``make_optimizer``): with
 # momentum, one fp32 buffer (4 B), beside the fp32 master copy in mixed precision.
 _BYTES_PER_PARAM: dict[tuple[bool, str], tuple[int, int, int]] = {
     (False, "sgd"): (4, 4, 4),

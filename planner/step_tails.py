@@ -50,8 +50,8 @@ def step_tails(
 
     The replicas' synchronisation (see :func:`_gradient_sync_s`) needs no calibration. With one,
     ``optimizer_s(parameters and parameter tensors of the rank)`` (docs/cost-model.md, "Runtime terms"),
-    plus, for every tied copy whose owner sits on another rank, a ring all-reduce of the copy's gradient
-    over the two ranks. Zero for every rank without either.
+    plus, for every tied copy whose owner sits on another rank, the two ranks swapping the copy's gradient
+    (``Calibration.swap_s``: one message each way at once). Zero for every rank without either.
     """
     num_ranks = max(stage_rank) + 1
     cal, dp = settings.calibration, settings.data_parallel

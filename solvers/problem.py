@@ -144,7 +144,7 @@ class PartitionProblem:
     relays: tuple[tuple[int, int, int], ...] = ()
     """``(producer, last consumer, bytes)`` of tensors that need a gradient and skip units (a UNet's skips): a
     stage that neither makes nor last reads one passes it on, a copy per micro-batch held like its activations
-    (planner/runtime/apply.py ``StageModule``: a relayed input is a view, and the split backward detaches outputs
+    (planner/runtime/stages.py ``StageModule``: a relayed input is a view, and the split backward detaches outputs
     in place, which a view refuses)."""
     local_inputs: tuple[bool, ...] = ()
     """Per stage: its input comes from the stage before it on the same rank (the turn of a V), handed over in
