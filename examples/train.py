@@ -26,8 +26,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from planner.plan import load_plan  # noqa: E402
-from planner.runtime.apply import apply_plan  # noqa: E402
+import planner  # noqa: E402
 from planner.runtime.launch import PIN_ENV, pin_rank_cpus, rank_threads  # noqa: E402
 from profiles.workload import as_tuple, load_workload  # noqa: E402
 
@@ -51,7 +50,7 @@ def main() -> None:
     rank = dist.get_rank()
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}" if use_cuda else "cpu")
 
-    plan = load_plan(args.plan)
+    plan = planner.load_plan(args.plan)
     workload = load_workload(args.model or plan.model_name)
     # A cluster plan's step is every replica's batch; run.step hands each replica its slice.
     inputs, target = workload.make_batch(plan.mesh.global_batch_size if plan.mesh else plan.global_batch_size)
@@ -60,7 +59,7 @@ def main() -> None:
 
     # A plan with tensor parallelism shards each stage over its tp ranks: the model's built-in layout, or the
     # Workload's tp_plan hook for a model without one.
-    run = apply_plan(plan, workload.model, inputs, workload.loss_fn, device=device, tp_plan=workload.tp_plan)
+    run = planner.apply_plan(plan, workload.model, inputs, workload.loss_fn, device=device, tp_plan=workload.tp_plan)
     optimizer = torch.optim.AdamW(run.parameters(), lr=args.lr)
     for step in range(args.steps):
         optimizer.zero_grad(set_to_none=True)
