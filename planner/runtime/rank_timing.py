@@ -26,6 +26,7 @@ import torch
 from planner.plan import Plan
 from planner.runtime.apply import apply_plan
 from planner.runtime.launch import each_rank_in_turn, every_rank_at_once
+from planner.runtime.run_options import MIN_TIME_S, MIN_WARMUP_S
 from planner.runtime.run_setup import captured_units, make_optimizer
 from planner.runtime.stage_memory import track_rank_memory
 from profiles.dataflow import Piece
@@ -46,16 +47,8 @@ __all__ = [
     "own_unit_reference",
 ]
 
-MIN_WARMUP_S = 1.0
-"""Processes mode warms up for at least this long (and ``warmup`` steps). A fresh rank's first steps run
-slow while its heap grows (profiles/allocator.py: freed blocks are reused only after a few iterations) and
-gloo opens its pairs: a step count alone would time a short plan's steps before they settle."""
 MAX_WARMUP_STEPS = 100
 """The warm-up floor's limit in steps, for plans of a few milliseconds a step."""
-MIN_TIME_S = 2.0
-"""Processes mode also times steps until they span this long: a shared machine's speed moves from one second
-to the next, and a few short steps would see one such moment only (profiles/rounds.py, ``MIN_TIME_S``, for the
-profile's side of it)."""
 MAX_TIMED_STEPS = 1000
 """The timed floor's limit in steps."""
 

@@ -12,13 +12,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.limits import MAX_GLOBAL_BATCH, MAX_RANKS, MAX_REPEATS, MAX_STEPS
-from planner.options import check_fields, int_range, option, positive_float
+from planner.options import check_fields, int_range, nonneg_float, option, positive_float
 from planner.runtime.verify_report import MEMORY_TOLERANCE
 
-__all__ = ["VerifyOptions", "TuneOptions", "CalibrateOptions", "DEVICES", "MODES"]
+__all__ = ["VerifyOptions", "TuneOptions", "CalibrateOptions", "DEVICES", "MODES", "MIN_WARMUP_S", "MIN_TIME_S"]
 
 DEVICES = ("cpu", "cuda")
 MODES = ("auto", "processes", "replay")
+
+MIN_WARMUP_S = 1.0
+"""Processes mode warms up for at least this long (and ``warmup`` steps). A fresh rank's first steps run
+slow while its heap grows (profiles/allocator.py: freed blocks are reused only after a few iterations) and
+gloo opens its pairs: a step count alone would time a short plan's steps before they settle."""
+MIN_TIME_S = 2.0
+"""Processes mode also times steps until they span this long: a shared machine's speed moves from one second
+to the next, and a few short steps would see one such moment only (profiles/measure_settings.py, ``MIN_TIME_S``,
+for the profile's side of it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +68,21 @@ class VerifyOptions:
         parse=positive_float,
         help="allowed error of each stage's measured memory peak against its prediction (default 0.10 = 10%%); "
         "a stage over it, or over the memory the plan gave it, fails the verdict",
+    )
+    # The floors below are the Python API's only: a test or a benchmark of a few steps sets them to 0.
+    min_warmup_s: float = option(
+        MIN_WARMUP_S,
+        parse=nonneg_float,
+        unit="s",
+        cli=False,
+        help="processes mode warms up for at least this long as well as --warmup steps (default 1)",
+    )
+    min_time_s: float = option(
+        MIN_TIME_S,
+        parse=nonneg_float,
+        unit="s",
+        cli=False,
+        help="processes mode times steps until they span this long as well as --steps steps (default 2)",
     )
 
     def __post_init__(self) -> None:

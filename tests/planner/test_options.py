@@ -77,3 +77,28 @@ def test_every_commands_defaults_are_its_dataclass_defaults(command: str) -> Non
 def test_the_api_and_the_command_line_build_the_same_options() -> None:
     parsed = command_options(build_parser().parse_args(["profile", "mlp", "--out", "x.json", "--ranks", "4"]))
     assert parsed == ProfileOptions(model="mlp", out="x.json", ranks=4)
+
+
+def test_a_field_of_the_api_only_has_no_flag_and_is_still_checked() -> None:
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Floors:
+        steps: int = option(2, parse=int_range(1, 9), help="steps")
+        floor_s: float = option(1.0, parse=positive_float, unit="s", cli=False, help="API only")
+
+        def __post_init__(self) -> None:
+            check_fields(self)
+
+    parser = argparse.ArgumentParser()
+    add_options(parser, Floors)
+    assert "--floor" not in parser.format_help()
+    assert options_from(parser.parse_args(["--steps", "3"]), Floors) == Floors(steps=3, floor_s=1.0)
+    with pytest.raises(UsageError, match=r"^floor_s .* must be a positive finite number"):
+        Floors(floor_s=-1.0)
+
+
+def test_verify_takes_its_time_floors_from_the_api_only() -> None:
+    args = build_parser().parse_args(["verify", "p.json", "--model", "mlp"])
+    assert not hasattr(args, "min_time_s") and not hasattr(args, "min_warmup_s")
+    assert VerifyOptions(min_warmup_s=0.0, min_time_s=0.0).min_time_s == 0.0
+    with pytest.raises(UsageError, match=r"^min_time_s .* must be a finite number >= 0"):
+        VerifyOptions(min_time_s=-1.0)
