@@ -31,6 +31,7 @@ from torch import nn
 
 from profiles.dataflow import Capture, Edge, Piece, capture_export
 from profiles.measure import PieceMeasurement
+from profiles.measure_settings import MIN_TIME_S
 
 __all__ = [
     "WHOLE_PATHS",
@@ -73,11 +74,6 @@ class Timing:
     :data:`MAX_ROUNDS`): see :data:`MIN_TIME_S`."""
 
 
-MIN_TIME_S = 2.0
-"""The time the rounds of one micro-batch size span by default. A machine shared with other tenants changes
-speed from one second to the next (``python benchmarks/bench_runtime_probes.py --only speed`` measures a fixed
-step's median per second), so a small model whose rounds take a fraction of a second would see one moment of the
-machine per size, and the ratio between sizes would be that moment's; over two seconds the median sees several."""
 MAX_ROUNDS = 1000
 """Rounds at most, whatever the time floor: the medians of a model of tiny units need no more."""
 SPREAD_ROUNDS = 5
