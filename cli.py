@@ -9,7 +9,6 @@ commands so that ``--help`` answers without importing torch.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -263,8 +262,7 @@ def _cmd_verify(options: VerifyCommand) -> int:
         check_output_path(options.out, inputs=[options.plan, _model_file(options.model)])
     plan = load_plan(options.plan)
     with signals_interrupt(), quiet_torch():
-        # VerifyOptions' fields are verify_plan's keywords, one for one.
-        report = verify_plan(plan, options.model, **dataclasses.asdict(options.run))
+        report = verify_plan(plan, options.model, options.run)
     print(format_report(report))
     if options.out:
         write_json_atomic(options.out, report.to_dict())

@@ -48,11 +48,13 @@ from planner.request import PlanRequest  # noqa: E402
 from planner.runtime.calibrate import calibrate  # noqa: E402
 from planner.runtime.launch import rank_threads  # noqa: E402
 from planner.runtime.model_cost import learn_from_run  # noqa: E402
+from planner.runtime.run_options import VerifyOptions  # noqa: E402
 from planner.runtime.tune import refit_calibration  # noqa: E402
 from planner.runtime.verify import verify_plan  # noqa: E402
 from planner.runtime.verify_report import RankTime, StageReport, VerifyReport  # noqa: E402
 from planner.search import make_plan, plan_key  # noqa: E402
 from profiles.format import Profile, load_profile, save_profile  # noqa: E402
+from profiles.measure_settings import MeasureSettings  # noqa: E402
 from profiles.profiler import profile_model  # noqa: E402
 from profiles.workload import load_workload  # noqa: E402
 
@@ -70,7 +72,9 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 def _profile(spec: str, sizes: tuple[int, ...], repeats: int) -> Profile:
     torch.set_num_threads(rank_threads(2))  # what each of 2 ranks gets (`--ranks 2`)
     workload = load_workload(spec)
-    return profile_model(workload, micro_batch_sizes=sizes, repeats=repeats, max_repeats=3 * repeats, progress=False)
+    return profile_model(
+        workload, MeasureSettings(micro_batch_sizes=sizes, repeats=repeats, max_repeats=3 * repeats, progress=False)
+    )
 
 
 def _plans(profile: Profile, calibration: Calibration, ranks: int, batch: int) -> dict[str, Plan]:
@@ -104,7 +108,11 @@ def _measure(spec: str, plans: list[Plan], rounds: int, steps: int) -> list[Meas
     per_plan: list[list[VerifyReport]] = [[] for _ in plans]
     for _ in range(rounds):
         for i, plan in enumerate(plans):
-            per_plan[i].append(verify_plan(plan, spec, steps=steps, warmup=1, mode="processes", timeout_s=900))
+            per_plan[i].append(
+                verify_plan(
+                    plan, spec, VerifyOptions(steps=steps, warmup=1, mode="processes", timeout_s=900, tolerance=0.25)
+                )
+            )
     out = []
     for reports in per_plan:
         median = statistics.median(r.measured_iteration_s for r in reports)
@@ -354,7 +362,9 @@ def bench_gpt2_small(calibration: Calibration, out: Path, steps: int) -> dict[st
     rows = []
     for ranks, batch, mode in ((2, 8, "processes"), (4, 16, "replay")):
         plan = make_plan(profile, PlanRequest(ranks, batch, settings=settings), sha256="0" * 64)
-        report = verify_plan(plan, "gpt2-small", steps=steps, warmup=1, mode=mode, timeout_s=1800)
+        report = verify_plan(
+            plan, "gpt2-small", VerifyOptions(steps=steps, warmup=1, mode=mode, timeout_s=1800, tolerance=0.25)
+        )
         rows.append(
             {
                 "ranks": ranks,

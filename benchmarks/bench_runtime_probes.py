@@ -12,7 +12,7 @@
 3. **Speed over time**: a fixed forward+backward (two 256-wide ``Linear``, 16 rows, 1 thread) run for
    ``--seconds`` seconds, its median and 10th percentile per second. How much the median moves from one
    second to the next sets how long the profiler's rounds and verify's timed steps must span
-   (profiles/rounds.py and planner/runtime/rank_timing.py, ``MIN_TIME_S``).
+   (profiles/measure_settings.py and planner/runtime/run_options.py, ``MIN_TIME_S``).
 4. **What comes before an action**, by its size: forward+backward steps of two ``Linear`` layers from 256
    wide (4 rows, 0.4 ms) to 2048 wide (64 rows, ~55 ms), each timed back to back, after a 1 ms or 5 ms
    sleep, and after a step of another small model, the four kinds interleaved; the ratio to back to back.
@@ -301,19 +301,24 @@ def _bound_vs_unbound(rounds: int) -> list[tuple[str, float, list[tuple[float, f
     from planner.plan import Plan
     from planner.request import PlanRequest
     from planner.runtime.launch import rank_threads
+    from planner.runtime.run_options import VerifyOptions
     from planner.runtime.verify import verify_plan
     from planner.search import make_plan
+    from profiles.measure_settings import MeasureSettings
     from profiles.profiler import profile_model
     from profiles.workload import load_workload
 
     def measured(plan: Plan, spec: str, bound: bool) -> float:
-        report = _with_binding(bound, lambda: verify_plan(plan, spec, mode="processes"))
+        report = _with_binding(
+            bound,
+            lambda: verify_plan(plan, spec, VerifyOptions(mode="processes", warmup=2, tolerance=0.25, timeout_s=300.0)),
+        )
         return float(report.measured_iteration_s)  # type: ignore[attr-defined]
 
     rows = []
     for spec in ("gpt2-tiny", "mlp"):
         torch.set_num_threads(rank_threads(2))
-        profile = profile_model(load_workload(spec), micro_batch_sizes=(1, 2, 4), progress=False)
+        profile = profile_model(load_workload(spec), MeasureSettings(micro_batch_sizes=(1, 2, 4), progress=False))
         settings = default_settings(profile, calibration=shipped_calibration("cpu"), calibration_label="shipped")
         plan = make_plan(profile, PlanRequest(2, 8, schedule="1f1b", settings=settings), sha256="0" * 64)
         pairs = [(measured(plan, spec, True), measured(plan, spec, False)) for _ in range(rounds)]

@@ -33,11 +33,12 @@ from planner.cost import default_settings  # noqa: E402
 from planner.plan import save_plan  # noqa: E402
 from planner.request import PlanRequest  # noqa: E402
 from planner.runtime.calibrate import MIN_MEASURE_S, calibrate  # noqa: E402
+from planner.runtime.run_options import VerifyOptions  # noqa: E402
 from planner.runtime.verify import verify_plan  # noqa: E402
 from planner.search import make_plan  # noqa: E402
 from profiles.format import save_profile  # noqa: E402
+from profiles.measure_settings import MIN_TIME_S, MeasureSettings  # noqa: E402
 from profiles.profiler import DTYPES, profile_model  # noqa: E402
-from profiles.rounds import MIN_TIME_S  # noqa: E402
 from profiles.workload import load_workload  # noqa: E402
 
 
@@ -66,12 +67,14 @@ def run(device: str, quick: bool, out: Path) -> dict[str, object]:
     workload = load_workload(model)
     profile = profile_model(
         workload,
-        micro_batch_sizes=(1, 2, 4),
-        device=device,
-        dtype=dtype,
-        repeats=1 if quick else 5,
-        progress=False,
-        min_time_s=0.0 if quick else MIN_TIME_S,
+        MeasureSettings(
+            micro_batch_sizes=(1, 2, 4),
+            device=device,
+            dtype=dtype,
+            repeats=1 if quick else 5,
+            progress=False,
+            min_time_s=0.0 if quick else MIN_TIME_S,
+        ),
     )
     save_profile(profile, out / "profile.json")
     settings = default_settings(profile, calibration=calibration, calibration_label="gpu_check")
@@ -82,7 +85,11 @@ def run(device: str, quick: bool, out: Path) -> dict[str, object]:
     replayed = replace(replayed, model=replayed.model.to(dtype=DTYPES[dtype]))
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    report = verify_plan(plan, replayed, mode="replay", steps=2 if quick else 5, warmup=1, device=device)
+    report = verify_plan(
+        plan,
+        replayed,
+        VerifyOptions(mode="replay", steps=2 if quick else 5, warmup=1, device=device, tolerance=0.25, timeout_s=300.0),
+    )
     allocator_peak = int(torch.cuda.max_memory_allocated()) if device == "cuda" else None
     result: dict[str, object] = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",

@@ -67,7 +67,8 @@ def workload() -> Workload:
 
 if __name__ == "__main__":
     # Quick check without pipeplan's CLI: profile at two micro-batch sizes and print the table.
+    from profiles.measure_settings import MeasureSettings
     from profiles.profiler import profile_model
     from profiles.report import format_profile_table
 
-    print(format_profile_table(profile_model(workload(), micro_batch_sizes=(1, 4), repeats=3)))
+    print(format_profile_table(profile_model(workload(), MeasureSettings(micro_batch_sizes=(1, 4), repeats=3))))

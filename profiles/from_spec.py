@@ -9,6 +9,7 @@ import torch
 
 from profiles.format import Profile
 from profiles.measure import rank_threads
+from profiles.measure_settings import MIN_TIME_S, MeasureSettings
 from profiles.meta import too_large
 from profiles.profile_options import ProfileOptions
 from profiles.profiler import profile_model
@@ -58,16 +59,16 @@ def profile_spec(options: ProfileOptions) -> Profile:
     if not meta and spec.startswith("hf:"):
         meta = needs_meta(spec, seq_len=seq_len, task=task, device=device, dtype=dtype)
     workload = load_workload(spec, meta=meta, seq_len=seq_len, task=task)
-    return profile_model(
-        workload,
+    settings = MeasureSettings(
         micro_batch_sizes=options.micro_batch_sizes,
         device=device,
         dtype=dtype,
         repeats=options.repeats,
         max_repeats=max(options.max_repeats, options.repeats),
-        **({} if options.min_time_s is None else {"min_time_s": options.min_time_s}),
         warmup=options.warmup,
         units=parse_units(options.units),
         progress=not options.no_progress,
         sample_blocks=options.sample_blocks,
+        min_time_s=MIN_TIME_S if options.min_time_s is None else options.min_time_s,
     )
+    return profile_model(workload, settings)

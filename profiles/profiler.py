@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import platform
 import time
@@ -33,9 +32,10 @@ from profiles.format import (
     WholeModel,
 )
 from profiles.loaded_profile import measure_loaded
+from profiles.measure_settings import DTYPE_NAMES, MeasureSettings
 from profiles.meta import eager_on_meta
 from profiles.resume import RESUME_GAPS_S
-from profiles.rounds import MIN_TIME_S, WHOLE_PATHS, Measurements, Timing
+from profiles.rounds import WHOLE_PATHS, Measurements, Timing
 from profiles.units import UnitChoice, attention_heads, choose_units, expert_layout
 from profiles.workload import (
     Workload,
@@ -51,7 +51,7 @@ __all__ = ["profile_model", "device_info", "DTYPES"]
 
 log = logging.getLogger("pipeplan")
 
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def _cpu_name() -> str:
@@ -180,38 +180,14 @@ def _largest_param_bytes(module: nn.Module) -> int:
     return max((p.numel() * p.element_size() for p in module.parameters()), default=0)
 
 
-def _check_options(
-    micro_batch_sizes: Sequence[int],
-    repeats: int,
-    max_repeats: int | None,
-    warmup: int,
-    stable_within: float,
-    min_time_s: float,
-) -> tuple[tuple[int, ...], Timing]:
-    """The sizes, sorted, and the rounds to time; :class:`UsageError` for a value out of range."""
-    sizes = tuple(micro_batch_sizes)
-    if not sizes or any(not isinstance(b, int) or b <= 0 for b in sizes):
-        raise UsageError(f"micro-batch sizes must be positive integers, got {list(sizes)}")
-    if len(set(sizes)) != len(sizes):
-        raise UsageError(f"micro-batch sizes have duplicates: {list(sizes)}")
-    if repeats < 1 or warmup < 0:
-        raise UsageError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
-    max_repeats = repeats if max_repeats is None else max_repeats
-    if max_repeats < repeats:
-        raise UsageError(f"max repeats must be >= repeats, got max_repeats={max_repeats}, repeats={repeats}")
-    if not (math.isfinite(min_time_s) and min_time_s >= 0):
-        raise UsageError(f"min_time_s must be a finite number of seconds >= 0, got {min_time_s}")
-    if not 0 < stable_within < 1:
-        raise UsageError(f"stable_within must be between 0 and 1 (a fraction), got {stable_within}")
-    return tuple(sorted(sizes)), Timing(repeats, max_repeats, warmup, stable_within, min_time_s)
+def _timing(settings: MeasureSettings) -> Timing:
+    """The rounds to time (``max_repeats`` None: ``repeats``, no adaptation)."""
+    max_repeats = settings.repeats if settings.max_repeats is None else settings.max_repeats
+    return Timing(settings.repeats, max_repeats, settings.warmup, settings.stable_within, settings.min_time_s)
 
 
-def _check_choices(dtype: str, capture: str | None, on_meta: bool, sample_blocks: bool) -> None:
-    """:class:`UsageError` for an unknown dtype or capture, or a choice the model's device rules out."""
-    if dtype not in DTYPES:
-        raise UsageError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    if capture not in (None, "export", "hooks"):
-        raise UsageError(f"unknown capture {capture!r}: use export or hooks")
+def _check_meta(capture: str | None, on_meta: bool, sample_blocks: bool) -> None:
+    """:class:`UsageError` for a choice the model's device rules out."""
     if on_meta and capture == "hooks":
         raise UsageError("a meta profile splits the model by export: capture hooks cannot feed one unit at a time")
     if sample_blocks and not on_meta:
@@ -486,63 +462,50 @@ def _assemble(subject: _Subject, measured: Measurements, settings: dict[str, Any
     )
 
 
-def profile_model(
-    workload: Workload,
-    *,
-    micro_batch_sizes: Sequence[int] = (1, 2, 4),
-    device: str = "cpu",
-    dtype: str = "float32",
-    repeats: int = 5,
-    max_repeats: int | None = None,
-    stable_within: float = 0.02,
-    warmup: int = 2,
-    units: Sequence[str] | int | None = None,
-    progress: bool = True,
-    capture: str | None = None,
-    sample_blocks: bool = False,
-    min_time_s: float = MIN_TIME_S,
-) -> Profile:
-    """Measure ``workload`` unit by unit at each micro-batch size.
+def profile_model(workload: Workload, settings: MeasureSettings | None = None) -> Profile:
+    """Measure ``workload`` unit by unit at each micro-batch size; ``settings`` (default
+    ``MeasureSettings()``) says which sizes, where, how long and which units.
 
-    ``units`` overrides ``workload.units`` (a list of FQNs, or an int module depth); with neither the
-    units are found by :func:`profiles.units.find_units`. ``capture`` forces ``export`` or ``hooks``
-    (default: export, hooks when the model cannot be traced). The model is moved to ``device``/``dtype``
-    in place. The loss is computed, and timed, with the last unit, as the last pipeline stage does.
+    ``settings.units`` overrides ``workload.units`` (a list of FQNs, or an int module depth); with neither the
+    units are found by :func:`profiles.units.find_units`. ``settings.capture`` forces ``export`` or ``hooks``
+    (default: export, hooks when the model cannot be traced). The model is moved to the settings' device and
+    dtype in place. The loss is computed, and timed, with the last unit, as the last pipeline stage does.
 
     Units, the whole model (along the units' code path, :func:`profiles.rounds.whole_piece`) and the
     piece overhead are timed in round-robin rounds: at least ``repeats``, then until the standard error of
     the median unit sum is at most ``stable_within`` of it (:func:`profiles.rounds.median_error`, judged
     from :data:`profiles.rounds.SPREAD_ROUNDS` rounds on), at most ``max_repeats`` (default:
     ``repeats``, no adaptation); and until they span ``min_time_s`` of wall time per size
-    (:data:`profiles.rounds.MIN_TIME_S`: a shared machine changes speed from one second to the next). A round
-    visits every size, so that a slow spell falls on every size alike
+    (:data:`profiles.measure_settings.MIN_TIME_S`: a shared machine changes speed from one second to the next).
+    A round visits every size, so that a slow spell falls on every size alike
     (:func:`profiles.loaded_profile.measure_loaded`).
 
     A workload built on the meta device (``load_workload(spec, meta=True)``) is profiled one unit at a
     time (:func:`profiles.meta_profile.measure_on_meta`): the whole model is never held, nor measured;
     ``sample_blocks`` (meta only) measures one unit of each run of identical consecutive units.
 
-    Raises :class:`UsageError` for bad sizes/repeats/dtype/units and :class:`ProfilingError` when CUDA
-    is missing or the model cannot be run.
+    Raises :class:`UsageError` for bad sizes/repeats/dtype/units (the sizes, rounds, dtype and capture when the
+    :class:`MeasureSettings` is made) and :class:`ProfilingError` when CUDA is missing or the model cannot be run.
     """
-    sizes, timing = _check_options(micro_batch_sizes, repeats, max_repeats, warmup, stable_within, min_time_s)
+    s = settings or MeasureSettings()
+    sizes, timing = tuple(sorted(s.micro_batch_sizes)), _timing(s)
     on_meta = workload.meta_buffers is not None
-    _check_choices(dtype, capture, on_meta, sample_blocks)
-    dev = _resolve_device(device)
+    _check_meta(s.capture, on_meta, s.sample_blocks)
+    dev = _resolve_device(s.device)
     # the runtime's ranks keep freed memory too (planner/runtime/launch.py): see profiles/allocator.py
     kept_memory = keep_freed_memory() if dev.type == "cpu" else False
-    workload, model = _prepare_model(workload, dev, DTYPES[dtype], on_meta)
+    workload, model = _prepare_model(workload, dev, DTYPES[s.dtype], on_meta)
 
-    example, _ = _batch(workload, sizes[0], dev, DTYPES[dtype])
-    choice, unit_spec = _choose_units(model, units, workload.units, example, sizes[0], on_meta)
-    if sample_blocks:
+    example, _ = _batch(workload, sizes[0], dev, DTYPES[s.dtype])
+    choice, unit_spec = _choose_units(model, s.units, workload.units, example, sizes[0], on_meta)
+    if s.sample_blocks:
         from profiles.meta_profile import check_sample_blocks
 
         check_sample_blocks(model, list(choice.units))
     load_before = _announce(dev, choice)
 
-    subject = _Subject(workload, model, dev, dtype, sizes, timing, choice.units, example)
-    measured, meta_settings = _measure(subject, capture=capture, sample_blocks=sample_blocks, progress=progress)
+    subject = _Subject(workload, model, dev, s.dtype, sizes, timing, choice.units, example)
+    measured, meta_settings = _measure(subject, capture=s.capture, sample_blocks=s.sample_blocks, progress=s.progress)
     _check_same_dataflow(measured, sizes)
 
     run_settings = _run_settings(

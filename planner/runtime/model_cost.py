@@ -53,6 +53,7 @@ from planner.prediction import repredicted_plan
 from planner.request import PlanRequest
 from planner.runtime.calibrate import fit_overhead, solve_increasing
 from planner.runtime.interleave import rounds_within, verify_plans
+from planner.runtime.run_options import VerifyOptions
 from planner.runtime.tune import overhead_cap, refit_calibration
 from planner.runtime.verify import verify_plan
 from planner.runtime.verify_report import VerifyReport
@@ -439,7 +440,11 @@ def learn_model_cost(
     """
     if len(plans) == 1:
         report = verify_plan(
-            plans[0], model, steps=steps, warmup=warmup, mode="processes", device=device, timeout_s=timeout_s
+            plans[0],
+            model,
+            VerifyOptions(
+                steps=steps, warmup=warmup, mode="processes", device=device, timeout_s=timeout_s, tolerance=0.25
+            ),
         )
         runs = ((plans[0], report),)
         return ModelRun(learn_from_runs(calibration, profile, runs), runs)

@@ -35,7 +35,7 @@ from planner.prediction import predict_plan, repredicted_plan
 from planner.request import PlanRequest
 from planner.runtime.calibrate import fit_overhead, solve_increasing
 from planner.runtime.interleave import rounds_within, verify_plans
-from planner.runtime.run_options import TuneOptions
+from planner.runtime.run_options import TuneOptions, VerifyOptions
 from planner.runtime.verify import pick_mode, verify_plan
 from planner.runtime.verify_report import VerifyReport
 from planner.schedule.orders import Schedule
@@ -275,11 +275,14 @@ class _Runs:
             report = verify_plan(
                 plan,
                 self.model,
-                steps=self.steps,
-                warmup=self.warmup,
-                mode=self.mode,
-                device=self.device,
-                timeout_s=self.timeout_s,
+                VerifyOptions(
+                    steps=self.steps,
+                    warmup=self.warmup,
+                    mode=self.mode,
+                    device=self.device,
+                    timeout_s=self.timeout_s,
+                    tolerance=0.25,
+                ),
             )
             self.runs.append((plan, report))
             first = self.runs[0][1].measured_iteration_s

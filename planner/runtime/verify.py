@@ -40,11 +40,11 @@ from planner.errors import ExecutionError, PipeplanWarning, TensorParallelError,
 from planner.plan import Plan
 from planner.runtime.apply import schedule_microbatches, tied_parameter_groups
 from planner.runtime.launch import run_ranks
-from planner.runtime.rank_timing import MIN_TIME_S, MIN_WARMUP_S, RankResult, rank_main, step_batch
+from planner.runtime.rank_timing import RankResult, rank_main, step_batch
 from planner.runtime.replay import replay_plan
+from planner.runtime.run_options import VerifyOptions
 from planner.runtime.tensor_parallel import check_runtime_layout, tp_layout
 from planner.runtime.verify_report import (
-    MEMORY_TOLERANCE,
     NUMERICS_ATOL,
     NUMERICS_RTOL,
     NumericsReport,
@@ -179,21 +179,7 @@ def rank_thread_count(plan: Plan, mode: str, device: str) -> int | None:
     )
 
 
-def verify_plan(
-    plan: Plan,
-    workload: str | Workload,
-    *,
-    steps: int = 5,
-    warmup: int = 2,
-    mode: str = "auto",
-    check_numerics: bool = False,
-    timeout_s: float = 300.0,
-    device: str = "cpu",
-    tolerance: float = 0.25,
-    memory_tolerance: float = MEMORY_TOLERANCE,
-    min_warmup_s: float = MIN_WARMUP_S,
-    min_time_s: float = MIN_TIME_S,
-) -> VerifyReport:
+def verify_plan(plan: Plan, workload: str | Workload, options: VerifyOptions | None = None) -> VerifyReport:
     """Run ``plan`` and compare with its predictions.
 
     Args:
@@ -201,48 +187,43 @@ def verify_plan(
         workload: a MODEL spec (what ``load_workload`` takes; each rank builds the model from it, so
             every rank has the same seeded weights) or a :class:`Workload` (its ``name`` is used as
             the spec in processes mode; replay uses the object itself).
-        steps, warmup: timed and untimed iterations; in processes mode the warm-up also lasts at least
-            ``min_warmup_s`` (:data:`MIN_WARMUP_S`) and the timed steps ``min_time_s``
-            (:data:`MIN_TIME_S`), and the report says how many steps each took.
-        mode: ``auto``, ``processes`` or ``replay``.
-        check_numerics: also compare one step's loss and gradients with a single process.
-        timeout_s: limit for the run: every rank (processes) or the replay (one process) is stopped after it.
-        device: ``cpu`` or ``cuda``.
-        tolerance: the largest relative iteration error for ``report.ok``.
-        memory_tolerance: the largest relative error of any stage's measured memory peak for ``report.ok``
-            (:data:`~planner.runtime.verify_report.MEMORY_TOLERANCE`, 10 %); a stage measured over the memory
-            the plan gave it fails too.
+        options: how to run and judge it (default ``VerifyOptions()``, the ``verify`` command's defaults):
+            ``steps`` and ``warmup``, timed and untimed iterations (in processes mode the warm-up also lasts at
+            least ``min_warmup_s``, :data:`~planner.runtime.run_options.MIN_WARMUP_S`, and the timed steps
+            ``min_time_s``, :data:`~planner.runtime.run_options.MIN_TIME_S`; the report says how many steps each
+            took); ``mode``, ``auto``, ``processes`` or ``replay``; ``check_numerics``, also compare one step's
+            loss and gradients with a single process; ``timeout_s``, every rank (processes) or the replay (one
+            process) is stopped after it; ``device``, ``cpu`` or ``cuda``; ``tolerance``, the largest relative
+            iteration error for ``report.ok``; ``memory_tolerance``, the largest relative error of any stage's
+            measured memory peak for ``report.ok`` (10 %; a stage measured over the memory the plan gave it
+            fails too).
 
     Raises:
         ExecutionError: a rank failed, hung or was killed. ModelMismatchError: not the plan's model.
-        UsageError: bad steps, mode, or ranks that cannot get the threads the plan was timed with
-            (:func:`rank_thread_count`); a tensor-parallel layout the runtime does not run.
+        UsageError: ranks that cannot get the threads the plan was timed with (:func:`rank_thread_count`); a
+            tensor-parallel layout the runtime does not run. (Bad steps or a bad mode are refused when the
+            :class:`VerifyOptions` is made.)
     """
-    chosen = _check_run(plan, workload, steps, warmup, mode, device)
+    options = options or VerifyOptions()
+    chosen = _check_run(plan, workload, options.mode, options.device)
     if chosen == "processes":
         spec = workload if isinstance(workload, str) else workload.name
-        measured_run, numerics = _run_processes(
-            plan,
-            spec,
-            steps=steps,
-            warmup=warmup,
-            min_warmup_s=min_warmup_s,
-            min_time_s=min_time_s,
-            check_numerics=check_numerics,
-            device=device,
-            timeout_s=timeout_s,
-        )
+        measured_run, numerics = _run_processes(plan, spec, options)
     else:
         measured_run, numerics = _run_replay(
-            plan, workload, steps, warmup, check_numerics=check_numerics, device=device, timeout_s=timeout_s
+            plan,
+            workload,
+            options.steps,
+            options.warmup,
+            check_numerics=options.check_numerics,
+            device=options.device,
+            timeout_s=options.timeout_s,
         )
-    return build_report(plan, chosen, measured_run, tolerance, memory_tolerance, numerics)
+    return build_report(plan, chosen, measured_run, options.tolerance, options.memory_tolerance, numerics)
 
 
-def _check_run(plan: Plan, workload: str | Workload, steps: int, warmup: int, mode: str, device: str) -> str:
+def _check_run(plan: Plan, workload: str | Workload, mode: str, device: str) -> str:
     """Refuse what cannot run before any process starts; the mode the plan runs in (:func:`pick_mode`)."""
-    if steps < 1 or warmup < 0:
-        raise UsageError(f"steps must be >= 1 and warmup >= 0 (steps: {steps}, warmup: {warmup})")
     check_runtime_layout(plan)  # before any process starts
     chosen = pick_mode(mode, plan, device)
     if plan.mesh is not None and plan.mesh.tp > 1:
@@ -252,26 +233,16 @@ def _check_run(plan: Plan, workload: str | Workload, steps: int, warmup: int, mo
     return chosen
 
 
-def _run_processes(
-    plan: Plan,
-    spec: str,
-    *,
-    steps: int,
-    warmup: int,
-    min_warmup_s: float,
-    min_time_s: float,
-    check_numerics: bool,
-    device: str,
-    timeout_s: float,
-) -> tuple[MeasuredRun, NumericsReport | None]:
+def _run_processes(plan: Plan, spec: str, options: VerifyOptions) -> tuple[MeasuredRun, NumericsReport | None]:
     """Run the plan on one process per rank, each building the model from ``spec``; what they measured, and the
     numerics against one process when asked."""
-    backend = "nccl" if device.startswith("cuda") else "gloo"
-    args = (spec, plan, steps, warmup, min_warmup_s, min_time_s, check_numerics, device)
-    threads = rank_thread_count(plan, "processes", device)
-    everyone = run_ranks(rank_main, args, _processes(plan), timeout_s=timeout_s, backend=backend, threads=threads)
+    o = options
+    backend = "nccl" if o.device.startswith("cuda") else "gloo"
+    args = (spec, plan, o.steps, o.warmup, o.min_warmup_s, o.min_time_s, o.check_numerics, o.device)
+    threads = rank_thread_count(plan, "processes", o.device)
+    everyone = run_ranks(rank_main, args, _processes(plan), timeout_s=o.timeout_s, backend=backend, threads=threads)
     measured_run = measured_from_ranks(plan, everyone)
-    if not check_numerics:
+    if not o.check_numerics:
         return measured_run, None
     results = _first_replica(plan, everyone)
     loss = statistics.fmean(r.loss for r in everyone if r.loss is not None)

@@ -18,6 +18,7 @@ from torch import nn
 from cli import main
 from cli_checks import assert_fails
 from planner.errors import ModelSpecError
+from profiles.measure_settings import MeasureSettings
 from profiles.meta import materialise, move_to_meta, parameters_on_meta
 from profiles.profiler import profile_model
 from profiles.workload import load_workload
@@ -66,8 +67,8 @@ def tiny_llama(tmp_path_factory):
 def test_meta_profile_describes_the_same_model_as_a_loaded_one():
     # gpt2-tiny: tied embedding and LM head, position embeddings, an integer input reaching the first unit
     sizes = {"micro_batch_sizes": (1, 2)}
-    loaded = profile_model(load_workload("gpt2-tiny", seq_len=8), **sizes, **FAST)
-    meta = profile_model(load_workload("gpt2-tiny", meta=True, seq_len=8), **sizes, **FAST)
+    loaded = profile_model(load_workload("gpt2-tiny", seq_len=8), MeasureSettings(**sizes, **FAST))
+    meta = profile_model(load_workload("gpt2-tiny", meta=True, seq_len=8), MeasureSettings(**sizes, **FAST))
     assert [_structure(u) for u in meta.units] == [_structure(u) for u in loaded.units]
     assert meta.tensors == loaded.tensors
     assert meta.model == loaded.model  # name, fingerprint, parameter count and bytes
@@ -80,7 +81,9 @@ def test_meta_profile_describes_the_same_model_as_a_loaded_one():
 
 
 def test_sample_blocks_measures_one_layer_and_copies_it(tiny_llama):
-    profile = profile_model(load_workload(tiny_llama, meta=True), micro_batch_sizes=(1, 2), sample_blocks=True, **FAST)
+    profile = profile_model(
+        load_workload(tiny_llama, meta=True), MeasureSettings(micro_batch_sizes=(1, 2), sample_blocks=True, **FAST)
+    )
     names = [u.name for u in profile.units]
     assert names == ["model.embed_tokens", *(f"model.layers.{i}" for i in range(3)), "model.norm", "lm_head"]
     assert profile.settings["sampled_from"] == {"model.layers.1": "model.layers.0", "model.layers.2": "model.layers.0"}
@@ -94,7 +97,7 @@ def test_sample_blocks_measures_one_layer_and_copies_it(tiny_llama):
         )
         assert _structure(copy)[2:] == _structure(first)[2:]
     # the copies' outputs stood in for theirs: the units after them ran on tensors of the right shape
-    loaded = profile_model(load_workload(tiny_llama), micro_batch_sizes=(1, 2), **FAST)
+    loaded = profile_model(load_workload(tiny_llama), MeasureSettings(micro_batch_sizes=(1, 2), **FAST))
     assert [_structure(u) for u in profile.units] == [_structure(u) for u in loaded.units]
     assert profile.tensors == loaded.tensors
 
@@ -125,6 +128,7 @@ _PEAK_SCRIPT = """
 import json, sys, torch
 from torch import nn
 from profiles.measure import peak_rss_bytes
+from profiles.measure_settings import MeasureSettings
 from profiles.profiler import profile_model
 from profiles.workload import Workload, load_workload
 
@@ -140,7 +144,8 @@ def workload():
 sys.modules["wide_spec"] = sys.modules[__name__]
 w = load_workload("wide_spec:workload", meta=True)
 before = peak_rss_bytes()
-profile = profile_model(w, micro_batch_sizes=(1,), repeats=1, max_repeats=1, warmup=0, progress=False, min_time_s=0.0)
+settings = MeasureSettings(micro_batch_sizes=(1,), repeats=1, max_repeats=1, warmup=0, progress=False, min_time_s=0.0)
+profile = profile_model(w, settings)
 print(json.dumps({"before": before, "peak": profile.settings["peak_rss_bytes"], "weights": profile.model.param_bytes}))
 """
 

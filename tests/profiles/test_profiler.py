@@ -13,6 +13,7 @@ from delay_layers import Sleep
 from planner.errors import ProfilingError, UsageError
 from profiles.dataflow import capture_export
 from profiles.format import load_profile, save_profile
+from profiles.measure_settings import MeasureSettings
 from profiles.models import BUILTIN_MODELS
 from profiles.profiler import profile_model
 from profiles.report import format_profile_table
@@ -57,11 +58,11 @@ def _skipnet() -> Workload:
 
 @pytest.fixture(scope="module")
 def gpt2_profile():
-    return profile_model(BUILTIN_MODELS["gpt2-tiny"](), micro_batch_sizes=(1, 2), **FAST)
+    return profile_model(BUILTIN_MODELS["gpt2-tiny"](), MeasureSettings(micro_batch_sizes=(1, 2), **FAST))
 
 
 def test_skip_connection_flow_matches_hand_computed(tmp_path) -> None:
-    profile = profile_model(_skipnet(), micro_batch_sizes=(1, 3), **FAST)
+    profile = profile_model(_skipnet(), MeasureSettings(micro_batch_sizes=(1, 3), **FAST))
     assert [u.name for u in profile.units] == ["a", "b", "c"]
     assert profile.settings["capture"] == "export"
     flows = {(t.producer, t.consumers, t.bytes, t.needs_grad) for t in profile.tensors}
@@ -168,7 +169,9 @@ def test_sleep_units_order_forward_times() -> None:
     model = nn.Sequential(Sleep(0.0), Sleep(0.03), Sleep(0.01))
     workload = Workload(model, lambda b: (torch.randn(b, 4), torch.randn(b, 4)), nn.functional.mse_loss, "sleep")
     # export traces tensor ops only (a sleep is not one): time these units by hooks
-    profile = profile_model(workload, micro_batch_sizes=(1,), units=["0", "1", "2"], capture="hooks", **FAST)
+    profile = profile_model(
+        workload, MeasureSettings(micro_batch_sizes=(1,), units=["0", "1", "2"], capture="hooks", **FAST)
+    )
     fwd = [u.forward_s[0] for u in profile.units]
     assert fwd[0] < fwd[2] < fwd[1]
     assert profile.settings["capture"] == "hooks"
@@ -191,7 +194,9 @@ def test_rounds_visit_every_size_in_turn_starting_one_size_later_each_round() ->
     model = nn.Sequential(_SizeLog(log), nn.Linear(4, 4))
     workload = Workload(model, lambda b: (torch.randn(b, 4), torch.randn(b, 4)), nn.functional.mse_loss, "logged")
     timing = {**FAST, "repeats": 2, "max_repeats": 2}
-    profile = profile_model(workload, micro_batch_sizes=(1, 2, 3), units=["0", "1"], capture="hooks", **timing)
+    profile = profile_model(
+        workload, MeasureSettings(micro_batch_sizes=(1, 2, 3), units=["0", "1"], capture="hooks", **timing)
+    )
     sizes = [int(b) for b in log]
     runs = [b for i, b in enumerate(sizes) if i == 0 or sizes[i - 1] != b]  # consecutive calls at one size, collapsed
     # set-up (loss, capture) one size after another, then round 0 from b = 1, round 1 from b = 2; timed one
@@ -215,7 +220,7 @@ def test_untraceable_model_falls_back_to_hooks(caplog) -> None:
 
     workload = Workload(Branchy(), lambda b: (torch.randn(b, 4), torch.randn(b, 4)), nn.functional.mse_loss)
     with caplog.at_level("INFO", logger="pipeplan"):
-        profile = profile_model(workload, micro_batch_sizes=(1, 2), units=["a", "b"], **FAST)
+        profile = profile_model(workload, MeasureSettings(micro_batch_sizes=(1, 2), units=["a", "b"], **FAST))
     assert profile.settings["capture"] == "hooks"
     assert "export_error" in profile.settings
     assert [(t.producer, t.consumers, t.bytes) for t in profile.tensors] == [(-1, (0,), (16, 32)), (0, (1,), (16, 32))]
@@ -239,7 +244,9 @@ def test_tied_weight_counts_once_and_is_named_by_both_units(capture: str) -> Non
         return torch.arange(b * 3).reshape(b, 3) % 10, torch.zeros(b, 3, 10)
 
     workload = Workload(Tied(), batch, nn.functional.mse_loss, "tied")
-    profile = profile_model(workload, micro_batch_sizes=(1,), units=["emb", "head"], capture=capture, **FAST)
+    profile = profile_model(
+        workload, MeasureSettings(micro_batch_sizes=(1,), units=["emb", "head"], capture=capture, **FAST)
+    )
     assert [u.param_count for u in profile.units] == [40, 0]
     assert [u.tied_param_count for u in profile.units] == [0, 40]
     assert profile.model.param_count == 40
@@ -274,21 +281,23 @@ def test_find_units_rejects_bad_specs(spec, message: str) -> None:
 def test_bad_arguments_are_usage_errors() -> None:
     workload = _skipnet()
     with pytest.raises(UsageError, match=r"positive integers, got \[0, 2\]"):
-        profile_model(workload, micro_batch_sizes=(0, 2), **FAST)
+        profile_model(workload, MeasureSettings(micro_batch_sizes=(0, 2), **FAST))
     with pytest.raises(UsageError, match="unknown dtype 'float64'"):
-        profile_model(workload, dtype="float64", **FAST)
+        profile_model(workload, MeasureSettings(dtype="float64", **FAST))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_without_cuda_is_a_profiling_error() -> None:
     with pytest.raises(ProfilingError, match="CUDA is not available on this machine"):
-        profile_model(_skipnet(), device="cuda", **FAST)
+        profile_model(_skipnet(), MeasureSettings(device="cuda", **FAST))
 
 
 def test_one_unit_profile_matches_the_whole_model_by_construction() -> None:
     # One unit means no split points: the unit's piece is the model exported as one piece, and the
     # whole model is that same piece, measured once.
-    profile = profile_model(BUILTIN_MODELS["mlp"](), micro_batch_sizes=(1, 2), units=["layers.0"], **FAST)
+    profile = profile_model(
+        BUILTIN_MODELS["mlp"](), MeasureSettings(micro_batch_sizes=(1, 2), units=["layers.0"], **FAST)
+    )
     assert profile.num_units == 1
     assert profile.settings["whole_model_path"] == "exported as one piece"
     assert [profile.unit_sum_s(j) for j in (0, 1)] == [profile.whole_s(j) for j in (0, 1)]
@@ -310,7 +319,9 @@ def test_profile_records_piece_overhead_rounds_and_whole_model_path(gpt2_profile
 def test_hooks_capture_checks_against_the_eager_model() -> None:
     model = nn.Sequential(Sleep(0.0), Sleep(0.0))
     workload = Workload(model, lambda b: (torch.randn(b, 4), torch.randn(b, 4)), nn.functional.mse_loss, "sleep")
-    profile = profile_model(workload, micro_batch_sizes=(1,), units=["0", "1"], capture="hooks", **FAST)
+    profile = profile_model(
+        workload, MeasureSettings(micro_batch_sizes=(1,), units=["0", "1"], capture="hooks", **FAST)
+    )
     assert profile.settings["whole_model_path"] == "eager model"
     assert profile.piece_overhead is not None and profile.overhead_s(0) > 0
 
@@ -369,7 +380,7 @@ def test_a_cpu_profile_carries_its_times_at_each_ranks_threads() -> None:
 
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
     workload = Workload(model, lambda b: (torch.randn(b, 16), torch.randn(b, 16)), nn.functional.mse_loss)
-    profile = profile_model(workload, micro_batch_sizes=(1, 2), units=["0", "1", "2"], **FAST)
+    profile = profile_model(workload, MeasureSettings(micro_batch_sizes=(1, 2), units=["0", "1", "2"], **FAST))
     scaling = profile.thread_scaling
     assert scaling is not None and scaling.threads == rank_thread_counts(os.cpu_count() or 1)
     profiled = scaling.threads.index(profile.threads)

@@ -62,11 +62,13 @@ def test_a_long_step_is_not_measured():
 
 @pytest.mark.parametrize("sizes", [(1, 2)])
 def test_the_profile_holds_one_curve_per_size(sizes):
+    from profiles.measure_settings import MeasureSettings
     from profiles.models import BUILTIN_MODELS
     from profiles.profiler import profile_model
 
     profile = profile_model(
-        BUILTIN_MODELS["mlp"](), micro_batch_sizes=sizes, repeats=1, max_repeats=1, min_time_s=0.0, progress=False
+        BUILTIN_MODELS["mlp"](),
+        MeasureSettings(micro_batch_sizes=sizes, repeats=1, max_repeats=1, min_time_s=0.0, progress=False),
     )
     resume = profile.resume
     assert resume is not None and resume.gaps_s == RESUME_GAPS_S

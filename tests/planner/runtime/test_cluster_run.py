@@ -8,6 +8,7 @@ import pytest
 from conftest import make_plan
 
 from planner.plan import Mesh
+from planner.runtime.run_options import VerifyOptions
 from planner.runtime.verify import verify_plan
 from profiles.models import BUILTIN_MODELS
 
@@ -43,7 +44,11 @@ def _mesh(plan, shard: str, placement: str = "pipeline-in-node") -> Mesh:
 def test_pp2_x_dp2_matches_one_process(model: str, split: str, shard: str, placement: str) -> None:
     base = make_plan(BUILTIN_MODELS[model](), [split], "1f1b", num_microbatches=2, micro_batch_size=2)
     plan = replace(base, mesh=_mesh(base, shard, placement))
-    report = verify_plan(plan, model, mode="processes", steps=1, warmup=0, check_numerics=True, timeout_s=240)
+    report = verify_plan(
+        plan,
+        model,
+        VerifyOptions(mode="processes", steps=1, warmup=0, check_numerics=True, timeout_s=240, tolerance=0.25),
+    )
     assert report.mode == "processes" and [r.rank for r in report.ranks] == [0, 1]
     assert report.numerics is not None and report.numerics.ok, report.numerics
     assert report.numerics.max_grad_abs_diff < 1e-6

@@ -17,6 +17,7 @@ from conftest import make_plan
 from planner.errors import ExecutionError
 from planner.plan import save_plan
 from planner.runtime.launch import FAULT_ENV
+from planner.runtime.run_options import VerifyOptions
 from planner.runtime.verify import verify_plan
 from profiles.models import BUILTIN_MODELS
 
@@ -90,7 +91,7 @@ def test_replay_honours_the_timeout() -> None:
     hung = dataclasses.replace(workload, loss_fn=hung_loss)
     started = time.monotonic()
     with pytest.raises(ExecutionError, match=r"the replay did not finish within 5 s \(--timeout\)"):
-        verify_plan(plan, hung, mode="replay", steps=1, warmup=0, timeout_s=5)
+        verify_plan(plan, hung, VerifyOptions(mode="replay", steps=1, warmup=0, timeout_s=5))
     assert time.monotonic() - started < 30
 
 

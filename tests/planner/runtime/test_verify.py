@@ -17,6 +17,7 @@ from torch import nn
 from planner.errors import PipeplanWarning, UsageError
 from planner.runtime import verify
 from planner.runtime.rank_timing import _StageTimer
+from planner.runtime.run_options import VerifyOptions
 from planner.runtime.verify import compare_numerics, format_report, reference_step, verify_plan
 from planner.runtime.verify_report import (
     NumericsReport,
@@ -62,7 +63,11 @@ def _assert_measured(report: VerifyReport, plan) -> None:
 
 def test_processes_mode_gpt2_1f1b_with_numerics() -> None:
     plan = make_plan(BUILTIN_MODELS["gpt2-tiny"](), ["transformer.h.2"], "1f1b")
-    report = verify_plan(plan, "gpt2-tiny", mode="processes", steps=2, warmup=1, check_numerics=True, timeout_s=180)
+    report = verify_plan(
+        plan,
+        "gpt2-tiny",
+        VerifyOptions(mode="processes", steps=2, warmup=1, check_numerics=True, timeout_s=180, tolerance=0.25),
+    )
     assert report.mode == "processes" and report.memory_kind == "live-tensors"
     _assert_measured(report, plan)
     assert report.numerics is not None and report.numerics.ok
@@ -113,11 +118,21 @@ def test_processes_mode_warms_up_and_times_for_the_time_floors_then_as_asked() -
     # The warm-up's floor is the longer: a fresh rank's first step alone took over 0.5 s on a busy machine.
     plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"], "1f1b")
     floored = verify_plan(
-        plan, "mlp", mode="processes", steps=1, warmup=1, min_warmup_s=1.5, min_time_s=0.5, timeout_s=180
+        plan,
+        "mlp",
+        VerifyOptions(
+            mode="processes", steps=1, warmup=1, min_warmup_s=1.5, min_time_s=0.5, timeout_s=180, tolerance=0.25
+        ),
     )
     assert floored.warmup > 2 and f"after {floored.warmup} warm-up" in format_report(floored)
     assert floored.steps > 2 and f"{floored.steps} timed steps" in format_report(floored)
-    exact = verify_plan(plan, "mlp", mode="processes", steps=2, warmup=3, min_warmup_s=0.0, min_time_s=0.0)
+    exact = verify_plan(
+        plan,
+        "mlp",
+        VerifyOptions(
+            mode="processes", steps=2, warmup=3, min_warmup_s=0.0, min_time_s=0.0, tolerance=0.25, timeout_s=300.0
+        ),
+    )
     assert (exact.warmup, exact.steps) == (3, 2)
 
 
@@ -130,7 +145,11 @@ def test_processes_mode_warms_up_and_times_for_the_time_floors_then_as_asked() -
 )
 def test_replay_mode_measures_every_stage(model: str, splits: list[str], schedule: str) -> None:
     plan = make_plan(BUILTIN_MODELS[model](), splits, schedule)
-    report = verify_plan(plan, model, mode="replay", steps=2, warmup=1, check_numerics=True)
+    report = verify_plan(
+        plan,
+        model,
+        VerifyOptions(mode="replay", steps=2, warmup=1, check_numerics=True, tolerance=0.25, timeout_s=300.0),
+    )
     assert report.mode == "replay" and report.memory_kind == "live-tensors"
     _assert_measured(report, plan)
     assert report.numerics is not None and report.numerics.ok
@@ -140,7 +159,9 @@ def test_replay_mode_measures_every_stage(model: str, splits: list[str], schedul
 def test_replay_times_the_speed_reference_and_scales_the_stages_by_it() -> None:
     plan = make_plan(BUILTIN_MODELS["unet-small"](), ["mid"], "gpipe")
     plan = replace(plan, device={**plan.device, "reference_s": 1e-3})
-    report = verify_plan(plan, "unet-small", mode="replay", steps=2, warmup=1)
+    report = verify_plan(
+        plan, "unet-small", VerifyOptions(mode="replay", steps=2, warmup=1, tolerance=0.25, timeout_s=300.0)
+    )
     assert report.profile_reference_s == 1e-3 and report.reference_s is not None and report.reference_s > 0
     factor = report.reference_s / 1e-3
     assert report.speed_factor == pytest.approx(factor)
@@ -153,7 +174,13 @@ def test_ranks_time_their_units_alone_and_together_and_the_prediction_takes_the_
     plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"], "1f1b")
     device = {**plan.device, "reference_s": 1e-3, "unit_sum_s": 2e-3, "capture": "export"}
     learned = replace(plan, device={**device, "units_together_ratio": 1.25})
-    report = verify_plan(learned, "mlp", mode="processes", steps=2, warmup=1, min_warmup_s=0.0, min_time_s=0.0)
+    report = verify_plan(
+        learned,
+        "mlp",
+        VerifyOptions(
+            mode="processes", steps=2, warmup=1, min_warmup_s=0.0, min_time_s=0.0, tolerance=0.25, timeout_s=300.0
+        ),
+    )
     assert report.reference == "units" and report.learned_together_ratio == 1.25
     assert report.reference_s and report.reference_together_s and report.reference_together_s > 0
     ratio = report.reference_together_s / report.reference_s
@@ -191,7 +218,11 @@ def test_the_change_of_contention_counts_a_together_over_alone_ratio_below_1_as_
 def test_replay_times_the_units_where_the_plan_recorded_their_profiled_sum(capture: str) -> None:
     plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"], "1f1b")
     plan = replace(plan, device={**plan.device, "reference_s": 1e-3, "unit_sum_s": 2e-3, "capture": capture})
-    report = verify_plan(plan, "mlp", mode="replay", steps=3, warmup=1, check_numerics=True)
+    report = verify_plan(
+        plan,
+        "mlp",
+        VerifyOptions(mode="replay", steps=3, warmup=1, check_numerics=True, tolerance=0.25, timeout_s=300.0),
+    )
     assert report.reference == "units" and report.profile_reference_s == 2e-3
     assert report.reference_s is not None and report.reference_s > 0
     assert report.speed_factor == pytest.approx(report.reference_s / 2e-3)
@@ -203,14 +234,22 @@ def test_replay_times_the_units_where_the_plan_recorded_their_profiled_sum(captu
         format_report(report)
     )
     # Without the profile's capture the plan names no way to build the same piece: the layer stands in.
-    layer = verify_plan(replace(plan, device={**plan.device, "capture": None}), "mlp", mode="replay", steps=1)
+    layer = verify_plan(
+        replace(plan, device={**plan.device, "capture": None}),
+        "mlp",
+        VerifyOptions(mode="replay", steps=1, warmup=2, tolerance=0.25, timeout_s=300.0),
+    )
     assert layer.reference == "layer" and layer.profile_reference_s == 1e-3
 
 
 def test_processes_ranks_time_their_own_units_and_their_sum_is_the_speed_reference() -> None:
     plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"], "1f1b")
     plan = replace(plan, device={**plan.device, "reference_s": 1e-3, "unit_sum_s": 2e-3, "capture": "hooks"})
-    report = verify_plan(plan, "mlp", mode="processes", steps=2, warmup=1, check_numerics=True, timeout_s=180)
+    report = verify_plan(
+        plan,
+        "mlp",
+        VerifyOptions(mode="processes", steps=2, warmup=1, check_numerics=True, timeout_s=180, tolerance=0.25),
+    )
     assert report.reference == "units" and report.profile_reference_s == 2e-3
     assert report.reference_s is not None and report.reference_s > 0
     assert report.speed_factor == pytest.approx(report.reference_s / 2e-3)
@@ -256,7 +295,11 @@ def test_the_run_sums_the_ranks_units_and_takes_the_median_of_their_layers() -> 
 def test_numerics_check_catches_a_model_that_differs() -> None:
     workload = dropout_mlp()
     plan = make_plan(workload, ["2"], "gpipe")
-    report = verify_plan(plan, workload, mode="replay", steps=1, warmup=0, check_numerics=True, tolerance=1e9)
+    report = verify_plan(
+        plan,
+        workload,
+        VerifyOptions(mode="replay", steps=1, warmup=0, check_numerics=True, tolerance=1e9, timeout_s=300.0),
+    )
     assert report.numerics is not None and not report.numerics.ok
     assert not report.ok  # timing is within the huge tolerance: numerics alone fail it
     assert "numerics: MISMATCH" in format_report(report)
@@ -430,7 +473,7 @@ def test_replay_runs_with_the_profilers_allocator_settings(monkeypatch: pytest.M
     monkeypatch.setattr(profiles.allocator, "keep_freed_memory", lambda: calls.append(True) or True)
     workload = BUILTIN_MODELS["mlp"]()
     plan = make_plan(workload, ["layers.2"], "gpipe")
-    verify_plan(plan, workload, mode="replay", steps=1, warmup=0, tolerance=1e9)
+    verify_plan(plan, workload, VerifyOptions(mode="replay", steps=1, warmup=0, tolerance=1e9, timeout_s=300.0))
     assert calls == [True]
 
 
@@ -450,7 +493,7 @@ def test_replay_runs_with_the_threads_of_the_plans_profile() -> None:
     before = torch.get_num_threads()
     threads = 2 if before == 1 else 1
     plan = replace(plan, device={"kind": "cpu", "name": "test", "dtype": "float32", "threads": threads})
-    verify_plan(plan, workload, mode="replay", steps=1, warmup=0, tolerance=1e9)
+    verify_plan(plan, workload, VerifyOptions(mode="replay", steps=1, warmup=0, tolerance=1e9, timeout_s=300.0))
     assert seen and set(seen) == {threads}
     assert torch.get_num_threads() == before
 
@@ -484,7 +527,7 @@ def test_the_loss_counts_in_the_last_stages_forward(mode: str) -> None:
 
     spec = f"{Path(sleepy_loss.__file__)}:workload"
     plan = make_plan(sleepy_loss.workload(), ["2"], "1f1b")
-    report = verify_plan(plan, spec, mode=mode, steps=1, warmup=1, tolerance=1e9, timeout_s=180)
+    report = verify_plan(plan, spec, VerifyOptions(mode=mode, steps=1, warmup=1, tolerance=1e9, timeout_s=180))
     first, last = report.stages
     assert last.measured_forward_s >= sleepy_loss.LOSS_SLEEP_S
     assert first.measured_forward_s < sleepy_loss.LOSS_SLEEP_S / 3

@@ -20,9 +20,11 @@ from planner.cost import CostSettings, DataParallel, default_settings
 from planner.errors import PipeplanWarning
 from planner.plan import Plan
 from planner.prediction import plan_memory
+from planner.runtime.run_options import VerifyOptions
 from planner.runtime.verify import verify_plan
 from planner.runtime.verify_report import MEMORY_TOLERANCE, format_report
 from profiles.format import Profile
+from profiles.measure_settings import MeasureSettings
 from profiles.models import BUILTIN_MODELS
 from profiles.profiler import profile_model
 
@@ -36,7 +38,8 @@ def gpt2_profile() -> Profile:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PipeplanWarning)  # a busy machine: its times, not its bytes
         return profile_model(
-            BUILTIN_MODELS["gpt2-tiny"](), micro_batch_sizes=(2,), repeats=1, warmup=1, min_time_s=0.0, progress=False
+            BUILTIN_MODELS["gpt2-tiny"](),
+            MeasureSettings(micro_batch_sizes=(2,), repeats=1, warmup=1, min_time_s=0.0, progress=False),
         )
 
 
@@ -60,7 +63,9 @@ def test_each_stage_runs_within_the_tolerance_of_its_predicted_memory(
 ) -> None:
     plan = _plan(gpt2_profile, schedule)
     report = verify_plan(
-        plan, "gpt2-tiny", mode=mode, steps=1, warmup=1, min_warmup_s=0.0, min_time_s=0.0, timeout_s=300
+        plan,
+        "gpt2-tiny",
+        VerifyOptions(mode=mode, steps=1, warmup=1, min_warmup_s=0.0, min_time_s=0.0, timeout_s=300, tolerance=0.25),
     )
     assert report.memory_tolerance == MEMORY_TOLERANCE == 0.10
     for stage in report.stages:
@@ -81,7 +86,9 @@ def test_each_stage_runs_within_the_tolerance_of_its_predicted_memory(
 
 def test_a_stage_over_its_prediction_or_its_capacity_fails_the_verdict(gpt2_profile: Profile) -> None:
     plan = _plan(gpt2_profile, "1f1b")
-    report = verify_plan(plan, "gpt2-tiny", mode="replay", steps=1, warmup=1, tolerance=1e9)
+    report = verify_plan(
+        plan, "gpt2-tiny", VerifyOptions(mode="replay", steps=1, warmup=1, tolerance=1e9, timeout_s=300.0)
+    )
     assert report.memory_ok
     last = report.stages[1]
     assert last.predicted_memory is not None and last.measured_memory is not None
@@ -101,7 +108,9 @@ def test_the_last_stage_lets_go_of_the_losss_graph_at_its_input_gradient(gpt2_pr
     # was a third over its measurement; charged as let go, it lands within 2 %.
     plan = make_plan(BUILTIN_MODELS["gpt2-tiny"](), ["lm_head"], "zero-bubble", num_microbatches=4, micro_batch_size=2)
     plan = _predicted(plan, gpt2_profile)
-    report = verify_plan(plan, "gpt2-tiny", mode="replay", steps=1, warmup=1, tolerance=1e9)
+    report = verify_plan(
+        plan, "gpt2-tiny", VerifyOptions(mode="replay", steps=1, warmup=1, tolerance=1e9, timeout_s=300.0)
+    )
     last = report.stages[1]
     assert last.memory_error_pct is not None and abs(last.memory_error_pct) <= 2.0, format_report(report)
 
@@ -116,7 +125,9 @@ def test_a_recomputing_first_stage_under_a_split_backward_peaks_in_its_whole_bac
         BUILTIN_MODELS["gpt2-tiny"](), ["transformer.h.2"], "zero-bubble", num_microbatches=4, recompute=(True, False)
     )
     plan = _predicted(plan, gpt2_profile)
-    report = verify_plan(plan, "gpt2-tiny", mode="replay", steps=1, warmup=1, tolerance=1e9)
+    report = verify_plan(
+        plan, "gpt2-tiny", VerifyOptions(mode="replay", steps=1, warmup=1, tolerance=1e9, timeout_s=300.0)
+    )
     first = report.stages[0]
     assert first.memory_error_pct is not None and abs(first.memory_error_pct) <= 1.0, format_report(report)
 
@@ -129,12 +140,20 @@ def test_a_pp2_x_dp2_plan_runs_within_2_percent_of_its_predicted_memory(shard: s
     workload = BUILTIN_MODELS["mlp"]()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PipeplanWarning)
-        profile = profile_model(workload, micro_batch_sizes=(2,), repeats=1, warmup=1, min_time_s=0.0, progress=False)
+        profile = profile_model(
+            workload, MeasureSettings(micro_batch_sizes=(2,), repeats=1, warmup=1, min_time_s=0.0, progress=False)
+        )
     base = make_plan(workload, ["layers.2"], "1f1b", num_microbatches=2, micro_batch_size=2)
     mesh = on_mesh(base, 2, shard=shard).mesh
     settings = default_settings(profile, data_parallel=DataParallel(2, 1e9, 1e-4, shard))
     plan = _predicted(replace(base, mesh=mesh), profile, settings)
-    report = verify_plan(plan, "mlp", mode="processes", steps=1, warmup=1, min_warmup_s=0.0, min_time_s=0.0)
+    report = verify_plan(
+        plan,
+        "mlp",
+        VerifyOptions(
+            mode="processes", steps=1, warmup=1, min_warmup_s=0.0, min_time_s=0.0, tolerance=0.25, timeout_s=300.0
+        ),
+    )
     for stage in report.stages:
         assert stage.measured_memory is not None and stage.memory_error_pct is not None
         assert abs(stage.memory_error_pct) <= 2.0, format_report(report)
@@ -164,11 +183,17 @@ def test_a_unet_holds_its_sends_its_skips_and_its_losses_as_predicted(
     workload = BUILTIN_MODELS["unet-small"]()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PipeplanWarning)
-        profile = profile_model(workload, micro_batch_sizes=(2,), repeats=1, warmup=1, min_time_s=0.0, progress=False)
+        profile = profile_model(
+            workload, MeasureSettings(micro_batch_sizes=(2,), repeats=1, warmup=1, min_time_s=0.0, progress=False)
+        )
     assert profile.loss is not None and profile.loss.kept_bytes == (24576,)  # 2 x 3 x 32 x 32 float32
     base = make_plan(workload, splits, schedule, num_microbatches=4, micro_batch_size=2)
     plan = _predicted(base, profile)
-    report = verify_plan(plan, "unet-small", mode=mode, steps=1, warmup=1, min_warmup_s=0.0, min_time_s=0.0)
+    report = verify_plan(
+        plan,
+        "unet-small",
+        VerifyOptions(mode=mode, steps=1, warmup=1, min_warmup_s=0.0, min_time_s=0.0, tolerance=0.25, timeout_s=300.0),
+    )
     for stage in report.stages:
         assert stage.memory_error_pct is not None
         assert abs(stage.memory_error_pct) <= 5.0, format_report(report)
@@ -181,10 +206,18 @@ def test_a_unet_at_micro_batch_1_sends_gradients_that_hold_only_themselves() -> 
     workload = BUILTIN_MODELS["unet-small"]()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PipeplanWarning)
-        profile = profile_model(workload, micro_batch_sizes=(1,), repeats=1, warmup=1, min_time_s=0.0, progress=False)
+        profile = profile_model(
+            workload, MeasureSettings(micro_batch_sizes=(1,), repeats=1, warmup=1, min_time_s=0.0, progress=False)
+        )
     base = make_plan(workload, ["dec.0", "dec.2", "head"], "zbv", num_microbatches=8, micro_batch_size=1)
     plan = _predicted(base, profile)
-    report = verify_plan(plan, "unet-small", mode="replay", steps=1, warmup=1, min_warmup_s=0.0, min_time_s=0.0)
+    report = verify_plan(
+        plan,
+        "unet-small",
+        VerifyOptions(
+            mode="replay", steps=1, warmup=1, min_warmup_s=0.0, min_time_s=0.0, tolerance=0.25, timeout_s=300.0
+        ),
+    )
     for stage in report.stages:
         assert stage.memory_error_pct is not None
         assert abs(stage.memory_error_pct) <= 5.0, format_report(report)
@@ -204,7 +237,8 @@ def test_a_pp2_x_tp2_plan_runs_within_the_tolerance_of_its_predicted_memory() ->
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PipeplanWarning)
         profile = profile_model(
-            load_workload(spec), micro_batch_sizes=(2,), repeats=1, warmup=1, min_time_s=0.0, progress=False
+            load_workload(spec),
+            MeasureSettings(micro_batch_sizes=(2,), repeats=1, warmup=1, min_time_s=0.0, progress=False),
         )
     # A block on each stage (the search alone puts the embedding by itself on the first at this size).
     pinned = (("model.layers.0", 0), ("model.layers.1", 1))
@@ -217,7 +251,13 @@ def test_a_pp2_x_tp2_plan_runs_within_the_tolerance_of_its_predicted_memory() ->
     assert (plan.constraints["sequence_parallel"], plan.constraints["vocab_parallel"]) == (False, False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PipeplanWarning)  # 4 ranks on a small machine: their times, not their bytes
-        report = verify_plan(plan, spec, mode="processes", steps=1, warmup=1, min_warmup_s=0.0, min_time_s=0.0)
+        report = verify_plan(
+            plan,
+            spec,
+            VerifyOptions(
+                mode="processes", steps=1, warmup=1, min_warmup_s=0.0, min_time_s=0.0, tolerance=0.25, timeout_s=300.0
+            ),
+        )
     for stage in report.stages:
         assert stage.measured_memory is not None and stage.memory_error_pct is not None
         # Each device holds half of every block's linears and the whole embedding: the weights within 1 % (the
