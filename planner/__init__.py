@@ -10,7 +10,8 @@ Profile a model::
                                      resolved into a Workload (model, inputs, loss)
     profile_spec(ProfileOptions(model="gpt2-tiny"))
                                      what ``pipeplan profile`` does: build the model and measure every unit
-    profile_model(workload)          measure a Workload you built yourself
+    profile_model(workload, MeasureSettings(micro_batch_sizes=(1, 2)))
+                                     measure a Workload you built yourself
     load_profile(path), save_profile(profile, path)
 
 Plan it::
@@ -47,6 +48,7 @@ _FRONT_DOOR = {
     "ProfileOptions": "profiles.profile_options",
     "profile_spec": "profiles.from_spec",
     "profile_model": "profiles.profiler",
+    "MeasureSettings": "profiles.measure_settings",
     "load_profile": "profiles.format",
     "save_profile": "profiles.format",
     "PlanOptions": "planner.request",
