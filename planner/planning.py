@@ -55,8 +55,9 @@ def plan_profile(
     Raises what the request's checks and the search raise (``UsageError``, ``PlanInfeasibleError``, ...).
     """
     if not isinstance(profile, Profile):
-        sha256 = sha256 or profile_sha256(profile)
-        profile = load_profile(profile)
+        path = profile
+        profile = load_profile(path)  # first: the reader refuses what is not a regular file (a FIFO would block)
+        sha256 = sha256 or profile_sha256(path)
     if cluster is None or cluster.devices is None:
         request = request_for(profile, search)
         plan = make_plan(profile, request, sha256=sha256, record_timing=record_timing)
