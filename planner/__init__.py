@@ -27,7 +27,9 @@ Plan it::
 Run it::
 
     apply_plan(plan, model, example_inputs, loss_fn)
-                                     this rank's stages and torch schedule: ``run.step(inputs, target)``
+                                     this rank's stages and torch schedule: ``run.step(inputs, target)``;
+                                     with ``record=True`` the steps are timed against the plan:
+                                     ``run.report()``, ``run.save_record(path)`` (every rank calls them)
     verify_plan(plan, "gpt2-small", VerifyOptions(steps=3))
                                      run the plan and hold it against its prediction; format_report(report)
     load_calibration(path)           what the runtime costs on a machine (``pipeplan calibrate``)
@@ -59,7 +61,7 @@ _FRONT_DOOR = {
     "format_plan": "planner.report",
     "simulate": "planner.schedule.simulate",
     "export_plan": "planner.export",
-    "apply_plan": "planner.runtime.apply",
+    "apply_plan": "planner.runtime.recorded_run",
     "VerifyOptions": "planner.runtime.run_options",
     "verify_plan": "planner.runtime.verify",
     "format_report": "planner.runtime.verify_report",
