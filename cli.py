@@ -99,10 +99,14 @@ def _cmd_calibrate(options: CalibrateOptions) -> int:
     from planner.runtime.calibrate_with import calibrate_with
     from planner.runtime.model_cost import format_learned
 
+    if options.from_run:
+        return _calibrate_from_runs(options)
     if (options.model is None) != (options.profile is None):
         raise UsageError("--model and --profile go together: the model to run and its profile (pipeplan profile)")
     if options.start is not None and options.model is None:
-        raise UsageError("--start only makes sense with --model: it is the calibration the model's run refits")
+        raise UsageError(
+            "--start only makes sense with --model or --from-run: it is the calibration the model's run refits"
+        )
     inputs = [options.profile, None if options.start == "auto" else options.start, _model_file(options.model)]
     check_output_path(options.out, inputs=[p for p in inputs if p])
     with signals_interrupt(), quiet_torch():
@@ -112,6 +116,26 @@ def _cmd_calibrate(options: CalibrateOptions) -> int:
     print(format_calibration(calibration))
     if run is not None:
         print(format_learned(run, before, options.model))
+    print(f"\nwrote {options.out}")
+    return 0
+
+
+def _calibrate_from_runs(options: CalibrateOptions) -> int:
+    """``calibrate --from-run``: refit from run records; runs nothing."""
+    from planner.calibration import format_calibration, save_calibration
+    from planner.fileio import check_output_path
+    from planner.runtime.calibrate_with import calibrate_from_runs
+    from planner.runtime.run_refit import format_run_refit
+
+    if options.model is not None or options.profile is not None:
+        raise UsageError("--from-run refits from the records alone: leave out --model and --profile")
+    start = None if options.start == "auto" else options.start
+    check_output_path(options.out, inputs=[*options.from_run, *([start] if start else [])])
+    result = calibrate_from_runs(options)
+    save_calibration(result.calibration, options.out)
+    print(format_calibration(result.calibration))
+    print()
+    print(format_run_refit(result))
     print(f"\nwrote {options.out}")
     return 0
 

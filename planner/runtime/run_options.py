@@ -122,7 +122,8 @@ class TuneOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class CalibrateOptions:
-    """What ``calibrate`` measures, and, with a model, what run of it refits the result."""
+    """What ``calibrate`` measures, and, with a model, what run of it refits the result; or, with run records,
+    what a calibration is refit from without running anything."""
 
     ranks: int = option(2, parse=int_range(1, MAX_RANKS), help="ranks to run, as in your pipeline (default 2)")
     device: str = option("cpu", choices=DEVICES, help="calibrate gloo on this CPU or NCCL on GPUs")
@@ -148,7 +149,28 @@ class CalibrateOptions:
     start: str | None = option(
         None,
         metavar="CALIBRATION.json",
-        help="with --model: refit this calibration ('auto': the shipped one) instead of measuring the machine first",
+        help="with --model: refit this calibration ('auto': the shipped one) instead of measuring the machine first; "
+        "with --from-run: the calibration to refit (default: the one the run's plan was predicted with, where it "
+        "names a file or the shipped one)",
+    )
+    from_run: tuple[str, ...] = option(
+        (),
+        flag="--from-run",
+        repeat=True,
+        metavar="RUN.json",
+        help="refit from the run record of a real job (`examples/train.py --record`, `run.save_record`; "
+        "repeatable) instead of running anything: co-location, per-action overhead, step tail",
+    )
+    skip_steps: int = option(
+        1,
+        parse=int_range(0, MAX_STEPS),
+        help="with --from-run: recorded steps each rank's report leaves out first (default 1: the first step warms up)",
+    )
+    tolerance: float = option(
+        0.15,
+        parse=positive_float,
+        help="with --from-run: say which term moved where a run and its plan's prediction disagree by more than "
+        "this fraction (default 0.15 = 15%%)",
     )
     out: str | None = option(None, required=True, metavar="CALIBRATION.json", help="where to write the calibration")
 
