@@ -142,19 +142,22 @@ class ActionRecorder:
         if self.last is not None and hasattr(self.schedule, "_compute_loss"):
             self._replace(self.schedule, "_compute_loss", self._timed(self.schedule._compute_loss, "L", self.last))
         self._wrap_waits()
-        handle = torch.optim.optimizer.register_optimizer_step_post_hook(self._optimizer_stepped)
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        handle = register_optimizer_step_post_hook(self._optimizer_stepped)
         self._undo.append(handle.remove)
 
     def stop(self) -> None:
         """Remove every wrapper and hook (the stages run as if never recorded); the samples stay."""
-        self._close(self.clock.mark() if self._open is not None else None)
+        self._close(None)
         while self._undo:
             self._undo.pop()()
         self.active = False
 
     def samples(self) -> list[StepSample]:
-        """Every step recorded so far, its times read (on CUDA this waits for the steps' events)."""
-        self._close(self.clock.mark() if self._open is not None else None)
+        """Every step recorded so far, its times read (on CUDA this waits for the steps' events). A step whose
+        optimizer has not stepped yet ends with its tied-gradient sum."""
+        self._close(None)
         self._resolve(wait=True)
         return list(self.steps)
 

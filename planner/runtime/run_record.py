@@ -11,7 +11,7 @@ reference each timed. :func:`record_report` turns it into the :class:`~planner.r
 One difference in what is timed: a training loop has no barriers around its steps, so a step's iteration is its
 period, from entering one step to entering the next on the same rank (steps of one stretch of recording). In
 steady state every rank steps at the same period, the loop's throughput, and it holds what the loop does between
-steps (loading the next batch, logging) that verify's barriers leave out.
+steps (``zero_grad``, the next batch, logging), which the report counts in the step tail.
 """
 
 from __future__ import annotations
@@ -197,38 +197,45 @@ def save_run_record(record: RunRecord, path: str | Path) -> None:
     write_json_atomic(path, record.to_dict())
 
 
-def _periods(steps: tuple[StepSample, ...]) -> list[float]:
-    """Each step's period: to the next step's start, where the next is of the same stretch of recording."""
-    return [b.start_s - a.start_s for a, b in zip(steps, steps[1:], strict=False) if a.segment == b.segment]
+def _steps_with_next(steps: tuple[StepSample, ...]) -> list[tuple[StepSample, float]]:
+    """Each step that has a next step in the same stretch of recording, with its period (to the next step's
+    start): a period needs both ends."""
+    return [(a, b.start_s - a.start_s) for a, b in zip(steps, steps[1:], strict=False) if a.segment == b.segment]
 
 
 def rank_results(record: RunRecord, warmup: int = 1) -> list[RankResult]:
     """Every rank's samples after its first ``warmup`` steps as the :class:`RankResult` a verify rank hands back.
+
+    A step's iteration is its period; its tail runs on to the next step's start: verify's tail holds the
+    optimizer's ``zero_grad``, which a training loop runs between its steps, with whatever else the loop does
+    there (the next batch, logging), a cost of each step that no action holds.
 
     Raises:
         UsageError: fewer than ``warmup + 2`` steps recorded on a rank (a period needs the next step's start).
     """
     out = []
     for r in record.ranks:
-        timed = r.steps[warmup:]
-        periods = _periods(timed)
-        if not periods:
+        timed = _steps_with_next(r.steps[warmup:])
+        if not timed:
             raise UsageError(
                 f"rank {r.rank} recorded {len(r.steps)} steps: a report skips {warmup} and needs 2 more "
                 "(a step's time is from its start to the next step's)"
             )
+        gaps = [max(0.0, period - s.own_s) for s, period in timed]
         out.append(
             RankResult(
                 stage_indices=r.stage_indices,
                 replica=r.replica,
                 warmup_steps=min(warmup, len(r.steps)),
-                timed_steps=len(periods),
-                stage_records=tuple(tuple(a for s in timed for a in s.actions[k]) for k in range(len(r.stage_indices))),
-                iteration_s=tuple(periods),
-                busy_s=tuple(s.busy_s for s in timed),
-                wait_s=tuple(s.wait_s for s in timed),
-                tail_s=tuple(s.tail_s for s in timed),
-                own_s=tuple(s.own_s for s in timed),
+                timed_steps=len(timed),
+                stage_records=tuple(
+                    tuple(a for s, _ in timed for a in s.actions[k]) for k in range(len(r.stage_indices))
+                ),
+                iteration_s=tuple(period for _, period in timed),
+                busy_s=tuple(s.busy_s for s, _ in timed),
+                wait_s=tuple(s.wait_s for s, _ in timed),
+                tail_s=tuple(s.tail_s + gap for (s, _), gap in zip(timed, gaps, strict=True)),
+                own_s=tuple(s.own_s + gap for (s, _), gap in zip(timed, gaps, strict=True)),
                 reference_s=statistics.median(r.reference_s) if r.reference_s else None,
                 reference="layer",
             )

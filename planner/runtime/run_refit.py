@@ -5,9 +5,11 @@ Each run record (docs/run-record.md) is a real job's steps measured against its 
 ``tune`` and ``calibrate --model`` (:func:`~planner.runtime.tune.refit_calibration`): the co-location factor (the
 stages' compute speed in the pipeline against the profile) from the ranks' measured compute, each measured
 schedule's per-action overhead from the measured iteration (the others shifted by as much), the optimizer's cost
-from the measured step tails. Like ``calibrate --model``, every run is first brought to the machine's speed while
-profiling (the speed reference each rank timed when the record was gathered, against the plan's
-``device.reference_s``), so that a slow hour of the machine is not learned as the model's cost.
+from the measured step tails. Unlike ``tune``'s, the overhead is not capped at what the ranks measured outside
+compute: the run is the plan that will run again, and what the other terms leave of its iteration (the waits of
+ranks that share cores, say) is its to pay. Like ``calibrate --model``, every run is first brought to the
+machine's speed while profiling (the speed reference each rank timed when the record was gathered, against the
+plan's ``device.reference_s``), so that a slow hour of the machine is not learned as the model's cost.
 
 The links (point-to-point bandwidth and latency, per mesh dimension) are not refit: a training loop's waits on
 its transfers hold its bubbles too, and no sample of a run separates the two.
@@ -149,7 +151,8 @@ def refit_from_runs(
         start.check_device(str(record.plan.device.get("kind", "cpu")))
     reports = [record_report(r, warmup=warmup, tolerance=tolerance) for r in records]
     runs = [(r.plan, rep.at_profile_speed()) for r, rep in zip(records, reports, strict=True)]
-    refit = refit_calibration(start, runs)
+    # Uncapped (module docstring): the refit must reproduce the job's own iteration.
+    refit = refit_calibration(start, runs, capped=False)
     refit = _anchored(refit, start, [r.plan for r in records])
     first = records[0].plan
     refit = refit.learned_from(

@@ -132,13 +132,17 @@ def overhead_cap(plan: Plan, report: VerifyReport, start_s: float) -> float:
 
 
 def _fit_runtime(
-    calibration: Calibration, measured: list[tuple[Plan, VerifyReport]], tail_factor: float
+    calibration: Calibration, measured: list[tuple[Plan, VerifyReport]], tail_factor: float, capped: bool = True
 ) -> tuple[float, list[float]]:
-    """The co-location factor and each run's per-action overhead that, together, reproduce the measured runs."""
+    """The co-location factor and each run's per-action overhead that, together, reproduce the measured runs
+    (each overhead at most :func:`overhead_cap` when ``capped``)."""
     # The factor and the overheads depend on each other (overhead moves actions, hence the waits the
     # overhead fit sees): alternate the two fits; a few rounds settle them.
     per_run = [calibration.overhead_for(plan.schedule, plan.virtual_stages) for plan, _ in measured]
-    caps = [overhead_cap(plan, report, start) for (plan, report), start in zip(measured, per_run, strict=True)]
+    caps = [
+        overhead_cap(plan, report, start) if capped else math.inf
+        for (plan, report), start in zip(measured, per_run, strict=True)
+    ]
     scale = calibration.colocation_factor
     # A rank of a multi-stage schedule runs twice the actions on stages half as deep: what each action costs
     # beyond its compute inside torch's forward_one_chunk / backward_one_chunk (argument flattening, hooks) is
@@ -204,14 +208,20 @@ def _refit_overheads(
     )
 
 
-def refit_calibration(calibration: Calibration, runs: list[tuple[Plan, VerifyReport]]) -> Calibration:
-    """Refit ``calibration`` from measured runs (module docstring, step 3); replay runs change nothing."""
+def refit_calibration(
+    calibration: Calibration, runs: list[tuple[Plan, VerifyReport]], *, capped: bool = True
+) -> Calibration:
+    """Refit ``calibration`` from measured runs (module docstring, step 3); replay runs change nothing.
+
+    ``capped``: no run's per-action overhead past :func:`overhead_cap`, which keeps a miss of large actions out of
+    what the other schedules are shifted by. Without it (``calibrate --from-run``: a job's own plan, which the
+    refit must reproduce) the overhead takes whatever of the iteration the other terms leave."""
     measured = [(p, r) for p, r in runs if r.mode == "processes" and r.ranks]
     if not measured:
         return calibration
     tails = [r.measured_tail_s / r.predicted_tail_s for _, rep in measured for r in rep.ranks if r.predicted_tail_s > 0]
     tail_factor = statistics.median(tails) if tails else 1.0
-    scale, per_run = _fit_runtime(calibration, measured, tail_factor)
+    scale, per_run = _fit_runtime(calibration, measured, tail_factor, capped)
     optimizer = {
         k: OptimizerCost(v.per_param_s * tail_factor, v.per_step_s * tail_factor, v.per_tensor_s * tail_factor)
         for k, v in calibration.optimizer.items()
