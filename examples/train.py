@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 import planner  # noqa: E402
 from planner.runtime.launch import PIN_ENV, pin_rank_cpus, rank_threads  # noqa: E402
+from planner.runtime.recorded_run import RecordedRun  # noqa: E402
+from planner.runtime.run_record import record_report  # noqa: E402
 from profiles.workload import as_tuple, load_workload  # noqa: E402
 
 
@@ -37,6 +39,13 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="MODEL spec (default: the plan's model name)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument(
+        "--record",
+        default=None,
+        metavar="RUN.json",
+        help="time every step's actions against the plan and write the run record here (docs/run-record.md); "
+        "`pipeplan calibrate --from-run RUN.json` refits a calibration from it",
+    )
     args = parser.parse_args()
 
     use_cuda = torch.cuda.is_available()
@@ -59,7 +68,15 @@ def main() -> None:
 
     # A plan with tensor parallelism shards each stage over its tp ranks: the model's built-in layout, or the
     # Workload's tp_plan hook for a model without one.
-    run = planner.apply_plan(plan, workload.model, inputs, workload.loss_fn, device=device, tp_plan=workload.tp_plan)
+    run = planner.apply_plan(
+        plan,
+        workload.model,
+        inputs,
+        workload.loss_fn,
+        device=device,
+        tp_plan=workload.tp_plan,
+        record=bool(args.record),
+    )
     optimizer = torch.optim.AdamW(run.parameters(), lr=args.lr)
     for step in range(args.steps):
         optimizer.zero_grad(set_to_none=True)
@@ -67,7 +84,19 @@ def main() -> None:
         optimizer.step()
         if loss is not None and run.tp_rank == 0:  # every rank of the last stage's tp group has it
             print(f"step {step} loss {loss.item():.6f}", flush=True)
+    if args.record:
+        _write_record(run, args.record)
     dist.destroy_process_group()
+
+
+def _write_record(run: RecordedRun, path: str) -> None:
+    """Every rank hands its samples to rank 0, which writes the record and prints the report verify would."""
+    record = run.save_record(path)  # a collective: every rank calls it
+    if record is None:
+        return
+    print(f"wrote {path}", flush=True)
+    if min(len(r.steps) for r in record.ranks) >= 3:  # the first step warms up; a step's time runs to the next
+        print(planner.format_report(record_report(record)), flush=True)
 
 
 if __name__ == "__main__":
