@@ -43,6 +43,8 @@ __all__ = [
     "every_rank_at_once",
     "FAULT_ENV",
     "PIN_ENV",
+    "inject_fault",
+    "prepare_rank",
 ]
 
 FAULT_ENV = "PIPEPLAN_TEST_FAULT"
@@ -61,7 +63,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _inject_fault(rank: int) -> None:
+def inject_fault(rank: int) -> None:
+    """The test hook of :data:`FAULT_ENV`: raise, hang or die here if it names ``rank``."""
     spec = os.environ.get(FAULT_ENV, "")
     if not spec:
         return
@@ -98,26 +101,13 @@ def _worker(
     if os.environ.get(PIN_ENV) == "1":
         pin_rank_cpus(rank, world_size, threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
-    # torch's deprecation warnings would land on the parent's stderr after its one error line.
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
     try:
-        import torch
-
-        from profiles.allocator import keep_freed_memory
-
-        torch.set_num_threads(threads)
-        keep_freed_memory()  # as the profiler measured (profiles/allocator.py)
-        # torch.fx's Interpreter builds a tqdm bar, whose default lock is a multiprocessing semaphore that a
-        # rank never frees: the resource tracker would then warn after pipeplan's last line.
-        from tqdm import tqdm
-
-        tqdm.set_lock(threading.RLock())
+        prepare_rank(threads)
         if backend is not None:
             import torch.distributed as dist
 
             dist.init_process_group(backend, rank=rank, world_size=world_size)
-        _inject_fault(rank)
+        inject_fault(rank)
         result = fn(rank, world_size, *args)
         if backend is not None:
             dist.destroy_process_group()
@@ -132,6 +122,25 @@ def _worker(
         _send(conn, ("error", f"{type(exc).__name__}: {exc}", time.time(), traceback.format_exc(), place))
     finally:
         conn.close()
+
+
+def prepare_rank(threads: int) -> None:
+    """Set up this process as a rank before its process group opens: ``threads`` torch threads, freed memory
+    kept as the profiler kept it, and nothing left to print after pipeplan's last line."""
+    # torch's deprecation warnings would land on stderr after the one error line.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    import torch
+
+    from profiles.allocator import keep_freed_memory
+
+    torch.set_num_threads(threads)
+    keep_freed_memory()  # as the profiler measured (profiles/allocator.py)
+    # torch.fx's Interpreter builds a tqdm bar, whose default lock is a multiprocessing semaphore that a
+    # rank never frees: the resource tracker would then warn after pipeplan's last line.
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
 
 
 def _signal_group(p: mp.process.BaseProcess, sig: int) -> None:

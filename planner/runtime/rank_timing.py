@@ -370,9 +370,12 @@ def rank_main(
     min_time_s: float,
     numerics: bool,
     device: str,
+    local_rank: int | None = None,
 ) -> RankResult:
-    """One rank of the processes mode; returns its measurements (and first-step grads if asked)."""
-    dev = torch.device(f"cuda:{rank}") if device.startswith("cuda") else torch.device("cpu")
+    """One rank of the processes mode, or of a torchrun job (``local_rank``: its GPU on its node; else
+    ``rank``); returns its measurements (and first-step grads if asked)."""
+    gpu = rank if local_rank is None else local_rank
+    dev = torch.device(f"cuda:{gpu}") if device.startswith("cuda") else torch.device("cpu")
     steps_of = _PlanSteps(spec, plan, dev, _WaitTimer(), numerics)
     steps_of.warm_up(warmup, min_warmup_s)
     reference = steps_of.reference or SpeedReference(dev)
