@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from planner.cost import MemoryBreakdown
 from planner.formatting import format_table, human_bytes
+from planner.runtime.job_report import JobReport, format_job
 from planner.schedule.orders import Schedule
 
 __all__ = [
@@ -135,7 +136,7 @@ def contention_change(together_now: float, together_then: float) -> float:
 @dataclass(frozen=True)
 class VerifyReport:
     mode: str
-    """``processes`` or ``replay``."""
+    """``processes``, ``replay``, or ``torchrun`` (each rank a process of a ``torchrun`` job it joined)."""
     schedule: Schedule
     """The plan's schedule (a name is parsed: reports read back from JSON hold one); ``to_dict`` writes its value."""
     num_ranks: int
@@ -185,9 +186,17 @@ class VerifyReport:
     """Per rank, CUDA: the allocator's peak of allocated bytes over the timed steps (``max_memory_allocated``)."""
     device_reserved_bytes: tuple[int, ...] = ()
     """Per rank, CUDA: the allocator's peak of reserved bytes (``max_memory_reserved``)."""
+    world_size: int | None = None
+    """The processes that ran the plan: the job's under ``torchrun``, those started under ``processes``, 1 in a
+    replay; None in reports written before."""
+    job: JobReport | None = None
+    """``torchrun`` only: each rank's node and local rank, each replica's slowest rank, each node's links and the
+    gradient all-reduce per mesh dimension (planner/runtime/job_report.py)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "schedule", Schedule.parse(self.schedule))
+        if isinstance(self.job, dict):
+            object.__setattr__(self, "job", JobReport.from_dict(self.job))
 
     @property
     def speed_factor(self) -> float | None:
@@ -540,6 +549,8 @@ def format_report(report: VerifyReport) -> str:
             f"{n.max_grad_abs_diff:.2e} at {n.worst_parameter or '-'}; atol {n.atol:g}, rtol {n.rtol:g})"
         )
     lines.extend(format_memory(report))
+    if report.job is not None:
+        lines.extend(format_job(report.job, report.world_size or len(report.job.places)))
     reason = mismatch_reason(report)
     if reason is not None:
         lines.append(f"why: {reason}")
