@@ -280,13 +280,17 @@ def _cmd_simulate(options: SimulateOptions) -> int:
 def _cmd_verify(options: VerifyCommand) -> int:
     from planner.fileio import check_output_path, write_json_atomic
     from planner.plan import load_plan
+    from planner.runtime.torchrun import is_reporting_rank
     from planner.runtime.verify import format_report, verify_plan
 
+    # Checked on every rank of a torchrun job too, so that a bad path stops them all before any waits on another.
     if options.out:
         check_output_path(options.out, inputs=[options.plan, _model_file(options.model)])
     plan = load_plan(options.plan)
     with signals_interrupt(), quiet_torch():
         report = verify_plan(plan, options.model, options.run)
+    if not is_reporting_rank():
+        return 0 if report.ok else 1  # a torchrun job's rank 0 prints and writes the job's one report
     print(format_report(report))
     if options.out:
         write_json_atomic(options.out, report.to_dict())

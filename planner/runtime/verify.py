@@ -1,6 +1,7 @@
 """``pipeplan verify``: run a plan for real and compare the measured times with the plan's predictions.
 
-Two modes. ``processes``: one process per rank (gloo on CPU, nccl on CUDA) runs the plan with
+Two modes, and a third under ``torchrun`` (planner/runtime/torchrun.py: each process of the job one rank).
+``processes``: one process per rank (gloo on CPU, nccl on CUDA) runs the plan with
 ``torch.distributed.pipelining``; each stage's forward and backward of every micro-batch are timed
 (``PipelineStage.forward_one_chunk`` / ``backward_one_chunk``), the waits on point-to-point transfers
 (torch's ``_wait_batch_p2p``), the step tail (tied-gradient sum, ``optimizer.step()`` and
@@ -39,11 +40,13 @@ from planner.cost import MemoryBreakdown
 from planner.errors import ExecutionError, PipeplanWarning, TensorParallelError, UsageError
 from planner.plan import Plan
 from planner.runtime.apply import schedule_microbatches, tied_parameter_groups
+from planner.runtime.job_report import JobReport
 from planner.runtime.launch import run_ranks
 from planner.runtime.rank_timing import RankResult, rank_main, step_batch
 from planner.runtime.replay import replay_plan
 from planner.runtime.run_options import VerifyOptions
 from planner.runtime.tensor_parallel import check_runtime_layout, tp_layout
+from planner.runtime.torchrun import RankRecord, TorchrunJob, check_job, job_sections, run_in_job, torchrun_job
 from planner.runtime.verify_report import (
     NUMERICS_ATOL,
     NUMERICS_RTOL,
@@ -67,6 +70,7 @@ __all__ = [
     "pick_mode",
     "build_report",
     "measured_from_ranks",
+    "judge_ranks",
     "MeasuredRun",
 ]
 
@@ -182,6 +186,9 @@ def rank_thread_count(plan: Plan, mode: str, device: str) -> int | None:
 def verify_plan(plan: Plan, workload: str | Workload, options: VerifyOptions | None = None) -> VerifyReport:
     """Run ``plan`` and compare with its predictions.
 
+    Started by ``torchrun`` (planner/runtime/torchrun.py), this process runs as its rank of the job, ``mode``
+    ``torchrun``, and every rank returns the job's one report (rank 0 made it).
+
     Args:
         plan: the plan to check.
         workload: a MODEL spec (what ``load_workload`` takes; each rank builds the model from it, so
@@ -205,6 +212,10 @@ def verify_plan(plan: Plan, workload: str | Workload, options: VerifyOptions | N
             :class:`VerifyOptions` is made.)
     """
     options = options or VerifyOptions()
+    job = torchrun_job()
+    if job is not None:
+        # Started by torchrun: this process is one rank of the job, which runs the plan on its own processes.
+        return _verify_in_job(plan, workload if isinstance(workload, str) else workload.name, options, job)
     chosen = _check_run(plan, workload, options.mode, options.device)
     if chosen == "processes":
         spec = workload if isinstance(workload, str) else workload.name
@@ -219,7 +230,34 @@ def verify_plan(plan: Plan, workload: str | Workload, options: VerifyOptions | N
             device=options.device,
             timeout_s=options.timeout_s,
         )
-    return build_report(plan, chosen, measured_run, options.tolerance, options.memory_tolerance, numerics)
+    world_size = _processes(plan) if chosen == "processes" else 1
+    return build_report(
+        plan, chosen, measured_run, options.tolerance, options.memory_tolerance, numerics, world_size=world_size
+    )
+
+
+def _verify_in_job(plan: Plan, spec: str, options: VerifyOptions, job: TorchrunJob) -> VerifyReport:
+    """This process as one rank of a torchrun job (planner/runtime/torchrun.py): refused before the process group
+    opens where the job or the plan cannot run, the same way on every rank; the job's report on every rank."""
+    check_job(plan, job, options)
+    _check_run(plan, spec, "processes", options.device)
+
+    def report(records: Sequence[RankRecord]) -> VerifyReport:
+        measured_run, numerics = judge_ranks(plan, spec, [r.result for r in records], options.check_numerics)
+        o = options
+        sections = job_sections(plan, records)
+        return build_report(
+            plan,
+            "torchrun",
+            measured_run,
+            o.tolerance,
+            o.memory_tolerance,
+            numerics,
+            world_size=len(records),
+            job=sections,
+        )
+
+    return run_in_job(plan, spec, options, job, report)
 
 
 def _check_run(plan: Plan, workload: str | Workload, mode: str, device: str) -> str:
@@ -241,8 +279,16 @@ def _run_processes(plan: Plan, spec: str, options: VerifyOptions) -> tuple[Measu
     args = (spec, plan, o.steps, o.warmup, o.min_warmup_s, o.min_time_s, o.check_numerics, o.device)
     threads = rank_thread_count(plan, "processes", o.device)
     everyone = run_ranks(rank_main, args, _processes(plan), timeout_s=o.timeout_s, backend=backend, threads=threads)
+    return judge_ranks(plan, spec, everyone, o.check_numerics)
+
+
+def judge_ranks(
+    plan: Plan, spec: str, everyone: Sequence[RankResult], check_numerics: bool
+) -> tuple[MeasuredRun, NumericsReport | None]:
+    """What every rank measured, in the plan's terms, and the numerics of their first step against one process
+    building the model from ``spec`` when asked."""
     measured_run = measured_from_ranks(plan, everyone)
-    if not o.check_numerics:
+    if not check_numerics:
         return measured_run, None
     results = _first_replica(plan, everyone)
     loss = statistics.fmean(r.loss for r in everyone if r.loss is not None)
@@ -381,9 +427,13 @@ def build_report(
     tolerance: float,
     memory_tolerance: float,
     numerics: NumericsReport | None = None,
+    *,
+    world_size: int | None = None,
+    job: JobReport | None = None,
 ) -> VerifyReport:
     """``m`` held against ``plan``'s predictions, with the iteration at the machine's speed where the speed
-    reference was timed."""
+    reference was timed. ``chosen``: the mode it ran in (the processes' times scale with the machine's speed in
+    ``processes`` and ``torchrun``)."""
     stages = tuple(
         StageReport(
             s.index,
@@ -408,7 +458,8 @@ def build_report(
             speed *= contention_change(m.reference_together_s / m.reference_s, learned)
         # Replay measures the stages alone and keeps the plan's runtime terms: only the stages scale there.
         terms = plan.predicted.runtime
-        adjusted = plan.simulation(terms.at_speed(speed) if chosen == "processes" else terms, speed=speed).iteration_s
+        scaled = terms.at_speed(speed) if chosen != "replay" else terms
+        adjusted = plan.simulation(scaled, speed=speed).iteration_s
     return VerifyReport(
         mode=chosen,
         schedule=plan.schedule,
@@ -435,6 +486,8 @@ def build_report(
         speed_adjusted_iteration_s=adjusted,
         reference_together_s=m.reference_together_s,
         learned_together_ratio=learned,
+        world_size=world_size,
+        job=job,
     )
 
 
