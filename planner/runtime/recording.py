@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 __all__ = ["ActionRecorder", "StepSample", "STAGE_METHODS"]
 
@@ -142,8 +143,6 @@ class ActionRecorder:
         if self.last is not None and hasattr(self.schedule, "_compute_loss"):
             self._replace(self.schedule, "_compute_loss", self._timed(self.schedule._compute_loss, "L", self.last))
         self._wrap_waits()
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
         handle = register_optimizer_step_post_hook(self._optimizer_stepped)
         self._undo.append(handle.remove)
 
