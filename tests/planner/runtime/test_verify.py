@@ -353,6 +353,7 @@ def test_docs_verify_format_lists_every_field_the_report_writes() -> None:
     doc = (Path(__file__).parents[3] / "docs" / "verify-format.md").read_text()
     top, rest = doc.split("## `stages[]`")
     stages, ranks = rest.split("## `ranks[]`")
+    ranks = ranks.split("## Under `torchrun`")[0]  # the job's sections: tests/planner/runtime/test_torchrun.py
     rank = RankTime(0, 1.0, 0.5, 0.1, 0.0, 1.1, 0.4, 0.1, 0.05)
     report = replace(_report(12.0, [(1.0, 2.0)]), ranks=(rank,), numerics=NumericsReport(True, 0.0, 0.0, "w"))
     data = report.to_dict()
