@@ -100,13 +100,15 @@ class JobWatch:
         store_address: tuple[str, int],
         prefix: str,
         timeout_s: float,
-        startup_s: float = 60.0,
+        startup_s: float | None = None,
     ) -> None:
         """``prefix``: the store keys' prefix, new for every job (a restarted job must not read old beats).
         ``timeout_s``: how long the whole run may take (``--timeout``); ``startup_s``: how long a rank may take to
-        send its first beat."""
+        send its first beat (default ``timeout_s``: a rank that loads a large model before its first beat is not
+        late)."""
         self.rank, self.world_size, self.local_rank, self.host = rank, world_size, local_rank, host
-        self.store_address, self.prefix, self.timeout_s, self.startup_s = store_address, prefix, timeout_s, startup_s
+        self.store_address, self.prefix, self.timeout_s = store_address, prefix, timeout_s
+        self.startup_s = timeout_s if startup_s is None else startup_s
         self.barriers = 0
         self._count = 0
         self._done = False
@@ -261,13 +263,18 @@ class JobWatch:
 
     @contextmanager
     def counting_barriers(self) -> Iterator[None]:
-        """Count this rank's ``torch.distributed.barrier`` calls in its beat: how far each rank has come."""
+        """Count this rank's ``torch.distributed.barrier`` calls in its beat: how far each rank has come. (The
+        fault tests' hook can strike at the n-th: ``PIPEPLAN_TEST_FAULT="3:kill@barrier4"``, in the middle of a
+        run, where each step opens and closes with a barrier.)"""
         import torch.distributed as dist
+
+        from planner.runtime.launch import inject_fault
 
         original: Callable[..., Any] = dist.barrier
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.barriers += 1
+            inject_fault(self.rank, f"barrier{self.barriers}")
             return original(*args, **kwargs)
 
         dist.barrier = counted  # rank_timing looks it up on the module at each call

@@ -10,7 +10,8 @@ rank goes with it (also when the parent is interrupted: the CLI turns SIGTERM an
 
 Test hook: ``PIPEPLAN_TEST_FAULT="<rank>:<raise|hang|kill>"`` in the environment makes that rank
 raise ``RuntimeError("boom")``, sleep forever, or SIGKILL itself right after the process group is
-opened. It exists for the fault tests only.
+opened (or, ``"<rank>:<kind>@<point>"``, at a point a caller names: :func:`inject_fault`). It exists for the fault
+tests only.
 """
 
 from __future__ import annotations
@@ -63,13 +64,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def inject_fault(rank: int) -> None:
-    """The test hook of :data:`FAULT_ENV`: raise, hang or die here if it names ``rank``."""
+def inject_fault(rank: int, point: str = "") -> None:
+    """The test hook of :data:`FAULT_ENV`: raise, hang or die here if it names ``rank`` and this ``point``
+    (``"3:kill@barrier4"``: at the point a caller names ``barrier4``; no ``@``: right after the process group
+    opens, where ``point`` is empty)."""
     spec = os.environ.get(FAULT_ENV, "")
     if not spec:
         return
-    target, _, kind = spec.partition(":")
-    if target.strip() != str(rank):
+    target, _, rest = spec.partition(":")
+    kind, _, at = rest.partition("@")
+    if target.strip() != str(rank) or at != point:
         return
     if kind == "raise":
         raise RuntimeError("boom")

@@ -216,7 +216,6 @@ def run_in_job(
         store_address=(job.master_addr, job.master_port),
         prefix=f"pipeplan/{job.run_id}/{job.restart_count}/",
         timeout_s=options.timeout_s,
-        startup_s=min(options.timeout_s, 60.0),
     )
     _open_group(job, options, watch)
     try:
@@ -233,6 +232,10 @@ def _open_group(job: TorchrunJob, options: VerifyOptions, watch: JobWatch) -> No
     import torch.distributed as dist
 
     backend = "nccl" if options.device.startswith("cuda") else "gloo"
+    if backend == "nccl":
+        import torch
+
+        torch.cuda.set_device(job.local_rank)  # NCCL's collectives use the current device: this rank's on its node
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         watch.start()  # torchrun's agent holds the store already: watch the others join too
     try:
