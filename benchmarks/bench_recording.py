@@ -5,8 +5,9 @@ as a user's loop runs it (docs/run-record.md). One run steps in rounds: in each,
 off and a block with it on (``start_recording`` / ``stop_recording``), their order alternating from round to
 round, each step timed on every rank from a barrier to its optimizer's end. The report: the median step with
 recording on and off, the median over rounds of the two blocks' ratio (which holds while the machine's speed
-moves), and the recorder's own cost per action, timed on its own (a wrapped no-op, the pair of clock readings and
-the append) times the actions a rank records per step, over the step.
+moves) with its 95 % bootstrap interval (how finely this machine's swings let the rounds resolve the overhead),
+and the recorder's own cost per action, timed on its own (a wrapped no-op, the pair of clock readings and the
+append) times the actions a rank records per step, over the step.
 
     python benchmarks/bench_recording.py [--rounds 10] [--block 2] [--microbatches 4] [--seq-len 128] [--quick]
 """
@@ -14,6 +15,7 @@ the append) times the actions a rank records per step, over the step.
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -118,6 +120,13 @@ def _rank_main(rank: int, world_size: int, plan: Plan, seq_len: int, rounds: int
     return {"on": on, "off": off, "actions_per_step": actions, "cost_per_action_s": _recorder_cost_s()}
 
 
+def _median_interval(values: list[float], draws: int = 2000) -> tuple[float, float]:
+    """The 95 % bootstrap interval of the median of ``values`` (seeded: the same rounds give the same interval)."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=10)
@@ -152,6 +161,7 @@ def main() -> None:
         for n0, n1, f0, f1 in zip(results[0]["on"], results[1]["on"], results[0]["off"], results[1]["off"], strict=True)
     ]
     step_s = statistics.median(off)
+    low, high = _median_interval(ratios)
     actions = max(r["actions_per_step"] for r in results)
     per_action = statistics.median(r["cost_per_action_s"] for r in results)
     numbers = {
@@ -165,6 +175,8 @@ def main() -> None:
         "step_on_median_s": statistics.median(on),
         "overhead_of_medians_pct": (statistics.median(on) / step_s - 1) * 100,
         "overhead_median_ratio_pct": (statistics.median(ratios) - 1) * 100,
+        "overhead_interval_95_pct": [(low - 1) * 100, (high - 1) * 100],
+        "rounds_slower_with_recording": sum(r > 1 for r in ratios),
         "round_ratios": ratios,
         "actions_per_step": actions,
         "cost_per_action_us": per_action * 1e6,
@@ -177,7 +189,9 @@ def main() -> None:
     print(f"| off | {step_s:.3f} s | - | {args.rounds} |")
     print(
         f"| on | {statistics.median(on):.3f} s | {numbers['overhead_of_medians_pct']:+.2f} % of medians, "
-        f"{numbers['overhead_median_ratio_pct']:+.2f} % median of rounds' ratios | {args.rounds} |"
+        f"{numbers['overhead_median_ratio_pct']:+.2f} % median of rounds' ratios (95 % interval {(low - 1) * 100:+.1f} "
+        f"to {(high - 1) * 100:+.1f} %; slower in {numbers['rounds_slower_with_recording']} of {args.rounds}) | "
+        f"{args.rounds} |"
     )
     print(
         f"| the recorder alone | {per_action * 1e6:.2f} us x {actions} actions and waits a step | "
