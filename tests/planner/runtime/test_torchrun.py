@@ -23,9 +23,11 @@ from planner.runtime.job_report import JobReport, format_job
 from planner.runtime.job_watch import Beat, JobWatch
 from planner.runtime.launch import FAULT_ENV, free_port
 from planner.runtime.run_options import VerifyOptions
+from planner.runtime.run_record import load_run_record
 from planner.runtime.torchrun import TorchrunJob, check_job, torchrun_job
 
 MODEL = "gpt2-tiny"
+TRAIN = Path(__file__).parents[3] / "examples" / "train.py"
 
 
 def _env(rank: int = 1, world: int = 4, local_world: int = 2, **more: str) -> dict[str, str]:
@@ -61,11 +63,15 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     args = ["--no-pipeline-run", "--repeats", "1", "--max-repeats", "1", "--warmup", "0", "--min-time", "0"]
     args += ["--micro-batch-sizes", "2", "--ranks", "4", "--no-progress"]
     assert main(["profile", MODEL, *args, "--out", str(profile)]) == 0
-    out = {}
-    for name, extra in (("pp2xdp2", []), ("pp2xtp2", ["--tensor-parallel", "2"])):
+    out = {"profile": profile}
+    cluster = ["--devices", "4", "--ranks", "2"]
+    for name, extra in (
+        ("pp2", ["--ranks", "2"]),
+        ("pp2xdp2", cluster),
+        ("pp2xtp2", [*cluster, "--tensor-parallel", "2"]),
+    ):
         out[name] = folder / f"{name}.plan.json"
-        common = ["--devices", "4", "--ranks", "2", "--global-batch", "8"]
-        assert main(["plan", str(profile), *common, *extra, "--out", str(out[name])]) == 0
+        assert main(["plan", str(profile), "--global-batch", "8", *extra, "--out", str(out[name])]) == 0
     return out
 
 
@@ -256,6 +262,34 @@ def test_a_killed_rank_stops_the_others_naming_it(plans: dict[str, Path]) -> Non
     stopped = [ln for ln in _errors(runs) if ln == "pipeplan verify: stopped by SIGTERM"]
     assert len(named) >= 2 and len(named) + len(stopped) == len(_errors(runs)) <= 3, runs
     assert any(re.search(r"rank\s*: 3 \(local_rank: 1\)", err.partition("Root Cause")[2]) for *_, err, _ in runs)
+
+
+@pytest.mark.parametrize(("name", "processes"), [("pp2", 2), ("pp2xdp2", 4)])
+def test_a_recorded_training_run_under_torchrun_teaches_the_plan(
+    plans: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, processes: int
+) -> None:
+    """examples/train.py --record under torchrun writes the job's run record; calibrate --from-run refits from it,
+    the plan predicted with the refit is within 10 % of the run (at the machine's speed), and plan takes it."""
+    run = tmp_path / "run.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
+    command += [str(TRAIN), "--plan", str(plans[name]), "--steps", "6", "--record", str(run)]
+    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"wrote {run}" in done.stdout and "verify:" in done.stdout, done.stdout
+    record = load_run_record(run)
+    assert [r.rank for r in record.ranks] == list(range(processes))
+    assert all(len(r.steps) == 6 for r in record.ranks)
+
+    calibration = tmp_path / "cal.json"
+    assert main(["calibrate", "--from-run", str(run), "--out", str(calibration)]) == 0
+    text = capsys.readouterr().out
+    refit = re.search(r"predicted with the refit calibration: [^:]+: ([+-][0-9.]+)%", text)
+    assert refit is not None and abs(float(refit.group(1))) < 10.0, text
+    replanned = tmp_path / "plan.json"
+    argv = ["plan", str(plans["profile"]), "--ranks", "2", "--global-batch", "8", "--calibration", str(calibration)]
+    assert main([*argv, "--out", str(replanned)]) == 0
+    assert load_plan(replanned).num_stages >= 1
 
 
 def test_job_sections_read_back_from_json() -> None:
