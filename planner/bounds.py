@@ -55,11 +55,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-import highspy
-import numpy as np
-
 from planner.schedule.orders import Schedule, Step, rank_orders
-from solvers.ilp import quiet_stdout
 
 __all__ = ["UnitWork", "candidate_floor_s", "partition_floor_s", "order_floor_s"]
 
@@ -252,6 +248,11 @@ def _order_rows(
 def _solve_programme(rows: list[dict[int, float]], stages: int, columns: int, forward_share: float) -> float:
     """Minimise the step (the last column) under ``rows`` with the stages' forwards summing to ``forward_share``
     and their backwards to the rest: its optimum, or 0 when HiGHS finds none."""
+    import highspy  # here, not at the top: commands that plan nothing start without HiGHS and numpy
+    import numpy as np
+
+    from solvers.ilp import quiet_stdout
+
     step_col = columns - 1
     count = len(rows)
     sums_row = [dict.fromkeys(range(stages), 1.0), dict.fromkeys(range(stages, 2 * stages), 1.0)]

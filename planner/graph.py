@@ -10,10 +10,12 @@ require grad send a gradient back.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from profiles.format import Profile
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = [
     "INPUT_NODE",
@@ -33,6 +35,8 @@ def build_graph(profile: Profile) -> nx.DiGraph:
     Edges ``producer -> consumer`` carry ``tensors``: the indices into ``profile.tensors`` that flow
     along them.
     """
+    import networkx as nx  # here, not at the top: commands that plan nothing start without it
+
     graph = nx.DiGraph()
     graph.add_node(INPUT_NODE, name="<input>")
     for index, unit in enumerate(profile.units):

@@ -7,8 +7,8 @@ import logging
 
 import torch
 
+from profiles.cores import rank_threads
 from profiles.format import Profile
-from profiles.measure import rank_threads
 from profiles.measure_settings import MIN_TIME_S, MeasureSettings
 from profiles.meta import too_large
 from profiles.profile_options import ProfileOptions

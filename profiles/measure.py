@@ -15,7 +15,6 @@ whole backward as W, and so is it timed here.
 from __future__ import annotations
 
 import logging
-import os
 import resource
 import statistics
 import sys
@@ -29,6 +28,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from profiles.cores import rank_threads
 from profiles.dataflow import Piece, needs_grad, tensor_bytes
 from profiles.memory import tensor_storages
 
@@ -427,6 +427,3 @@ def peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def rank_threads(world_size: int) -> int:
-    """torch intra-op threads each of ``world_size`` local processes gets: the cores shared out, at least 1."""
-    return max(1, (os.cpu_count() or 1) // world_size)

@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from planner.errors import ExecutionError
-from profiles.measure import rank_threads
+from profiles.cores import rank_threads
 
 __all__ = [
     "Signalled",

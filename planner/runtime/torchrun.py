@@ -166,7 +166,7 @@ class RankRecord:
 
 def _threads(plan: Plan, job: TorchrunJob, device: str) -> int:
     """The plan's threads per rank where this node has the cores for its ranks; else the cores shared out."""
-    from profiles.measure import rank_threads
+    from profiles.cores import rank_threads
 
     threads, cores = plan.profile_threads, os.cpu_count() or 1
     if device != "cpu" or threads is None:
