@@ -1,0 +1,129 @@
+"""pipeplan's own speed: how long its commands take as a user runs them, each a fresh ``pipeplan`` process.
+
+Timed, wall clock, in a scratch folder:
+
+- start-up: ``pipeplan --version``, the median of 5;
+- the README's five-minute block on gpt2-tiny: ``profile``, ``plan``, ``simulate --compare``, ``verify``;
+- ``pipeplan calibrate`` (the machine's links, per-action overheads, optimizer, co-location);
+- the cluster search: a synthetic 2,000-unit profile (bench_planner_scale's, seed 0) planned for 4,096 devices,
+  8 a node, with the CLI's defaults;
+- with ``--main-job``: the README's main job after its install (gpt2-small's profile, plan, simulate, verify),
+  and ``pipeplan plan`` of that profile alone;
+- with ``--suite``: the test suite, ``python -m pytest -q``.
+
+Every step's command, exit code and seconds go to the record (``benchmarks/results/own_speed/<date>.json``);
+the README's stated times are this record's. Run it with nothing else on the machine::
+
+    python benchmarks/bench_own_speed.py [--main-job] [--suite] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_planner_scale import synthetic_profile  # noqa: E402
+from common import ROOT, run_started, tables_in, tee_stdout, write_record  # noqa: E402
+
+from profiles.format import save_profile  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    command: str
+    exit_code: int
+    wall_s: float
+
+
+def _pipeplan() -> str:
+    found = shutil.which("pipeplan")
+    if found is None:
+        raise SystemExit("pipeplan is not installed: pip install -e . first")
+    return found
+
+
+def _timed(name: str, argv: list[str], folder: Path, steps: list[Step], *, quiet: bool = True) -> Step:
+    started = time.perf_counter()
+    done = subprocess.run(argv, cwd=folder, stdout=subprocess.DEVNULL if quiet else None, stderr=subprocess.PIPE)
+    step = Step(name, shlex.join([Path(argv[0]).name, *argv[1:]]), done.returncode, time.perf_counter() - started)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr.decode(errors="replace")[-2000:])
+    steps.append(step)
+    print(f"| {name} | `{step.command}` | {step.exit_code} | {step.wall_s:.2f} s |", flush=True)
+    return step
+
+
+def _start_up_s(pipeplan: str, folder: Path, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        subprocess.run([pipeplan, "--version"], cwd=folder, check=True, stdout=subprocess.DEVNULL)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--main-job", action="store_true", help="also the README's main job on gpt2-small")
+    parser.add_argument("--suite", action="store_true", help="also the test suite (python -m pytest -q)")
+    parser.add_argument("--quick", action="store_true", help="a trial: start-up and the cluster search only")
+    args = parser.parse_args()
+    started, printed = run_started(), tee_stdout()
+    pipeplan = _pipeplan()
+    steps: list[Step] = []
+    with tempfile.TemporaryDirectory(prefix="pipeplan-speed-") as scratch:
+        folder = Path(scratch)
+        start_up_s = _start_up_s(pipeplan, folder, 5)
+        print("| step | command | exit | wall |")
+        print("|---|---|---|---|")
+        print(f"| start-up | `pipeplan --version` (median of 5) | 0 | {start_up_s:.2f} s |", flush=True)
+        if not args.quick:
+            plan = ["plan", "tiny.profile.json", "--ranks", "2", "--global-batch", "8", "--out", "tiny.plan.json"]
+            for name, argv in (
+                ("profile gpt2-tiny", ["profile", "gpt2-tiny", "--out", "tiny.profile.json", "--no-progress"]),
+                ("plan gpt2-tiny", plan),
+                ("simulate --compare", ["simulate", "tiny.plan.json", "--compare", "gpipe,1f1b,zero-bubble"]),
+                ("verify gpt2-tiny", ["verify", "tiny.plan.json", "--model", "gpt2-tiny"]),
+                ("calibrate", ["calibrate", "--out", "machine.calibration.json"]),
+            ):
+                _timed(name, [pipeplan, *argv], folder, steps)
+        save_profile(synthetic_profile(2000), folder / "syn2000.profile.json")
+        cluster = ["plan", "syn2000.profile.json", "--devices", "4096", "--devices-per-node", "8"]
+        _timed("cluster search", [pipeplan, *cluster, "--global-batch", "4096", "--out", "c.json"], folder, steps)
+        if args.main_job:
+            _timed("profile gpt2-small", [pipeplan, "profile", "gpt2-small", "--out", "s.profile.json"], folder, steps)
+            plan = ["plan", "s.profile.json", "--ranks", "4", "--global-batch", "16", "--out", "s.plan.json"]
+            _timed("plan gpt2-small", [pipeplan, *plan], folder, steps)
+            _timed("simulate gpt2-small", [pipeplan, "simulate", "s.plan.json", "--out", "s.png"], folder, steps)
+            verify = ["verify", "s.plan.json", "--model", "gpt2-small", "--steps", "3"]
+            _timed("verify gpt2-small", [pipeplan, *verify], folder, steps)
+    if args.suite:
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        started_suite = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=ROOT, env=env)
+        suite = Step("suite", "python -m pytest -q", done.returncode, time.perf_counter() - started_suite)
+        steps.append(suite)
+        print(f"| suite | `{suite.command}` | {suite.exit_code} | {suite.wall_s:.0f} s |", flush=True)
+    numbers = {
+        "start_up_s": start_up_s,
+        "steps": [{"name": s.name, "command": s.command, "exit_code": s.exit_code, "wall_s": s.wall_s} for s in steps],
+        "all_exited_0": all(s.exit_code == 0 for s in steps),
+    }
+    tables = tables_in(printed.getvalue(), ("step",))
+    write_record("own_speed", numbers, started=started, tables=tables, trial=args.quick)
+
+
+if __name__ == "__main__":
+    main()
