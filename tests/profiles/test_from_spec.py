@@ -22,7 +22,7 @@ def threads_seen(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     before = torch.get_num_threads()
     monkeypatch.setattr(from_spec, "profile_model", record)
-    monkeypatch.setattr("profiles.measure.os.cpu_count", lambda: 8)
+    monkeypatch.setattr("profiles.cores.os.cpu_count", lambda: 8)
     yield seen
     torch.set_num_threads(before)
 
