@@ -246,9 +246,12 @@ def test_two_nodes_run_the_plan_with_one_report(plans: dict[str, Path], tmp_path
 def test_a_job_of_three_for_a_plan_of_four_stops_every_rank(plans: dict[str, Path]) -> None:
     runs = _torchrun(1, 3, [str(plans["pp2xdp2"]), "--model", MODEL], timeout_s=60)
     assert runs[0][0] != 0 and runs[0][3] < 60
+    # Every rank refuses with the same line, unless torchrun's agent stopped it first: it stops a node's ranks
+    # as soon as one exits with an error (on a loaded machine some may not have reached the check yet).
     lines = _errors(runs)
-    assert len(lines) == 3 and len(set(lines)) == 1, runs
-    assert "this torchrun job has 3 (WORLD_SIZE)" in lines[0]
+    refused = [line for line in lines if line != "pipeplan verify: stopped by SIGTERM"]
+    assert refused and len(set(refused)) == 1 and len(lines) <= 3, runs
+    assert "this torchrun job has 3 (WORLD_SIZE)" in refused[0]
 
 
 def test_a_killed_rank_stops_the_others_naming_it(plans: dict[str, Path]) -> None:
