@@ -259,11 +259,11 @@ def test_a_killed_rank_stops_the_others_naming_it(plans: dict[str, Path]) -> Non
     # Killed as it enters its 4th barrier, in the warm-up's second step (each step opens and closes with one).
     runs = _torchrun(2, 2, argv, fault="3:kill@barrier4", timeout_s=90)
     assert all(code != 0 for code, *_ in runs) and max(seconds for *_, seconds in runs) < 60, runs
-    # The first node's ranks name rank 3. Rank 3's own agent stops its node's other rank (SIGTERM) and names the
-    # dead rank as torchrun's root cause.
+    # The first node's ranks name rank 3 (the first to exit may have its agent stop the other before it prints).
+    # Rank 3's own agent stops its node's other rank (SIGTERM) and names the dead rank as torchrun's root cause.
     named = [ln for ln in _errors(runs) if re.search(r"rank 3 stopped responding \(node .+, local rank 1\)", ln)]
     stopped = [ln for ln in _errors(runs) if ln == "pipeplan verify: stopped by SIGTERM"]
-    assert len(named) >= 2 and len(named) + len(stopped) == len(_errors(runs)) <= 3, runs
+    assert named and len(named) + len(stopped) == len(_errors(runs)) <= 3, runs
     assert any(re.search(r"rank\s*: 3 \(local_rank: 1\)", err.partition("Root Cause")[2]) for *_, err, _ in runs)
 
 
