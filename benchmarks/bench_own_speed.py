@@ -9,18 +9,21 @@ Timed, wall clock, in a scratch folder:
   8 a node, with the CLI's defaults;
 - with ``--main-job``: the README's main job after its install (gpt2-small's profile, plan, simulate, verify),
   and ``pipeplan plan`` of that profile alone;
-- with ``--suite``: the test suite, ``python -m pytest -q``.
+- with ``--suite``, alone: the test suite, ``python -m pytest -q``, in a record of its own
+  (``benchmarks/results/suite/<date>.json``: seconds, passed, failed, skipped).
 
 Every step's command, exit code and seconds go to the record (``benchmarks/results/own_speed/<date>.json``);
 the README's stated times are this record's. Run it with nothing else on the machine::
 
-    python benchmarks/bench_own_speed.py [--main-job] [--suite] [--quick]
+    python benchmarks/bench_own_speed.py [--main-job] [--quick]
+    python benchmarks/bench_own_speed.py --suite
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -74,12 +77,43 @@ def _start_up_s(pipeplan: str, folder: Path, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _suite() -> None:
+    """The test suite as CI runs it (after the install), timed, with its counts, in the ``suite`` record."""
+    started = run_started()
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    begun = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    seconds = time.perf_counter() - begun
+    sys.stdout.write(done.stdout[-3000:])
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)}
+    numbers = {
+        "pytest_s": seconds,
+        "exit_code": done.returncode,
+        "passed": counts.get("passed", 0),
+        "failed": counts.get("failed", 0),
+        "skipped": counts.get("skipped", 0),
+        "errors": counts.get("errors", counts.get("error", 0)),
+    }
+    print(f"suite: {summary} ({seconds:.0f} s)")
+    write_record("suite", numbers, started=started)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--main-job", action="store_true", help="also the README's main job on gpt2-small")
-    parser.add_argument("--suite", action="store_true", help="also the test suite (python -m pytest -q)")
+    parser.add_argument("--suite", action="store_true", help="the test suite alone (python -m pytest -q)")
     parser.add_argument("--quick", action="store_true", help="a trial: start-up and the cluster search only")
     args = parser.parse_args()
+    if args.suite:
+        _suite()
+        return
     started, printed = run_started(), tee_stdout()
     pipeplan = _pipeplan()
     steps: list[Step] = []
@@ -109,13 +143,6 @@ def main() -> None:
             _timed("simulate gpt2-small", [pipeplan, "simulate", "s.plan.json", "--out", "s.png"], folder, steps)
             verify = ["verify", "s.plan.json", "--model", "gpt2-small", "--steps", "3"]
             _timed("verify gpt2-small", [pipeplan, *verify], folder, steps)
-    if args.suite:
-        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-        started_suite = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=ROOT, env=env)
-        suite = Step("suite", "python -m pytest -q", done.returncode, time.perf_counter() - started_suite)
-        steps.append(suite)
-        print(f"| suite | `{suite.command}` | {suite.exit_code} | {suite.wall_s:.0f} s |", flush=True)
     numbers = {
         "start_up_s": start_up_s,
         "steps": [{"name": s.name, "command": s.command, "exit_code": s.exit_code, "wall_s": s.wall_s} for s in steps],
