@@ -28,7 +28,6 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from profiles.cores import rank_threads
 from profiles.dataflow import Piece, needs_grad, tensor_bytes
 from profiles.memory import tensor_storages
 
@@ -40,7 +39,6 @@ __all__ = [
     "count_flops",
     "saved_tensor_bytes",
     "peak_rss_bytes",
-    "rank_threads",
 ]
 
 
@@ -425,5 +423,3 @@ def peak_rss_bytes() -> int:
     """The process's peak resident memory so far (``ru_maxrss``: Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
-
-
