@@ -147,6 +147,7 @@ def main() -> None:
         "start_up_s": start_up_s,
         "steps": [{"name": s.name, "command": s.command, "exit_code": s.exit_code, "wall_s": s.wall_s} for s in steps],
         "all_exited_0": all(s.exit_code == 0 for s in steps),
+        "cluster_search_s": next((round(s.wall_s, 1) for s in steps if s.name == "cluster search"), None),
     }
     tables = tables_in(printed.getvalue(), ("step",))
     write_record("own_speed", numbers, started=started, tables=tables, trial=args.quick)
