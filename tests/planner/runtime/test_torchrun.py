@@ -275,14 +275,14 @@ def test_a_recorded_training_run_under_torchrun_teaches_the_plan(
     the plan predicted with the refit is within 10 % of the run (at the machine's speed), and plan takes it."""
     run = tmp_path / "run.json"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
-    command += [str(TRAIN), "--plan", str(plans[name]), "--steps", "6", "--record", str(run)]
+    command += [str(TRAIN), "--plan", str(plans[name]), "--steps", "10", "--record", str(run)]
     env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"wrote {run}" in done.stdout and "verify:" in done.stdout, done.stdout
     record = load_run_record(run)
     assert [r.rank for r in record.ranks] == list(range(processes))
-    assert all(len(r.steps) == 6 for r in record.ranks)
+    assert all(len(r.steps) == 10 for r in record.ranks)
 
     calibration = tmp_path / "cal.json"
     assert main(["calibrate", "--from-run", str(run), "--out", str(calibration)]) == 0
