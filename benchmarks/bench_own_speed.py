@@ -57,15 +57,15 @@ def _pipeplan() -> str:
     return found
 
 
-def _timed(name: str, argv: list[str], folder: Path, steps: list[Step], *, quiet: bool = True) -> Step:
+def _timed(name: str, argv: list[str], folder: Path, steps: list[Step]) -> None:
+    """Run ``argv`` in ``folder`` (its output dropped, its errors shown if it fails) and append its step."""
     started = time.perf_counter()
-    done = subprocess.run(argv, cwd=folder, stdout=subprocess.DEVNULL if quiet else None, stderr=subprocess.PIPE)
+    done = subprocess.run(argv, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     step = Step(name, shlex.join([Path(argv[0]).name, *argv[1:]]), done.returncode, time.perf_counter() - started)
     if done.returncode != 0:
         sys.stderr.write(done.stderr.decode(errors="replace")[-2000:])
     steps.append(step)
     print(f"| {name} | `{step.command}` | {step.exit_code} | {step.wall_s:.2f} s |", flush=True)
-    return step
 
 
 def _start_up_s(pipeplan: str, folder: Path, repeats: int) -> float:

@@ -14,6 +14,7 @@ from synthetic import transformer_profile
 ROOT = Path(__file__).resolve().parents[1]
 
 _RUN = """
+import json
 import sys
 sys.path.insert(0, {root!r})
 from cli import main
@@ -33,7 +34,7 @@ def test_planning_commands_never_import_torch(tmp_path: Path) -> None:
         ["simulate", plan, "--compare", "gpipe,1f1b", "--out", timeline],
         ["export", plan, "--to", "megatron", "--out", str(tmp_path / "m.txt")],
     ]
-    code = "import json\n" + _RUN.format(root=str(ROOT), commands=commands)
+    code = _RUN.format(root=str(ROOT), commands=commands)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -100,15 +100,12 @@ class JobWatch:
         store_address: tuple[str, int],
         prefix: str,
         timeout_s: float,
-        startup_s: float | None = None,
     ) -> None:
         """``prefix``: the store keys' prefix, new for every job (a restarted job must not read old beats).
-        ``timeout_s``: how long the whole run may take (``--timeout``); ``startup_s``: how long a rank may take to
-        send its first beat (default ``timeout_s``: a rank that loads a large model before its first beat is not
-        late)."""
+        ``timeout_s``: how long the whole run may take (``--timeout``), and so how long a rank may take to send its
+        first beat (a rank that loads a large model before its first beat is not late)."""
         self.rank, self.world_size, self.local_rank, self.host = rank, world_size, local_rank, host
         self.store_address, self.prefix, self.timeout_s = store_address, prefix, timeout_s
-        self.startup_s = timeout_s if startup_s is None else startup_s
         self.barriers = 0
         self._count = 0
         self._done = False
@@ -202,8 +199,8 @@ class JobWatch:
             beat = beats.get(rank)
             if rank == self.rank or (beat is not None and beat.done):
                 continue
-            if beat is None and now - self._started > self.startup_s:
-                return f"rank {rank} never joined the job's heartbeat within {self.startup_s:g} s"
+            if beat is None and now - self._started > self.timeout_s:
+                return f"rank {rank} never joined the job's heartbeat within {self.timeout_s:g} s"
             if beat is not None and now - changed.get(rank, now) > STALE_S:
                 return f"rank {rank} stopped responding {self.where(rank)}: no heartbeat for {STALE_S:g} s"
         if self._store_lost is not None and now - self._store_lost > STALE_S:
