@@ -48,6 +48,10 @@ __all__ = [
     "best_step_per_degree",
     "default_cluster",
     "DEFAULT_CLUSTER_LINKS",
+    "layout_settings",
+    "sharded_for",
+    "on_mesh",
+    "cluster_plan",
 ]
 
 # (intra-node bytes/s, inter-node bytes/s, latency s) per device kind, one direction per device.
@@ -213,7 +217,8 @@ class ClusterResult:
     """Every layout: (layout, simulated step in seconds or None, why not when None)."""
 
 
-def _settings_for(request: PlanRequest, cluster: Cluster, layout: Layout) -> CostSettings:
+def layout_settings(request: PlanRequest, cluster: Cluster, layout: Layout) -> CostSettings:
+    """One replica's cost settings on ``layout``: its slowest pipeline hop, and its replicas' gradient ring."""
     hop = layout.hop_bytes_per_s(cluster)
     ring = layout.ring_bytes_per_s(cluster)
     settings = request.settings
@@ -242,6 +247,28 @@ def _mesh(cluster: Cluster, layout: Layout, request: PlanRequest, settings: Cost
         ring_latency_s=cluster.latency_s,
         tp=layout.tp,
     )
+
+
+def sharded_for(profile: Profile, cluster: Cluster, tp: int, sequence_parallel: bool, vocab_parallel: bool) -> Profile:
+    """The profile as one device of a tensor-parallel group of ``tp`` in a node of ``cluster`` computes it."""
+    group = TensorParallel(tp, cluster.intra_node_bytes_per_s, cluster.latency_s, sequence_parallel, vocab_parallel)
+    return sharded_profile(profile, group)
+
+
+def on_mesh(plan: Plan, cluster: Cluster, layout: Layout, request: PlanRequest, replica: PlanRequest) -> Plan:
+    """One replica's ``plan`` as the cluster plan of ``layout``: its mesh, and the throughput of every replica."""
+    predicted = replace(plan.predicted, samples_per_s=request.global_batch_size / plan.predicted.iteration_s)
+    return replace(plan, predicted=predicted, mesh=_mesh(cluster, layout, request, replica.settings))
+
+
+def cluster_plan(
+    plan: Plan, cluster: Cluster, layout: Layout, request: PlanRequest, replica: PlanRequest, mesh: MeshSearch
+) -> Plan:
+    """A replica's plan of a layout chosen outside the search (``mesh`` says which degrees and tensor-parallel
+    layout) as that cluster plan, with the constraints a search of that one layout records."""
+    placed = on_mesh(plan, cluster, layout, request, replica)
+    tried = [(layout, placed.predicted.iteration_s, "")]
+    return replace(placed, constraints=_cluster_constraints(placed, cluster, request, mesh, tried))
 
 
 def _lower_bound_s(profile: Profile, request: PlanRequest, settings: CostSettings, layout: Layout) -> float:
@@ -469,13 +496,10 @@ def _candidates(
     profiles: dict[int, Profile] = {}
     order = 0
     for tp in degrees:
-        group = TensorParallel(
-            tp, cluster.intra_node_bytes_per_s, cluster.latency_s, mesh.sequence_parallel, mesh.vocab_parallel
-        )
-        profiles[tp] = sharded = sharded_profile(profile, group)
+        profiles[tp] = sharded = sharded_for(profile, cluster, tp, mesh.sequence_parallel, mesh.vocab_parallel)
         for layout in layouts(cluster, profile.num_units, request.global_batch_size, mesh.pipeline_degree, tp):
             if mesh.pipeline_degree is None or layout.used_devices == cluster.num_devices:
-                settings = _settings_for(request, cluster, layout)
+                settings = layout_settings(request, cluster, layout)
                 bound = _lower_bound_s(sharded, request, settings, layout)
                 replica = replace(
                     request,
@@ -518,10 +542,7 @@ class _Standings:
         peak = max(s.memory_bytes.peak for s in plan.stages)
         key = (round(step_s, 12), layout.used_devices, peak, order)
         if self.best is None or key < self.best[0]:
-            # Throughput counts every replica's samples.
-            predicted = replace(plan.predicted, samples_per_s=self.request.global_batch_size / step_s)
-            mesh = _mesh(self.cluster, layout, self.request, replica.settings)
-            self.best = (key, replace(plan, predicted=predicted, mesh=mesh))
+            self.best = (key, on_mesh(plan, self.cluster, layout, self.request, replica))
 
 
 def _branch_and_bound(

@@ -22,6 +22,7 @@ __all__ = [
     "ExecutionError",
     "CalibrationError",
     "ExportError",
+    "ConfigError",
     "TensorParallelError",
     "PipeplanWarning",
     "shorten",
@@ -95,6 +96,11 @@ class CalibrationError(PipeplanError):
 class ExportError(PipeplanError):
     """Raised when a trainer cannot express a plan's layout (a cut inside what it counts as one layer, a unit
     it has no notion of, a placement or stage count it does not run); the message says which and why."""
+
+
+class ConfigError(PipeplanError):
+    """Raised when a trainer's configuration cannot be read, the trainer itself would refuse it (its rule
+    quoted), or it would leave units of the profiled model out of training or run them twice."""
 
 
 class TensorParallelError(PipeplanError):

@@ -9,6 +9,7 @@ It sits above the search, the cluster search and the trainers' rules, and nothin
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,11 +48,13 @@ def plan_profile(
     *,
     sha256: str | None = None,
     record_timing: bool = False,
+    renames: Sequence[tuple[str, str]] = (),
 ) -> Planned:
     """The best plan for ``profile`` (a :class:`Profile`, or the path of its JSON) under ``search``, over the
     devices of ``cluster`` when it names them (``cluster.devices``), else one pipeline of ``search.ranks``.
 
-    ``sha256`` is the profile file's digest the plan records (default: the file's, when given a path).
+    ``sha256`` is the profile file's digest the plan records (default: the file's, when given a path);
+    ``renames`` map the module names onto ``search.trainer``'s where its exporter checks them (``check``).
     Raises what the request's checks and the search raise (``UsageError``, ``PlanInfeasibleError``, ...).
     """
     if not isinstance(profile, Profile):
@@ -62,11 +65,11 @@ def plan_profile(
         request = request_for(profile, search)
         plan = make_plan(profile, request, sha256=sha256, record_timing=record_timing)
         if search.trainer:
-            check_trainer(plan, search.trainer)
+            check_trainer(plan, search.trainer, renames)
         return Planned(plan, fewer_ranks=fewer_ranks_faster(profile, request, plan))
     result = _plan_mesh(profile, search, cluster, sha256=sha256, record_timing=record_timing)
     if search.trainer:
-        check_trainer(result.plan, search.trainer)
+        check_trainer(result.plan, search.trainer, renames)
     return Planned(result.plan, cluster=result)
 
 

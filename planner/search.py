@@ -49,6 +49,8 @@ __all__ = [
     "plan_key",
     "OBJECTIVE",
     "NEAR_BEST",
+    "recompute_choices",
+    "baselines_for",
 ]
 
 OBJECTIVE = "sum_s (c_s + k_s) + (M - 1) * max_s c_s"
@@ -105,7 +107,7 @@ def _schedules(
     return options
 
 
-def _recompute_choices(request: PlanRequest) -> tuple[bool, ...]:
+def recompute_choices(request: PlanRequest) -> tuple[bool, ...]:
     return {"auto": (False, True), "on": (True,), "off": (False,)}[request.recompute]
 
 
@@ -321,7 +323,7 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
             num_microbatches=m,
             in_flight=in_flight_per_stage(schedule, num_stages, m, request.num_ranks),
             stage_rank=stage_rank,
-            recompute_choices=_recompute_choices(request),
+            recompute_choices=recompute_choices(request),
             pinned=pinned_units(profile, request, v) if request.pinned else (),
             max_units_per_stage=request.max_units_per_stage,
             schedule=schedule,
@@ -463,7 +465,7 @@ def _baseline_schedule(best: Candidate, num_ranks: int) -> Schedule:
     return Schedule.ONE_F_ONE_B if best.num_microbatches >= num_ranks else Schedule.GPIPE
 
 
-def _baselines(profile: Profile, best: Candidate, request: PlanRequest) -> list[BaselinePlan]:
+def baselines_for(profile: Profile, best: Candidate, request: PlanRequest) -> list[BaselinePlan]:
     """The partitioners people use today, one stage per rank, at the plan's micro-batching.
 
     Each chooses only the boundaries; the same cost model and simulator judge them. They do not
@@ -589,7 +591,7 @@ def make_plans(
             request,
             best,
             solver=solver,
-            baselines=tuple(_baselines(profile, best, request)),
+            baselines=tuple(baselines_for(profile, best, request)),
             sha256=sha256,
         )
         if plan_key(plan) not in seen:

@@ -8,6 +8,7 @@ split) is still held by the exporter itself, once the plan is made (:func:`check
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from planner.errors import ExportError, PlanInfeasibleError, UsageError
@@ -61,11 +62,11 @@ def for_trainer(profile: Profile, request: PlanRequest, trainer: Trainer | str) 
     return replace(request, **changes)  # type: ignore[arg-type]
 
 
-def check_trainer(plan: Plan, trainer: Trainer | str) -> None:
-    """Refuse a plan ``trainer``'s exporter does not take, with its reason (the rules :func:`for_trainer` could
-    not state as schedules and pins)."""
+def check_trainer(plan: Plan, trainer: Trainer | str, renames: Sequence[tuple[str, str]] = ()) -> None:
+    """Refuse a plan ``trainer``'s exporter does not take (with ``renames`` of its module names), with its reason
+    (the rules :func:`for_trainer` could not state as schedules and pins)."""
     trainer = Trainer.parse(trainer)
     try:
-        export_plan(plan, trainer)
+        export_plan(plan, trainer, renames)
     except ExportError as exc:
         raise PlanInfeasibleError(f"no plan within {trainer.value}'s rules was found: {exc}") from None
