@@ -18,6 +18,7 @@ from typing import Any
 
 from planner.commands.checks import refuse_idle_plan_options, refuse_idle_simulate_options
 from planner.commands.command_options import (
+    CheckCommand,
     ExportOptions,
     PlanCommand,
     ShowOptions,
@@ -188,6 +189,25 @@ def _cmd_export(options: ExportOptions) -> int:
     return 0
 
 
+def _cmd_check(options: CheckCommand) -> int:
+    """``check``: exit 0 when the configuration fits every rank, 1 when some rank would run out of memory."""
+    from planner.check import check_config, format_check, read_config_file
+    from planner.fileio import check_output_path
+    from planner.plan import save_plan
+
+    if options.out:
+        check_output_path(options.out, inputs=[options.profile, options.config])
+    text = read_config_file(options.config)
+    result = check_config(options.profile, options.trainer, text, options.check)
+    print(format_check(result))
+    if options.out:
+        save_plan(result.plan, options.out)
+        print(f"\nwrote {options.out}")
+        print(f"next: pipeplan simulate {options.out}   (see the bubble)")
+        print(f"      pipeplan verify {options.out} --model {result.plan.model_name}   (run it)")
+    return 0 if result.fits else 1
+
+
 def _cmd_tune(options: TuneCommand) -> int:
     from tqdm import tqdm
 
@@ -305,6 +325,7 @@ _COMMANDS: dict[str, Callable[[Any], int]] = {
     "plan": _cmd_plan,
     "tune": _cmd_tune,
     "export": _cmd_export,
+    "check": _cmd_check,
     "simulate": _cmd_simulate,
     "verify": _cmd_verify,
 }

@@ -9,90 +9,24 @@ same devices and batch, so that the two can be compared and the better one expor
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from planner.check_options import CheckOptions
 from planner.cluster import Layout, default_cluster
-from planner.errors import PipeplanError, shorten
+from planner.errors import PipeplanError, UsageError, shorten
 from planner.export import export_plan
 from planner.formatting import format_table, human_bytes, human_seconds
 from planner.given_plan import GivenLayout, StageMemory, given_mesh_plan, given_plan
-from planner.options import bandwidth, check_fields, int_range, nonneg_float, option, rename
 from planner.plan import Plan
 from planner.planning import plan_profile
-from planner.request import ClusterOptions, PlanOptions, memory, plan_request, profile_sha256
+from planner.request import ClusterOptions, PlanOptions, plan_request, profile_sha256
 from planner.tensor_parallel import TpLayout, layout_switches
-from planner.trainer_configs import CHECKED_TRAINERS, read_config
+from planner.trainer_configs import read_config
 from planner.trainer_configs.layout import TrainerLayout
 from profiles.format import Profile, load_profile
 
 __all__ = ["CheckOptions", "CheckResult", "RankMemory", "check_config", "format_check"]
-
-_MAX_DEVICES = 1 << 20
-
-
-@dataclass(frozen=True, kw_only=True)
-class CheckOptions:
-    """What ``check`` is told besides the configuration: how names map, and the devices (as ``plan`` takes them)."""
-
-    renames: tuple[tuple[str, str], ...] = option(
-        (),
-        flag="--rename",
-        parse=rename,
-        repeat=True,
-        metavar="OLD=NEW",
-        help="map a module-name prefix of the profiled model onto the trainer's, as `export` takes it "
-        "(repeatable; torchtitan's module names and DeepSpeed's PLAN_UNITS; default: the names as profiled)",
-    )
-    devices: int | None = option(
-        None,
-        parse=int_range(1, _MAX_DEVICES),
-        metavar="N",
-        help="the job's world size, which sets the data-parallel degree (default: torchrun's --nproc-per-node x "
-        "--nnodes in a Megatron command line, DeepSpeed's batch arithmetic, else one replica)",
-    )
-    devices_per_node: int | None = option(None, parse=int_range(1, _MAX_DEVICES), metavar="G", help="devices per node")
-    memory_bytes: int | None = option(
-        None,
-        flag="--memory",
-        parse=memory,
-        unit="bytes",
-        metavar="80GiB",
-        help="memory of every device (default: the profiled device's; on CPU, shared by one pipeline's ranks), "
-        "less 10%% headroom",
-    )
-    link_bytes_per_s: float | None = option(
-        None, flag="--bandwidth", parse=bandwidth, unit="bytes/s", metavar="25GB/s", help="one pipeline's link"
-    )
-    link_latency_s: float | None = option(
-        None, flag="--latency", parse=nonneg_float, unit="s", metavar="SECONDS", help="link latency per message"
-    )
-    intra_node_bytes_per_s: float | None = option(
-        None,
-        flag="--intra-node-bandwidth",
-        parse=bandwidth,
-        unit="bytes/s",
-        metavar="450GB/s",
-        help="per device, each way, inside a node (a mesh's)",
-    )
-    inter_node_bytes_per_s: float | None = option(
-        None,
-        flag="--inter-node-bandwidth",
-        parse=bandwidth,
-        unit="bytes/s",
-        metavar="50GB/s",
-        help="per device, each way, between nodes (a mesh's)",
-    )
-    optimizer: str = option("adam", choices=("sgd", "adam"), help="the optimizer (default adam)")
-    calibration: str = option(
-        "auto",
-        metavar="auto|none|CALIBRATION.json",
-        help="runtime terms, as `plan --calibration` (default auto)",
-    )
-    no_best: bool = option(False, help="check the configuration only: search no plan to compare it with")
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -233,6 +167,8 @@ def check_config(
         sha256 = sha256 or profile_sha256(path)
     sha256 = sha256 or "0" * 64
     layout = read_config(trainer, config, profile, renames=options.renames, devices=options.devices)
+    if options.placement is not None:
+        layout = replace(layout, placement=options.placement)
     plan, ranks = layout_as_plan(profile, layout, options, sha256=sha256)
     if options.no_best:
         return CheckResult(layout, plan, ranks)
@@ -336,9 +272,5 @@ def read_config_file(path: str) -> str:
 
         return sys.stdin.read()
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"no configuration file {path}")
+        raise UsageError(f"no configuration file {shorten(path)}")
     return Path(path).read_text()
-
-
-CHECK_TRAINERS = CHECKED_TRAINERS
-"""What ``check --from`` reads."""

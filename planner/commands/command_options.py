@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.check_options import CHECKED_TRAINERS, CheckOptions
 from planner.export import RELEASES
 from planner.options import check_fields, nested, option, rename
 from planner.request import (
@@ -21,7 +22,7 @@ from planner.request import (
 )
 from planner.runtime.run_options import TuneOptions, VerifyOptions
 
-__all__ = ["PlanCommand", "TuneCommand", "VerifyCommand", "ShowOptions", "ExportOptions"]
+__all__ = ["PlanCommand", "TuneCommand", "VerifyCommand", "ShowOptions", "ExportOptions", "CheckCommand"]
 
 _PROFILE_HELP = "a profile from `pipeplan profile`"
 _PLAN_HELP = "a plan from `pipeplan plan`"
@@ -100,3 +101,22 @@ class ExportOptions:
 
     def __post_init__(self) -> None:
         check_fields(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckCommand:
+    profile: str = option(positional=True, metavar="PROFILE.json", help=_PROFILE_HELP)
+    trainer: str = option(
+        required=True, flag="--from", choices=CHECKED_TRAINERS, help="the trainer whose configuration CONFIG is"
+    )
+    config: str = option(
+        positional=True,
+        metavar="CONFIG",
+        help="the configuration: Megatron-Core arguments (a command line or a file of them), torchtitan overrides "
+        "or TOML, or DeepSpeed's ds_config JSON (its pipeline section: stages, partition_method) or the Python "
+        "`export --to deepspeed` writes; - reads standard input",
+    )
+    out: str | None = option(
+        None, metavar="PLAN.json", help="also write the configuration's layout as a plan (simulate, verify, export)"
+    )
+    check: CheckOptions = nested(CheckOptions)

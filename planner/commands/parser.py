@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from planner.commands.command_options import (
+    CheckCommand,
     ExportOptions,
     PlanCommand,
     ShowOptions,
@@ -61,6 +62,8 @@ torch.distributed.pipelining.
   pipeplan show gpt2.plan.json                             reprint a profile or plan
   pipeplan export gpt2.mlm.plan.json --to megatron         the plan as Megatron-Core flags (also torchtitan,
                                                            DeepSpeed, accelerate)
+  pipeplan check gpt2.profile.json --from megatron megatron.args --memory 16GiB
+                                                           your own configuration predicted, beside the best
 
 Run `pipeplan COMMAND --help` for each command's options.
 """
@@ -129,6 +132,31 @@ COMMANDS: dict[str, tuple[type, dict[str, str]]] = {
                 "simulated plan wins. Baselines (uniform, by parameters, by time) are scored the same way.\n\n"
                 "example:\n"
                 "  pipeplan plan gpt2.profile.json --ranks 4 --global-batch 16 --memory 16GiB --out gpt2.plan.json"
+            ),
+        ),
+    ),
+    "check": (
+        CheckCommand,
+        dict(
+            help="predict a Megatron-Core, torchtitan or DeepSpeed configuration before it runs, beside the best plan",
+            description=(
+                "Read the configuration you already run as the trainer reads it (docs/check.md): Megatron-Core's\n"
+                "arguments (--pipeline-model-parallel-size/-layout, --decoder-first/last-pipeline-num-layers,\n"
+                "--num-layers-per-virtual-pipeline-stage, --tensor-model-parallel-size, batch sizes, recomputation,\n"
+                "--use-distributed-optimizer ...), torchtitan's --section.key overrides or TOML\n"
+                "(module_fqns_per_model_part or pipeline_parallel_layers_per_stage, schedule, degrees, batch), or\n"
+                "DeepSpeed's ds_config (its pipeline section: stages, partition_method uniform | parameters |\n"
+                "type:REGEX, or parts). Build that layout as the trainer would (its rounding and its refusals, in\n"
+                "its words; units it would not train are named), predict the step and each rank's memory against\n"
+                "its device, and print pipeplan's best plan under the same trainer's rules on the same devices and\n"
+                "batch, with its export. Exit 0: every rank fits; 1: some rank would run out of memory (named);\n"
+                "2: a configuration that cannot be read or that the trainer would refuse.\n\n"
+                "examples:\n"
+                "  pipeplan check gpt2.profile.json --from megatron megatron.args --memory 16GiB\n"
+                "  pipeplan check llama.profile.json --from torchtitan job.toml --devices 8 \\\n"
+                "      --rename model.layers=layers --rename model.embed_tokens=tok_embeddings \\\n"
+                "      --rename model.norm=norm\n"
+                "  pipeplan check gpt2.profile.json --from deepspeed ds_config.json --out mine.plan.json"
             ),
         ),
     ),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from planner.check_options import CHECKED_TRAINERS
 from planner.errors import UsageError, shorten
 from planner.trainer_configs.deepspeed import read_deepspeed
 from planner.trainer_configs.layout import TrainerLayout
@@ -19,9 +20,6 @@ from planner.trainer_configs.torchtitan import read_torchtitan
 from profiles.format import Profile
 
 __all__ = ["CHECKED_TRAINERS", "TrainerLayout", "read_config"]
-
-CHECKED_TRAINERS = ("megatron", "torchtitan", "deepspeed")
-"""The trainers whose configurations ``check --from`` reads (accelerate's prepare_pippy is for inference)."""
 
 
 def read_config(

@@ -86,6 +86,7 @@ def read_deepspeed(
     (default: ``stages x train_batch_size / (micro-batch x accumulation steps)``)."""
     config, module = _python_export(text, units, renames) if _is_python(text) else _json_config(text)
     names = [u.name for u in units]
+    by_name = {u.name: u for u in units}
     stages_value = module.get("stages")
     if stages_value is None or stages_value == "auto":
         raise ConfigError(
@@ -105,6 +106,14 @@ def read_deepspeed(
     interval = as_int("activation_checkpoint_interval", str(module.get("activation_checkpoint_interval", 0)), 0)
     stages = tuple(tuple(names[parts[s] : parts[s + 1]]) for s in range(num_stages))
     notes = []
+    if method.lower().startswith("type:"):
+        pattern = re.compile(method.split(":")[1], re.IGNORECASE)
+        none = [s for s, held in enumerate(stages) if not any(pattern.search(by_name[u].type) for u in held)]
+        if none:
+            notes.append(
+                f"{method} balances only the layers it matches, and stage{'s' if len(none) > 1 else ''} "
+                f"{', '.join(map(str, none))} hold{'s' if len(none) == 1 else ''} none of them"
+            )
     if interval > 1:
         notes.append(
             f"activation_checkpoint_interval {interval} checkpoints every {interval} layers; pipeplan models "

@@ -48,7 +48,7 @@ _KEYS = {
         "context_parallel_degree",
         "expert_parallel_degree",
     ),
-    "training": ("local_batch_size", "global_batch_size"),
+    "training": ("local_batch_size", "global_batch_size", "disable_cuda_graphs"),
     "activation_checkpoint": ("mode",),
 }
 _DEFAULTS: dict[str, Any] = {
@@ -67,6 +67,7 @@ _DEFAULTS: dict[str, Any] = {
     "context_parallel_degree": 1,
     "expert_parallel_degree": 1,
     "local_batch_size": 8,
+    "disable_cuda_graphs": False,
     "global_batch_size": -1,
     "mode": "none",
 }
@@ -92,7 +93,12 @@ def torchtitan_settings(text: str) -> dict[str, Any]:
         return settings
     words = command_words(text)
     valued = {f"--{section}.{key}" for section, keys in _KEYS.items() for key in keys}
-    switches = {"--parallelism.enable_sequence_parallel", "--parallelism.no_enable_sequence_parallel"}
+    switches = {
+        "--parallelism.enable_sequence_parallel",
+        "--parallelism.no_enable_sequence_parallel",
+        "--training.disable_cuda_graphs",
+        "--training.no_disable_cuda_graphs",
+    }
     modes = [w for w in words if w.startswith("activation-checkpoint:")]
     words = [w for w in words if not w.startswith("activation-checkpoint:")]
     parts, rest = _take_parts(words)
@@ -101,6 +107,8 @@ def torchtitan_settings(text: str) -> dict[str, Any]:
         settings[flag.rpartition(".")[2]] = raw
     if "--parallelism.no_enable_sequence_parallel" in flags.switches:
         settings["enable_sequence_parallel"] = False
+    if "--training.disable_cuda_graphs" in flags.switches:
+        settings["disable_cuda_graphs"] = True
     if parts is not None:
         settings["module_fqns_per_model_part"] = parts
     if modes:
@@ -169,6 +177,10 @@ def read_torchtitan(
     s = torchtitan_settings(text)
     pp = _int(s, "pipeline_parallel_degree")
     tp = _int(s, "tensor_parallel_degree")
+    if pp > 1 and not _bool(s["disable_cuda_graphs"], "disable_cuda_graphs"):
+        raise ConfigError(
+            "torchtitan: CUDA graphs do not support pipeline parallelism yet. Set --training.disable_cuda_graphs."
+        )
     for key in ("context_parallel_degree", "expert_parallel_degree"):
         if _int(s, key) > 1:
             raise ConfigError(f"{key} {s[key]}: pipeplan does not model context or expert parallelism")
@@ -224,7 +236,7 @@ def read_torchtitan(
         )
     if replicate > 1 and shard > 1:
         notes.append(f"HSDP ({replicate} replicas of {shard} shards) is modelled as FSDP over all {dp} replicas")
-    sequence = _bool(s["enable_sequence_parallel"]) and tp > 1
+    sequence = _bool(s["enable_sequence_parallel"], "enable_sequence_parallel") and tp > 1
     read = [
         f"pipeline_parallel_degree = {pp}, schedule {name}" + (f", {vp} stages per rank" if vp > 1 else ""),
         f"decoder layers per stage = {split}",
@@ -300,7 +312,7 @@ def _int(s: Mapping[str, Any], key: str, least: int = 1) -> int:
     return as_int(key, str(value), least)
 
 
-def _bool(value: object) -> bool:
+def _bool(value: object, key: str) -> bool:
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -308,4 +320,4 @@ def _bool(value: object) -> bool:
         return True
     if text in ("false", "0", "no"):
         return False
-    raise ConfigError(f"enable_sequence_parallel must be true or false, got {shorten(repr(value), 30)}")
+    raise ConfigError(f"{key} must be true or false, got {shorten(repr(value), 30)}")
