@@ -23,6 +23,11 @@ Plan it::
     simulate(plan.pipeline())        the iteration in time: bubble, busy time, in-flight micro-batches
     export_plan(plan, "megatron")    the trainer's configuration (``.text()``); also torchtitan, deepspeed,
                                      accelerate
+    check_config(profile, "megatron", text, CheckOptions(memory_bytes=80 << 30))
+                                     the configuration you run (Megatron-Core arguments, torchtitan overrides or
+                                     TOML, DeepSpeed's ds_config) as a plan (``.plan``), each rank's memory
+                                     (``.ranks``, ``.fits``) and the best plan under its rules (``.best``,
+                                     ``.speedup``), as ``pipeplan check`` prints it: format_check(result)
 
 Run it::
 
@@ -61,6 +66,9 @@ _FRONT_DOOR = {
     "format_plan": "planner.report",
     "simulate": "planner.schedule.simulate",
     "export_plan": "planner.export",
+    "CheckOptions": "planner.check_options",
+    "check_config": "planner.check",
+    "format_check": "planner.check",
     "apply_plan": "planner.runtime.recorded_run",
     "VerifyOptions": "planner.runtime.run_options",
     "verify_plan": "planner.runtime.verify",

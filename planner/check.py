@@ -110,7 +110,7 @@ def _cluster_options(layout: TrainerLayout, options: CheckOptions) -> ClusterOpt
 
 
 def layout_as_plan(
-    profile: Profile, layout: TrainerLayout, options: CheckOptions, *, sha256: str
+    profile: Profile, layout: TrainerLayout, options: CheckOptions, *, sha256: str | None
 ) -> tuple[Plan, tuple[RankMemory, ...]]:
     """The trainer's layout as a plan on its devices, and each pipeline rank's memory."""
     given = GivenLayout(
@@ -165,7 +165,6 @@ def check_config(
         path = profile
         profile = load_profile(path)
         sha256 = sha256 or profile_sha256(path)
-    sha256 = sha256 or "0" * 64
     layout = read_config(trainer, config, profile, renames=options.renames, devices=options.devices)
     if options.placement is not None:
         layout = replace(layout, placement=options.placement)

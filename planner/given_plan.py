@@ -70,7 +70,7 @@ def _boundaries(profile: Profile, stages: Sequence[Sequence[str]]) -> tuple[int,
 
 
 def given_plan(
-    profile: Profile, request: PlanRequest, layout: GivenLayout, *, sha256: str
+    profile: Profile, request: PlanRequest, layout: GivenLayout, *, sha256: str | None
 ) -> tuple[Plan, tuple[StageMemory, ...]]:
     """``layout`` as a plan of ``request.num_ranks`` ranks, and each stage's memory against its capacity.
 
@@ -137,7 +137,7 @@ def given_mesh_plan(
     *,
     sequence_parallel: bool,
     vocab_parallel: bool,
-    sha256: str,
+    sha256: str | None,
 ) -> tuple[Plan, tuple[StageMemory, ...]]:
     """``given`` as each replica's pipeline of a ``pp x tp x dp`` ``layout`` on ``cluster`` (``request`` for the
     whole step), costed as the cluster search costs that layout."""

@@ -12,7 +12,7 @@ import pytest
 import planner
 from cli import main
 from planner.errors import PlanInfeasibleError
-from synthetic import make_profile
+from synthetic import make_profile, transformer_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,6 +59,20 @@ def test_plan_profile_gives_the_plan_the_command_writes(tmp_path: Path) -> None:
     # From a Profile object the plan is the same, less the file's digest it cannot know.
     again = planner.plan_profile(profile, planner.PlanOptions(ranks=2, global_batch=4))
     assert again.plan.stages == planned.plan.stages and again.plan.profile_sha256 is None
+
+
+def test_check_config_gives_the_plan_and_report_the_command_writes(tmp_path: Path, capsys) -> None:
+    profile = transformer_profile("gpt2", layers=4, sizes=(1, 2))
+    path, config, out = tmp_path / "p.json", tmp_path / "mlm.args", tmp_path / "mine.json"
+    planner.save_profile(profile, path)
+    config.write_text("--pipeline-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 8")
+    assert main(["check", str(path), "--from", "megatron", str(config), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    result = planner.check_config(path, "megatron", config.read_text(), planner.CheckOptions())
+    planner.save_plan(result.plan, tmp_path / "api.json")
+    assert (tmp_path / "api.json").read_bytes() == out.read_bytes()
+    assert result.fits and result.best is not None and result.speedup is not None and result.speedup >= 1.0
+    assert planner.format_check(result) in printed
 
 
 def test_plan_profile_over_a_cluster_returns_its_layouts(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""Commands that need no torch start without it: ``pipeplan --version``, ``plan``, ``show``, ``simulate`` and
-``export`` run in a process that never imports torch (nor its stack: the CLI's start is what a script that plans
-many what-ifs pays every time)."""
+"""Commands that need no torch start without it: ``pipeplan --version``, ``plan``, ``show``, ``simulate``,
+``export`` and ``check`` run in a process that never imports torch (nor its stack: the CLI's start is what a
+script that plans many what-ifs pays every time)."""
 
 from __future__ import annotations
 
@@ -33,12 +33,13 @@ def test_planning_commands_never_import_torch(tmp_path: Path) -> None:
         ["show", plan],
         ["simulate", plan, "--compare", "gpipe,1f1b", "--out", timeline],
         ["export", plan, "--to", "megatron", "--out", str(tmp_path / "m.txt")],
+        ["check", str(profile), "--from", "megatron", str(tmp_path / "m.txt")],
     ]
     code = _RUN.format(root=str(ROOT), commands=commands)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result == {"codes": [0, 0, 0, 0], "heavy": []}, done.stderr[-2000:]
+    assert result == {"codes": [0, 0, 0, 0, 0], "heavy": []}, done.stderr[-2000:]
 
 
 def test_version_answers_without_the_planner() -> None:
