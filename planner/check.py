@@ -249,6 +249,15 @@ def format_check(result: CheckResult) -> str:
                 ["stage", "rank", "units", "compute", "recompute", "memory"], _stage_rows(best), align=">><><>"
             )
         )
+        peaks: dict[int, float] = {}
+        for stage in best.stages:
+            peaks[stage.rank] = peaks.get(stage.rank, 0.0) + stage.memory_bytes.peak
+        usable = min(r.capacity_bytes for r in result.ranks)
+        rank, peak = max(peaks.items(), key=lambda item: item[1])
+        lines.append(
+            f"  its largest rank peak: rank {rank}, {human_bytes(peak)} of {human_bytes(usable)} usable: "
+            + ("fits every rank" if peak <= usable else "OVER")
+        )
         speedup = result.speedup or 1.0
         if speedup > 1.0005:
             lines.append(f"predicted {speedup:.3g}x faster than the configuration; its {title} configuration:")
