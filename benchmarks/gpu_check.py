@@ -1,15 +1,17 @@
-"""The device check of the fidelity issue, as one short command (< 8 min on one H200).
+"""The device check, as one short command (meant for under 8 min on one H100 or H200).
 
 On CUDA:  python benchmarks/gpu_check.py --device cuda --out benchmarks/results/gpu
 On CPU (the path the test suite runs, gpt2-tiny):  python benchmarks/gpu_check.py --device cpu --quick --out DIR
 
 1. ``calibrate`` on the device (2 ranks when there are 2 GPUs; with one GPU, one rank: optimizer and
    per-action overhead measured, the link left at the shipped values and said so);
-2. ``profile`` gpt2-small in bfloat16 (CUDA) or gpt2-tiny in float32 (CPU, ``--quick``);
-3. ``plan`` it for 2 stages with that calibration;
-4. ``verify`` it in replay mode on the one device, and hold the allocator's peak
+2. ``profile`` gpt2-small and a Llama 3.2 1B-shaped model (hidden 2048, 16 layers, 2,048 tokens) in bfloat16,
+   at micro-batch 1, 2 and 4 (on CUDA the units are timed in context: profiles/in_context.py), or gpt2-tiny in
+   float32 (CPU, ``--quick``); each size's unit sum against the whole model;
+3. ``plan`` each for 2 and 4 stages with that calibration;
+4. ``verify`` each plan in replay mode on the one device, and hold the allocator's peak
    (``torch.cuda.max_memory_allocated``) against the memory the plan predicts for the stages that replay
-   keeps resident (weights, gradients, activations in flight; replay runs no optimizer).
+   keeps resident.
 
 Writes ``check.json`` (every number) and ``check.md`` (a table for docs/BENCHMARKS.md) into ``--out``.
 """
@@ -17,6 +19,7 @@ Writes ``check.json`` (every number) and ``check.md`` (a table for docs/BENCHMAR
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 import time
@@ -51,9 +54,85 @@ def _resident_prediction_bytes(plan) -> int:
     return held + max(s.memory_bytes.transient for s in stages)
 
 
+MODELS = (
+    # (MODEL spec, dtype, load options): gpt2-small, and a GPU-bound Llama of the size people train (Llama 3.2
+    # 1B's shape, untied, built from its config: nothing downloaded) at 2,048 tokens.
+    ("gpt2-small", "bfloat16", {}),
+    ("hf:benchmarks/llama-3.2-1b.json", "bfloat16", {"seq_len": 2048}),
+)
+QUICK_MODELS = (("gpt2-tiny", "float32", {}),)
+
+
+def _check_model(
+    spec: str, dtype: str, options: dict, device: str, quick: bool, calibration, out: Path
+) -> dict[str, object]:
+    """One model: profiled at micro-batch 1, 2 and 4 (units in context on a GPU), planned for 2 and 4 stages
+    (2 with ``quick``), each plan replayed on the one device against its prediction and the allocator's peak."""
+    name = spec.rpartition("/")[2].removesuffix(".json")
+    profile = profile_model(
+        load_workload(spec, **options),
+        MeasureSettings(
+            micro_batch_sizes=(1, 2, 4),
+            device=device,
+            dtype=dtype,
+            repeats=1 if quick else 3,
+            progress=False,
+            min_time_s=0.0 if quick else MIN_TIME_S,
+        ),
+    )
+    save_profile(profile, out / f"{name}.profile.json")
+    settings = default_settings(profile, calibration=calibration, calibration_label="gpu_check")
+    entry: dict[str, object] = {
+        "name": spec,
+        "dtype": dtype,
+        "unit_timing": profile.settings.get("unit_timing", {"units": "alone"}),
+        "unit_sum_error_pct": [
+            (profile.unit_sum_s(k) - profile.whole_s(k)) / profile.whole_s(k) * 100
+            for k in range(len(profile.micro_batch_sizes))
+        ],
+        "plans": [],
+        "replay_error_pct": [],
+        "memory_error_pct": [],
+    }
+    for stages in (2,) if quick else (2, 4):
+        request = PlanRequest(num_ranks=stages, global_batch_size=8, settings=settings)
+        plan = make_plan(profile, request, sha256="0" * 64)
+        save_plan(plan, out / f"{name}.p{stages}.plan.json")
+        # Replay runs the model as profiled: same dtype, same device.
+        replayed = load_workload(spec, **options)
+        replayed = replace(replayed, model=replayed.model.to(dtype=DTYPES[dtype]))
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        report = verify_plan(
+            plan,
+            replayed,
+            VerifyOptions(
+                mode="replay", steps=2 if quick else 5, warmup=1, device=device, tolerance=0.25, timeout_s=300.0
+            ),
+        )
+        predicted_bytes = _resident_prediction_bytes(plan)
+        peak = int(torch.cuda.max_memory_allocated()) if device == "cuda" else None
+        entry["plans"].append(  # type: ignore[union-attr]
+            {
+                "stages": stages,
+                "schedule": plan.schedule.value,
+                "micro_batch_size": plan.micro_batch_size,
+                "split_points": list(plan.split_points),
+                "predicted_iteration_s": report.predicted_iteration_s,
+                "replayed_iteration_s": report.measured_iteration_s,
+                "predicted_resident_bytes": predicted_bytes,
+                "allocator_peak_bytes": peak,
+            }
+        )
+        entry["replay_error_pct"].append(report.iteration_error_pct)  # type: ignore[union-attr]
+        entry["memory_error_pct"].append(  # type: ignore[union-attr]
+            None if peak is None else (peak - predicted_bytes) / predicted_bytes * 100
+        )
+    return entry
+
+
 def run(device: str, quick: bool, out: Path) -> dict[str, object]:
     out.mkdir(parents=True, exist_ok=True)
-    model, dtype = ("gpt2-tiny", "float32") if quick else ("gpt2-small", "bfloat16" if device == "cuda" else "float32")
     started = time.perf_counter()
     ranks = 2 if device == "cpu" or torch.cuda.device_count() >= 2 else 1
     calibration = calibrate(
@@ -64,80 +143,40 @@ def run(device: str, quick: bool, out: Path) -> dict[str, object]:
         min_measure_s=0.0 if quick else MIN_MEASURE_S,
     )
     save_calibration(calibration, out / "calibration.json")
-    workload = load_workload(model)
-    profile = profile_model(
-        workload,
-        MeasureSettings(
-            micro_batch_sizes=(1, 2, 4),
-            device=device,
-            dtype=dtype,
-            repeats=1 if quick else 5,
-            progress=False,
-            min_time_s=0.0 if quick else MIN_TIME_S,
-        ),
-    )
-    save_profile(profile, out / "profile.json")
-    settings = default_settings(profile, calibration=calibration, calibration_label="gpu_check")
-    plan = make_plan(profile, PlanRequest(num_ranks=2, global_batch_size=8, settings=settings), sha256="0" * 64)
-    save_plan(plan, out / "plan.json")
-    # Replay runs the model as profiled: same dtype, same device.
-    replayed = load_workload(model)
-    replayed = replace(replayed, model=replayed.model.to(dtype=DTYPES[dtype]))
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    report = verify_plan(
-        plan,
-        replayed,
-        VerifyOptions(mode="replay", steps=2 if quick else 5, warmup=1, device=device, tolerance=0.25, timeout_s=300.0),
-    )
-    allocator_peak = int(torch.cuda.max_memory_allocated()) if device == "cuda" else None
+    models = QUICK_MODELS if quick else MODELS
     result: dict[str, object] = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "model": model,
-        "dtype": dtype,
+        "date": datetime.date.today().isoformat(),
         "torch": torch.__version__,
         "calibration": {k: v for k, v in calibration.to_dict().items() if k != "notes"},
-        "unit_sum_vs_whole_pct": [
-            (profile.unit_sum_s(k) - profile.whole_s(k)) / profile.whole_s(k) * 100
-            for k in range(len(profile.micro_batch_sizes))
-        ],
-        "plan": {
-            "schedule": plan.schedule.value,
-            "micro_batch_size": plan.micro_batch_size,
-            "split_points": list(plan.split_points),
-        },
-        "predicted_iteration_s": report.predicted_iteration_s,
-        "replayed_iteration_s": report.measured_iteration_s,
-        "iteration_error_pct": report.iteration_error_pct,
-        "predicted_resident_bytes": _resident_prediction_bytes(plan),
-        "allocator_peak_bytes": allocator_peak,
-        "wall_s": time.perf_counter() - started,
+        "models": [_check_model(*m, device, quick, calibration, out) for m in models],
     }
+    result["wall_s"] = time.perf_counter() - started
     (out / "check.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     (out / "check.md").write_text(_markdown(result))
     return result
 
 
+def _pct(values: object) -> str:
+    return ", ".join("n/a" if v is None else f"{v:+.1f}%" for v in values)  # type: ignore[union-attr]
+
+
 def _markdown(r: dict[str, object]) -> str:
     cal = r["calibration"]
     assert isinstance(cal, dict)
-    peak = r["allocator_peak_bytes"]
-    memory = (
-        f"{peak / 2**20:.0f} MiB allocator peak vs {int(r['predicted_resident_bytes']) / 2**20:.0f} MiB predicted"
-        if isinstance(peak, int)
-        else "n/a (CPU)"
-    )
     rows = [
         ("device", r["device"]),
-        ("model, dtype", f"{r['model']}, {r['dtype']}"),
         ("per-action overhead (ms)", ", ".join(f"{k} {v * 1e3:.3f}" for k, v in cal["action_overhead_s"].items())),
-        ("link", f"{cal['p2p_latency_s'] * 1e6:.1f} us + bytes / {cal['p2p_bytes_per_s'] / 1e9:.1f} GB/s"),
         ("Adam per parameter", f"{cal['optimizer']['adam']['per_param_s'] * 1e12:.2f} ps"),
-        ("unit sum vs whole model", ", ".join(f"{x:+.1f}%" for x in r["unit_sum_vs_whole_pct"])),  # type: ignore[union-attr]
-        ("replayed vs predicted iteration", f"{r['iteration_error_pct']:+.1f}%"),
-        ("memory (replay, all stages resident)", memory),
-        ("wall time", f"{r['wall_s']:.0f} s"),
     ]
+    for m in r["models"]:  # type: ignore[union-attr]
+        rows += [
+            (f"{m['name']} ({m['dtype']}): units timed", m["unit_timing"]["units"]),
+            ("unit sum vs whole model (b = 1, 2, 4)", _pct(m["unit_sum_error_pct"])),
+            ("replayed vs predicted iteration (2, 4 stages)", _pct(m["replay_error_pct"])),
+            ("allocator peak vs predicted (2, 4 stages)", _pct(m["memory_error_pct"])),
+        ]
+    rows.append(("wall time", f"{r['wall_s']:.0f} s"))
     return "| measure | value |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
 
 

@@ -12,7 +12,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_leaves
 
 from planner.errors import ProfilingError
 from profiles.dataflow import Capture, Edge, Piece, capture_export, capture_hooks, param_ownership
+from profiles.in_context import time_in_context
 from profiles.measure import PieceMeasurement, count_flops, measure_piece
 from profiles.reference import SpeedReference
 from profiles.resume import measure_resume
@@ -31,6 +32,11 @@ from profiles.workload import Workload
 __all__ = ["measure_loaded", "loss_memory", "SizeRun"]
 
 log = logging.getLogger("pipeplan")
+
+IN_CONTEXT_DEVICES = ("cuda",)
+"""Where the units' times are taken in context (profiles/in_context.py). On a CPU, timed one at a time, the units
+of gpt2-small sum to within 2.2 % of the whole model, and a pipeline stage there runs at the threads the profile
+timed each unit with: the CPU keeps that."""
 
 Batch = Callable[[int], tuple[tuple[Any, ...], Any]]
 """``batch(b)``: a micro-batch of ``b`` samples, inputs and target, on the profiling device."""
@@ -141,6 +147,48 @@ def _time_sizes(
     )
 
 
+def _in_context(
+    runs: Sequence[SizeRun],
+    timed: list[Rounds],
+    model: nn.Module,
+    workload: Workload,
+    batch: Batch,
+    unit_names: list[str],
+    dev: torch.device,
+    bar: Any,
+    timing: Timing,
+) -> tuple[list[Rounds], dict[str, Any]]:
+    """On a GPU, each size's units timed again inside whole-model steps (profiles/in_context.py): their forward
+    and backward become those, the I/W split keeps the proportion measured alone, and the rest (bytes, the
+    whole model, the resume term) stays as measured alone. A model whose units cannot be marked keeps its alone
+    times, and the profile says why."""
+    markers: list[float] = []
+    out: list[Rounds] = []
+    for run, rounds in zip(runs, timed, strict=True):
+        bar.set_description(f"b={run.b} units in context")
+        inputs, target = batch(run.b)
+        try:
+            times = time_in_context(
+                model, inputs, target, workload.loss_fn, unit_names, dev, steps=max(5, timing.repeats)
+            )
+        except ProfilingError as exc:
+            return list(timed), {"units": "alone", "in_context_error": str(exc)}
+        medians = list(rounds.medians)
+        for k in range(run.units):
+            alone = medians[k]
+            scale = times.backward_s[k] / alone.backward_s if alone.backward_s > 0 else 1.0
+            medians[k] = replace(
+                alone,
+                forward_s=times.forward_s[k],
+                backward_s=times.backward_s[k],
+                backward_input_s=alone.backward_input_s * scale,
+                backward_weight_s=alone.backward_weight_s * scale,
+            )
+        out.append(replace(rounds, medians=tuple(medians)))
+        markers.append(times.markers_s)
+    return out, {"units": f"in context ({times.method})", "markers_s": markers, "alone": ["memory", "I/W split"]}
+
+
 def _after_rounds(
     run: SizeRun,
     timed: Rounds,
@@ -225,6 +273,9 @@ def measure_loaded(
             edges_by_size.append(cap.edges)
             runs.append(_size_run(cap, model, inputs, target, b, dev))
         timed = _time_sizes(runs, workload, dev, bar, timing, reference)
+        unit_timing = None
+        if dev.type in IN_CONTEXT_DEVICES:
+            timed, unit_timing = _in_context(runs, timed, model, workload, batch, unit_names, dev, bar, timing)
         after = [_after_rounds(run, t, workload, dev, bar, timing, counts) for run, t in zip(runs, timed, strict=True)]
         thread_reference = measure_reference_at(dev, counts, rounds=15 if timing.min_time_s > 0 else 3)
     finally:
@@ -246,6 +297,7 @@ def measure_loaded(
         thread_counts=counts,
         thread_reference_s=thread_reference,
         loss_bytes=tuple(losses),
+        unit_timing=unit_timing,
     )
 
 

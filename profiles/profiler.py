@@ -399,6 +399,8 @@ def _found_settings(subject: _Subject, measured: Measurements) -> dict[str, Any]
         settings["seq_len"] = int(first.shape[-1])  # token ids (batch, seq_len)
     if measured.export_error:
         settings["export_error"] = measured.export_error
+    if measured.unit_timing is not None:
+        settings["unit_timing"] = measured.unit_timing
     if subject.workload.notes:
         settings["adapted"] = list(subject.workload.notes)
     settings.update(attention_heads(subject.model))  # what a tensor-parallel plan must divide

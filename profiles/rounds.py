@@ -25,6 +25,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -114,6 +115,9 @@ class Measurements:
     thread_counts: tuple[int, ...] = ()
     thread_reference_s: tuple[float, ...] = ()
     """The speed reference at each of ``thread_counts``."""
+    unit_timing: dict[str, Any] | None = None
+    """How the units' forward and backward times were measured, where not one unit at a time: on CUDA, in
+    context (profiles/in_context.py), with the markers' cost per size; None: each unit alone."""
     loss_bytes: tuple[tuple[int, int], ...] | None = None
     """Per size, ``(target bytes, bytes the loss's output keeps)`` (profiles/loaded_profile.py ``loss_memory``); None
     for a meta profile."""

@@ -31,14 +31,17 @@ def test_gpu_check_cpu_path(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "check.json").read_text())
-    assert result["model"] == "gpt2-tiny" and result["device"] == "cpu"
+    assert result["device"] == "cpu" and result["torch"] == torch.__version__ and len(result["date"]) == 10
     assert result["calibration"]["device_kind"] == "cpu" and result["calibration"]["num_ranks"] == 2
-    assert result["predicted_iteration_s"] > 0 and result["replayed_iteration_s"] > 0
-    assert result["allocator_peak_bytes"] is None  # no allocator peak on CPU
-    assert len(result["unit_sum_vs_whole_pct"]) == 3
-    for name in ("calibration.json", "profile.json", "plan.json", "check.md"):
+    (model,) = result["models"]
+    assert model["name"] == "gpt2-tiny" and model["dtype"] == "float32"
+    assert len(model["unit_sum_error_pct"]) == 3 and len(model["replay_error_pct"]) == 1
+    assert model["memory_error_pct"] == [None]  # no allocator peak on CPU
+    assert model["plans"][0]["predicted_iteration_s"] > 0 and model["plans"][0]["replayed_iteration_s"] > 0
+    assert model["unit_timing"] == {"units": "alone"}  # the CPU times each unit alone
+    for name in ("calibration.json", "gpt2-tiny.profile.json", "gpt2-tiny.p2.plan.json", "check.md"):
         assert (tmp_path / name).stat().st_size > 0
-    assert "| replayed vs predicted iteration |" in (tmp_path / "check.md").read_text()
+    assert "| replayed vs predicted iteration (2, 4 stages) |" in (tmp_path / "check.md").read_text()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the refusal is for machines without one")
