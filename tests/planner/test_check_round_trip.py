@@ -112,3 +112,39 @@ def test_check_of_every_export_of_random_plans(seed: int) -> None:
         else:
             assert checked.schedule is Schedule.ONE_F_ONE_B, trainer
     assert checked_any
+
+
+@pytest.mark.parametrize(
+    ("trainer", "text", "devices"),
+    [
+        ("megatron", "--pipeline-model-parallel-size 4 --micro-batch-size 1 --global-batch-size 16", None),
+        (
+            "megatron",
+            "--pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 --micro-batch-size 1 "
+            "--global-batch-size 16",
+            8,
+        ),
+        (
+            "torchtitan",
+            "--parallelism.pipeline_parallel_degree 2 --training.local_batch_size 8 --training.disable_cuda_graphs",
+            None,
+        ),
+        (
+            "deepspeed",
+            '{"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1, "pipeline": {"stages": 4, '
+            '"partition_method": "uniform"}}',
+            None,
+        ),
+    ],
+)
+def test_the_best_plan_is_no_slower_than_the_configuration_on_its_devices(trainer, text, devices) -> None:
+    """The configuration is one plan the trainer's rules allow, so the exact search under those rules finds one
+    at least as fast (less the 1 % within which it prefers evenly used ranks), on the same mesh and batch."""
+    profile = transformer_profile("llama", layers=8, sizes=(1, 2), heads=8)
+    renames = LLAMA_RENAMES if trainer == "torchtitan" else ()
+    result = check_config(profile, trainer, text, CheckOptions(renames=renames, devices=devices), sha256="0" * 64)
+    assert result.best is not None, result.best_error
+    assert result.speedup is not None and result.speedup >= 0.99
+    assert result.best.global_batch_size == result.plan.global_batch_size
+    degrees = lambda p: (p.mesh.pp, p.mesh.tp, p.mesh.dp) if p.mesh else (p.num_ranks, 1, 1)  # noqa: E731
+    assert degrees(result.best) == degrees(result.plan)
