@@ -101,7 +101,7 @@ def read_deepspeed(
             f"{', '.join(map(str, empty))} of {num_stages} no layers (parts {parts}): those ranks would idle and "
             "pipeplan plans stages of at least one unit; use another partition_method or explicit parts"
         )
-    micro, accumulation, dp, batch_read = _batch(config, num_stages, devices or None, module.get("data_parallel"))
+    micro, accumulation, dp, batch_read = _batch(config, num_stages, devices, module.get("data_parallel"))
     zero = _zero_stage(config)
     interval = as_int("activation_checkpoint_interval", str(module.get("activation_checkpoint_interval", 0)), 0)
     stages = tuple(tuple(names[parts[s] : parts[s + 1]]) for s in range(num_stages))
@@ -134,7 +134,7 @@ def read_deepspeed(
         recompute=(interval > 0,) * num_stages,
         data_parallel=dp,
         shard="optimizer" if zero == 1 and dp > 1 else "none",
-        placement=module.get("placement", "replicas-in-node"),
+        placement=_placement(module),
         read=tuple(read),
         notes=tuple(notes),
     )
@@ -273,6 +273,15 @@ def _batch(
             f"gradient_acc_step * world_size {batch} != {micro} * {steps} * {dp}"
         )
     return micro, steps, dp, f"train_batch_size = {batch} = micro-batch {micro} x {steps} steps x data parallel {dp}"
+
+
+def _placement(module: Mapping[str, Any]) -> str:
+    """The export's topology says where ranks go (``pipe`` innermost: each pipeline on consecutive ranks);
+    DeepSpeed's default ``PipeDataParallelTopology`` puts a stage's replicas on consecutive ranks."""
+    placement = module.get("placement", "replicas-in-node")
+    if placement not in ("pipeline-in-node", "replicas-in-node"):
+        raise ConfigError(f"pipeline.placement must be pipeline-in-node or replicas-in-node, got {placement!r}")
+    return str(placement)
 
 
 def _zero_stage(config: Mapping[str, Any]) -> int:

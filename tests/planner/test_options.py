@@ -61,10 +61,11 @@ def test_every_commands_defaults_are_its_dataclass_defaults(command: str) -> Non
         "export": ["p.json", "--to", "megatron"],
         "simulate": [],
         "verify": ["p.json", "--model", "mlp"],
+        "check": ["p.json", "--from", "megatron", "args.txt"],
     }[command]
     options = command_options(build_parser().parse_args([command, *required]))
     assert isinstance(options, COMMANDS[command][0])
-    given = {"name", "model", "out", "file", "plan", "profile", "global_batch", "to"}
+    given = {"name", "model", "out", "file", "plan", "profile", "global_batch", "to", "trainer", "config"}
     kinds = [type(options)] + [f.metadata["nested"].kind for f in dataclasses.fields(options) if "nested" in f.metadata]
     defaults = {
         f.name: f.default for kind in kinds for f in dataclasses.fields(kind) if f.default is not dataclasses.MISSING
