@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.options import bandwidth, check_fields, int_range, nonneg_float, option, rename
-from planner.request import memory
+from planner.options import check_fields, int_range, option, option_like, rename
+from planner.request import ClusterOptions, PlanOptions
 
 __all__ = ["CheckOptions", "CHECKED_TRAINERS"]
 
@@ -36,38 +36,13 @@ class CheckOptions:
         help="the job's world size, which sets the data-parallel degree (default: torchrun's --nproc-per-node x "
         "--nnodes in a Megatron command line, DeepSpeed's batch arithmetic, else one replica)",
     )
-    devices_per_node: int | None = option(None, parse=int_range(1, _MAX_DEVICES), metavar="G", help="devices per node")
-    memory_bytes: int | None = option(
-        None,
-        flag="--memory",
-        parse=memory,
-        unit="bytes",
-        metavar="80GiB",
-        help="memory of every device (default: the profiled device's; on CPU, shared by one pipeline's ranks), "
-        "less 10%% headroom",
-    )
-    link_bytes_per_s: float | None = option(
-        None, flag="--bandwidth", parse=bandwidth, unit="bytes/s", metavar="25GB/s", help="one pipeline's link"
-    )
-    link_latency_s: float | None = option(
-        None, flag="--latency", parse=nonneg_float, unit="s", metavar="SECONDS", help="link latency per message"
-    )
-    intra_node_bytes_per_s: float | None = option(
-        None,
-        flag="--intra-node-bandwidth",
-        parse=bandwidth,
-        unit="bytes/s",
-        metavar="450GB/s",
-        help="per device, each way, inside a node (a mesh's)",
-    )
-    inter_node_bytes_per_s: float | None = option(
-        None,
-        flag="--inter-node-bandwidth",
-        parse=bandwidth,
-        unit="bytes/s",
-        metavar="50GB/s",
-        help="per device, each way, between nodes (a mesh's)",
-    )
+    # The devices as `plan` takes them: the same flags, readers, defaults and help.
+    devices_per_node: int | None = option_like(ClusterOptions, "devices_per_node")
+    memory_bytes: int | None = option_like(PlanOptions, "memory_bytes")
+    link_bytes_per_s: float | None = option_like(PlanOptions, "link_bytes_per_s")
+    link_latency_s: float | None = option_like(PlanOptions, "link_latency_s")
+    intra_node_bytes_per_s: float | None = option_like(ClusterOptions, "intra_node_bytes_per_s")
+    inter_node_bytes_per_s: float | None = option_like(ClusterOptions, "inter_node_bytes_per_s")
     placement: str | None = option(
         None,
         choices=("pipeline-in-node", "replicas-in-node"),
@@ -76,12 +51,8 @@ class CheckOptions:
         "configuration says, Megatron's --use-tp-pp-dp-mapping or DeepSpeed's topology, else the trainers' own "
         "order, replicas-in-node)",
     )
-    optimizer: str = option("adam", choices=("sgd", "adam"), help="the optimizer (default adam)")
-    calibration: str = option(
-        "auto",
-        metavar="auto|none|CALIBRATION.json",
-        help="runtime terms, as `plan --calibration` (default auto)",
-    )
+    optimizer: str = option_like(PlanOptions, "optimizer")
+    calibration: str = option_like(PlanOptions, "calibration")
     no_best: bool = option(False, help="check the configuration only: search no plan to compare it with")
 
     def __post_init__(self) -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "Option",
     "Nested",
     "option",
+    "option_like",
     "nested",
     "option_of",
     "flag_of",
@@ -130,6 +131,13 @@ def option(
         cli=cli,
     )
     return dataclasses.field(default=default, metadata={"option": facts})
+
+
+def option_like(kind: type, name: str) -> Any:
+    """A field declared as ``kind``'s field ``name`` is (flag, reader, default, help, unit): an option two
+    commands share is declared once, where it first belongs."""
+    source = {f.name: f for f in dataclasses.fields(kind)}[name]
+    return dataclasses.field(default=source.default, metadata={"option": option_of(source)})
 
 
 def nested(
