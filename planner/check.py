@@ -13,13 +13,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.check_options import CheckOptions
-from planner.cluster import Layout, default_cluster
+from planner.cluster import Layout
 from planner.errors import PipeplanError, UsageError, shorten
 from planner.export import export_plan
 from planner.formatting import format_table, human_bytes, human_seconds
 from planner.given_plan import GivenLayout, StageMemory, given_mesh_plan, given_plan
 from planner.plan import Plan
-from planner.planning import plan_profile
+from planner.planning import cluster_devices, plan_profile
 from planner.request import ClusterOptions, PlanOptions, plan_request, profile_sha256
 from planner.tensor_parallel import TpLayout, layout_switches
 from planner.trainer_configs import read_config
@@ -122,15 +122,7 @@ def layout_as_plan(
         plan, memory = given_plan(profile, request, given, sha256=sha256)
         return plan, _ranks(memory)
     request = plan_request(profile, search, cluster=True)
-    cluster = default_cluster(
-        profile.device.kind,
-        layout.world_size,
-        devices_per_node=options.devices_per_node,
-        intra_node_bytes_per_s=options.intra_node_bytes_per_s,
-        inter_node_bytes_per_s=options.inter_node_bytes_per_s,
-        latency_s=options.link_latency_s,
-        shard=layout.shard,
-    )
+    cluster = cluster_devices(profile, _cluster_options(layout, options), options.link_latency_s)
     mesh_layout = Layout(layout.num_ranks, layout.data_parallel, layout.placement, layout.tensor_parallel)
     megatron_like = layout.trainer in ("megatron", "torchtitan")
     sequence, vocab = layout_switches(TpLayout.MEGATRON if megatron_like else TpLayout.BLOCKS, layout.sequence_parallel)

@@ -13,14 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.cluster import ClusterResult, MeshSearch, default_cluster, plan_cluster
+from planner.cluster import Cluster, ClusterResult, MeshSearch, default_cluster, plan_cluster
 from planner.plan import Plan
 from planner.request import ClusterOptions, PlanOptions, PlanRequest, plan_request, profile_sha256
 from planner.search import fewer_ranks_faster, make_plan
 from planner.trainer_rules import check_trainer, for_trainer
 from profiles.format import Profile, load_profile
 
-__all__ = ["Planned", "plan_profile", "request_for"]
+__all__ = ["Planned", "plan_profile", "request_for", "cluster_devices"]
 
 
 @dataclass(frozen=True)
@@ -73,21 +73,27 @@ def plan_profile(
     return Planned(result.plan, cluster=result)
 
 
+def cluster_devices(profile: Profile, cluster: ClusterOptions, latency_s: float | None) -> Cluster:
+    """``cluster``'s devices, with the links of the profile's device kind where none is given."""
+    assert cluster.devices is not None
+    return default_cluster(
+        profile.device.kind,
+        cluster.devices,
+        devices_per_node=cluster.devices_per_node,
+        intra_node_bytes_per_s=cluster.intra_node_bytes_per_s,
+        inter_node_bytes_per_s=cluster.inter_node_bytes_per_s,
+        latency_s=latency_s,
+        shard=cluster.shard,
+    )
+
+
 def _plan_mesh(
     profile: Profile, search: PlanOptions, cluster: ClusterOptions, *, sha256: str | None, record_timing: bool
 ) -> ClusterResult:
     """The cluster search over ``cluster``'s devices, with the links of its device kind where none is given."""
     assert cluster.devices is not None
     request = request_for(profile, search, cluster=True)  # its checks before the cluster's, as the CLI reads them
-    devices = default_cluster(
-        profile.device.kind,
-        cluster.devices,
-        devices_per_node=cluster.devices_per_node,
-        intra_node_bytes_per_s=cluster.intra_node_bytes_per_s,
-        inter_node_bytes_per_s=cluster.inter_node_bytes_per_s,
-        latency_s=search.link_latency_s,
-        shard=cluster.shard,
-    )
+    devices = cluster_devices(profile, cluster, search.link_latency_s)
     mesh = MeshSearch(
         pipeline_degree=search.ranks,
         tensor_parallel=None if cluster.tensor_parallel == "auto" else cluster.tensor_parallel or 1,
