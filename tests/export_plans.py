@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import shlex
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from planner.cost import MemoryBreakdown
 from planner.plan import Mesh, Plan, Prediction, SolverInfo, StagePlan, plan_from_dict
 from planner.schedule.orders import Schedule, stage_to_rank
 
-__all__ = ["GPT2_TINY", "LLAMA_SMALL", "hand_plan", "on_mesh", "shell_words"]
+__all__ = ["GPT2_TINY", "LLAMA_SMALL", "RandomCase", "random_case", "hand_plan", "on_mesh", "shell_words"]
 
 # The units the built-in models are profiled as (README, "The model-spec protocol";
 # tests/profiles/models/test_builtin_models.py).
@@ -24,6 +26,28 @@ GPT2_TINY = [
     "lm_head",
 ]
 LLAMA_SMALL = ["model.embed_tokens", *(f"model.layers.{i}" for i in range(8)), "model.norm", "lm_head"]
+
+
+class RandomCase(NamedTuple):
+    """A seeded planning case of the export tests: unit names, forward times, ranks and schedule (None: auto)."""
+
+    names: list[str]
+    forward_s: list[float]
+    ranks: int
+    schedule: Schedule | None
+
+
+def random_case(seed: int) -> RandomCase:
+    """Random costs, ranks and schedules over the built-in models' units (an interleaved schedule only where the
+    units make two stages per rank)."""
+    rng = random.Random(seed)
+    names = rng.choice([GPT2_TINY, LLAMA_SMALL])
+    forward = [rng.uniform(0.05, 2.0) for _ in names]
+    ranks = rng.choice([2, 3, 4])
+    schedule = rng.choice([None, Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED_1F1B])
+    if schedule is Schedule.INTERLEAVED_1F1B and 2 * ranks > len(names):
+        schedule = None
+    return RandomCase(names, forward, ranks, schedule)
 
 
 def hand_plan(

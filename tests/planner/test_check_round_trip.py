@@ -5,10 +5,9 @@ its own partition)."""
 from __future__ import annotations
 
 import dataclasses
-import random
 
 import pytest
-from export_plans import GPT2_TINY, LLAMA_SMALL
+from export_plans import random_case
 
 from planner.check import CheckOptions, check_config
 from planner.errors import ExportError
@@ -81,13 +80,7 @@ def test_check_of_every_export_of_random_plans(seed: int) -> None:
     """The export tests' random plans (tests/planner/test_export.py): each export a trainer accepts comes back
     as the same stages; with the same prediction where the trainer runs the plan's schedule, else under the
     trainer's own schedule (Megatron and DeepSpeed run 1F1B where the plan says GPipe)."""
-    rng = random.Random(seed)
-    names = rng.choice([GPT2_TINY, LLAMA_SMALL])
-    forward = [rng.uniform(0.05, 2.0) for _ in names]
-    ranks = rng.choice([2, 3, 4])
-    schedule = rng.choice([None, Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED_1F1B])
-    if schedule is Schedule.INTERLEAVED_1F1B and 2 * ranks > len(names):
-        schedule = None
+    names, forward, ranks, schedule = random_case(seed)
     profile = make_profile(forward, sizes=(1, 2))
     profile = dataclasses.replace(
         profile, units=tuple(dataclasses.replace(u, name=n) for u, n in zip(profile.units, names, strict=True))

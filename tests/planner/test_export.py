@@ -17,13 +17,12 @@ The same exports fed to the trainers themselves: tests/planner/test_export_train
 from __future__ import annotations
 
 import dataclasses
-import random
 import re
 import sys
 import types
 
 import pytest
-from export_plans import GPT2_TINY, LLAMA_SMALL, hand_plan, on_mesh, shell_words
+from export_plans import GPT2_TINY, LLAMA_SMALL, hand_plan, on_mesh, random_case, shell_words
 
 from cli import main
 from cli_checks import assert_fails
@@ -127,13 +126,7 @@ def test_megatron_counts_a_layer_profiled_as_several_units_once() -> None:
 def test_planner_plans_export_or_are_refused_for_a_true_reason(seed: int) -> None:
     """Random costs, ranks and schedules: every plan the planner writes either exports to a valid layout, or
     cuts inside Megatron's embedding or head, which the refusal says."""
-    rng = random.Random(seed)
-    names = rng.choice([GPT2_TINY, LLAMA_SMALL])
-    forward = [rng.uniform(0.05, 2.0) for _ in names]
-    ranks = rng.choice([2, 3, 4])
-    schedule = rng.choice([None, Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED_1F1B])
-    if schedule is Schedule.INTERLEAVED_1F1B and 2 * ranks > len(names):
-        schedule = None
+    names, forward, ranks, schedule = random_case(seed)
     plan = _planned(names, forward, ranks=ranks, schedule=schedule, batch=8 * ranks)
     stage_of = {u: s.index for s in plan.stages for u in s.units}
     roles = megatron_layers(names)
