@@ -124,6 +124,11 @@ class DataParallel:
     latency_s: float
     shard: str = "none"
     """One of :data:`SHARDING`."""
+    per_unit: bool = False
+    """Full sharding as trainers apply it outside a pipeline (torchtitan's ``fully_shard`` on every block, pp =
+    1): each unit resharded after its forward and its gradients reduce-scattered after its backward, the next
+    unit's gather prefetched behind this one's compute. False: as a pipeline stage holds it (torch's
+    ``PipelineStage`` keeps its stage gathered all step and reduces once)."""
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -417,6 +422,11 @@ def _with_gathers(
     weights, grads, _ = bytes_per_param(profile.device.dtype, settings.optimizer)
     gather = [dp.gather_s(n * weights) for n in costs.param_count]
     scatter = [dp.gather_s(n * grads) for n in costs.param_count]
+    if dp.per_unit:
+        # FSDP's prefetch: a unit's collectives run behind its neighbour's compute; the longer of the two counts.
+        forward = tuple(max(f, g) for f, g in zip(costs.forward_s, gather, strict=True))
+        backward = tuple(max(b, g + r) for b, g, r in zip(costs.backward_s, gather, scatter, strict=True))
+        return forward, backward
     forward = tuple(f + g for f, g in zip(costs.forward_s, gather, strict=True))
     backward = tuple(b + g + r for b, g, r in zip(costs.backward_s, gather, scatter, strict=True))
     return forward, backward
@@ -477,12 +487,14 @@ def _step_bytes(profile: Profile, costs: UnitCosts, settings: CostSettings) -> t
     """
     _, grad_b, _ = bytes_per_param(profile.device.dtype, settings.optimizer)
     foreach = profile.device.kind == "cuda"
+    # ZeRO-1 and FSDP step the shard of the optimizer state a device keeps, not the whole stage.
+    shards = settings.data_parallel.state_divisors()[2] if settings.data_parallel else 1
     if settings.optimizer != "adam":
         optimizer = [0] * len(costs.param_count)
     elif foreach:
-        optimizer = [4 * n for n in costs.param_count]
+        optimizer = [4 * n // shards for n in costs.param_count]
     else:
-        optimizer = [2 * b for b in costs.largest_param_bytes]
+        optimizer = [2 * b // shards for b in costs.largest_param_bytes]
     tied = [u.tied_param_count * grad_b if u.tied_params else 0 for u in profile.units]
     for u, unit in enumerate(profile.units):
         if unit.tied_params and unit.tied_param_count:
@@ -506,7 +518,9 @@ def _state_parts(profile: Profile, settings: CostSettings, params: int, tensors:
     if settings.optimizer == "adam":
         optimizer += 4 * tensors
     buckets = 0
-    if dp is not None and dp.replicas > 1 and dp.shard == "full":
+    if dp is not None and dp.replicas > 1 and dp.shard == "full" and dp.per_unit:
+        pass  # the shards only; the units gathered at a time are working memory (build_problem)
+    elif dp is not None and dp.replicas > 1 and dp.shard == "full":
         # torch's PipelineStage keeps an FSDP stage's parameters gathered from its first forward to the step's
         # end and accumulates its gradients unsharded (``backward_maybe_with_nosync``: no reshard, no gradient
         # sync until ``perform_reduce_grad``): the shard and the whole weights, the whole gradients.
@@ -543,6 +557,11 @@ def build_problem(
     per_rank = [stage_rank.count(r) for r in range(num_ranks)]
     forward, backward = _with_gathers(profile, costs, settings)
     transient = costs.transient_bytes
+    dp = settings.data_parallel
+    if dp is not None and dp.replicas > 1 and dp.shard == "full" and dp.per_unit:
+        # A unit's whole weights and gradients while it runs, and the next unit's weights prefetched.
+        weights, grads, _ = bytes_per_param(profile.device.dtype, settings.optimizer)
+        transient = tuple(t + n * (2 * weights + grads) for t, n in zip(transient, costs.param_count, strict=True))
     tensors = costs.param_tensor_count or (0,) * len(costs.param_count)
     parts = [_state_parts(profile, settings, n, k) for n, k in zip(costs.param_count, tensors, strict=True)]
     split = schedule.splits_backward if schedule is not None else split_backward

@@ -39,6 +39,9 @@ class GivenLayout:
     micro_batch_size: int
     num_microbatches: int
     recompute: tuple[bool, ...]
+    recompute_unit_wise: bool = False
+    """A recomputing stage checkpoints each unit on its own (Megatron's and torchtitan's full recomputation, a
+    layer at a time), not the stage as a whole as pipeplan's runtime does."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ def given_plan(
         recompute_choices=recompute_choices(request),
         schedule=layout.schedule,
     )
+    problem = replace(problem, recompute_unit_wise=layout.recompute_unit_wise)
     memory = []
     ends = (*boundaries[1:], problem.num_units)
     for s, (first, end) in enumerate(zip(boundaries, ends, strict=True)):
@@ -138,11 +142,25 @@ def given_mesh_plan(
     sequence_parallel: bool,
     vocab_parallel: bool,
     sha256: str | None,
+    trainer_collectives: bool = False,
 ) -> tuple[Plan, tuple[StageMemory, ...]]:
     """``given`` as each replica's pipeline of a ``pp x tp x dp`` ``layout`` on ``cluster`` (``request`` for the
-    whole step), costed as the cluster search costs that layout."""
+    whole step), costed as the cluster search costs that layout.
+
+    ``trainer_collectives``: the replicas' collectives as the trainers run them rather than as pipeplan's runtime
+    does: full sharding without a pipeline (pp = 1) resharded and prefetched unit by unit
+    (:attr:`~planner.cost.DataParallel.per_unit`), and a ring that leaves a node crossing it on every NIC the
+    ring's devices there have (NCCL runs a ring a channel, each channel on its own NIC), not on one.
+    """
     sharded = sharded_for(profile, cluster, layout.tp, sequence_parallel, vocab_parallel)
     settings = layout_settings(request, cluster, layout)
+    dp = settings.data_parallel
+    if trainer_collectives and dp is not None:
+        # Replicas of one position sit next to each other (replicas-in-node) or a pipeline apart.
+        apart = layout.tp * (1 if layout.placement == "replicas-in-node" else layout.pp)
+        per_node = max(1, min(layout.dp, cluster.devices_per_node // apart))
+        ring = min(cluster.intra_node_bytes_per_s, dp.bytes_per_s * per_node)
+        settings = replace(settings, data_parallel=replace(dp, bytes_per_s=ring, per_unit=layout.pp == 1))
     replica = replace(
         request, num_ranks=layout.pp, global_batch_size=request.global_batch_size // layout.dp, settings=settings
     )

@@ -165,6 +165,11 @@ class PartitionProblem:
     ``stage_backward_input``): then a relayed tensor's gradient passes through the relaying stage as the very
     tensor it was received in (a copy's backward returns its gradient unchanged), so what the stage sends back
     for it is its receive buffer, and across a V's turn the stage before it keeps that buffer as its own."""
+    recompute_unit_wise: bool = False
+    """Whether a recomputing stage checkpoints each unit on its own, as Megatron's and torchtitan's full
+    recomputation checkpoint each transformer layer, rather than the stage as a whole: a micro-batch then holds
+    every unit's input (``unit_output_bytes`` of the unit before it) and the acting one re-materialises one unit
+    at a time. Memory of a given layout only (:func:`stage_memory_peak`); the solvers take whole stages."""
 
     def __post_init__(self) -> None:
         n, p = len(self.forward_s), self.num_stages
@@ -359,6 +364,11 @@ def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: i
     handed = _at(problem.cut_bytes, last) if local_out and not last_unit else 0
     if not recompute:
         held, remat = saved + relayed_bytes(problem, first, last) - handed, 0
+    elif problem.recompute_unit_wise:
+        # One checkpoint a unit: each unit's input is held, and one unit's activations re-materialised at a time.
+        inputs = sum(problem.unit_output_bytes[first:last]) if problem.unit_output_bytes else 0
+        held = inputs + (problem.output_held_bytes if last_unit else _at(problem.cut_bytes, last) - handed)
+        remat = max(problem.saved_bytes[first : last + 1], default=0)
     elif not problem.buffer_microbatches:
         held, remat = stage_input - handed, saved
     elif last_unit:
