@@ -58,7 +58,38 @@ def _beside(path: str, suffix: str) -> str:
 # --- commands ---------------------------------------------------------------------------------------------
 
 
+def _cmd_modelled_profile(options: ProfileOptions) -> int:
+    """``profile --device-model``: the roofline's profile, written without torch."""
+    from planner.fileio import check_output_path
+    from profiles.device_model import device_model
+    from profiles.format import save_profile
+    from profiles.modelled import load_hf_shape, modelled_profile
+    from profiles.report import format_profile_table
+
+    check_output_path(options.out, inputs=[_model_file(options.model), options.device_model])
+    device = device_model(options.device_model or "")
+    shape = load_hf_shape(options.model, options.seq_len)
+    profile = modelled_profile(
+        shape,
+        device,
+        options.micro_batch_sizes,
+        precision=options.precision,
+        recompute=options.recompute_within,
+    )
+    save_profile(profile, options.out)
+    print(format_profile_table(profile))
+    print(f"\nwrote {options.out} (modelled for {device.name}, nothing measured)")
+    print(
+        f"next: pipeplan plan {options.out} --devices N --global-batch B --out PLAN.json  (nodes of "
+        f"{device.devices_per_node}, NVLink {device.intra_node_bytes_per_s / 1e9:g} GB/s and network "
+        f"{device.inter_node_bytes_per_s / 1e9:g} GB/s a GPU each way, unless given)"
+    )
+    return 0
+
+
 def _cmd_profile(options: ProfileOptions) -> int:
+    if options.device_model:
+        return _cmd_modelled_profile(options)
     from planner.fileio import check_output_path
     from profiles.format import save_profile
     from profiles.from_spec import profile_spec

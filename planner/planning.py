@@ -74,14 +74,17 @@ def plan_profile(
 
 
 def cluster_devices(profile: Profile, cluster: ClusterOptions, latency_s: float | None) -> Cluster:
-    """``cluster``'s devices, with the links of the profile's device kind where none is given."""
+    """``cluster``'s devices, with the links of the profile's device kind where none is given (a modelled
+    profile's: its device model's node and links)."""
     assert cluster.devices is not None
+    modelled = profile.settings.get("modelled")
+    device = modelled.get("device_model", {}) if isinstance(modelled, dict) else {}
     return default_cluster(
         profile.device.kind,
         cluster.devices,
-        devices_per_node=cluster.devices_per_node,
-        intra_node_bytes_per_s=cluster.intra_node_bytes_per_s,
-        inter_node_bytes_per_s=cluster.inter_node_bytes_per_s,
+        devices_per_node=cluster.devices_per_node or device.get("devices_per_node"),
+        intra_node_bytes_per_s=cluster.intra_node_bytes_per_s or device.get("intra_node_bytes_per_s"),
+        inter_node_bytes_per_s=cluster.inter_node_bytes_per_s or device.get("inter_node_bytes_per_s"),
         latency_s=latency_s,
         shard=cluster.shard,
     )

@@ -95,6 +95,26 @@ class ProfileOptions:
         "its actions cost inside a pipeline; `plan` then uses the calibration shipped for the device",
     )
     no_progress: bool = option(False, help="no progress bar")
+    device_model: str | None = option(
+        None,
+        metavar="GPU|FILE.json",
+        help="model the GPU instead of measuring: each unit's times from its FLOPs and bytes through the GPU's "
+        "roofline, its memory by the trainers' accounting, for an hf:CONFIG.json gpt2 or llama-like model "
+        "(h100-80gb, h200, b200, a100-80gb, a100-40gb, v100-16gb, or a device file: docs/cost-model.md, "
+        "'Device models'); seconds, no torch, no GPU",
+    )
+    precision: str = option(
+        "bf16",
+        choices=("bf16", "fp16", "fp8"),
+        help="with --device-model: the matrix products' precision (fp8: Float8 linear layers, as torchtitan's "
+        "and Transformer Engine's)",
+    )
+    recompute_within: str = option(
+        "none",
+        choices=("none", "selective", "op"),
+        help="with --device-model: recomputation inside each layer, beside the plan's whole-stage recomputation: "
+        "selective (the attention core, Megatron's) or op (torch's op-level checkpointing, torchtitan's)",
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)

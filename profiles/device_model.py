@@ -1,0 +1,195 @@
+"""A GPU described by its published figures, for profiling a model on a device one does not have
+(``pipeplan profile --device-model NAME|FILE.json``; :mod:`profiles.modelled`).
+
+Each built-in is one set of constants per GPU, with its sources (docs/cost-model.md, "Device models"); a file of
+the same fields (``pipeplan.device_model``, version 1) describes any other. Units are in the field names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from planner.errors import UsageError, shorten
+from planner.fileio import read_json
+
+__all__ = ["DeviceModel", "DEVICE_MODELS", "device_model", "device_model_from_dict", "DEVICE_MODEL_FORMAT"]
+
+DEVICE_MODEL_FORMAT = "pipeplan.device_model"
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """What the roofline of :mod:`profiles.modelled` needs of a GPU, and the links of its usual node."""
+
+    name: str
+    matmul_flops_per_s: float
+    """Dense 16-bit (bf16/fp16) tensor-core peak, FLOP/s (datasheet)."""
+    fp8_speedup: float
+    """Dense fp8 peak over the 16-bit peak (1 where the GPU has no fp8 tensor cores)."""
+    memory_bytes: int
+    """HBM capacity."""
+    memory_bytes_per_s: float
+    """HBM bandwidth (datasheet)."""
+    matmul_efficiency: float
+    """The fraction of the peak the largest well-shaped matrix products reach (maximum achievable matmul
+    FLOPS over the datasheet peak)."""
+    matmul_half_size: int
+    """A matrix dimension at which a product runs at half of ``matmul_efficiency`` along that dimension: a
+    product of ``m x k`` by ``k x n`` runs at ``matmul_efficiency * prod(d / (d + matmul_half_size))``, so that
+    small micro-batches and tensor-parallel slices fill fewer of the GPU's tiles."""
+    memory_efficiency: float
+    """The fraction of the HBM bandwidth element-wise kernels reach."""
+    attention_efficiency: float
+    """A flash-style attention kernel's forward rate as a fraction of the 16-bit peak (its backward does 2.5x
+    the forward's work at the same rate)."""
+    flash_attention: bool
+    """Whether flash-style attention kernels run on this GPU (FlashAttention needs Ampere or later)."""
+    kernel_s: float
+    """The least time of one kernel (launch and tail), added to every modelled operation."""
+    intra_node_bytes_per_s: float
+    """NVLink per GPU, one direction."""
+    inter_node_bytes_per_s: float
+    """The network per GPU, one direction."""
+    devices_per_node: int = 8
+    link_latency_s: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and f.name != "kernel_s":
+                raise UsageError(f"device model {self.name!r}: {f.name} must be positive, got {value}")
+        if not 0 < self.matmul_efficiency <= 1 or not 0 < self.memory_efficiency <= 1:
+            raise UsageError(f"device model {self.name!r}: efficiencies are fractions in (0, 1]")
+        if not 0 < self.attention_efficiency <= 1:
+            raise UsageError(f"device model {self.name!r}: attention_efficiency is a fraction in (0, 1]")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"format": DEVICE_MODEL_FORMAT, "version": 1, **asdict(self)}
+
+
+# One set of constants per GPU. Peaks, capacities and bandwidths are the datasheets'; matmul_efficiency is the
+# measured maximum achievable matmul FLOPS over peak (stas00/ml-engineering, compute/accelerator, "Maximum
+# Achievable Matmul FLOPS comparison table": A100 SXM 85.9 %, H100 SXM 80.1 %, GH200 83.0 %; GPUs it does not
+# list take their architecture's neighbour, said in docs/cost-model.md); the rest is shared by all.
+_SHARED = {
+    "matmul_half_size": 128,  # one 128-wide tile of the tensor-core GEMMs cuBLAS picks for large products
+    "memory_efficiency": 0.9,  # a copy reaches ~90 % of HBM bandwidth (STREAM-like measurements)
+    "kernel_s": 5e-6,  # a kernel's launch and tail on a busy stream
+}
+DEVICE_MODELS: dict[str, DeviceModel] = {
+    m.name: m
+    for m in (
+        DeviceModel(
+            "v100-16gb",
+            125e12,
+            1.0,
+            16 * GIB,
+            900e9,
+            0.85,
+            attention_efficiency=0.4,
+            flash_attention=False,
+            intra_node_bytes_per_s=150e9,
+            inter_node_bytes_per_s=12.5e9,
+            **_SHARED,
+        ),
+        DeviceModel(
+            "a100-40gb",
+            312e12,
+            1.0,
+            40 * GIB,
+            1555e9,
+            0.859,
+            attention_efficiency=0.6,
+            flash_attention=True,
+            intra_node_bytes_per_s=300e9,
+            inter_node_bytes_per_s=25e9,
+            **_SHARED,
+        ),
+        DeviceModel(
+            "a100-80gb",
+            312e12,
+            1.0,
+            80 * GIB,
+            2039e9,
+            0.859,
+            attention_efficiency=0.6,
+            flash_attention=True,
+            intra_node_bytes_per_s=300e9,
+            inter_node_bytes_per_s=25e9,
+            **_SHARED,
+        ),
+        DeviceModel(
+            "h100-80gb",
+            989.4e12,
+            2.0,
+            80 * GIB,
+            3350e9,
+            0.801,
+            attention_efficiency=0.5,
+            flash_attention=True,
+            intra_node_bytes_per_s=450e9,
+            inter_node_bytes_per_s=50e9,
+            **_SHARED,
+        ),
+        DeviceModel(
+            "h200",
+            989.4e12,
+            2.0,
+            141 * 10**9,
+            4800e9,
+            0.83,
+            attention_efficiency=0.5,
+            flash_attention=True,
+            intra_node_bytes_per_s=450e9,
+            inter_node_bytes_per_s=50e9,
+            **_SHARED,
+        ),
+        DeviceModel(
+            "b200",
+            2250e12,
+            2.0,
+            180 * 10**9,
+            8000e9,
+            0.801,
+            attention_efficiency=0.5,
+            flash_attention=True,
+            intra_node_bytes_per_s=900e9,
+            inter_node_bytes_per_s=50e9,
+            **_SHARED,
+        ),
+    )
+}
+
+
+def device_model_from_dict(data: dict[str, Any], origin: str) -> DeviceModel:
+    """A device model from a ``pipeplan.device_model`` document (every field of :class:`DeviceModel`)."""
+    if data.get("format") != DEVICE_MODEL_FORMAT or data.get("version") != 1:
+        raise UsageError(f"{origin}: not a device model (format {DEVICE_MODEL_FORMAT!r}, version 1)")
+    names = {f.name for f in fields(DeviceModel)}
+    given = {k: v for k, v in data.items() if k not in ("format", "version")}
+    unknown = sorted(set(given) - names)
+    if unknown:
+        raise UsageError(f"{origin}: unknown field {unknown[0]!r} (fields: {', '.join(sorted(names))})")
+    try:
+        return DeviceModel(**given)
+    except TypeError as exc:
+        raise UsageError(f"{origin}: {shorten(str(exc), 160)}") from None
+
+
+def device_model(name_or_path: str) -> DeviceModel:
+    """A built-in device model by name, or one read from a JSON file."""
+    if name_or_path in DEVICE_MODELS:
+        return DEVICE_MODELS[name_or_path]
+    if not name_or_path.endswith(".json") or not Path(name_or_path).is_file():
+        raise UsageError(
+            f"unknown device model {name_or_path!r}: built-ins are {', '.join(DEVICE_MODELS)}, or give a "
+            "FILE.json (docs/cost-model.md, 'Device models')"
+        )
+    data = read_json(name_or_path, UsageError, "device model")
+    if not isinstance(data, dict):
+        raise UsageError(f"{name_or_path}: not a device model (a JSON object)")
+    return device_model_from_dict(data, name_or_path)

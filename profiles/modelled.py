@@ -1,0 +1,461 @@
+"""A profile of a transformer on a GPU one does not have: every unit's times from its operations' FLOPs and bytes
+through the device model's roofline (:mod:`profiles.device_model`), its memory by the trainers' accounting.
+
+A unit is a list of operations, each a kernel of a micro-batch: matrix products (``m x k`` by ``k x n``),
+element-wise kernels (norms, activations, residuals, dropout, the loss) and the attention core. Each takes
+``max(FLOPs / (peak * efficiency), bytes / (bandwidth * memory_efficiency)) + kernel_s``, the efficiency of a
+product falling with its smaller dimensions (``DeviceModel.matmul_half_size``), so the time per sample falls with
+the micro-batch as a GPU's does. The backward of a product is two products of the same FLOPs, its input gradient
+(I) and its weight gradient (W); an element-wise kernel's backward moves twice its bytes; flash attention's
+backward does 2.5x its forward's work (FlashAttention-2's five products to the forward's two). Saved activations
+follow Korthikanti et al. (MLSys 2023, Sec. 4.1: ``34 s b h + 5 a s^2 b`` bytes a GPT block without flash
+attention), counted tensor by tensor so that Llama's grouped-query attention and SwiGLU MLP are counted too.
+
+Recomputation inside a unit is a property of the profile (``recompute``): ``none``; ``selective``, Korthikanti et
+al.'s (the attention core, its softmax and dropout, recomputed in the backward; nothing to recompute under flash
+attention, which never keeps them); ``op``, torch's op-level selective activation checkpointing as torchtitan runs
+it (every second matrix product's output and every element-wise output recomputed). Full recomputation is the
+plan's, per stage. docs/cost-model.md, "Device models", has the constants and their sources.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.errors import UsageError, shorten
+from profiles.device_model import DeviceModel
+from profiles.format import DeviceInfo, ModelInfo, Profile, TensorFlow, UnitProfile, WholeModel
+
+__all__ = [
+    "TransformerShape",
+    "RECOMPUTE_MODES",
+    "PRECISIONS",
+    "shape_from_hf_config",
+    "modelled_profile",
+    "model_flops",
+]
+
+RECOMPUTE_MODES = ("none", "selective", "op")
+PRECISIONS = ("bf16", "fp16", "fp8")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """A decoder-only language model's shape: ``gpt`` (learned positions, LayerNorm, GELU MLP, dropout) or
+    ``llama`` (rotary positions, RMSNorm, SwiGLU MLP, grouped-query attention, no dropout)."""
+
+    name: str
+    arch: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn_hidden: int
+    vocab: int
+    seq_len: int
+    tied_embeddings: bool
+
+    def __post_init__(self) -> None:
+        if self.arch not in ("gpt", "llama"):
+            raise UsageError(f"{self.name}: a modelled profile needs a gpt or llama architecture, got {self.arch!r}")
+        for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"{self.name}: {name} must be positive, got {getattr(self, name)}")
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise UsageError(f"{self.name}: heads must divide hidden, and key-value heads divide heads")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def block_params(self) -> int:
+        h, f, kv = self.hidden, self.ffn_hidden, self.kv_heads * self.head_dim
+        if self.arch == "gpt":
+            return 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h  # attention, MLP, two LayerNorms with biases
+        return 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
+
+
+def shape_from_hf_config(config: dict[str, Any], name: str, seq_len: int | None = None) -> TransformerShape:
+    """The shape of a transformers config (``model_type`` gpt2, or llama and its kin)."""
+    kind = str(config.get("model_type", ""))
+
+    def need(*keys: str, default: Any = None) -> Any:
+        for key in keys:
+            if config.get(key) is not None:
+                return config[key]
+        if default is not None:
+            return default
+        raise UsageError(f"{name}: the config has no {keys[0]!r}, which a modelled profile needs")
+
+    if kind == "gpt2":
+        hidden = int(need("n_embd"))
+        return TransformerShape(
+            name,
+            "gpt",
+            int(need("n_layer")),
+            hidden,
+            int(need("n_head")),
+            int(need("n_head")),
+            int(need("n_inner", default=4 * hidden)),
+            int(need("vocab_size")),
+            int(seq_len or need("n_positions", "n_ctx")),
+            bool(config.get("tie_word_embeddings", True)),
+        )
+    if kind in LLAMA_LIKE:
+        heads = int(need("num_attention_heads"))
+        return TransformerShape(
+            name,
+            "llama",
+            int(need("num_hidden_layers")),
+            int(need("hidden_size")),
+            heads,
+            int(need("num_key_value_heads", default=heads)),
+            int(need("intermediate_size")),
+            int(need("vocab_size")),
+            int(seq_len or need("max_position_embeddings")),
+            bool(config.get("tie_word_embeddings", False)),
+        )
+    raise UsageError(
+        f"{name}: model_type {kind!r} cannot be modelled: a device model takes gpt2 or {', '.join(LLAMA_LIKE)} configs"
+    )
+
+
+def load_hf_shape(spec: str, seq_len: int | None) -> TransformerShape:
+    """``hf:PATH.json[?seq_len=N]`` as a shape (the config alone; nothing is built)."""
+    path, _, query = spec.removeprefix("hf:").partition("?")
+    options = dict(part.partition("=")[::2] for part in query.split("&") if part)
+    if not spec.startswith("hf:") or not Path(path).is_file():
+        raise UsageError(f"a device model profiles an hf:CONFIG.json transformers config, got {shorten(spec, 120)}")
+    try:
+        config = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: cannot read the config ({shorten(str(exc), 100)})") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{path}: a transformers config is a JSON object")
+    wanted = seq_len or (int(options["seq_len"]) if options.get("seq_len", "").isdigit() else None)
+    return shape_from_hf_config(config, spec, wanted)
+
+
+@dataclass(frozen=True)
+class _Op:
+    """One kernel of one micro-batch."""
+
+    flops: float
+    """Executed floating-point operations (two per multiply-add)."""
+    bytes: float
+    """Bytes it moves to and from HBM."""
+    kind: str = "memory"
+    """``matmul`` (tensor cores, shape-dependent), ``attention`` (a flash kernel) or ``memory`` (element-wise)."""
+    dims: tuple[int, int] = (1, 1)
+    """A product's two output dimensions, whose size sets its efficiency."""
+    fp8: bool = False
+
+
+@dataclass
+class _Unit:
+    name: str
+    type: str
+    params: int
+    param_tensors: int
+    largest_param: int
+    forward: list[_Op] = field(default_factory=list)
+    backward_input: list[_Op] = field(default_factory=list)
+    backward_weight: list[_Op] = field(default_factory=list)
+    saved_bytes: float = 0.0
+    output_bytes: float = 0.0
+    transient_bytes: float = 0.0
+    model_flops: float = 0.0
+    """Forward FLOPs as model-FLOPs utilisation counts them (attention without its causal mask)."""
+    tied: tuple[str, ...] = ()
+    tied_count: int = 0
+
+
+class _Builder:
+    """The operations of each unit at one micro-batch size."""
+
+    def __init__(self, shape: TransformerShape, micro_batch: int, precision: str, flash: bool, recompute: str):
+        self.shape, self.b, self.flash, self.recompute = shape, micro_batch, flash, recompute
+        self.fp8 = precision == "fp8"
+        self.tokens = micro_batch * shape.seq_len
+
+    def matmul(self, unit: _Unit, n: int, k: int, *, saved_output: bool = False) -> float:
+        """``tokens x k`` by ``k x n``: forward, input gradient (I) and weight gradient (W); returns the bytes of
+        its output."""
+        m = self.tokens
+        flops = 2.0 * m * n * k
+        unit.forward.append(_Op(flops, 2.0 * (m * k + k * n + m * n), "matmul", (m, n), self.fp8))
+        unit.backward_input.append(_Op(flops, 2.0 * (m * n + k * n + m * k), "matmul", (m, k), self.fp8))
+        unit.backward_weight.append(_Op(flops, 2.0 * (m * n + m * k) + 4.0 * k * n, "matmul", (k, n), self.fp8))
+        unit.model_flops += flops
+        return 2.0 * m * n
+
+    def elementwise(self, unit: _Unit, elements: float, reads: int = 1, writes: int = 1) -> None:
+        """A kernel reading ``reads`` and writing ``writes`` 16-bit tensors of ``elements``; its backward moves
+        twice as much."""
+        moved = 2.0 * elements * (reads + writes)
+        unit.forward.append(_Op(0.0, moved))
+        unit.backward_input.append(_Op(0.0, 2 * moved))
+
+    def attention_core(self, unit: _Unit) -> tuple[float, list[_Op]]:
+        """Scores, softmax (and GPT's dropout), weighted values; returns the bytes the core keeps for its
+        backward beyond q, k and v, and its forward operations (which selective recomputation runs again)."""
+        s, h, a, b = self.shape.seq_len, self.shape.hidden, self.shape.heads, self.b
+        kv = self.shape.kv_heads * self.shape.head_dim
+        full = 4.0 * b * s * s * h  # QK^T and AV, as model FLOPs count them
+        unit.model_flops += full
+        if self.flash:
+            executed = full / 2  # the causal mask skips half the tiles
+            moved = 2.0 * b * s * (2 * h + 2 * kv)
+            forward = [_Op(executed, moved, "attention")]
+            unit.forward += forward
+            unit.backward_input.append(_Op(2.5 * executed, 2 * moved, "attention"))
+            return 4.0 * b * a * s, forward  # the log-sum-exp of each row (fp32)
+        scores = float(b * a * s * s)
+        product = _Op(full / 2, 2.0 * (2 * b * s * h + scores), "matmul", (s, s))
+        softmax = _Op(0.0, 2.0 * 2 * scores)
+        forward = [product, softmax]
+        kept = 2.0 * scores  # the softmax's output
+        if self.shape.arch == "gpt":  # attention dropout: its mask and output
+            forward.append(_Op(0.0, 2.0 * 2 * scores + scores))
+            kept += 3.0 * scores
+        forward.append(product)
+        unit.forward += forward
+        unit.backward_input += [product, product, _Op(0.0, 2.0 * 3 * scores), product, product]
+        return kept, forward
+
+
+def _gpt_block(builder: _Builder, name: str) -> _Unit:
+    shape, tokens = builder.shape, builder.tokens
+    h, f = shape.hidden, shape.ffn_hidden
+    unit = _Unit(name, "GPT2Block", shape.block_params(), 12, 2 * h * f)
+    act = float(tokens * h)
+    builder.elementwise(unit, act)  # ln_1
+    builder.matmul(unit, 3 * h, h)
+    kept, core = builder.attention_core(unit)
+    builder.matmul(unit, h, h)
+    builder.elementwise(unit, act, reads=2, writes=2)  # dropout and residual
+    builder.elementwise(unit, act)  # ln_2
+    builder.matmul(unit, f, h)
+    builder.elementwise(unit, tokens * f)  # GELU
+    builder.matmul(unit, h, f)
+    builder.elementwise(unit, act, reads=2, writes=2)
+    # Korthikanti et al., Sec. 4.1: 11 s b h + 5 a s^2 b (attention), 19 s b h (MLP), 4 s b h (LayerNorms).
+    base = 2 * act * 2 + 2 * act * 2 + 2 * act + act + 2 * act + 2 * tokens * f * 2 + act + 4 * act
+    unit.saved_bytes = base + _kept_core(builder, unit, kept, core)
+    unit.output_bytes = 2 * act
+    unit.transient_bytes = 2 * 2 * act + 2 * 2.0 * tokens * f
+    return unit
+
+
+def _llama_block(builder: _Builder, name: str) -> _Unit:
+    shape, tokens = builder.shape, builder.tokens
+    h, f, kv = shape.hidden, shape.ffn_hidden, shape.kv_heads * shape.head_dim
+    unit = _Unit(name, "LlamaDecoderLayer", shape.block_params(), 9, 2 * h * f)
+    act = float(tokens * h)
+    builder.elementwise(unit, act)  # input RMSNorm
+    builder.matmul(unit, h + 2 * kv, h)
+    builder.elementwise(unit, tokens * (h + kv))  # rotary embedding of q and k
+    kept, core = builder.attention_core(unit)
+    builder.matmul(unit, h, h)
+    builder.elementwise(unit, act, reads=2)  # residual
+    builder.elementwise(unit, act)  # post-attention RMSNorm
+    builder.matmul(unit, 2 * f, h)
+    builder.elementwise(unit, tokens * f, reads=2)  # SiLU(gate) * up
+    builder.matmul(unit, h, f)
+    builder.elementwise(unit, act, reads=2)
+    # The norms' inputs and outputs (2 + 2), q, k, v and the core's output (h + 2 kv + h), the MLP's gate, up,
+    # SiLU and product (4 f): 16-bit each.
+    if builder.recompute == "op":
+        # torch's op-level checkpointing as torchtitan runs it: the outputs of the attention and of every second
+        # product are kept (q, v, the first MLP half and the down projection), the rest recomputed.
+        unit.saved_bytes = 2.0 * tokens * (h + h + kv + f + h + h)
+        products = [op for op in unit.forward if op.kind == "matmul"]
+        unit.backward_input += [op for op in unit.forward if op.kind == "memory"] + products[1::2]
+    else:
+        unit.saved_bytes = 2.0 * tokens * (4 * h + 2 * h + 2 * kv + 4 * f) + _kept_core(builder, unit, kept, core)
+    unit.output_bytes = 2 * act
+    unit.transient_bytes = 2 * 2 * act + 3 * 2.0 * tokens * f
+    return unit
+
+
+def _kept_core(builder: _Builder, unit: _Unit, kept: float, core: list[_Op]) -> float:
+    """The attention core's kept bytes, or none with its forward run again in the backward (selective)."""
+    if builder.recompute == "selective" and not builder.flash:
+        unit.backward_input += core
+        return 0.0
+    return kept
+
+
+def _units(shape: TransformerShape, builder: _Builder) -> list[_Unit]:
+    s, h, v, tokens = shape.seq_len, shape.hidden, shape.vocab, builder.tokens
+    act = float(tokens * h)
+    units: list[_Unit] = []
+    if shape.arch == "gpt":
+        names = ("transformer.wte", "transformer.wpe", "transformer.h", "transformer.ln_f")
+        units.append(_Unit(names[0], "Embedding", v * h, 1, 2 * v * h))
+        units.append(_Unit(names[1], "Embedding", s * h, 1, 2 * s * h))
+    else:
+        names = ("model.embed_tokens", "", "model.layers", "model.norm")
+        units.append(_Unit(names[0], "Embedding", v * h, 1, 2 * v * h))
+    for unit in units:  # a gather of rows, and its gradient scattered back
+        builder.elementwise(unit, act)
+        unit.output_bytes = 2 * act
+    block = _gpt_block if shape.arch == "gpt" else _llama_block
+    units += [block(builder, f"{names[2]}.{k}") for k in range(shape.layers)]
+    norm = _Unit(
+        names[3],
+        "LayerNorm" if shape.arch == "gpt" else "LlamaRMSNorm",
+        2 * h if shape.arch == "gpt" else h,
+        2 if shape.arch == "gpt" else 1,
+        2 * h,
+    )
+    builder.elementwise(norm, act)
+    norm.saved_bytes, norm.output_bytes = 2 * act, 2 * act
+    units.append(norm)
+    tied = shape.tied_embeddings
+    head = _Unit("lm_head", "Linear", 0 if tied else v * h, 0 if tied else 1, 2 * v * h)
+    if tied:
+        head.tied, head.tied_count = (f"{names[0]}.weight",), v * h
+    builder.matmul(head, v, h)
+    logits = float(tokens * v)
+    # The loss in fp32 over the logits: read them, write the probabilities; its backward writes their gradient.
+    head.forward.append(_Op(0.0, logits * (2 + 4 + 4)))
+    head.backward_input.append(_Op(0.0, logits * (4 + 2)))
+    head.saved_bytes = 2 * act + 4 * logits
+    head.output_bytes = 4.0 * builder.b
+    head.transient_bytes = 2 * 4 * logits
+    units.append(head)
+    return units
+
+
+def _op_s(op: _Op, device: DeviceModel) -> float:
+    memory_s = op.bytes / (device.memory_bytes_per_s * device.memory_efficiency)
+    if op.kind == "memory":
+        return memory_s + device.kernel_s
+    if op.kind == "attention":
+        return max(op.flops / (device.matmul_flops_per_s * device.attention_efficiency), memory_s) + device.kernel_s
+    efficiency = device.matmul_efficiency
+    for d in op.dims:
+        efficiency *= d / (d + device.matmul_half_size)
+    rate = device.matmul_flops_per_s * efficiency * (device.fp8_speedup if op.fp8 else 1.0)
+    # fp8 products cast their 16-bit inputs first: one more pass over them.
+    cast_s = op.bytes / 2 / (device.memory_bytes_per_s * device.memory_efficiency) if op.fp8 else 0.0
+    return max(op.flops / rate, memory_s) + cast_s + device.kernel_s
+
+
+def _total_s(ops: Iterable[_Op], device: DeviceModel) -> float:
+    return sum(_op_s(op, device) for op in ops)
+
+
+def model_flops(shape: TransformerShape, micro_batch: int = 1) -> float:
+    """FLOPs of one sample's forward and backward as model-FLOPs utilisation counts them (``3x`` the forward:
+    every product, attention as if unmasked; no recomputation)."""
+    builder = _Builder(shape, micro_batch, "bf16", True, "none")
+    return 3 * sum(u.model_flops for u in _units(shape, builder)) / micro_batch
+
+
+def modelled_profile(
+    shape: TransformerShape,
+    device: DeviceModel,
+    micro_batch_sizes: tuple[int, ...] = (1, 2, 4),
+    *,
+    precision: str = "bf16",
+    recompute: str = "none",
+    flash_attention: bool | None = None,
+) -> Profile:
+    """``shape`` profiled on ``device`` by its roofline (module docstring): a profile like a measured one, marked
+    ``settings.modelled``."""
+    if precision not in PRECISIONS:
+        raise UsageError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if recompute not in RECOMPUTE_MODES:
+        raise UsageError(f"--recompute-within must be one of {', '.join(RECOMPUTE_MODES)}, got {recompute!r}")
+    if recompute == "op" and shape.arch != "llama":
+        raise UsageError("op-level recomputation is modelled as torchtitan runs it, for llama models")
+    if precision == "fp8" and device.fp8_speedup <= 1:
+        raise UsageError(f"{device.name} has no fp8 tensor cores: model it in bf16 or fp16")
+    if not micro_batch_sizes or any(b < 1 for b in micro_batch_sizes):
+        raise UsageError("micro-batch sizes must be positive")
+    flash = device.flash_attention if flash_attention is None else flash_attention and device.flash_attention
+    sizes = tuple(sorted(set(micro_batch_sizes)))
+    per_size = [_units(shape, _Builder(shape, b, precision, flash, recompute)) for b in sizes]
+
+    def per(k: int, value: Any) -> tuple[Any, ...]:
+        return tuple(value(units[k]) for units in per_size)
+
+    units = []
+    for k, first in enumerate(per_size[0]):
+        forward = per(k, lambda u: _total_s(u.forward, device))
+        backward_input = per(k, lambda u: _total_s(u.backward_input, device))
+        backward_weight = per(k, lambda u: _total_s(u.backward_weight, device))
+        units.append(
+            UnitProfile(
+                name=first.name,
+                type=first.type,
+                param_count=first.params,
+                param_bytes=2 * first.params,
+                forward_s=forward,
+                backward_s=tuple(i + w for i, w in zip(backward_input, backward_weight, strict=True)),
+                flops=per(k, lambda u: int(u.model_flops / 2)),
+                output_bytes=per(k, lambda u: int(u.output_bytes)),
+                saved_bytes=per(k, lambda u: int(u.saved_bytes)),
+                tied_params=first.tied,
+                tied_param_count=first.tied_count,
+                param_tensor_count=first.param_tensors,
+                backward_input_s=backward_input,
+                backward_weight_s=backward_weight,
+                held_bytes=per(k, lambda u: int(u.saved_bytes + u.output_bytes)),
+                transient_bytes=per(k, lambda u: int(u.transient_bytes)),
+                largest_param_bytes=first.largest_param,
+            )
+        )
+    tensors = _tensors(shape, sizes)
+    whole = WholeModel(
+        tuple(sum(u.forward_s[i] for u in units) for i in range(len(sizes))),
+        tuple(sum(u.backward_s[i] for u in units) for i in range(len(sizes))),
+    )
+    params = sum(u.param_count for u in units)
+    dtype = "float16" if precision == "fp16" else "bfloat16"
+    # The fingerprint names what was modelled: the shape (a model's fingerprint is its structure's).
+    fingerprint = hashlib.sha256(json.dumps(asdict(shape), sort_keys=True).encode()).hexdigest()
+    return Profile(
+        model=ModelInfo(shape.name, fingerprint, params, 2 * params),
+        device=DeviceInfo("cuda", f"{device.name} (modelled)", device.memory_bytes, dtype, "modelled"),
+        micro_batch_sizes=sizes,
+        units=tuple(units),
+        tensors=tensors,
+        whole_model=whole,
+        settings={
+            "modelled": {
+                "device_model": device.as_dict(),
+                "shape": asdict(shape),
+                "precision": precision,
+                "recompute_within": recompute,
+                "flash_attention": flash,
+            },
+            "attention_heads": shape.heads,
+            "kv_heads": shape.kv_heads,
+            "seq_len": shape.seq_len,
+            "whole_model_path": "unit sum (modelled)",
+        },
+    )
+
+
+def _tensors(shape: TransformerShape, sizes: tuple[int, ...]) -> tuple[TensorFlow, ...]:
+    """The tensors between units: the token ids into the embeddings, each unit's hidden state into the next."""
+    s, h = shape.seq_len, shape.hidden
+    hidden = tuple(2 * s * h * b for b in sizes)
+    gpt = shape.arch == "gpt"
+    count = shape.layers + (4 if gpt else 3)
+    flows = [TensorFlow(-1, (0, 1) if gpt else (0,), tuple(8 * s * b for b in sizes), "int64", False, "input_ids")]
+    if gpt:  # the token and position embeddings both feed the first block
+        flows.append(TensorFlow(0, (2,), hidden, "bfloat16", True, "tokens"))
+    flows += [
+        TensorFlow(k, (k + 1,), hidden, "bfloat16", True, f"hidden{k}") for k in range(1 if gpt else 0, count - 1)
+    ]
+    return tuple(flows)

@@ -1,0 +1,128 @@
+"""The device-model profile (profiles/modelled.py): its FLOPs and saved bytes are the published formulas, its
+times behave as a GPU's, and the device files and CLI read as documented."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from planner.errors import UsageError
+from profiles.device_model import DEVICE_MODELS, device_model
+from profiles.format import load_profile
+from profiles.modelled import TransformerShape, model_flops, modelled_profile, shape_from_hf_config
+
+ROOT = Path(__file__).resolve().parents[2]
+GPT = TransformerShape("gpt-test", "gpt", 4, 1024, 16, 16, 4096, 51200, 2048, True)
+LLAMA = TransformerShape("llama-test", "llama", 4, 2048, 16, 4, 5632, 32000, 4096, False)
+A100 = DEVICE_MODELS["a100-80gb"]
+
+
+def test_model_flops_are_megatrons_formula() -> None:
+    # Narayanan et al. (SC 2021), eq. 3 without recomputation: 72 B s l h^2 (1 + s / 6h + V / 12 l h), per sample.
+    s, layers, h, v = GPT.seq_len, GPT.layers, GPT.hidden, GPT.vocab
+    expected = 72 * s * layers * h * h * (1 + s / (6 * h) + v / (12 * layers * h))
+    assert model_flops(GPT) == pytest.approx(expected, rel=1e-12)
+    assert model_flops(GPT, micro_batch=4) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("flash", "recompute", "attention_terms"), [(False, "none", 5), (True, "none", 0), (False, "selective", 0)]
+)
+def test_gpt_block_saves_korthikantis_bytes(flash: bool, recompute: str, attention_terms: int) -> None:
+    # Korthikanti et al. (MLSys 2023), Sec. 4.1: 34 s b h + 5 a s^2 b bytes a block; flash attention and
+    # selective recomputation keep none of the 5 a s^2 b (flash adds the fp32 log-sum-exp of each row).
+    b, s, h, a = 2, GPT.seq_len, GPT.hidden, GPT.heads
+    profile = modelled_profile(GPT, A100, (b,), flash_attention=flash, recompute=recompute)
+    block = profile.units[2]
+    assert block.name == "transformer.h.0"
+    lse = 4 * b * a * s if flash else 0
+    assert block.saved_bytes[0] == 34 * s * b * h + attention_terms * a * s * s * b + lse
+
+
+def test_selective_recomputation_adds_the_attention_core_to_the_backward() -> None:
+    # On GPT-3 175B the core is a few per cent of a layer's step (Korthikanti et al., Table 4: 2.7 % overhead).
+    gpt3 = TransformerShape("gpt3", "gpt", 2, 12288, 96, 96, 49152, 51200, 2048, True)
+    plain = modelled_profile(gpt3, A100, (1,), flash_attention=False)
+    selective = modelled_profile(gpt3, A100, (1,), flash_attention=False, recompute="selective")
+    block, again = plain.units[2], selective.units[2]
+    assert again.forward_s == block.forward_s and again.backward_weight_s == block.backward_weight_s
+    extra = again.backward_s[0] - block.backward_s[0]
+    assert 0.01 < extra / (block.forward_s[0] + block.backward_s[0]) < 0.07
+
+
+def test_times_fall_per_sample_with_the_micro_batch_and_backward_is_twice_forward() -> None:
+    profile = modelled_profile(LLAMA, DEVICE_MODELS["h100-80gb"], (1, 2, 4, 8))
+    block = profile.units[1]
+    per_sample = [t / b for t, b in zip(block.forward_s, profile.micro_batch_sizes, strict=True)]
+    assert per_sample == sorted(per_sample, reverse=True) and per_sample[0] > per_sample[-1]
+    for f, i, w in zip(block.forward_s, block.backward_input_s or (), block.backward_weight_s or (), strict=True):
+        assert 1.8 < (i + w) / f < 2.6
+        assert w < i  # I carries the attention core's and the element-wise kernels' backward
+    assert profile.whole_s(0) == pytest.approx(profile.unit_sum_s(0))
+
+
+def test_a_faster_gpu_is_faster_and_fp8_speeds_up_products_only() -> None:
+    a100 = modelled_profile(LLAMA, A100, (2,)).whole_s(0)
+    h100 = modelled_profile(LLAMA, DEVICE_MODELS["h100-80gb"], (2,))
+    fp8 = modelled_profile(LLAMA, DEVICE_MODELS["h100-80gb"], (2,), precision="fp8")
+    assert h100.whole_s(0) < a100 / 2
+    assert h100.whole_s(0) / 2 < fp8.whole_s(0) < h100.whole_s(0)
+    with pytest.raises(UsageError, match="no fp8"):
+        modelled_profile(LLAMA, A100, (2,), precision="fp8")
+
+
+def test_shapes_from_transformers_configs() -> None:
+    config = json.loads((ROOT / "examples" / "llama-3-70b.json").read_text())
+    shape = shape_from_hf_config(config, "llama-3-70b")
+    assert (shape.layers, shape.hidden, shape.kv_heads, shape.ffn_hidden, shape.seq_len) == (80, 8192, 8, 28672, 8192)
+    gpt2 = shape_from_hf_config(
+        {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257, "n_positions": 1024},
+        "gpt2",
+    )
+    assert (gpt2.arch, gpt2.ffn_hidden, gpt2.tied_embeddings) == ("gpt", 3072, True)
+    # GPT-2 small has 124.4 M parameters with its 1,024 learned positions.
+    assert modelled_profile(gpt2, A100, (1,)).model.param_count == 124_439_808
+    with pytest.raises(UsageError, match="model_type 't5'"):
+        shape_from_hf_config({"model_type": "t5"}, "t5")
+
+
+def test_device_files_read_and_refuse(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(replace(A100, name="mine", memory_bytes=2**30).as_dict()))
+    assert device_model(str(path)) == replace(A100, name="mine", memory_bytes=2**30)
+    path.write_text(json.dumps({**A100.as_dict(), "clock_hz": 1}))
+    with pytest.raises(UsageError, match="unknown field 'clock_hz'"):
+        device_model(str(path))
+    with pytest.raises(UsageError, match="unknown device model 'tpu'"):
+        device_model("tpu")
+
+
+def test_the_cli_models_a_profile_without_torch(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    script = (
+        "import sys, cli; code = cli.main(sys.argv[1:]); "
+        "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(code)"
+    )
+    args = [
+        "profile",
+        "hf:examples/llama-3-70b.json",
+        "--device-model",
+        "h100-80gb",
+        "--micro-batch-sizes",
+        "1,2",
+        "--out",
+        str(out),
+    ]
+    done = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    profile = load_profile(out)
+    assert profile.device.name == "h100-80gb (modelled)" and len(profile.units) == 83
+    bad = subprocess.run(
+        [sys.executable, "-c", script, *args[:3], "h1000", *args[4:]], cwd=ROOT, capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown device model 'h1000'" in bad.stderr
