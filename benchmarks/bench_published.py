@@ -1,0 +1,440 @@
+"""pipeplan's predictions held against what large clusters published: every row of a table of measured training
+runs, as published, through a device-model profile (docs/cost-model.md, "Device models").
+
+    python benchmarks/bench_published.py ../shared/published/tables.normalized.json
+    python benchmarks/bench_published.py TABLES.json --out DIR     # also DIR/result.json
+    python benchmarks/bench_published.py TABLES.json --best        # and pipeplan's own plan per table
+
+The tables are in one schema (``../shared/published/README.md``): each row's model shape, GPU, mesh (dp, tp, pp,
+vp, cp), micro and global batch, schedule, recomputation and ZeRO stage, and what was measured. Each row becomes a
+``pp x tp x dp`` plan of exactly that configuration (:func:`planner.given_plan.given_mesh_plan`, the layers split
+evenly over ``pp x vp`` stages, the embedding on the first and the head on the last) on a profile modelled for the
+row's GPU at the row's micro-batch, precision and recomputation, with the links the table gives. Nothing is fitted
+per table: the GPU's constants are the device model's (a GPU not built in is read from
+``benchmarks/device_models/GPU.json``), and the rules for what a table leaves out are these, the same for all:
+
+- micro-batch unstated: torchtitan splits a replica's batch into as many micro-batches as there are stages,
+  others run micro-batches of 1; virtual stages unstated with an interleaved schedule: 2 a rank;
+- ZeRO unstated: the distributed optimizer (ZeRO-1), Megatron's and NeMo's default; sequence parallelism
+  unstated: on with tensor parallelism;
+- ``selective`` recomputation is the runtime's: torch's op-level checkpointing under torchtitan, the attention core
+  (Korthikanti et al.) elsewhere; flash attention from 2023 on (the row's or the framework's year), not before;
+- context parallelism is not modelled: such rows are reported, not predicted.
+
+Per table: Spearman's rank correlation of predicted and measured iteration time within each comparable group (the
+rows of one model), the median error of the predicted ratio of every pair of timed rows in a group, the agreement
+on which rows fit in memory, and each row's predicted MFU (or TFLOP/s) beside the published one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import run_started, tee_stdout, write_record  # noqa: E402
+
+from planner.cluster import Cluster, Layout  # noqa: E402
+from planner.cost import CostSettings  # noqa: E402
+from planner.errors import PipeplanError  # noqa: E402
+from planner.fileio import write_json_atomic  # noqa: E402
+from planner.given_plan import GivenLayout, given_mesh_plan  # noqa: E402
+from planner.request import PlanRequest  # noqa: E402
+from planner.schedule.orders import Schedule  # noqa: E402
+from profiles.device_model import DEVICE_MODELS, DeviceModel, device_model  # noqa: E402
+from profiles.modelled import TransformerShape, model_flops, modelled_profile  # noqa: E402
+
+__all__ = ["RowResult", "predict_row", "table_result", "spearman", "pair_errors", "device_for"]
+
+DEVICE_FILES = Path(__file__).resolve().parent / "device_models"
+FLASH_FROM_YEAR = 2023
+
+
+@dataclass(frozen=True)
+class RowResult:
+    index: int
+    model: str
+    config: str
+    iteration_s: float | None
+    """Predicted; None where the row is not modelled."""
+    memory_gib: float | None
+    fits: bool | None
+    measured_iteration_s: float | None
+    """The published iteration time, or the one its throughput implies (None where none was published)."""
+    measured_memory_gib: float | None
+    measured_oom: bool | None
+    mfu_predicted: float | None
+    mfu_published: float | None
+    """Published MFU, or published TFLOP/s over the GPU's 16-bit peak."""
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "model": self.model,
+            "config": self.config,
+            "iteration_s": self.iteration_s,
+            "memory_gib": self.memory_gib,
+            "fits": self.fits,
+            "measured": {
+                "iteration_s": self.measured_iteration_s,
+                "memory_gib": self.measured_memory_gib,
+                "oom": self.measured_oom,
+                "mfu": self.mfu_published,
+            },
+            "mfu": self.mfu_predicted,
+            "note": self.note,
+        }
+
+
+def device_for(hardware: dict[str, Any]) -> DeviceModel:
+    """The table's GPU as a device model, with the links and node size the table states."""
+    gpu = str(hardware.get("gpu") or "")
+    if gpu in DEVICE_MODELS:
+        base = DEVICE_MODELS[gpu]
+    elif (DEVICE_FILES / f"{gpu}.json").is_file():
+        base = device_model(str(DEVICE_FILES / f"{gpu}.json"))
+    else:
+        raise PipeplanError(f"GPU {gpu!r} has no device model (built-ins: {', '.join(DEVICE_MODELS)})")
+    changes: dict[str, Any] = {}
+    if hardware.get("intra_node_GBps_per_gpu"):  # tables give NVLink's both directions together
+        changes["intra_node_bytes_per_s"] = hardware["intra_node_GBps_per_gpu"] * 1e9 / 2
+    if hardware.get("inter_node_Gbps_per_gpu"):
+        changes["inter_node_bytes_per_s"] = hardware["inter_node_Gbps_per_gpu"] * 1e9 / 8
+    if hardware.get("gpus_per_node"):
+        changes["devices_per_node"] = int(hardware["gpus_per_node"])
+    return replace(base, **changes)
+
+
+def shape_for(name: str, entry: dict[str, Any]) -> tuple[TransformerShape, list[str]]:
+    notes = []
+    arch = "gpt" if entry.get("arch") == "gpt" else "llama"
+    vocab = entry.get("vocab")
+    if not vocab:
+        vocab = 51200
+        notes.append("vocabulary not published: 51,200 assumed")
+    tied = entry.get("tied_embeddings")
+    shape = TransformerShape(
+        name,
+        arch,
+        int(entry["layers"]),
+        int(entry["hidden"]),
+        int(entry["heads"]),
+        int(entry.get("kv_heads") or entry["heads"]),
+        int(entry.get("ffn_hidden") or 4 * entry["hidden"]),
+        int(vocab),
+        int(entry["seq_len"]),
+        bool(arch == "gpt" if tied is None else tied),
+    )
+    return shape, notes
+
+
+def _year(row: dict[str, Any], table: dict[str, Any]) -> int | None:
+    for text in (str(row.get("date") or ""), str(table.get("framework") or "")):
+        found = re.search(r"\b(20\d\d)\b", text)
+        if found:
+            return int(found.group(1))
+    return None
+
+
+def _stages(shape: TransformerShape, profile_names: list[str], num_stages: int) -> tuple[tuple[str, ...], ...]:
+    """The layers split evenly over the stages, the extra ones to the middle stages; the embedding(s) on the
+    first stage, the final norm and head on the last."""
+    layers = [n for n in profile_names if re.search(r"\.(h|layers)\.\d+$", n)]
+    first = profile_names[: profile_names.index(layers[0])]
+    last = profile_names[profile_names.index(layers[-1]) + 1 :]
+    base, extra = divmod(len(layers), num_stages)
+    counts = [base] * num_stages
+    middle = list(range(1, num_stages - 1)) or list(range(num_stages))
+    for k in range(extra):
+        counts[middle[k % len(middle)]] += 1
+    stages, start = [], 0
+    for s, count in enumerate(counts):
+        units = layers[start : start + count]
+        start += count
+        stages.append(tuple((first if s == 0 else []) + units + (last if s == num_stages - 1 else [])))
+    return tuple(stages)
+
+
+def measured_iteration_s(row: dict[str, Any], shape: TransformerShape, peak: float | None) -> float | None:
+    measured, gbs, gpus = row["measured"], row.get("gbs"), row.get("gpus")
+    if measured.get("iteration_s"):
+        return float(measured["iteration_s"])
+    if not gbs or not gpus:
+        return None
+    if measured.get("tokens_per_s_per_gpu"):
+        return gbs * shape.seq_len / (measured["tokens_per_s_per_gpu"] * gpus)
+    if measured.get("samples_per_s"):
+        return gbs / measured["samples_per_s"]
+    flops = model_flops(shape) * gbs
+    if measured.get("tflops_per_gpu"):
+        return flops / (measured["tflops_per_gpu"] * 1e12 * gpus)
+    if measured.get("mfu") and peak:
+        return flops / (measured["mfu"] * peak * gpus)
+    return None
+
+
+def predict_row(table: dict[str, Any], index: int) -> RowResult:
+    """One published row, configured as published, predicted."""
+    row = table["rows"][index]
+    hardware = table["hardware"]
+    shape, notes = shape_for(row["model"], table["models"][row["model"]])
+    device = device_for(hardware)
+    peak = hardware.get("peak_tflops_16bit") and hardware["peak_tflops_16bit"] * 1e12
+    measured = row["measured"]
+    published_mfu = measured.get("mfu")
+    if published_mfu is None and measured.get("tflops_per_gpu") and peak:
+        published_mfu = measured["tflops_per_gpu"] * 1e12 / peak
+    dp, tp, pp = (int(row.get(k) or 1) for k in ("dp", "tp", "pp"))
+    framework = str(table.get("framework") or "")
+    torchtitan = framework.lower().startswith("torchtitan")
+    schedule_name = row.get("schedule") or ("interleaved-1f1b" if (row.get("vp") or 1) > 1 else "1f1b")
+    schedule = Schedule.parse(schedule_name)
+    vp = int(row.get("vp") or (2 if schedule is Schedule.INTERLEAVED_1F1B else 1))
+    if schedule is Schedule.INTERLEAVED_1F1B and vp == 1:
+        schedule = Schedule.ONE_F_ONE_B
+    gbs = int(row["gbs"])
+    per_replica = gbs // dp
+    mbs = row.get("mbs") or (max(1, per_replica // (pp * vp)) if torchtitan else 1)
+    config = f"{pp}x{tp}x{dp}" + (f" v{vp}" if vp > 1 else "") + f" b{mbs} {row.get('recompute') or 'none'}"
+    base = RowResult(
+        index,
+        row["model"],
+        config,
+        None,
+        None,
+        None,
+        measured_iteration_s(row, shape, peak),
+        measured.get("memory_gib"),
+        measured.get("oom"),
+        None,
+        published_mfu,
+    )
+    if (row.get("cp") or 1) > 1:
+        return replace(base, note="context parallelism is not modelled")
+    recompute = row.get("recompute") or "none"
+    within = (
+        "none" if recompute in ("none", "full") else ("op" if torchtitan and shape.arch == "llama" else "selective")
+    )
+    year = _year(row, table)
+    flash = year is None or year >= FLASH_FROM_YEAR
+    precision = "fp8" if table.get("precision") == "fp8" and device.fp8_speedup > 1 else "bf16"
+    zero = row.get("zero")
+    shard = {0: "none", 1: "optimizer", 2: "optimizer", 3: "full"}.get(zero, "optimizer")  # type: ignore[arg-type]
+    sequence_parallel = row.get("sequence_parallel")
+    sequence_parallel = tp > 1 if sequence_parallel is None else bool(sequence_parallel)
+    num_stages = pp * vp
+    if per_replica % mbs or shape.layers < num_stages:
+        return replace(base, note=f"{per_replica} samples a replica in micro-batches of {mbs}: not a whole number")
+    profile = modelled_profile(shape, device, (int(mbs),), precision=precision, recompute=within, flash_attention=flash)
+    given = GivenLayout(
+        stages=_stages(shape, [u.name for u in profile.units], num_stages),
+        schedule=schedule,
+        micro_batch_size=int(mbs),
+        num_microbatches=per_replica // int(mbs),
+        recompute=(recompute == "full",) * num_stages,
+        recompute_unit_wise=True,
+    )
+    cluster = Cluster(
+        pp * tp * dp,
+        device.devices_per_node,
+        device.intra_node_bytes_per_s,
+        device.inter_node_bytes_per_s,
+        device.link_latency_s,
+        shard,
+    )
+    request = PlanRequest(
+        num_ranks=pp,
+        global_batch_size=gbs,
+        settings=CostSettings(link_bytes_per_s=device.inter_node_bytes_per_s, link_latency_s=device.link_latency_s),
+    )
+    layout = Layout(pp=pp, dp=dp, placement="replicas-in-node", tp=tp)
+    try:
+        plan, memory = given_mesh_plan(
+            profile,
+            request,
+            cluster,
+            layout,
+            given,
+            sequence_parallel=sequence_parallel,
+            vocab_parallel=True,
+            sha256=None,
+            trainer_collectives=True,
+        )
+    except PipeplanError as exc:
+        return replace(base, note=str(exc)[:120])
+    iteration = plan.predicted.iteration_s
+    peak_bytes = max(m.peak_bytes for m in memory)
+    mfu = model_flops(shape) * gbs / (iteration * pp * tp * dp * peak) if peak else None
+    return replace(
+        base,
+        iteration_s=iteration,
+        memory_gib=peak_bytes / 2**30,
+        fits=all(m.fits for m in memory),
+        mfu_predicted=mfu,
+        note="; ".join(notes),
+    )
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None under 3 values or without variation."""
+    if len(xs) < 3:
+        return None
+
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        found = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                found[order[k]] = (i + j) / 2
+            i = j + 1
+        return found
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
+    sy = math.sqrt(sum((b - my) ** 2 for b in ry))
+    return None if sx == 0 or sy == 0 else sxy / (sx * sy)
+
+
+def pair_errors(pairs: list[tuple[float, float]]) -> list[float]:
+    """For every two (predicted, measured) rows: ``|predicted ratio / measured ratio - 1|``, in per cent."""
+    return [abs((p1 / p2) / (m1 / m2) - 1) * 100 for (p1, m1), (p2, m2) in itertools.combinations(pairs, 2)]
+
+
+def table_result(table: dict[str, Any]) -> dict[str, Any]:
+    rows = [predict_row(table, i) for i in range(len(table["rows"]))]
+    groups: dict[str, list[RowResult]] = {}
+    for r in rows:
+        if r.iteration_s is not None and r.measured_iteration_s is not None:
+            groups.setdefault(r.model, []).append(r)
+    correlations = {
+        name: spearman([r.iteration_s for r in g], [r.measured_iteration_s for r in g])  # type: ignore[misc]
+        for name, g in groups.items()
+    }
+    errors = [
+        e
+        for g in groups.values()
+        for e in pair_errors([(r.iteration_s, r.measured_iteration_s) for r in g])  # type: ignore[misc]
+    ]
+    judged = [r for r in rows if r.fits is not None]
+    agree = [r.fits == (not r.measured_oom) for r in judged if r.measured_oom is not None]
+    timed = [c for c in correlations.values() if c is not None]
+    return {
+        "id": table["id"],
+        "spearman": statistics.median(timed) if timed else None,
+        "spearman_by_model": correlations,
+        "pair_ratio_median_error_pct": statistics.median(errors) if errors else None,
+        "pairs": len(errors),
+        "oom_agreement": sum(agree) / len(agree) if agree else None,
+        "rows": [r.as_dict() for r in rows],
+    }
+
+
+def _markdown(headers: list[str], rows: list[list[object]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+
+
+def _fmt(value: float | None, form: str) -> str:
+    return "-" if value is None else format(value, form)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("tables", help="a tables.normalized.json file")
+    parser.add_argument("--out", metavar="DIR", help="also write DIR/result.json")
+    parser.add_argument("--trial", action="store_true", help="write the record as a trial (the page skips it)")
+    args = parser.parse_args(argv)
+    started, _ = run_started(), tee_stdout()
+    tables = json.loads(Path(args.tables).read_text())
+    results, summary, detail = [], [], []
+    began = time.perf_counter()
+    for table in tables:
+        result = table_result(table)
+        results.append(result)
+        summary.append(
+            [
+                table["id"],
+                _fmt(result["spearman"], ".2f"),
+                _fmt(result["pair_ratio_median_error_pct"], ".1f"),
+                result["pairs"],
+                _fmt(result["oom_agreement"], ".0%"),
+            ]
+        )
+        for r in result["rows"]:
+            m = r["measured"]
+            detail.append(
+                [
+                    table["id"][:28],
+                    r["model"][:22],
+                    r["config"],
+                    _fmt(r["iteration_s"], ".3g"),
+                    _fmt(m["iteration_s"], ".3g"),
+                    _fmt(
+                        r["iteration_s"] / m["iteration_s"] - 1 if r["iteration_s"] and m["iteration_s"] else None,
+                        "+.0%",
+                    ),
+                    _fmt(r["memory_gib"], ".1f") + ("" if r["fits"] in (None, True) else " (over)"),
+                    _fmt(m["memory_gib"], ".1f"),
+                    _fmt(r["mfu"], ".2f"),
+                    _fmt(m["mfu"], ".2f"),
+                    r["note"][:50],
+                ]
+            )
+    print("## Per table\n")
+    print(_markdown(["table", "Spearman", "pair error %", "pairs", "fits agree"], summary))
+    print("\n## Per row\n")
+    headers = [
+        "table",
+        "model",
+        "pp x tp x dp",
+        "pred s",
+        "meas s",
+        "error",
+        "pred GiB",
+        "meas GiB",
+        "MFU",
+        "pub MFU",
+        "note",
+    ]
+    print(_markdown(headers, detail))
+    print(f"\n{len(detail)} rows in {time.perf_counter() - began:.1f} s")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(
+            out / "result.json", [{k: v for k, v in r.items() if k != "spearman_by_model"} for r in results]
+        )
+    write_record(
+        "published",
+        {"tables": results, "source": args.tables},
+        started=started,
+        tables={
+            "per_table": {
+                "columns": ["table", "Spearman", "pair error %", "pairs", "fits agree"],
+                "rows": [list(map(str, r)) for r in summary],
+            },
+            "per_row": {"columns": headers, "rows": [list(map(str, r)) for r in detail]},
+        },
+        trial=args.trial,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""bench_published reads any table of the published schema, and its statistics are what they say."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import bench_published  # noqa: E402
+
+HARDWARE = {
+    "gpu": "h100-80gb",
+    "peak_tflops_16bit": 989.4,
+    "hbm_gib": 80,
+    "gpus_per_node": 8,
+    "intra_node_GBps_per_gpu": 900,
+    "inter_node_Gbps_per_gpu": 400,
+}
+MODEL = {
+    "arch": "llama",
+    "layers": 8,
+    "hidden": 2048,
+    "heads": 16,
+    "kv_heads": 4,
+    "ffn_hidden": 5632,
+    "vocab": 32000,
+    "seq_len": 4096,
+    "tied_embeddings": False,
+}
+
+
+def _row(pp: int, dp: int, recompute: str, seconds: float, cp: int = 1) -> dict[str, object]:
+    return {
+        "model": "m",
+        "gpus": pp * dp * cp,
+        "dp": dp,
+        "tp": 1,
+        "pp": pp,
+        "vp": 1,
+        "cp": cp,
+        "mbs": 1,
+        "gbs": 32,
+        "schedule": "1f1b" if pp > 1 else None,
+        "recompute": recompute,
+        "sequence_parallel": False,
+        "zero": 1,
+        "date": "2025-01",
+        "measured": {
+            "iteration_s": seconds,
+            "tokens_per_s_per_gpu": None,
+            "samples_per_s": None,
+            "tflops_per_gpu": None,
+            "memory_gib": None,
+            "oom": False,
+            "mfu": None,
+            "hfu": None,
+        },
+    }
+
+
+def test_spearman_and_pair_errors_by_hand() -> None:
+    assert bench_published.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert bench_published.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    assert bench_published.spearman([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+    assert bench_published.spearman([1, 2], [1, 2]) is None
+    # predicted 2:1 where 4:1 was measured: the ratio is off by half.
+    assert bench_published.pair_errors([(2.0, 4.0), (1.0, 1.0)]) == [pytest.approx(50.0)]
+
+
+def test_an_unseen_table_is_read_predicted_and_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIPEPLAN_RESULTS_DIR", str(tmp_path / "records"))
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # the benchmark tees it; put it back afterwards
+    table = {
+        "id": "unseen",
+        "source": "test",
+        "comparable": "all",
+        "hardware": HARDWARE,
+        "models": {"m": MODEL},
+        "precision": "bf16",
+        "framework": "Megatron-LM",
+        "rows": [
+            _row(1, 8, "none", 1.0),
+            _row(2, 4, "none", 1.1),
+            _row(2, 4, "full", 1.4),
+            _row(1, 2, "none", 1.0, cp=4),
+        ],
+    }
+    path = tmp_path / "tables.json"
+    path.write_text(json.dumps([table]))
+    bench_published.main([str(path), "--out", str(tmp_path / "out"), "--trial"])
+    (result,) = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["id"] == "unseen" and len(result["rows"]) == 4
+    timed = [r for r in result["rows"] if r["iteration_s"] is not None]
+    assert len(timed) == 3 and all(r["fits"] for r in timed)
+    full, plain = timed[2]["iteration_s"], timed[1]["iteration_s"]
+    assert 1.2 < full / plain < 1.4  # one more forward in four passes' worth of work
+    assert result["oom_agreement"] == 1.0 and result["spearman"] is not None
+    assert result["rows"][3]["note"] == "context parallelism is not modelled"
