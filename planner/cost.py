@@ -487,8 +487,10 @@ def _step_bytes(profile: Profile, costs: UnitCosts, settings: CostSettings) -> t
     """
     _, grad_b, _ = bytes_per_param(profile.device.dtype, settings.optimizer)
     foreach = profile.device.kind == "cuda"
-    # ZeRO-1 and FSDP step the shard of the optimizer state a device keeps, not the whole stage.
-    shards = settings.data_parallel.state_divisors()[2] if settings.data_parallel else 1
+    # ZeRO-1, and FSDP resharded unit by unit, step the shard of the optimizer state a device keeps; a pipeline
+    # stage under FSDP steps with its whole gradients gathered (measured: tests/planner/runtime/test_verify_memory).
+    dp = settings.data_parallel
+    shards = dp.state_divisors()[2] if dp and (dp.shard == "optimizer" or dp.per_unit) else 1
     if settings.optimizer != "adam":
         optimizer = [0] * len(costs.param_count)
     elif foreach:
