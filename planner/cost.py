@@ -130,6 +130,11 @@ class DataParallel:
     unit's gather prefetched behind this one's compute. False: as a pipeline stage holds it (torch's
     ``PipelineStage`` keeps its stage gathered all step and reduces once)."""
 
+    @property
+    def reshards_per_unit(self) -> bool:
+        """Full sharding across replicas, resharded unit by unit (:attr:`per_unit`)."""
+        return self.per_unit and self.shard == "full" and self.replicas > 1
+
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise UsageError(f"data-parallel replicas must be >= 1, got {self.replicas}")
@@ -422,7 +427,7 @@ def _with_gathers(
     weights, grads, _ = bytes_per_param(profile.device.dtype, settings.optimizer)
     gather = [dp.gather_s(n * weights) for n in costs.param_count]
     scatter = [dp.gather_s(n * grads) for n in costs.param_count]
-    if dp.per_unit:
+    if dp.reshards_per_unit:
         # FSDP's prefetch: a unit's collectives run behind its neighbour's compute; the longer of the two counts.
         forward = tuple(max(f, g) for f, g in zip(costs.forward_s, gather, strict=True))
         backward = tuple(max(b, g + r) for b, g, r in zip(costs.backward_s, gather, scatter, strict=True))
@@ -490,7 +495,7 @@ def _step_bytes(profile: Profile, costs: UnitCosts, settings: CostSettings) -> t
     # ZeRO-1, and FSDP resharded unit by unit, step the shard of the optimizer state a device keeps; a pipeline
     # stage under FSDP steps with its whole gradients gathered (measured: tests/planner/runtime/test_verify_memory).
     dp = settings.data_parallel
-    shards = dp.state_divisors()[2] if dp and (dp.shard == "optimizer" or dp.per_unit) else 1
+    shards = dp.state_divisors()[2] if dp and (dp.shard == "optimizer" or dp.reshards_per_unit) else 1
     if settings.optimizer != "adam":
         optimizer = [0] * len(costs.param_count)
     elif foreach:
@@ -520,16 +525,16 @@ def _state_parts(profile: Profile, settings: CostSettings, params: int, tensors:
     if settings.optimizer == "adam":
         optimizer += 4 * tensors
     buckets = 0
-    if dp is not None and dp.replicas > 1 and dp.shard == "full" and dp.per_unit:
-        pass  # the shards only; the units gathered at a time are working memory (build_problem)
-    elif dp is not None and dp.replicas > 1 and dp.shard == "full":
+    if dp is not None and dp.replicas > 1 and dp.shard == "full" and not dp.per_unit:
         # torch's PipelineStage keeps an FSDP stage's parameters gathered from its first forward to the step's
         # end and accumulates its gradients unsharded (``backward_maybe_with_nosync``: no reshard, no gradient
         # sync until ``perform_reduce_grad``): the shard and the whole weights, the whole gradients.
         weights += params * per_param[0]
         grads = params * per_param[1]
-    elif dp is not None and dp.replicas > 1:
+    elif dp is not None and dp.replicas > 1 and dp.shard != "full":
         buckets = grads
+    # Resharded unit by unit (per_unit), a device keeps the shards only and no buckets: the units gathered at a
+    # time are working memory (build_problem).
     return weights, grads, optimizer, buckets
 
 
@@ -560,7 +565,7 @@ def build_problem(
     forward, backward = _with_gathers(profile, costs, settings)
     transient = costs.transient_bytes
     dp = settings.data_parallel
-    if dp is not None and dp.replicas > 1 and dp.shard == "full" and dp.per_unit:
+    if dp is not None and dp.reshards_per_unit:
         # A unit's whole weights and gradients while it runs, and the next unit's weights prefetched.
         weights, grads, _ = bytes_per_param(profile.device.dtype, settings.optimizer)
         transient = tuple(t + n * (2 * weights + grads) for t, n in zip(transient, costs.param_count, strict=True))
