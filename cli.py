@@ -40,7 +40,11 @@ EXIT_INTERNAL = 1
 
 
 def _model_file(spec: str | None) -> str | None:
-    """The Python file a MODEL spec names (an input no output may replace), if any."""
+    """The file a MODEL spec names, a Python file or an ``hf:`` config (an input no output may replace), if any."""
+    from profiles.models.hf_spec import PREFIX, parse_hf_spec
+
+    if spec and spec.startswith(PREFIX):
+        return parse_hf_spec(spec)[0]
     target = (spec or "").rpartition(":")[0]
     return target if target.endswith(".py") else None
 

@@ -30,6 +30,7 @@ from typing import Any
 from planner.errors import UsageError, shorten
 from profiles.device_model import DeviceModel
 from profiles.format import DeviceInfo, ModelInfo, Profile, TensorFlow, UnitProfile, WholeModel
+from profiles.models.hf_spec import PREFIX, resolve_hf_spec
 
 __all__ = [
     "TransformerShape",
@@ -128,17 +129,15 @@ def shape_from_hf_config(config: dict[str, Any], name: str, seq_len: int | None 
 
 def load_hf_shape(spec: str, seq_len: int | None) -> TransformerShape:
     """``hf:PATH.json[?seq_len=N]`` as a shape (the config alone; nothing is built)."""
-    path, _, query = spec.removeprefix("hf:").partition("?")
-    options = dict(part.partition("=")[::2] for part in query.split("&") if part)
-    if not spec.startswith("hf:") or not Path(path).is_file():
+    if not spec.startswith(PREFIX):
         raise UsageError(f"a device model profiles an hf:CONFIG.json transformers config, got {shorten(spec, 120)}")
+    path, _, wanted = resolve_hf_spec(spec, None, seq_len)
     try:
         config = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: cannot read the config ({shorten(str(exc), 100)})") from None
     if not isinstance(config, dict):
         raise UsageError(f"{path}: a transformers config is a JSON object")
-    wanted = seq_len or (int(options["seq_len"]) if options.get("seq_len", "").isdigit() else None)
     return shape_from_hf_config(config, spec, wanted)
 
 

@@ -29,17 +29,16 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl
 
 import torch
 from torch import nn
 
 from planner.errors import ModelSpecError, shorten
+from profiles.models.hf_spec import PREFIX, parse_hf_spec, resolve_hf_spec
 from profiles.workload_type import Workload
 
 __all__ = ["TASKS", "PREFIX", "parse_hf_spec", "hf_config_workload"]
 
-PREFIX = "hf:"
 TASKS = ("causal-lm", "masked-lm", "seq2seq", "image-classification")
 DEFAULT_SEQ_LEN = 16
 _AUTO_CLASSES = {
@@ -56,19 +55,6 @@ _ARCHITECTURE_SUFFIXES = (
     ("ForSeq2SeqLM", "seq2seq"),
     ("ForImageClassification", "image-classification"),
 )
-
-
-def parse_hf_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """``hf:PATH[?task=T&seq_len=N]`` -> (PATH, options)."""
-    body = spec.removeprefix(PREFIX)
-    path, _, query = body.partition("?")
-    options = dict(parse_qsl(query, keep_blank_values=True)) if query else {}
-    unknown = sorted(set(options) - {"task", "seq_len"})
-    if unknown:
-        raise ModelSpecError(f"unknown option {unknown[0]!r} in {shorten(spec, 120)}: hf: specs take task and seq_len")
-    if not path:
-        raise ModelSpecError("hf: needs a config file: hf:path/to/config.json")
-    return path, options
 
 
 def _task_of(config: Any) -> str:
@@ -164,15 +150,7 @@ def hf_config_workload(spec: str, task: str | None = None, seq_len: int | None =
     Raises :class:`ModelSpecError` for a missing or malformed config, an unknown task, an option given
     twice with different values, or a model transformers cannot build for the task.
     """
-    path, options = parse_hf_spec(spec)
-    for key, value in (("task", task), ("seq_len", seq_len)):
-        if value is not None and key in options and str(value) != options[key]:
-            raise ModelSpecError(f"{key} is {options[key]} in the spec and {value} in the options: give it once")
-    chosen_task = task or options.get("task")
-    if "seq_len" in options:
-        if not options["seq_len"].isdigit() or int(options["seq_len"]) < 1:
-            raise ModelSpecError(f"seq_len={options['seq_len']!r} in {shorten(spec, 120)} is not a positive integer")
-        seq_len = int(options["seq_len"])
+    path, chosen_task, seq_len = resolve_hf_spec(spec, task, seq_len)
     config = _load_config(path)
     chosen_task = chosen_task or _task_of(config)
     if chosen_task not in TASKS:
