@@ -122,6 +122,7 @@ def _time_sizes(
                 loss_fn=workload.loss_fn if with_loss else None,
                 target=run.target if with_loss else None,
                 track_memory=r == 0 and i < n,  # bytes do not vary: the first round's stand (rounds.py)
+                split=i < n,  # the whole model's and the overhead piece's I/W split is not in the profile
             )
         except Exception as exc:
             raise ProfilingError(

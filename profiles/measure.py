@@ -285,9 +285,12 @@ class _PieceRun:
             roots, root_grads, _out = self.forward()
             self.backward(roots, root_grads)
 
-    def timed(self, repeats: int) -> tuple[list[float], list[float], list[float], list[float], int, bool]:
-        """``repeats`` iterations, each a timed forward and whole backward, then a forward and its backward
-        split into I and W: the four lists of times, the bytes I keeps for W, and whether there was a backward."""
+    def timed(
+        self, repeats: int, split: bool = True
+    ) -> tuple[list[float], list[float], list[float], list[float], int, bool]:
+        """``repeats`` iterations, each a timed forward and whole backward, then (with ``split``) a forward and its
+        backward split into I and W: the four lists of times (I and W: zeros without ``split``), the bytes I keeps
+        for W, and whether there was a backward."""
         forward_times, backward_times, input_times, weight_times = [], [], [], []
         kept_bytes = 0
         roots: list[torch.Tensor] = []
@@ -302,6 +305,10 @@ class _PieceRun:
             t2 = time.perf_counter()
             forward_times.append(t1 - t0)
             backward_times.append(t2 - t1)
+            if not split:
+                input_times.append(0.0)
+                weight_times.append(0.0)
+                continue
             roots, root_grads, _out = self.forward()
             i_s, w_s, kept_bytes = self.split_backward(roots, root_grads)
             input_times.append(i_s)
@@ -337,8 +344,13 @@ def measure_piece(
     loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
     target: torch.Tensor | None = None,
     track_memory: bool = True,
+    split: bool = True,
 ) -> PieceMeasurement:
     """Time forward and backward of ``piece`` on its captured inputs; median of ``repeats``.
+
+    With ``split`` each iteration also times the backward split into I and W as the zero-bubble schedules run it
+    (another forward and backward: half the iteration); without it ``backward_input_s`` and
+    ``backward_weight_s`` are 0, for a piece whose split no plan reads (the whole model, a speed reference).
 
     With ``loss_fn`` the backward starts from ``loss_fn(output, target)`` (the last pipeline stage
     computes the loss); otherwise from fixed random gradients on the float outputs that need grad.
@@ -348,7 +360,7 @@ def measure_piece(
     run = _PieceRun(piece, device, loss_fn, target)
     output_bytes, saved_bytes, peak = run.probe()
     run.warm_up(max(warmup - 1, 0))  # the probe was the first warm-up iteration
-    forward_times, backward_times, input_times, weight_times, kept_bytes, has_backward = run.timed(repeats)
+    forward_times, backward_times, input_times, weight_times, kept_bytes, has_backward = run.timed(repeats, split)
     memory = run.tracked() if track_memory else None
     run.clear_input_grads()
     piece.module.zero_grad(set_to_none=True)

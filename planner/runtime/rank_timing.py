@@ -16,6 +16,7 @@ needs is here, and what crosses the process boundary is one picklable value.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -206,10 +207,12 @@ class _PlanSteps:
         waits: _WaitTimer,
         numerics: bool,
         captured: dict[int, tuple[tuple[Piece, ...], torch.Tensor]] | None = None,
+        loaded: dict[str, Workload] | None = None,
     ) -> None:
         """``captured``: every unit's pieces and the micro-batch's target by micro-batch size, shared by the plans
-        of one process (each size captured once, by the first plan that needs it)."""
-        workload = load_workload(spec)
+        of one process (each size captured once, by the first plan that needs it); ``loaded``: the workloads built
+        so far in this process (:func:`_own_workload`)."""
+        workload = _own_workload(spec, loaded)
         inputs, target = workload.make_batch(step_batch(plan))
         self.inputs = tuple(t.to(dev) for t in as_tuple(inputs))
         self.target = target.to(dev)
@@ -305,6 +308,17 @@ class _PlanSteps:
             rank_memory=rank_memory,
             step_rounds=tuple(self.rounds),
         )
+
+
+def _own_workload(spec: str, loaded: dict[str, Workload] | None) -> Workload:
+    """The workload ``spec`` names, with a model of its own: built once per process in ``loaded``, then
+    copied. Building gpt2-small takes seconds (its weights initialised at random), a copy a fraction of one,
+    and the copy has the same weights, as every build with the model's seed has."""
+    if loaded is None:
+        return load_workload(spec)
+    if spec not in loaded:
+        loaded[spec] = load_workload(spec)
+    return replace(loaded[spec], model=copy.deepcopy(loaded[spec].model))
 
 
 def _captured_units(
@@ -419,9 +433,12 @@ def rank_main_interleaved(
     dev = torch.device(f"cuda:{rank}") if device.startswith("cuda") else torch.device("cpu")
     waits = _WaitTimer()  # one per process: it wraps a module-level function of torch
     captured: dict[int, tuple[tuple[Piece, ...], torch.Tensor]] = {}
-    runs = [_PlanSteps(spec, plan, dev, waits, numerics=False, captured=captured) for plan in plans]
-    for r in runs:
-        r.warm_up(warmup, min_warmup_s)
+    loaded: dict[str, Workload] = {}
+    runs = [_PlanSteps(spec, plan, dev, waits, numerics=False, captured=captured, loaded=loaded) for plan in plans]
+    # The process warms up once, for ``min_warmup_s`` (gloo's pairs, the heap's growth), on the first plan; each
+    # other plan its ``warmup`` steps: its ratios are medians over rounds, which a slow first block moves little.
+    for k, r in enumerate(runs):
+        r.warm_up(warmup, min_warmup_s if k == 0 else 0.0)
     shared: dict[tuple[int, tuple[str, ...]], SpeedReference | UnitReference] = {}
     references = []
     for r in runs:

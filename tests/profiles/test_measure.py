@@ -120,3 +120,26 @@ def test_forward_times_follow_sleep_durations() -> None:
     ]
     assert times[1] >= 0.03 and times[2] >= 0.01
     assert times[0] < times[2] < times[1]
+
+
+class _Counted(nn.Linear):
+    """A Linear that counts its forward calls."""
+
+    calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        type(self).calls += 1
+        return super().forward(x)
+
+
+def test_without_the_split_each_repeat_runs_one_forward_and_no_i_or_w() -> None:
+    piece = Piece("fc", _Counted(8, 8), (torch.randn(4, 8),), (True,))
+    _Counted.calls = 0
+    split = measure_piece(piece, device=CPU, repeats=3, warmup=0, track_memory=False)
+    with_split = _Counted.calls
+    _Counted.calls = 0
+    whole = measure_piece(piece, device=CPU, repeats=3, warmup=0, track_memory=False, split=False)
+    # one untimed probe each; then per repeat a forward and backward, and with the split a forward, I and W
+    assert (with_split, _Counted.calls) == (1 + 3 * 2, 1 + 3)
+    assert split.backward_input_s > 0 and split.backward_weight_s > 0
+    assert whole.backward_s > 0 and whole.backward_input_s == whole.backward_weight_s == 0.0

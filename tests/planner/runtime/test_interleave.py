@@ -81,3 +81,31 @@ def test_plans_that_cannot_share_a_launch_are_refused_in_one_line() -> None:
     three = make_plan(workload, ["1", "2"], "1f1b", num_ranks=3)
     with pytest.raises(UsageError, match="same ranks and threads"):
         verify_plans([two, three], spec)
+
+
+def test_plans_of_one_launch_build_the_model_once_and_each_step_a_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from planner.runtime import rank_timing
+    from profiles.workload import load_workload
+
+    built: list[str] = []
+
+    def counted(spec: str):  # type: ignore[no-untyped-def]
+        built.append(spec)
+        return load_workload(spec)
+
+    monkeypatch.setattr(rank_timing, "load_workload", counted)
+    loaded: dict = {}
+    first, second = (rank_timing._own_workload("mlp", loaded) for _ in range(2))
+    assert built == ["mlp"]
+    kept = loaded["mlp"].model
+    assert len({id(first.model), id(second.model), id(kept)}) == 3
+    # Same weights as a build of its own, and a step on one copy leaves the others as built.
+    for name, value in load_workload("mlp").model.state_dict().items():
+        assert torch.equal(first.model.state_dict()[name], value)
+    with torch.no_grad():
+        for p in first.model.parameters():
+            p.add_(1.0)
+    assert all(torch.equal(a, b) for a, b in zip(second.model.parameters(), kept.parameters(), strict=True))
+    assert rank_timing._own_workload("mlp", None).model is not kept
