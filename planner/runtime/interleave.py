@@ -97,8 +97,14 @@ def verify_plans(
     device: str = "cpu",
     tolerance: float = 0.25,
     memory_tolerance: float = MEMORY_TOLERANCE,
+    unit_references: Sequence[bool] | None = None,
 ) -> InterleavedRun:
     """Run ``plans`` (of the model ``workload``, a MODEL spec) in one launch on real processes, interleaved.
+
+    ``unit_references[k]``: whether plan ``k``'s ranks time its units alone after each round, its reports' speed
+    reference (None: every plan's); a plan without takes the machine's speed reference, a fixed layer, and its
+    units are not timed: where only some plans' speed is read (learning from a launch reads the first plan's),
+    the others' unit timing is the launch's largest cost after the steps on a long model.
 
     Raises:
         UsageError: no plans, fewer than one round, or plans that need different process counts or threads
@@ -119,7 +125,9 @@ def verify_plans(
     for plan in plans:
         check_runtime_layout(plan)
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    args = (workload, list(plans), rounds, warmup, min_warmup_s, min_block_s, device)
+    if unit_references is not None and len(unit_references) != len(plans):
+        raise UsageError(f"unit_references has {len(unit_references)} entries for {len(plans)} plans")
+    args = (workload, list(plans), rounds, warmup, min_warmup_s, min_block_s, device, unit_references)
     everyone = run_ranks(
         rank_main_interleaved, args, ranks.pop(), timeout_s=timeout_s, backend=backend, threads=threads.pop()
     )

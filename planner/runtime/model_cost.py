@@ -460,8 +460,13 @@ def learn_model_cost(
         else (1, LEARNING_SIZE_ROUNDS, LEARNING_SIZE_BUDGET_S)
     )
     rounds = rounds_within(launch, budget_s / launch_count, at_least=at_least, at_most=LEARNING_MAX_ROUNDS)
+    # Only the first plan's speed is read (the refit brings its copies to the profile's speed): the other plans
+    # teach by their ratios to it and by their compute against their prediction, both taken in the same launch.
+    firsts = [k in anchor for k in range(len(launch))]
     launches = [
-        verify_plans(launch, model, rounds=rounds, warmup=warmup, device=device, timeout_s=timeout_s)
+        verify_plans(
+            launch, model, rounds=rounds, warmup=warmup, device=device, timeout_s=timeout_s, unit_references=firsts
+        )
         for _ in range(launch_count)
     ]
     ratios = [

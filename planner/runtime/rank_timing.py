@@ -208,17 +208,19 @@ class _PlanSteps:
         numerics: bool,
         captured: dict[int, tuple[tuple[Piece, ...], torch.Tensor]] | None = None,
         loaded: dict[str, Workload] | None = None,
+        unit_reference: bool = True,
     ) -> None:
         """``captured``: every unit's pieces and the micro-batch's target by micro-batch size, shared by the plans
         of one process (each size captured once, by the first plan that needs it); ``loaded``: the workloads built
-        so far in this process (:func:`_own_workload`)."""
+        so far in this process (:func:`_own_workload`); ``unit_reference``: whether the plan's own units are its
+        speed reference (else none is made here, and the run takes the machine's)."""
         workload = _own_workload(spec, loaded)
         inputs, target = workload.make_batch(step_batch(plan))
         self.inputs = tuple(t.to(dev) for t in as_tuple(inputs))
         self.target = target.to(dev)
         self.dev, self.waits = dev, waits
         # Before the model is split into stages: its units are captured as the profile captured them.
-        units = _captured_units(plan, workload, dev, {} if captured is None else captured)
+        units = _captured_units(plan, workload, dev, {} if captured is None else captured) if unit_reference else None
         self.run = apply_plan(plan, workload.model, self.inputs, workload.loss_fn, device=dev, tp_plan=workload.tp_plan)
         self.reference = None
         if units is not None:
@@ -423,18 +425,24 @@ def rank_main_interleaved(
     min_warmup_s: float,
     min_block_s: float,
     device: str,
+    unit_references: Sequence[bool] | None = None,
 ) -> list[RankResult]:
     """One rank of several plans run in one launch (:func:`planner.runtime.interleave.verify_plans`): every
-    plan warmed up, then ``rounds`` rounds in which each plan runs a block of steps (at least one, and on until
-    ``min_block_s``), the plans' order rotating from round to round. Plans timed seconds apart see the same
-    machine: their ratio holds while its speed moves. After each round each rank in turn times each plan's
-    share of its units (plans with the same micro-batch size and stages on this rank share one). One result
-    per plan, each step marked with its round."""
+    plan warmed up (the first also for ``min_warmup_s``), then ``rounds`` rounds in which each plan runs a block of
+    steps (at least one, and on until ``min_block_s``), the plans' order rotating from round to round. Plans timed
+    seconds apart see the same machine: their ratio holds while its speed moves. After each round each rank in turn
+    times each plan's share of its units (plans with the same micro-batch size and stages on this rank share one).
+    One result per plan, each step marked with its round. ``unit_references`` says which plans time their units
+    (None: every plan); the others take the machine's speed reference (profiles/reference.py)."""
     dev = torch.device(f"cuda:{rank}") if device.startswith("cuda") else torch.device("cpu")
     waits = _WaitTimer()  # one per process: it wraps a module-level function of torch
     captured: dict[int, tuple[tuple[Piece, ...], torch.Tensor]] = {}
     loaded: dict[str, Workload] = {}
-    runs = [_PlanSteps(spec, plan, dev, waits, numerics=False, captured=captured, loaded=loaded) for plan in plans]
+    wanted = [True] * len(plans) if unit_references is None else list(unit_references)
+    runs = [
+        _PlanSteps(spec, plan, dev, waits, numerics=False, captured=captured, loaded=loaded, unit_reference=w)
+        for plan, w in zip(plans, wanted, strict=True)
+    ]
     # The process warms up once, for ``min_warmup_s`` (gloo's pairs, the heap's growth), on the first plan; each
     # other plan its ``warmup`` steps: its ratios are medians over rounds, which a slow first block moves little.
     for k, r in enumerate(runs):

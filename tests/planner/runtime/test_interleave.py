@@ -72,6 +72,19 @@ def test_two_plans_in_one_launch_each_get_a_report_and_every_round() -> None:
     assert last.measured_forward_s >= sleepy_loss.LOSS_SLEEP_S  # each plan's own stage timers
 
 
+def test_a_plan_left_out_of_the_unit_references_takes_the_machines_speed_reference() -> None:
+    spec = f"{Path(sleepy_loss.__file__)}:workload"
+    plans = [make_plan(sleepy_loss.workload(), ["2"], s, num_microbatches=2) for s in ("1f1b", "gpipe")]
+    plans = [replace(p, device={**p.device, "unit_sum_s": 0.04, "capture": "hooks"}) for p in plans]
+    run = verify_plans(
+        plans, spec, rounds=2, warmup=1, min_warmup_s=0.0, min_block_s=0.0, timeout_s=180, unit_references=[True, False]
+    )
+    assert [r.reference for r in run.reports] == ["units", "layer"]
+    # The units hold the sleeping loss; the fixed layer does not, and both plans still step every round.
+    assert run.reports[0].reference_s >= sleepy_loss.LOSS_SLEEP_S > run.reports[1].reference_s > 0
+    assert [len(r) for r in run.round_iteration_s] == [2, 2]
+
+
 def test_plans_that_cannot_share_a_launch_are_refused_in_one_line() -> None:
     workload = sleepy_loss.workload()
     spec = f"{Path(sleepy_loss.__file__)}:workload"
@@ -81,6 +94,8 @@ def test_plans_that_cannot_share_a_launch_are_refused_in_one_line() -> None:
     three = make_plan(workload, ["1", "2"], "1f1b", num_ranks=3)
     with pytest.raises(UsageError, match="same ranks and threads"):
         verify_plans([two, three], spec)
+    with pytest.raises(UsageError, match="unit_references has 1 entries for 2 plans"):
+        verify_plans([two, two], spec, unit_references=[True])
 
 
 def test_plans_of_one_launch_build_the_model_once_and_each_step_a_copy(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -407,6 +407,8 @@ def test_several_plans_learn_in_one_interleaved_launch_on_two_gloo_ranks(tmp_pat
         (Schedule.ONE_F_ONE_B, 6 - b),
     ]
     assert all(r.mode == "processes" and r.steps >= model_cost.LEARNING_ROUNDS for _, r in run.runs)
+    # Only the 1F1B plan's speed is read: its ranks time its units; the others take the fixed layer.
+    assert [r.reference for _, r in run.runs] == ["units", "layer", "layer", "layer"]
     note = run.calibration.learned_model
     assert note["schedules"] == ["1f1b", "gpipe", "interleaved-1f1b v=2", f"1f1b b={6 - b}"]
     assert note["ratios_to_first"][0] == 1.0 and all(r > 0 for r in note["ratios_to_first"])
