@@ -32,7 +32,7 @@ from planner.errors import PipeplanError, PipeplanWarning, PlanInfeasibleError, 
 from planner.limits import MAX_DEVICES, MAX_RANKS, check_at_most, check_plan_work
 from planner.plan import PLACEMENTS, Mesh, Plan
 from planner.request import PlanRequest
-from planner.search import estimate_step_s, make_plan
+from planner.search import baselines_for, estimate_step_s, make_plan
 from planner.tensor_parallel import TensorParallel, check_degree, shardable_degrees, sharded_profile
 from planner.tensor_parallel import attention_heads as tensor_attention_heads
 from profiles.format import Profile
@@ -323,8 +323,9 @@ def _search_layout(profile: Profile, replica: PlanRequest, sha256: str, record_t
     # As `plan` refuses for one pipeline: a replica's search too large to simulate is no candidate.
     sizes = [replica.micro_batch_size] if replica.micro_batch_size else profile.micro_batch_sizes
     check_plan_work(replica.num_ranks, replica.global_batch_size, sizes)
-    # Each candidate of the layout is held against the best step so far (planner/bounds.py).
-    return make_plan(profile, replica, sha256=sha256, record_timing=record_timing, beat_s=beat_s)
+    # Each candidate of the layout is held against the best step so far (planner/bounds.py); the baselines are
+    # scored for the winning layout alone (plan_cluster).
+    return make_plan(profile, replica, sha256=sha256, record_timing=record_timing, beat_s=beat_s, with_baselines=False)
 
 
 class _Inline(Executor):
@@ -459,7 +460,9 @@ def plan_cluster(
         raise PlanInfeasibleError(
             f"no {mesh_kind} layout of {cluster.num_devices} devices gives a plan ({standings.last_error})"
         )
-    plan = standings.best[1]
+    _, plan, layout, replica = standings.best
+    sharded = profiles[layout.tp].for_ranks(layout.pp)
+    plan = replace(plan, baselines=tuple(baselines_for(sharded, plan, replica)))
     constraints = _cluster_constraints(plan, cluster, request, mesh, [t for _, t in standings.tried])
     tried = tuple(t for _, t in sorted(standings.tried, key=_first))
     return ClusterResult(replace(plan, constraints=constraints), tried)
@@ -521,7 +524,8 @@ class _Standings:
     def __init__(self, cluster: Cluster, request: PlanRequest) -> None:
         self.cluster, self.request = cluster, request
         self.tried: list[tuple[int, tuple[Layout, float | None, str]]] = []
-        self.best: tuple[tuple[float, int, int, int], Plan] | None = None
+        self.best: tuple[tuple[float, int, int, int], Plan, Layout, PlanRequest] | None = None
+        """The best so far: its ranking key, its plan on the mesh, its layout and its replica's request."""
         self.last_error = "no layout"
 
     @property
@@ -542,7 +546,7 @@ class _Standings:
         peak = max(s.memory_bytes.peak for s in plan.stages)
         key = (round(step_s, 12), layout.used_devices, peak, order)
         if self.best is None or key < self.best[0]:
-            self.best = (key, on_mesh(plan, self.cluster, layout, self.request, replica))
+            self.best = (key, on_mesh(plan, self.cluster, layout, self.request, replica), layout, replica)
 
 
 def _branch_and_bound(

@@ -457,7 +457,7 @@ def _ranked(candidates: list[Candidate]) -> list[Candidate]:
     return [candidates[i] for i in sorted(range(len(candidates)), key=key)]
 
 
-def _baseline_schedule(best: Candidate, num_ranks: int) -> Schedule:
+def _baseline_schedule(best: Candidate | Plan, num_ranks: int) -> Schedule:
     """The plan's schedule when it is GPipe or 1F1B, else torch's 1F1B (GPipe when M < P): the peers
     keep the schedule they ship with."""
     if best.schedule in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.NAIVE):
@@ -465,8 +465,9 @@ def _baseline_schedule(best: Candidate, num_ranks: int) -> Schedule:
     return Schedule.ONE_F_ONE_B if best.num_microbatches >= num_ranks else Schedule.GPIPE
 
 
-def baselines_for(profile: Profile, best: Candidate, request: PlanRequest) -> list[BaselinePlan]:
-    """The partitioners people use today, one stage per rank, at the plan's micro-batching.
+def baselines_for(profile: Profile, best: Candidate | Plan, request: PlanRequest) -> list[BaselinePlan]:
+    """The partitioners people use today, one stage per rank, at the plan's micro-batching (``best``'s schedule,
+    micro-batch size and count: a search's candidate or the plan made of it).
 
     Each chooses only the boundaries; the same cost model and simulator judge them. They do not
     recompute (unless ``--recompute on``) and do not look at memory, so a baseline may not fit.
@@ -517,14 +518,24 @@ def make_plan(
     sha256: str,
     record_timing: bool = False,
     beat_s: float = math.inf,
+    with_baselines: bool = True,
 ) -> Plan:
     """Search every candidate and return the best simulated plan (raises PlanInfeasibleError).
 
     Candidates that cannot come within ``NEAR_BEST`` of the fastest (or of ``beat_s``, a step found
     elsewhere, e.g. by another cluster layout) are not simulated (planner/bounds.py); when that leaves
-    none, :class:`~planner.errors.SearchPrunedError`.
+    none, :class:`~planner.errors.SearchPrunedError`. Without ``with_baselines`` the plan's ``baselines`` are
+    empty (a cluster search scores them for the winning layout alone: :func:`baselines_for`).
     """
-    return make_plans(profile, request, sha256=sha256, record_timing=record_timing, count=1, beat_s=beat_s)[0]
+    return make_plans(
+        profile,
+        request,
+        sha256=sha256,
+        record_timing=record_timing,
+        count=1,
+        beat_s=beat_s,
+        with_baselines=with_baselines,
+    )[0]
 
 
 def plan_key(plan: Plan) -> tuple[object, ...]:
@@ -546,10 +557,11 @@ def make_plans(
     count: int,
     record_timing: bool = False,
     beat_s: float = math.inf,
+    with_baselines: bool = True,
 ) -> list[Plan]:
     """The ``count`` best *distinct* plans (see :func:`plan_key`), fastest simulated first; with ``count`` 1,
     candidates that cannot come within ``NEAR_BEST`` of the fastest or of ``beat_s`` are skipped
-    (:func:`make_plan`).
+    (:func:`make_plan`), and ``with_baselines`` as there.
 
     Every plan carries the same search record (solver, candidates, constraints); baselines are scored
     against each plan's own micro-batching.
@@ -591,7 +603,7 @@ def make_plans(
             request,
             best,
             solver=solver,
-            baselines=tuple(baselines_for(profile, best, request)),
+            baselines=tuple(baselines_for(profile, best, request)) if with_baselines else (),
             sha256=sha256,
         )
         if plan_key(plan) not in seen:

@@ -92,10 +92,12 @@ def test_sharding_divides_the_state_a_stage_keeps() -> None:
     assert zero1.memory_bytes.optimizer == plain.optimizer // 4
 
 
-def _exhaustive(profile, request: PlanRequest, cluster: Cluster, degrees: tuple[int, ...] = (1,)) -> tuple[float, int]:
+def _exhaustive(
+    profile, request: PlanRequest, cluster: Cluster, degrees: tuple[int, ...] = (1,)
+) -> tuple[float, int, tuple]:
     """The fastest step over every layout of every tensor-parallel degree, planned one by one (no bound, no
-    pruning): (step, devices)."""
-    best: tuple[float, int] | None = None
+    pruning): (step, devices, the winner's baselines)."""
+    best: tuple[float, int, tuple] | None = None
     every = [
         (layout, sharded_profile(profile, TensorParallel(tp, cluster.intra_node_bytes_per_s, cluster.latency_s)))
         for tp in degrees
@@ -114,7 +116,7 @@ def _exhaustive(profile, request: PlanRequest, cluster: Cluster, degrees: tuple[
         except Exception:  # noqa: BLE001 - a layout without a plan (memory, batch) is simply not a candidate
             continue
         key = (round(plan.predicted.iteration_s, 12), layout.used_devices)
-        best = key if best is None or key < best else best
+        best = (*key, plan.baselines) if best is None or key < best[:2] else best
     assert best is not None
     return best
 
@@ -141,9 +143,11 @@ def test_the_choice_is_the_exhaustive_searchs(seed: int) -> None:
     result = plan_cluster(profile, request, cluster, sha256=SHA)
     mesh = result.plan.mesh
     assert mesh is not None
-    step, devices = _exhaustive(profile, request, cluster)
+    step, devices, baselines = _exhaustive(profile, request, cluster)
     assert result.plan.predicted.iteration_s == pytest.approx(step, rel=1e-12)
     assert mesh.pp * mesh.dp == devices
+    # The search scores the baselines for the winning layout alone, as its own search would.
+    assert result.plan.baselines == baselines and len(baselines) == 3
     assert mesh.global_batch_size == request.global_batch_size == mesh.dp * result.plan.global_batch_size
 
 
@@ -174,7 +178,7 @@ def test_the_choice_with_tensor_parallelism_searched_is_the_exhaustive_searchs(s
     result = plan_cluster(profile, request, cluster, MeshSearch(tensor_parallel=None), sha256=SHA)
     mesh = result.plan.mesh
     assert mesh is not None
-    step, devices = _exhaustive(profile, request, cluster, degrees=(1, 2, 4))
+    step, devices, _ = _exhaustive(profile, request, cluster, degrees=(1, 2, 4))
     assert result.plan.predicted.iteration_s == pytest.approx(step, rel=1e-12, abs=1e-12)  # step: to 12 places
     assert mesh.used_devices == devices
 
