@@ -8,7 +8,8 @@ Timed, wall clock, in a scratch folder:
 - the cluster search: a synthetic 2,000-unit profile (bench_planner_scale's, seed 0) planned for 4,096 devices,
   8 a node, with the CLI's defaults;
 - with ``--main-job``: the README's main job after its install (gpt2-small's profile, plan, simulate, verify),
-  and ``pipeplan plan`` of that profile alone;
+  and ``pipeplan plan`` of that profile alone; with the profile's unit sum against the whole model at each
+  micro-batch size and verify's error at the machine's speed and as timed, as they printed them;
 - with ``--suite``, alone: the test suite, ``python -m pytest -q``, in a record of its own
   (``benchmarks/results/suite/<date>.json``: seconds, passed, failed, skipped).
 
@@ -48,6 +49,25 @@ class Step:
     command: str
     exit_code: int
     wall_s: float
+    output: str = ""
+    """What the command printed (stdout)."""
+
+
+UNIT_SUM = re.compile(r"^b=(\d+): unit sum .*?: ([+-]?[0-9.]+)%;", re.MULTILINE)
+VERDICT = re.compile(r"^verdict: the error at the machine's speed, ([+-]?[0-9.]+)%.*?\(as timed ([+-]?[0-9.]+)%", re.M)
+
+
+def _accuracy(steps: list[Step]) -> dict[str, object]:
+    """What the main job's profile and verify printed of their accuracy: the unit sum against the whole model per
+    micro-batch size, and verify's error at the machine's speed and as timed (empty where a step did not run)."""
+    found: dict[str, object] = {}
+    for step in steps:
+        if step.name == "profile gpt2-small":
+            found["unit_sum_error_pct"] = {int(b): float(e) for b, e in UNIT_SUM.findall(step.output)}
+        if step.name == "verify gpt2-small" and (verdict := VERDICT.search(step.output)):
+            found["verify_error_at_speed_pct"] = float(verdict.group(1))
+            found["verify_error_as_timed_pct"] = float(verdict.group(2))
+    return found
 
 
 def _pipeplan() -> str:
@@ -58,10 +78,12 @@ def _pipeplan() -> str:
 
 
 def _timed(name: str, argv: list[str], folder: Path, steps: list[Step]) -> None:
-    """Run ``argv`` in ``folder`` (its output dropped, its errors shown if it fails) and append its step."""
+    """Run ``argv`` in ``folder`` (its output kept, its errors shown if it fails) and append its step."""
     started = time.perf_counter()
-    done = subprocess.run(argv, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    step = Step(name, shlex.join([Path(argv[0]).name, *argv[1:]]), done.returncode, time.perf_counter() - started)
+    done = subprocess.run(argv, cwd=folder, capture_output=True)
+    wall_s = time.perf_counter() - started
+    output = done.stdout.decode(errors="replace")
+    step = Step(name, shlex.join([Path(argv[0]).name, *argv[1:]]), done.returncode, wall_s, output)
     if done.returncode != 0:
         sys.stderr.write(done.stderr.decode(errors="replace")[-2000:])
     steps.append(step)
@@ -148,6 +170,7 @@ def main() -> None:
         "steps": [{"name": s.name, "command": s.command, "exit_code": s.exit_code, "wall_s": s.wall_s} for s in steps],
         "all_exited_0": all(s.exit_code == 0 for s in steps),
         "cluster_search_s": next((round(s.wall_s, 1) for s in steps if s.name == "cluster search"), None),
+        **_accuracy(steps),
     }
     tables = tables_in(printed.getvalue(), ("step",))
     write_record("own_speed", numbers, started=started, tables=tables, trial=args.quick)
