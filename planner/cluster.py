@@ -524,8 +524,8 @@ class _Standings:
     def __init__(self, cluster: Cluster, request: PlanRequest) -> None:
         self.cluster, self.request = cluster, request
         self.tried: list[tuple[int, tuple[Layout, float | None, str]]] = []
+        # The best so far: its ranking key, its plan on the mesh, its layout and its replica's request.
         self.best: tuple[tuple[float, int, int, int], Plan, Layout, PlanRequest] | None = None
-        """The best so far: its ranking key, its plan on the mesh, its layout and its replica's request."""
         self.last_error = "no layout"
 
     @property
