@@ -1,6 +1,6 @@
 """Run a function on several local ranks, one process each, and fail cleanly when one rank fails.
 
-:func:`run_ranks` starts ``world_size`` spawned processes with the torch.distributed environment
+:func:`run_ranks` starts ``world_size`` processes with the torch.distributed environment
 (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``), opens the process group, calls
 ``fn(rank, world_size, *args)`` in each and returns the results in rank order. When a rank raises,
 hangs past the time-out or dies, the others are terminated (then killed) and one
@@ -12,6 +12,14 @@ Test hook: ``PIPEPLAN_TEST_FAULT="<rank>:<raise|hang|kill>"`` in the environment
 raise ``RuntimeError("boom")``, sleep forever, or SIGKILL itself right after the process group is
 opened (or, ``"<rank>:<kind>@<point>"``, at a point a caller names: :func:`inject_fault`). It exists for the fault
 tests only.
+
+The ranks are forked from multiprocessing's fork server, which imports torch and the heavy modules the caller
+has loaded once (:func:`_preloaded`), rather than spawned fresh: a spawned rank spends several seconds
+importing torch and transformers before its first line of work, and a process that launches ranks again and
+again (calibration, a learning run, the tests) would pay it every time. The server is a fresh single-threaded
+process, so forking it is safe where forking the caller (OpenMP threads, open process groups) is not; each
+rank takes the caller's environment and standard output and error as they are at launch, as a spawned rank
+would.
 """
 
 from __future__ import annotations
@@ -21,12 +29,14 @@ import os
 import pickle
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from multiprocessing import reduction
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -90,7 +100,30 @@ def _send(conn: Connection, message: tuple[Any, ...]) -> None:
     conn.send_bytes(pickle.dumps(message))
 
 
+class _CallersStdio:
+    """The launching process's environment, stdout and stderr, handed to a rank as they are at launch: a rank
+    forked from the fork server would otherwise inherit the server's, fixed when it started."""
+
+    def __init__(self) -> None:
+        self.environ = dict(os.environ)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # DupFd hands the descriptors over only while a process is being started, so it is taken when pickled.
+        return (_adopt_stdio, (self.environ, reduction.DupFd(1), reduction.DupFd(2)))
+
+
+def _adopt_stdio(environ: dict[str, str], stdout: Any, stderr: Any) -> None:
+    os.environ.clear()
+    os.environ.update(environ)
+    for fd, handed in ((1, stdout), (2, stderr)):
+        received = handed.detach()
+        if received != fd:
+            os.dup2(received, fd)
+            os.close(received)
+
+
 def _worker(
+    stdio: None,
     fn: Callable[..., Any],
     args: Sequence[Any],
     rank: int,
@@ -100,6 +133,8 @@ def _worker(
     threads: int,
     conn: Connection,
 ) -> None:
+    # ``stdio`` did its work as the process was unpickled, before the rest of its arguments (_adopt_stdio).
+    del stdio
     # A process group of its own: stopping the rank stops what user code started inside it too.
     os.setpgid(0, 0)
     if os.environ.get(PIN_ENV) == "1":
@@ -249,7 +284,7 @@ def run_ranks(
     backend: str | None = "gloo",
     threads: int | None = None,
 ) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; results in rank order.
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; results in rank order.
 
     ``fn`` and ``args`` must be picklable (a module-level function). ``backend=None`` opens no
     process group. Each process uses ``threads`` torch threads (default :func:`rank_threads`); with
@@ -283,14 +318,14 @@ def run_ranks(
 def _start_ranks(
     fn: Callable[..., Any], args: Sequence[Any], world_size: int, port: int, backend: str | None, threads: int
 ) -> tuple[list[mp.process.BaseProcess], list[Connection]]:
-    """Spawn one process per rank; the processes and the read ends of the pipes their results come back on."""
-    ctx = mp.get_context("spawn")
+    """Start one process per rank; the processes and the read ends of the pipes their results come back on."""
+    ctx = _context(fn)
     procs, conns = [], []
     for rank in range(world_size):
         parent, child = ctx.Pipe(duplex=False)
         p = ctx.Process(
             target=_worker,
-            args=(fn, args, rank, world_size, port, backend, threads, child),
+            args=(_CallersStdio(), fn, args, rank, world_size, port, backend, threads, child),
             daemon=True,
             name=f"pipeplan-rank-{rank}",
         )
@@ -299,6 +334,32 @@ def _start_ranks(
         procs.append(p)
         conns.append(parent)
     return procs, conns
+
+
+_ALWAYS_PRELOADED = ("torch", "torch.distributed", "torch.distributed.pipelining")
+
+
+def _preloaded(fn: Callable[..., Any]) -> list[str]:
+    """What the fork server imports before it forks a rank: torch, the rank's own module, and the model
+    libraries the caller has loaded (a rank building a transformers model imports them too; one that does not is
+    not made to pay for them)."""
+    modelling = [
+        name
+        for name in sys.modules
+        if name.startswith("transformers.models.") and name.rpartition(".")[2].startswith("modeling_")
+    ]
+    own = [fn.__module__] if fn.__module__ not in ("__main__", "__mp_main__") else []
+    return [*_ALWAYS_PRELOADED, *own, *modelling]
+
+
+def _context(fn: Callable[..., Any]) -> mp.context.BaseContext:
+    """The fork server's context where the platform has one (Linux, macOS), else spawn's. The server starts at
+    the first launch of this process and serves every later one; its preload is fixed then."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_preloaded(fn))  # no effect once the server runs
+    return ctx
 
 
 _Failure = tuple[int, float, str, str]
