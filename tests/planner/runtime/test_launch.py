@@ -114,3 +114,24 @@ def test_every_rank_at_once_starts_together_and_keeps_company_until_the_last_end
     # rank 0 ended first and kept computing until rank 1's timed work was over; rank 1 had no one to wait for
     assert end0 < end1 <= back0
     assert busy0 >= 10 and busy1 == 0
+
+
+def _says_hello(rank: int, world_size: int, word: str) -> tuple[str, str]:
+    import sys
+
+    print(f"{word} from rank {rank}", flush=True)
+    print(f"{word} on stderr from rank {rank}", file=sys.stderr, flush=True)
+    return os.environ.get("PIPEPLAN_TEST_WORD", ""), sys.modules.get("torch") is not None
+
+
+def test_each_launch_hands_its_ranks_the_callers_environment_and_output_as_they_are_then(monkeypatch, capfd):
+    # The first launch starts the fork server (if no test before did); the second must not see its environment.
+    monkeypatch.setenv("PIPEPLAN_TEST_WORD", "first")
+    assert [r[0] for r in run_ranks(_says_hello, ("hi",), 2, timeout_s=60, backend=None)] == ["first", "first"]
+    capfd.readouterr()
+    monkeypatch.setenv("PIPEPLAN_TEST_WORD", "second")
+    results = run_ranks(_says_hello, ("hello",), 2, timeout_s=60, backend=None)
+    assert results == [("second", True), ("second", True)]  # torch came preloaded with the server
+    out, err = capfd.readouterr()
+    assert sorted(out.splitlines()) == ["hello from rank 0", "hello from rank 1"]
+    assert sorted(err.splitlines()) == ["hello on stderr from rank 0", "hello on stderr from rank 1"]
