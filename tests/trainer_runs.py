@@ -2,7 +2,7 @@
 
 Every trainer imports far more than pipeplan (torchtitan sets process-wide logging, DeepSpeed builds its
 communication backend, Megatron parses ``sys.argv``), so the tests' process imports none of them: the
-workers below run in spawned processes on gloo over localhost, with a bounded wait, and hand back plain
+workers below run in processes of their own on gloo over localhost, with a bounded wait, and hand back plain
 values (written as JSON) that the tests compare with the plan. A worker that raises fails the test with
 its traceback.
 """
@@ -42,9 +42,19 @@ def _free_port() -> int:
 
 
 def _entry(
-    index: int, fn: Callable[..., Any], nprocs: int, port: int, out: str, ranks: Sequence[int], args: tuple[Any, ...]
+    index: int,
+    fn: Callable[..., Any],
+    nprocs: int,
+    port: int,
+    out: str,
+    ranks: Sequence[int],
+    environ: dict[str, str],
+    args: tuple[Any, ...],
 ) -> None:
-    # What torchrun sets; RANK may be rewritten (``ranks``) as the exports tell a launcher to.
+    # The caller's environment as it is now (a fork server's child would have the server's), then what torchrun
+    # sets; RANK may be rewritten (``ranks``) as the exports tell a launcher to.
+    os.environ.clear()
+    os.environ.update(environ)
     rank = ranks[index] if ranks else index
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -64,7 +74,7 @@ def _entry(
 def spawn(
     fn: Callable[..., Any], nprocs: int, *args: Any, ranks: Sequence[int] = (), timeout_s: float = 240.0
 ) -> list[Any]:
-    """``fn(device, rank, world, *args)`` in ``nprocs`` spawned processes; each process's return value, by
+    """``fn(device, rank, world, *args)`` in ``nprocs`` new processes; each process's return value, by
     device (spawn index). ``ranks[device]`` is the ``RANK`` a device's process is given (default: the device).
 
     Raises:
@@ -74,10 +84,12 @@ def spawn(
     with tempfile.TemporaryDirectory() as out:
         context = mp.start_processes(
             _entry,
-            args=(fn, nprocs, _free_port(), out, tuple(ranks), args),
+            args=(fn, nprocs, _free_port(), out, tuple(ranks), dict(os.environ), args),
             nprocs=nprocs,
             join=False,
-            start_method="spawn",
+            # Forked from the fork server pipeplan's ranks start from (planner/runtime/launch.py): torch is
+            # imported there once, not by every process.
+            start_method="forkserver",
         )
         deadline = time.monotonic() + timeout_s
         try:

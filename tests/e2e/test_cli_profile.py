@@ -75,9 +75,10 @@ def test_output_in_a_missing_folder(capsys, tmp_path):
 
 def test_profile_then_show_then_plan(capsys, tmp_path, monkeypatch):
     # What profile learns is tested for its values in test_model_cost; here, that it is learned, kept and used:
-    # two rounds a launch instead of the default minute of them.
+    # one launch of two rounds instead of the default minute of them in two.
     monkeypatch.setattr(model_cost, "LEARNING_BUDGET_S", 0.0)
     monkeypatch.setattr(model_cost, "LEARNING_ROUNDS", 2)
+    monkeypatch.setattr(model_cost, "LEARNING_LAUNCHES", 1)
     torch.set_num_threads(1)
     out = tmp_path / "mlp.profile.json"
     argv = ["profile", "mlp", "--micro-batch-sizes", "1,2", "--repeats", "1", "--warmup", "0", "--no-progress"]

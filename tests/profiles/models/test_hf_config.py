@@ -56,7 +56,7 @@ def test_each_task_profiles_from_a_config_file(tmp_path: Path, capsys, task: str
     config = _write(tmp_path, task)
     out = tmp_path / "p.json"
     argv = ["profile", f"hf:{config}", "--micro-batch-sizes", "2", "--repeats", "1", "--warmup", "0"]
-    argv.append("--no-pipeline-run")
+    argv += ["--no-pipeline-run", "--max-repeats", "1", "--min-time", "0"]
     assert main([*argv, "--seq-len", "8", "--no-progress", "--out", str(out)]) == 0
     profile = load_profile(out)
     names = [u.name for u in profile.units]
