@@ -106,17 +106,14 @@ def test_a_hand_layout_over_one_rank_is_flagged_then_measured_over(gpt2_tiny_pro
     text = '--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "E|t*4L" --micro-batch-size 2 '
     text += "--global-batch-size 8"
     config.write_text(text)
-    # --memory is each CPU rank's: between the best plan's largest stage and the last stage of the hand layout's
-    # plan as check writes it (the plan verify replays).
-    loose = check_config(gpt2_tiny_profile, "megatron", text, CheckOptions(memory_bytes=1 << 40))
-    assert loose.best is not None
-    best_peak = max(s.memory_bytes.peak for s in loose.best.stages)
+    # --memory is each CPU rank's: just under the last stage of the hand layout's plan as check writes it (the
+    # plan verify replays, whose measured peak verify holds to the whole of it), so that check, which keeps a
+    # plan within 90 % of it, must find a plan of its own that fits.
     assert main(["check", str(profile_path), "--from", "megatron", str(config), "--out", str(out)]) == 0
     capsys.readouterr()
     hand = [s.memory_bytes.peak for s in load_plan(out).stages]
-    assert hand[1] == loose.ranks[1].peak_bytes and max(best_peak, hand[0]) < hand[1]
-    capacity = (max(best_peak, hand[0]) + hand[1]) / 2
-    memory = int(capacity / 0.9)
+    memory = int(hand[1] * 0.99)
+    assert hand[0] < 0.9 * memory
     code = main(
         ["check", str(profile_path), "--from", "megatron", str(config), "--memory", str(memory), "--out", str(out)]
     )
@@ -129,8 +126,7 @@ def test_a_hand_layout_over_one_rank_is_flagged_then_measured_over(gpt2_tiny_pro
     report = verify_plan(
         load_plan(out), "gpt2-tiny", VerifyOptions(mode="replay", steps=1, warmup=1, tolerance=1e9, timeout_s=300.0)
     )
-    assert report.stages[1].over_capacity and not report.stages[0].over_capacity, (
-        [(s.predicted_memory_bytes, s.measured_memory_bytes, s.capacity_bytes) for s in report.stages],
-        best_peak,
-    )
+    assert report.stages[1].over_capacity and not report.stages[0].over_capacity, [
+        (s.predicted_memory_bytes, s.measured_memory_bytes, s.capacity_bytes) for s in report.stages
+    ]
     assert not report.memory_ok
