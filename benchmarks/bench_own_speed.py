@@ -11,13 +11,15 @@ Timed, wall clock, in a scratch folder:
   and ``pipeplan plan`` of that profile alone; with the profile's unit sum against the whole model at each
   micro-batch size and verify's error at the machine's speed and as timed, as they printed them;
 - with ``--suite``, alone: the test suite, ``python -m pytest -q``, in a record of its own
-  (``benchmarks/results/suite/<date>.json``: seconds, passed, failed, skipped).
+  (``benchmarks/results/suite/<date>.json``: seconds, passed, failed, skipped); with ``--suite --fresh``,
+  ``.ci/run``'s whole command (the README's) in a new virtual environment on a clean clone of the commit, its
+  install timed apart (``install_s``; ``total_s`` the two together).
 
 Every step's command, exit code and seconds go to the record (``benchmarks/results/own_speed/<date>.json``);
 the README's stated times are this record's. Run it with nothing else on the machine::
 
     python benchmarks/bench_own_speed.py [--main-job] [--quick]
-    python benchmarks/bench_own_speed.py --suite
+    python benchmarks/bench_own_speed.py --suite [--fresh]
 """
 
 from __future__ import annotations
@@ -99,19 +101,40 @@ def _start_up_s(pipeplan: str, folder: Path, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _suite() -> None:
-    """The test suite as CI runs it (after the install), timed, with its counts, in the ``suite`` record."""
+def _ci_command() -> tuple[str, str]:
+    """``.ci/run``'s command (the README's test command), as its install and what follows it."""
+    line = next(ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.startswith("pip install"))
+    install, sep, tests = line.partition(" && ruff ")
+    if not sep:
+        raise SystemExit(f".ci/run: no ' && ruff ' after the install in {line!r}")
+    return install, "ruff " + tests
+
+
+def _suite(fresh: bool) -> None:
+    """The test suite as CI runs it, timed, with its counts, in the ``suite`` record: after the install in this
+    environment, or with ``fresh`` the whole of ``.ci/run``'s command, install included, in a new virtual
+    environment on a clean clone of this checkout's commit."""
     started = run_started()
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    begun = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    seconds = time.perf_counter() - begun
+    with tempfile.TemporaryDirectory(prefix="pipeplan-suite-") as scratch:
+        env = dict(os.environ)
+        folder, install_s = ROOT, None
+        install, tests = _ci_command()
+        if fresh:
+            folder, venv = Path(scratch) / "pipeplan", Path(scratch) / "venv"
+            subprocess.run(["git", "clone", "-q", str(ROOT), str(folder)], check=True)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            env = {**env, "VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"}
+            env.pop("PYTHONHOME", None)
+            begun = time.perf_counter()
+            subprocess.run(install, shell=True, cwd=folder, env=env, check=True, capture_output=True)
+            install_s = time.perf_counter() - begun
+            command = tests
+        else:
+            env["PYTHONDONTWRITEBYTECODE"] = "1"  # leaves no bytecode in the checkout
+            command = "python -m pytest -q -p no:cacheprovider"
+        begun = time.perf_counter()
+        done = subprocess.run(command, shell=True, cwd=folder, env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - begun
     sys.stdout.write(done.stdout[-3000:])
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)}
@@ -123,7 +146,9 @@ def _suite() -> None:
         "skipped": counts.get("skipped", 0),
         "errors": counts.get("errors", counts.get("error", 0)),
     }
-    print(f"suite: {summary} ({seconds:.0f} s)")
+    if install_s is not None:
+        numbers = {"install_s": install_s, **numbers, "total_s": install_s + seconds, "fresh": True}
+    print(f"suite: {summary} ({seconds:.0f} s" + (f", after an install of {install_s:.0f} s)" if fresh else ")"))
     write_record("suite", numbers, started=started)
 
 
@@ -131,10 +156,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--main-job", action="store_true", help="also the README's main job on gpt2-small")
     parser.add_argument("--suite", action="store_true", help="the test suite alone (python -m pytest -q)")
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="with --suite: .ci/run's whole command, install included, in a new virtual environment on a clean clone",
+    )
     parser.add_argument("--quick", action="store_true", help="a trial: start-up and the cluster search only")
     args = parser.parse_args()
     if args.suite:
-        _suite()
+        _suite(args.fresh)
         return
     started, printed = run_started(), tee_stdout()
     pipeplan = _pipeplan()
