@@ -139,7 +139,7 @@ def _suite(fresh: bool) -> None:
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)}
     numbers = {
-        "pytest_s": seconds,
+        "pytest_s": round(seconds, 1),
         "exit_code": done.returncode,
         "passed": counts.get("passed", 0),
         "failed": counts.get("failed", 0),
@@ -147,7 +147,7 @@ def _suite(fresh: bool) -> None:
         "errors": counts.get("errors", counts.get("error", 0)),
     }
     if install_s is not None:
-        numbers = {"install_s": install_s, **numbers, "total_s": install_s + seconds, "fresh": True}
+        numbers = {"install_s": round(install_s, 1), **numbers, "total_s": round(install_s + seconds, 1), "fresh": True}
     print(f"suite: {summary} ({seconds:.0f} s" + (f", after an install of {install_s:.0f} s)" if fresh else ")"))
     write_record("suite", numbers, started=started)
 
