@@ -86,14 +86,26 @@ def test_a_unit_that_is_not_a_module_is_refused() -> None:
 
 def test_the_gpu_path_profiles_units_in_context(monkeypatch) -> None:
     """The profiler's CUDA path (units timed in context, the I/W split in proportion), run on the CPU's clock:
-    the profile says how its units were timed, and they add up to about the whole model timed apart."""
+    the profile says how its units were timed, and its units are the in-context times, which sum to the unmarked
+    step by construction. (How close that is to the whole model timed apart is a measurement, not a test:
+    benchmarks/gpu_check.py records it.)"""
     import profiles.loaded_profile as loaded
 
     monkeypatch.setattr(loaded, "IN_CONTEXT_DEVICES", ("cpu", "cuda"))
+    taken = []
+
+    def kept(*args, **kwargs):
+        taken.append(time_in_context(*args, **kwargs))
+        return taken[-1]
+
+    monkeypatch.setattr(loaded, "time_in_context", kept)
     settings = MeasureSettings(micro_batch_sizes=(2,), repeats=1, warmup=1, min_time_s=0.0, progress=False)
     profile = profile_model(load_workload("gpt2-tiny"), settings)
     timing = profile.settings["unit_timing"]
-    assert timing["units"] == "in context (clock)" and len(timing["markers_s"]) == 1
+    assert timing["units"] == "in context (clock)" and timing["markers_s"] == [taken[0].markers_s]
+    (times,) = taken
     assert all(u.forward_s[0] > 0 and u.backward_s[0] > 0 for u in profile.units)
-    # The units sum to an unmarked step; the whole model is timed apart, in the rounds, on the same code.
-    assert profile.unit_sum_s(0) == pytest.approx(profile.whole_s(0), rel=0.15)
+    assert [u.forward_s[0] for u in profile.units] == list(times.forward_s)
+    assert [u.backward_s[0] for u in profile.units] == list(times.backward_s)
+    whole = times.whole_forward_s + times.whole_backward_s
+    assert profile.unit_sum_s(0) == pytest.approx(whole, rel=1e-9)
