@@ -118,8 +118,8 @@ def _suite(fresh: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="pipeplan-suite-") as scratch:
         env = dict(os.environ)
         folder, install_s = ROOT, None
-        install, tests = _ci_command()
         if fresh:
+            install, tests = _ci_command()
             folder, venv = Path(scratch) / "pipeplan", Path(scratch) / "venv"
             subprocess.run(["git", "clone", "-q", str(ROOT), str(folder)], check=True)
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -147,7 +147,7 @@ def _suite(fresh: bool) -> None:
         "errors": counts.get("errors", counts.get("error", 0)),
     }
     if install_s is not None:
-        numbers = {"install_s": round(install_s, 1), **numbers, "total_s": round(install_s + seconds, 1), "fresh": True}
+        numbers = {"install_s": round(install_s, 1), **numbers, "total_s": round(install_s + seconds, 1)}
     print(f"suite: {summary} ({seconds:.0f} s" + (f", after an install of {install_s:.0f} s)" if fresh else ")"))
     write_record("suite", numbers, started=started)
 
