@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from planner.runtime.launch import rank_context
+
 __all__ = [
     "spawn",
     "torchtitan_worker",
@@ -89,7 +91,7 @@ def spawn(
             join=False,
             # Forked from the fork server pipeplan's ranks start from (planner/runtime/launch.py): torch is
             # imported there once, not by every process.
-            start_method="forkserver",
+            start_method=rank_context(fn).get_start_method(),
         )
         deadline = time.monotonic() + timeout_s
         try:

@@ -56,6 +56,7 @@ __all__ = [
     "PIN_ENV",
     "inject_fault",
     "prepare_rank",
+    "rank_context",
 ]
 
 FAULT_ENV = "PIPEPLAN_TEST_FAULT"
@@ -100,7 +101,7 @@ def _send(conn: Connection, message: tuple[Any, ...]) -> None:
     conn.send_bytes(pickle.dumps(message))
 
 
-class _CallersStdio:
+class _CallersEnvironment:
     """The launching process's environment, stdout and stderr, handed to a rank as they are at launch: a rank
     forked from the fork server would otherwise inherit the server's, fixed when it started."""
 
@@ -109,10 +110,10 @@ class _CallersStdio:
 
     def __reduce__(self) -> tuple[Any, ...]:
         # DupFd hands the descriptors over only while a process is being started, so it is taken when pickled.
-        return (_adopt_stdio, (self.environ, reduction.DupFd(1), reduction.DupFd(2)))
+        return (_adopt_environment, (self.environ, reduction.DupFd(1), reduction.DupFd(2)))
 
 
-def _adopt_stdio(environ: dict[str, str], stdout: Any, stderr: Any) -> None:
+def _adopt_environment(environ: dict[str, str], stdout: Any, stderr: Any) -> None:
     os.environ.clear()
     os.environ.update(environ)
     for fd, handed in ((1, stdout), (2, stderr)):
@@ -123,7 +124,7 @@ def _adopt_stdio(environ: dict[str, str], stdout: Any, stderr: Any) -> None:
 
 
 def _worker(
-    stdio: None,
+    callers: None,
     fn: Callable[..., Any],
     args: Sequence[Any],
     rank: int,
@@ -133,8 +134,8 @@ def _worker(
     threads: int,
     conn: Connection,
 ) -> None:
-    # ``stdio`` did its work as the process was unpickled, before the rest of its arguments (_adopt_stdio).
-    del stdio
+    # ``callers`` did its work as the process was unpickled, before the rest of its arguments (_adopt_environment).
+    del callers
     # A process group of its own: stopping the rank stops what user code started inside it too.
     os.setpgid(0, 0)
     if os.environ.get(PIN_ENV) == "1":
@@ -319,13 +320,13 @@ def _start_ranks(
     fn: Callable[..., Any], args: Sequence[Any], world_size: int, port: int, backend: str | None, threads: int
 ) -> tuple[list[mp.process.BaseProcess], list[Connection]]:
     """Start one process per rank; the processes and the read ends of the pipes their results come back on."""
-    ctx = _context(fn)
+    ctx = rank_context(fn)
     procs, conns = [], []
     for rank in range(world_size):
         parent, child = ctx.Pipe(duplex=False)
         p = ctx.Process(
             target=_worker,
-            args=(_CallersStdio(), fn, args, rank, world_size, port, backend, threads, child),
+            args=(_CallersEnvironment(), fn, args, rank, world_size, port, backend, threads, child),
             daemon=True,
             name=f"pipeplan-rank-{rank}",
         )
@@ -352,9 +353,10 @@ def _preloaded(fn: Callable[..., Any]) -> list[str]:
     return [*_ALWAYS_PRELOADED, *own, *modelling]
 
 
-def _context(fn: Callable[..., Any]) -> mp.context.BaseContext:
-    """The fork server's context where the platform has one (Linux, macOS), else spawn's. The server starts at
-    the first launch of this process and serves every later one; its preload is fixed then."""
+def rank_context(fn: Callable[..., Any]) -> mp.context.BaseContext:
+    """The context that starts processes running ``fn``: the fork server's where the platform has one (Linux,
+    macOS), else spawn's. The server starts at the first launch of this process and serves every later one; its
+    preload (:func:`_preloaded`) is fixed then, so a caller starting processes of its own asks here first."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")

@@ -116,7 +116,7 @@ def test_every_rank_at_once_starts_together_and_keeps_company_until_the_last_end
     assert busy0 >= 10 and busy1 == 0
 
 
-def _says_hello(rank: int, world_size: int, word: str) -> tuple[str, str]:
+def _says_hello(rank: int, world_size: int, word: str) -> tuple[str, bool]:
     import sys
 
     print(f"{word} from rank {rank}", flush=True)
