@@ -327,9 +327,7 @@ def _profile_table(runs: dict, profiles: dict) -> str:
     for name, run in runs.items():
         p = profiles[name]
         params = sum(u.param_count for u in p.units)
-        diffs = " / ".join(
-            f"{(p.unit_sum_s(k) / p.whole_s(k) - 1) * 100:+.1f} %" for k in range(len(p.micro_batch_sizes))
-        )
+        diffs = " / ".join(f"{p.unit_sum_error(k) * 100:+.1f} %" for k in range(len(p.micro_batch_sizes)))
         meta = json.loads(Path(str(run.path).replace(".profile.json", ".meta.json")).read_text())
         cached = f" (load {meta.get('load_avg_1m_after', float('nan')):.1f})"
         blocks = bench_profile.block_spread(p)

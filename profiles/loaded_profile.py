@@ -25,7 +25,15 @@ from profiles.in_context import time_in_context
 from profiles.measure import PieceMeasurement, count_flops, measure_piece
 from profiles.reference import SpeedReference
 from profiles.resume import measure_resume
-from profiles.rounds import Measurements, Rounds, Timing, measure_parts_in_rounds, overhead_piece, whole_piece
+from profiles.rounds import (
+    SPLIT_ROUNDS,
+    Measurements,
+    Rounds,
+    Timing,
+    measure_parts_in_rounds,
+    overhead_piece,
+    whole_piece,
+)
 from profiles.threads import measure_reference_at, measure_thread_scaling, rank_thread_counts
 from profiles.workload import Workload
 
@@ -99,8 +107,10 @@ def _time_sizes(
     A slow spell of the machine then falls on every size alike, and the ratio between sizes, which picks the
     micro-batch size, holds. Timed one size after another, a slow spell over gpt2-small's 4 rounds at b = 2 made
     it 1.3-1.6x slower per sample than b = 1 and 4, and the plan took a size its run did not bear out
-    (docs/fidelity-profile.md). A size leaves the rounds once its median unit sum is known to within
-    ``timing.stable_within`` (:func:`profiles.rounds.median_error`).
+    (docs/fidelity-profile.md). A size leaves the rounds once the median of its unit sum over the whole model,
+    paired in each round, is known to within ``timing.stable_within`` (:func:`profiles.rounds.median_error`).
+    Only the first round measures bytes (an untimed probe of each piece); each later round times every piece
+    once, cold as the first timed iteration after another piece, as a stage runs each unit after the one before.
     """
     bar.total = sum(len(run.pieces) for run in runs) * timing.repeats
     bar.refresh()
@@ -122,7 +132,10 @@ def _time_sizes(
                 loss_fn=workload.loss_fn if with_loss else None,
                 target=run.target if with_loss else None,
                 track_memory=r == 0 and i < n,  # bytes do not vary: the first round's stand (rounds.py)
-                split=i < n,  # the whole model's and the overhead piece's I/W split is not in the profile
+                # The whole model's and the overhead piece's I/W split is not in the profile, and a unit's is kept
+                # as its ratio to the whole backward, which the first rounds know well enough.
+                split=i < n and r < SPLIT_ROUNDS,
+                probe=r == 0,
             )
         except Exception as exc:
             raise ProfilingError(
@@ -138,8 +151,10 @@ def _time_sizes(
     return measure_parts_in_rounds(
         [len(run.pieces) for run in runs],
         measure,
-        # The unit sum, which plans are made of; the whole model, a check on it (report.py), is timed alike.
+        # The unit sum, which plans are made of, over the whole model in the same round, the check on it
+        # (report.py): their ratio holds while the machine's speed moves, which the speed references follow.
         watch=[[range(run.units)] for run in runs],
+        per=[None if run.whole_index < run.units else run.whole_index for run in runs],
         min_rounds=timing.repeats,
         max_rounds=timing.max_repeats,
         stable_within=timing.stable_within,
@@ -274,6 +289,7 @@ def measure_loaded(
             edges_by_size.append(cap.edges)
             runs.append(_size_run(cap, model, inputs, target, b, dev))
         timed = _time_sizes(runs, workload, dev, bar, timing, reference)
+        rounds_s = max(t.seconds for t in timed)
         unit_timing = None
         if dev.type in IN_CONTEXT_DEVICES:
             timed, unit_timing = _in_context(runs, timed, model, workload, batch, unit_names, dev, bar, timing)
@@ -299,7 +315,18 @@ def measure_loaded(
         thread_reference_s=thread_reference,
         loss_bytes=tuple(losses),
         unit_timing=unit_timing,
+        unit_sum_ratio=_unit_sum_ratio(runs, timed, 0) if unit_timing is None else None,
+        unit_sum_ratio_error=_unit_sum_ratio(runs, timed, 1) if unit_timing is None else None,
+        rounds_s=rounds_s,
     )
+
+
+def _unit_sum_ratio(runs: Sequence[SizeRun], timed: Sequence[Rounds], error: int) -> tuple[float, ...] | None:
+    """Per size, the rounds' median of the unit sum over the whole model (the watched ratio of
+    :func:`_time_sizes`), or with ``error`` its standard error; None where the whole model is the one unit."""
+    if any(run.whole_index < run.units for run in runs):
+        return None
+    return tuple((t.watched_error if error else t.watched)[0] for t in timed)
 
 
 def loss_memory(model: nn.Module, workload: Workload, inputs: tuple[Any, ...], target: Any) -> tuple[int, int]:

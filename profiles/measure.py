@@ -345,6 +345,7 @@ def measure_piece(
     target: torch.Tensor | None = None,
     track_memory: bool = True,
     split: bool = True,
+    probe: bool = True,
 ) -> PieceMeasurement:
     """Time forward and backward of ``piece`` on its captured inputs; median of ``repeats``.
 
@@ -356,10 +357,14 @@ def measure_piece(
     computes the loss); otherwise from fixed random gradients on the float outputs that need grad.
     With ``track_memory`` one more iteration, untimed, measures :attr:`PieceMeasurement.memory`
     (:func:`tracked_memory`).
+
+    With ``probe`` an untimed first iteration measures the bytes (and counts as the first of ``warmup``);
+    without it the bytes are 0, for a piece whose bytes were measured already (a profiling round after the
+    first).
     """
     run = _PieceRun(piece, device, loss_fn, target)
-    output_bytes, saved_bytes, peak = run.probe()
-    run.warm_up(max(warmup - 1, 0))  # the probe was the first warm-up iteration
+    output_bytes, saved_bytes, peak = run.probe() if probe else (0, 0, None)
+    run.warm_up(max(warmup - 1, 0) if probe else warmup)  # the probe was the first warm-up iteration
     forward_times, backward_times, input_times, weight_times, kept_bytes, has_backward = run.timed(repeats, split)
     memory = run.tracked() if track_memory else None
     run.clear_input_grads()

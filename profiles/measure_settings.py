@@ -42,7 +42,8 @@ class MeasureSettings:
     repeats: int = 5
     """Timed round-robin rounds at least (each times every unit once); the median is kept."""
     max_repeats: int | None = None
-    """Timed rounds at most, while the median unit sum is not yet known to ``stable_within``; None: ``repeats``."""
+    """Timed rounds at most, while the unit sum's ratio to the whole model is not yet known to ``stable_within``;
+    None: ``repeats``."""
     stable_within: float = 0.02
     """The median unit sum counts as known once its standard error is at most this fraction of it (0 < x < 1)."""
     warmup: int = 2

@@ -3,7 +3,8 @@
 A replay runs every stage of a plan in one process, which holds the whole model, so how fast the machine runs
 at that moment can be read from the very computation the plan is made of: every unit at the plan's micro-batch
 size, one forward and one backward each (the last with the loss), through
-:func:`profiles.measure.measure_piece` as each profiling round times it (profiles/profiler.py), their sum
+:func:`profiles.measure.measure_piece` as each profiling round after the first times it (profiles/profiler.py:
+no untimed pass before it, no split backward), their sum
 against the profile's unit sum at that size. What is left between the replayed stages and the prediction at
 that speed is what the plan composes: units into stages, stages into a schedule, memory held between them.
 
@@ -13,8 +14,8 @@ it can read the machine faster while every stage runs slower. Nor is the whole m
 stand-in: timed in rounds shared with other micro-batch sizes it need not equal its units added up, which is what
 the plan's prediction is made of.
 
-Timing the units once per step costs at least two micro-batches through every stage (an untimed pass and the
-timed one): half as much again on a plan of 4 micro-batches. On real processes each rank times the units of its
+Timing the units once per step costs a micro-batch through every stage: a quarter as much again on a plan of 4
+micro-batches. On real processes each rank times the units of its
 own stages, alone, in turn (planner/runtime/rank_timing.py): added up over the ranks, the same units. Then
 every rank times them once more at the same moment (:meth:`UnitReference.time_together`): how much the ranks
 slow each other now, which the alone timing cannot see (docs/cost-model.md, "The machine's speed").
@@ -78,12 +79,15 @@ class UnitReference:
                 loss_fn=self.loss_fn if last else None,
                 target=self.target if last else None,
                 track_memory=False,
+                split=False,
+                probe=warmup > 0,
             )
             total += m.forward_s + m.backward_s
         return total
 
     def warm_up(self) -> None:
-        """Every unit once untimed and once timed, dropped: the profile's first round warms up alike."""
+        """Every unit once untimed and once timed, dropped: the profile's first round warms up alike (its later
+        rounds, like :meth:`time_once`, time each unit once, with no untimed pass before it)."""
         self._measure(warmup=1)
 
     def _timed_pass(self, wake: bool, last_s: float | None) -> float:
@@ -99,7 +103,7 @@ class UnitReference:
 
         With ``wake``, after untimed passes over every unit for :data:`WAKE_S` where a pass is shorter than that:
         right after a wait, the first milliseconds of work run slow (profiles/resume.py), and the profile timed its
-        units back to back. Without it (work ran just before), after the harness's own untimed pass alone."""
+        units back to back. Without it (work ran just before), at once."""
         elapsed = self._timed_pass(wake, self.samples[-1] if self.samples else None)
         self.samples.append(elapsed)
         return elapsed

@@ -41,10 +41,10 @@ class ProfileOptions:
         help="timed rounds at least (each times every unit once); the median is kept (default 3)",
     )
     max_repeats: int = option(
-        15,
+        8,
         parse=int_range(1, MAX_REPEATS),
-        help="timed rounds at most: from the 5th, rounds go on until the median unit sum is known to 2%% "
-        "(its standard error, from the rounds' spread) (default 15)",
+        help="timed rounds at most: from the 5th, rounds go on until the unit sum's ratio to the whole model, "
+        "timed in the same round, is known to 2%% (the standard error of its median over the rounds) (default 8)",
     )
     warmup: int = option(1, parse=int_range(0, MAX_REPEATS), help="untimed warm-up runs of each unit (default 1)")
     min_time_s: float | None = option(

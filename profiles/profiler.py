@@ -401,6 +401,12 @@ def _found_settings(subject: _Subject, measured: Measurements) -> dict[str, Any]
         settings["export_error"] = measured.export_error
     if measured.unit_timing is not None:
         settings["unit_timing"] = measured.unit_timing
+    if measured.unit_sum_ratio is not None:
+        settings["unit_sum_ratio"] = list(measured.unit_sum_ratio)
+    if measured.unit_sum_ratio_error is not None:
+        settings["unit_sum_ratio_error"] = list(measured.unit_sum_ratio_error)
+    if measured.rounds_s is not None:
+        settings["rounds_s"] = round(measured.rounds_s, 3)
     if subject.workload.notes:
         settings["adapted"] = list(subject.workload.notes)
     settings.update(attention_heads(subject.model))  # what a tensor-parallel plan must divide
@@ -475,7 +481,8 @@ def profile_model(workload: Workload, settings: MeasureSettings | None = None) -
 
     Units, the whole model (along the units' code path, :func:`profiles.rounds.whole_piece`) and the
     piece overhead are timed in round-robin rounds: at least ``repeats``, then until the standard error of
-    the median unit sum is at most ``stable_within`` of it (:func:`profiles.rounds.median_error`, judged
+    the median of the unit sum over the whole model timed in the same round is at most ``stable_within`` of it
+    (:func:`profiles.rounds.median_error`, judged
     from :data:`profiles.rounds.SPREAD_ROUNDS` rounds on), at most ``max_repeats`` (default:
     ``repeats``, no adaptation); and until they span ``min_time_s`` of wall time per size
     (:data:`profiles.measure_settings.MIN_TIME_S`: a shared machine changes speed from one second to the next).

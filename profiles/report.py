@@ -30,8 +30,10 @@ def meta_line(profile: Profile) -> str:
 def unit_sum_line(profile: Profile, size_index: int) -> str:
     """``b=2: unit sum 17.2 ms vs whole model 15.7 ms (exported as one piece): +9.5%; ...`` (fwd + bwd).
 
-    With a measured piece overhead it adds the unit sum less (units - 1) overheads: a stage run as one
-    piece pays the harness's fixed cost once where the units, timed one by one, pay it each.
+    The percentage is :meth:`Profile.unit_sum_error`: where the rounds paired the two, the median of their ratio
+    in each round, and the medians' own ratio follows it. With a measured piece overhead it adds the unit sum
+    less (units - 1) overheads: a stage run as one piece pays the harness's fixed cost once where the units,
+    timed one by one, pay it each.
     """
     units, whole = profile.unit_sum_s(size_index), profile.whole_s(size_index)
     b = profile.micro_batch_sizes[size_index]
@@ -41,13 +43,19 @@ def unit_sum_line(profile: Profile, size_index: int) -> str:
             "time)"
         )
     path = profile.settings.get("whole_model_path")
+    error = profile.unit_sum_error(size_index)
     line = f"b={b}: unit sum {human_seconds(units)} vs whole model {human_seconds(whole)}"
-    line += f" ({path}): {_percent(units, whole)}" if path else f": {_percent(units, whole)}"
+    line += f" ({path}): {error * 100:+.1f}%" if path else f": {error * 100:+.1f}%"
+    if "unit_sum_ratio" in profile.settings and whole > 0:
+        errors, rounds = profile.settings.get("unit_sum_ratio_error"), profile.settings.get("repeats_used")
+        known = f", +-{errors[size_index] * 100:.1f}%" if isinstance(errors, list) and len(errors) > size_index else ""
+        over = f" over {rounds[size_index]} rounds" if isinstance(rounds, list) and len(rounds) > size_index else ""
+        line += f" (paired in each round{over}{known}; the medians apart {_percent(units, whole)})"
     extra = profile.num_units - 1
     overhead = profile.overhead_s(size_index)
-    if profile.piece_overhead is not None and extra > 0:
-        net = units - extra * overhead
-        line += f"; less {extra} x piece overhead {human_seconds(overhead)}: {_percent(net, whole)}"
+    if profile.piece_overhead is not None and extra > 0 and whole > 0:
+        net = error - extra * overhead / whole
+        line += f"; less {extra} x piece overhead {human_seconds(overhead)}: {net * 100:+.1f}%"
     return line
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "measure_parts_in_rounds",
     "MIN_TIME_S",
     "MAX_ROUNDS",
+    "SPLIT_ROUNDS",
     "SPREAD_ROUNDS",
 ]
 
@@ -77,6 +78,10 @@ class Timing:
 
 MAX_ROUNDS = 1000
 """Rounds at most, whatever the time floor: the medians of a model of tiny units need no more."""
+SPLIT_ROUNDS = 3
+"""Rounds that time each unit's backward split into I and W as well (the first ones): a split costs another forward
+and backward, and what the profile keeps of it is its ratio to the whole backward (:func:`median_measurement`),
+which moves little from round to round."""
 SPREAD_ROUNDS = 5
 """Rounds before their spread may judge a median stable: the MAD of three or four values is often near 0
 by chance, and would call a median known to a fraction of a percent that the next rounds move by tens."""
@@ -112,6 +117,14 @@ class Measurements:
     thread_factors: tuple[tuple[float, ...], ...] | None = None
     """Per size, the whole model at each of ``thread_counts`` / as profiled (profiles/threads.py); None off a
     CPU and for a meta profile."""
+    unit_sum_ratio: tuple[float, ...] | None = None
+    """Per size, the median over rounds of the unit sum over the whole model timed in the same round; None where
+    the two were not timed apart (a meta profile, a one-unit export) or the units' times are not the rounds'
+    (timed in context)."""
+    unit_sum_ratio_error: tuple[float, ...] | None = None
+    """Per size, the standard error of ``unit_sum_ratio`` (:func:`median_error`), where it is given."""
+    rounds_s: float | None = None
+    """Wall time of the shared rounds, every size together; None for a meta profile."""
     thread_counts: tuple[int, ...] = ()
     thread_reference_s: tuple[float, ...] = ()
     """The speed reference at each of ``thread_counts``."""
@@ -171,13 +184,24 @@ def overhead_piece(mode: str, device: torch.device) -> Piece:
 
 
 def median_measurement(samples: Sequence[PieceMeasurement]) -> PieceMeasurement:
-    """Median forward and backward time over rounds; bytes from the first round (they do not vary)."""
+    """Median forward and backward time over rounds; bytes from the first round (they do not vary).
+
+    I and W are timed in the first rounds alone (:data:`SPLIT_ROUNDS`): each is the median, over the rounds that
+    timed it, of its ratio to the whole backward timed seconds before it, times the backward's median over every
+    round. A ratio of two times taken together holds while the machine's speed moves; their medians apart would
+    carry how fast the machine ran in those rounds against the rest."""
+    backward_s = statistics.median(m.backward_s for m in samples)
+    split = [m for m in samples if m.backward_s > 0 and m.backward_input_s + m.backward_weight_s > 0]
+
+    def share(part: Callable[[PieceMeasurement], float]) -> float:
+        return statistics.median(part(m) / m.backward_s for m in split) * backward_s if split else 0.0
+
     return replace(
         samples[0],
         forward_s=statistics.median(m.forward_s for m in samples),
-        backward_s=statistics.median(m.backward_s for m in samples),
-        backward_input_s=statistics.median(m.backward_input_s for m in samples),
-        backward_weight_s=statistics.median(m.backward_weight_s for m in samples),
+        backward_s=backward_s,
+        backward_input_s=share(lambda m: m.backward_input_s),
+        backward_weight_s=share(lambda m: m.backward_weight_s),
     )
 
 
@@ -186,10 +210,21 @@ class Rounds:
     medians: tuple[PieceMeasurement, ...]
     """Per piece, the median over every round."""
     rounds: int
+    watched: tuple[float, ...] = ()
+    """Per watched group, the median over every round of its total (over piece ``per``'s, where given)."""
+    watched_error: tuple[float, ...] = ()
+    """Per watched group, how well ``watched`` is known: :func:`median_error` of its rounds."""
+    seconds: float = 0.0
+    """Wall time from the first round's start to this part's last round's end."""
 
 
-def _total(row: Sequence[PieceMeasurement], group: Sequence[int]) -> float:
-    return sum(row[i].forward_s + row[i].backward_s for i in group)
+def _total(row: Sequence[PieceMeasurement], group: Sequence[int], per: int | None = None) -> float:
+    """The group's forward+backward in one round; over piece ``per``'s in the same round where given."""
+    total = sum(row[i].forward_s + row[i].backward_s for i in group)
+    if per is None:
+        return total
+    denominator = row[per].forward_s + row[per].backward_s
+    return total / denominator if denominator > 0 else total
 
 
 def median_error(samples: Sequence[float]) -> float:
@@ -256,9 +291,14 @@ def measure_parts_in_rounds(
     stable_within: float,
     min_time_s: float = 0.0,
     on_extra_round: Callable[[int], None] = lambda _: None,
+    per: Sequence[int | None] | None = None,
 ) -> list[Rounds]:
     """:func:`measure_rounds` for several parts at once (a model at each micro-batch size) in shared rounds:
     ``measure(part, piece_index, round)``, ``watch[part]`` its groups, ``counts[part]`` its pieces.
+
+    ``per[part]``: a piece whose time in the same round divides each of the part's group totals before their
+    median is judged (the units' sum over the whole model's: a ratio of two times taken seconds apart, which holds
+    while the machine's speed moves, where either time alone moves with it); None: the totals themselves.
 
     Each round visits every part still going, starting one part later each round, so that a slow spell of
     the machine falls on every part alike; a part leaves the rounds once it is done by the rules above, the
@@ -266,6 +306,7 @@ def measure_parts_in_rounds(
     """
     started = time.perf_counter()
     rows: list[list[list[PieceMeasurement]]] = [[] for _ in counts]
+    per = per or [None] * len(counts)
     totals: list[list[list[float]]] = [[[] for _ in groups] for groups in watch]
     done: list[Rounds | None] = [None] * len(counts)
     turn = 0
@@ -279,10 +320,16 @@ def measure_parts_in_rounds(
             row = [measure(p, i, r) for i in range(counts[p])]
             rows[p].append(row)
             for t, group in zip(totals[p], watch[p], strict=True):
-                t.append(_total(row, group))
+                t.append(_total(row, group, per[p]))
             stable = r + 1 >= min_rounds and all(_stable(t, stable_within) for t in totals[p])
             spanned = time.perf_counter() - started >= min_time_s
             if ((r + 1 >= max_rounds or stable) and spanned) or r + 1 >= MAX_ROUNDS:
                 medians = [median_measurement([row[i] for row in rows[p]]) for i in range(counts[p])]
-                done[p] = Rounds(tuple(medians), r + 1)
+                done[p] = Rounds(
+                    tuple(medians),
+                    r + 1,
+                    tuple(statistics.median(t) for t in totals[p]),
+                    tuple(median_error(t) for t in totals[p]),
+                    time.perf_counter() - started,
+                )
     return [d for d in done if d is not None]

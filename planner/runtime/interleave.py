@@ -98,6 +98,7 @@ def verify_plans(
     tolerance: float = 0.25,
     memory_tolerance: float = MEMORY_TOLERANCE,
     unit_references: Sequence[bool] | None = None,
+    track_memory: bool = True,
 ) -> InterleavedRun:
     """Run ``plans`` (of the model ``workload``, a MODEL spec) in one launch on real processes, interleaved.
 
@@ -105,6 +106,9 @@ def verify_plans(
     reference (None: every plan's); a plan without takes the machine's speed reference, a fixed layer, and its
     units are not timed: where only some plans' speed is read (learning from a launch reads the first plan's),
     the others' unit timing is the launch's largest cost after the steps on a long model.
+
+    ``track_memory``: each plan's memory is tracked over one more step at the end (a slow one: the tracker sees
+    every operator); without it the reports hold no measured memory, for a launch that learns times alone.
 
     Raises:
         UsageError: no plans, fewer than one round, or plans that need different process counts or threads
@@ -127,7 +131,7 @@ def verify_plans(
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if unit_references is not None and len(unit_references) != len(plans):
         raise UsageError(f"unit_references has {len(unit_references)} entries for {len(plans)} plans")
-    args = (workload, list(plans), rounds, warmup, min_warmup_s, min_block_s, device, unit_references)
+    args = (workload, list(plans), rounds, warmup, min_warmup_s, min_block_s, device, unit_references, track_memory)
     everyone = run_ranks(
         rank_main_interleaved, args, ranks.pop(), timeout_s=timeout_s, backend=backend, threads=threads.pop()
     )

@@ -167,17 +167,27 @@ def learning_plan(
 
 
 def learning_plans(
-    profile: Profile, calibration: Calibration, global_batch: int, *, sha256: str, every_schedule: bool | None = None
+    profile: Profile,
+    calibration: Calibration,
+    global_batch: int,
+    *,
+    sha256: str,
+    every_schedule: bool | None = None,
+    long_global_batch: int | None = None,
 ) -> list[Plan]:
     """The runs a model's cost is learned from: :func:`learning_plan` (1F1B), then, with ``every_schedule``
     (None: where that plan is predicted under :data:`EVERY_SCHEDULE_BELOW_S`), the same at the largest profiled
     micro-batch size that plans, the best plan of each other schedule the calibration's ranks can run with this
     model at that size (one it cannot plan is left out), every schedule's again with as many micro-batches as
-    ranks, and 1F1B's at each other profiled size."""
+    ranks, and 1F1B's at each other profiled size. Without every schedule, the 1F1B plans run at
+    ``long_global_batch`` samples a step where given, else at ``global_batch``."""
     first = learning_plan(profile, calibration, global_batch, sha256=sha256)
     settings = default_settings(profile, calibration=calibration, calibration_label="calibrate")
     if every_schedule is None:
         every_schedule = first.predicted.iteration_s < EVERY_SCHEDULE_BELOW_S
+    if not every_schedule and long_global_batch is not None and long_global_batch != global_batch:
+        global_batch = long_global_batch
+        first = learning_plan(profile, calibration, global_batch, sha256=sha256)
     if not every_schedule:
         # Where the planner would go, and 1F1B at each other size for that size's co-location factor, at the same
         # global batch (as many samples a step, not up to 4x as many): a factor learned at one size alone carries
@@ -465,7 +475,14 @@ def learn_model_cost(
     firsts = [k in anchor for k in range(len(launch))]
     launches = [
         verify_plans(
-            launch, model, rounds=rounds, warmup=warmup, device=device, timeout_s=timeout_s, unit_references=firsts
+            launch,
+            model,
+            rounds=rounds,
+            warmup=warmup,
+            device=device,
+            timeout_s=timeout_s,
+            unit_references=firsts,
+            track_memory=False,  # what is learned is time: the plans' memory is verify's to check
         )
         for _ in range(launch_count)
     ]
@@ -498,7 +515,13 @@ def learn_model_cost_on_ranks(
     if calibration.num_ranks != num_ranks:
         raise UsageError(f"--start was measured on {calibration.num_ranks} ranks, not --ranks {num_ranks}")
     batch = global_batch or default_global_batch(profile, num_ranks)
-    plans = learning_plans(profile, calibration, batch, sha256=sha256, every_schedule=every_schedule)
+    # A long model's runs teach its co-location factors (compute, summed over every action) and 1F1B's overhead
+    # (its simulated step fitted to the measured one): as many micro-batches of the largest size as ranks show
+    # both, in half the time of twice as many.
+    long_batch = None if global_batch else num_ranks * max(profile.micro_batch_sizes)
+    plans = learning_plans(
+        profile, calibration, batch, sha256=sha256, every_schedule=every_schedule, long_global_batch=long_batch
+    )
     log.info(
         "running %s on %d ranks (%s, b=%d x %d) to learn its own per-action cost ...",
         model,

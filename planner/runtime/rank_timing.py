@@ -286,10 +286,13 @@ class _PlanSteps:
         for k, t in enumerate(self.timers):
             self.records[k].extend(t.records)
 
-    def result(self, reference: SpeedReference | UnitReference) -> RankResult:
-        """The samples so far, with one step's memory tracked now (after the timed steps: the tracker's
-        bookkeeping would slow the steps it watched)."""
-        stage_memory, rank_memory = track_rank_memory(self.run, self.optimizer, self.step, self.inputs, self.target)
+    def result(self, reference: SpeedReference | UnitReference, track_memory: bool = True) -> RankResult:
+        """The samples so far, with one step's memory tracked now where asked (after the timed steps: the
+        tracker's bookkeeping would slow the steps it watched)."""
+        stage_memory: tuple[MemorySample, ...] = ()
+        rank_memory: MemorySample | None = None
+        if track_memory:
+            stage_memory, rank_memory = track_rank_memory(self.run, self.optimizer, self.step, self.inputs, self.target)
         return RankResult(
             stage_indices=tuple(self.run.stage_indices),
             replica=self.run.replica,
@@ -426,6 +429,7 @@ def rank_main_interleaved(
     min_block_s: float,
     device: str,
     unit_references: Sequence[bool] | None = None,
+    track_memory: bool = True,
 ) -> list[RankResult]:
     """One rank of several plans run in one launch (:func:`planner.runtime.interleave.verify_plans`): every
     plan warmed up (the first also for ``min_warmup_s``), then ``rounds`` rounds in which each plan runs a block of
@@ -433,7 +437,8 @@ def rank_main_interleaved(
     seconds apart see the same machine: their ratio holds while its speed moves. After each round each rank in turn
     times each plan's share of its units (plans with the same micro-batch size and stages on this rank share one).
     One result per plan, each step marked with its round. ``unit_references`` says which plans time their units
-    (None: every plan); the others take the machine's speed reference (profiles/reference.py)."""
+    (None: every plan); the others take the machine's speed reference (profiles/reference.py). With
+    ``track_memory`` each plan's memory is tracked over one more step at the end."""
     dev = torch.device(f"cuda:{rank}") if device.startswith("cuda") else torch.device("cpu")
     waits = _WaitTimer()  # one per process: it wraps a module-level function of torch
     captured: dict[int, tuple[tuple[Piece, ...], torch.Tensor]] = {}
@@ -476,4 +481,4 @@ def rank_main_interleaved(
         units = [r for r in shared.values() if isinstance(r, UnitReference)]
         if units:
             time_units_together(rank, world_size, f"interleaved-{index}", units)
-    return [r.result(reference) for r, reference in zip(runs, references, strict=True)]
+    return [r.result(reference, track_memory) for r, reference in zip(runs, references, strict=True)]

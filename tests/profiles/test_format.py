@@ -70,6 +70,20 @@ def test_round_trip_is_equal(profile: Profile, tmp_path: Path) -> None:
     assert loaded.unit_sum_s(1) == pytest.approx(0.002 + 0.004 + 0.004 + 0.008)
 
 
+def test_the_unit_sum_error_is_the_rounds_paired_ratio_where_recorded(profile: Profile) -> None:
+    from profiles.report import unit_sum_line
+
+    # medians apart: units 0.003 + 0.006 = 0.009 s at b=1 against a whole model of 0.0086 s
+    assert profile.unit_sum_error(0) == pytest.approx(0.009 / 0.0086 - 1)
+    measured = {"unit_sum_ratio": [0.98, 1.01], "unit_sum_ratio_error": [0.012, 0.02], "repeats_used": [5, 8]}
+    paired = replace(profile, settings={**profile.settings, **measured})
+    assert [paired.unit_sum_error(j) for j in (0, 1)] == pytest.approx([-0.02, 0.01])
+    assert unit_sum_line(paired, 0) == (
+        "b=1: unit sum 9.00 ms vs whole model 8.60 ms: -2.0% (paired in each round over 5 rounds, +-1.2%; the "
+        "medians apart +4.7%)"
+    )
+
+
 def test_saved_file_names_format_and_version(profile: Profile, tmp_path: Path) -> None:
     path = tmp_path / "p.json"
     save_profile(profile, path)

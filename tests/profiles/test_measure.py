@@ -143,3 +143,14 @@ def test_without_the_split_each_repeat_runs_one_forward_and_no_i_or_w() -> None:
     assert (with_split, _Counted.calls) == (1 + 3 * 2, 1 + 3)
     assert split.backward_input_s > 0 and split.backward_weight_s > 0
     assert whole.backward_s > 0 and whole.backward_input_s == whole.backward_weight_s == 0.0
+
+
+def test_without_the_probe_nothing_runs_untimed_and_no_bytes_are_read() -> None:
+    piece = Piece("fc", _Counted(8, 8), (torch.randn(4, 8),), (True,))
+    _Counted.calls = 0
+    probed = measure_piece(piece, device=CPU, repeats=1, warmup=1, track_memory=False, split=False)
+    assert (_Counted.calls, probed.output_bytes) == (2, 4 * 8 * 4)  # the probe was the warm-up
+    _Counted.calls = 0
+    cold = measure_piece(piece, device=CPU, repeats=1, warmup=0, track_memory=False, split=False, probe=False)
+    assert (_Counted.calls, cold.output_bytes, cold.saved_bytes) == (1, 0, 0)
+    assert cold.forward_s > 0 and cold.backward_s > 0

@@ -16,6 +16,7 @@ from profiles.rounds import (
     measure_parts_in_rounds,
     measure_rounds,
     median_error,
+    median_measurement,
     overhead_piece,
     whole_piece,
 )
@@ -89,6 +90,33 @@ def test_parts_share_rounds_starting_one_part_later_and_leave_once_stable() -> N
     assert order == [(0, 0), (1, 0), (1, 1), (0, 1), (0, 2), (1, 2), (1, 3), (0, 3), (0, 4), (1, 4), (1, 5), (1, 6)]
     assert [d.rounds for d in done] == [5, 7]
     assert [m.forward_s for m in done[1].medians] == [4.0, 4.0]  # the median of 1 to 7
+
+
+def test_a_ratio_to_a_piece_of_the_same_round_is_stable_while_the_machine_speed_moves() -> None:
+    # Both pieces slow down together, round after round: their totals never settle, their ratio (2) is exact.
+    def measure(_p: int, i: int, r: int) -> PieceMeasurement:
+        return PieceMeasurement((2.0 if i == 0 else 1.0) * (1 + r), 0.0, 0, 0, None)
+
+    watch = [[[0]]]
+    paired = measure_parts_in_rounds([2], measure, watch=watch, min_rounds=1, max_rounds=9, stable_within=0.01, per=[1])
+    apart = measure_parts_in_rounds([2], measure, watch=watch, min_rounds=1, max_rounds=9, stable_within=0.01)
+    assert [paired[0].rounds, apart[0].rounds] == [SPREAD_ROUNDS, 9]
+    assert paired[0].watched == (2.0,)
+    assert apart[0].watched == (10.0,)  # the median of 2, 4, ..., 18
+
+
+def test_i_and_w_from_the_rounds_that_split_scaled_to_every_round_s_backward() -> None:
+    # Rounds 0-2 split the backward (I = 0.4 and W = 0.8 of it); rounds 3-4 did not (0 and 0).
+    backward = [1.0, 2.0, 3.0, 4.0, 5.0]
+    samples = [
+        PieceMeasurement(0.5, b, 10, 20, None, (0.4 * b if r < 3 else 0.0), (0.8 * b if r < 3 else 0.0))
+        for r, b in enumerate(backward)
+    ]
+    m = median_measurement(samples)
+    assert (m.backward_s, m.backward_input_s, m.backward_weight_s) == pytest.approx((3.0, 1.2, 2.4))
+    assert (m.output_bytes, m.saved_bytes) == (10, 20)  # the first round's, which probed them
+    no_backward = median_measurement([PieceMeasurement(0.5, 0.0, 0, 0, None)] * 3)
+    assert (no_backward.backward_input_s, no_backward.backward_weight_s) == (0.0, 0.0)
 
 
 class Two(nn.Module):

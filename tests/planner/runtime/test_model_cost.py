@@ -51,6 +51,12 @@ def test_a_short_model_learns_every_schedule_at_the_largest_size_that_fits() -> 
     long = learning_plans(heavy, calibration(), 16, sha256="0" * 64, every_schedule=False)
     assert long[0] == learning_plan(heavy, calibration(), 16, sha256="0" * 64)
     assert [(p.schedule, p.micro_batch_size, p.num_microbatches) for p in long[1:]] == [(Schedule.ONE_F_ONE_B, 2, 8)]
+    # At a smaller batch where asked (calibrate's default for a long model: as many of the largest size as ranks),
+    # which a short model's runs ignore.
+    halved = learning_plans(heavy, calibration(), 16, sha256="0" * 64, every_schedule=False, long_global_batch=8)
+    assert [(p.micro_batch_size, p.num_microbatches) for p in halved] == [(1, 8), (2, 4)]
+    again = learning_plans(heavy, calibration(), 16, sha256="0" * 64, every_schedule=True, long_global_batch=8)
+    assert again == plans
 
 
 def test_learning_from_a_run_shifts_every_schedule_and_names_the_model() -> None:
