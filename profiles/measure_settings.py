@@ -45,7 +45,8 @@ class MeasureSettings:
     """Timed rounds at most, while the unit sum's ratio to the whole model is not yet known to ``stable_within``;
     None: ``repeats``."""
     stable_within: float = 0.02
-    """The median unit sum counts as known once its standard error is at most this fraction of it (0 < x < 1)."""
+    """The unit sum's ratio to the whole model counts as known once its median's standard error is at most this
+    fraction of it (0 < x < 1)."""
     warmup: int = 2
     """Untimed runs of each unit before its first timed one."""
     units: Sequence[str] | int | None = None

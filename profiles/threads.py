@@ -83,10 +83,12 @@ def measure_thread_scaling(
 
     counts = [profiled, *(c for c in thread_counts if c != profiled)]
     samples: dict[int, list[float]] = {c: [] for c in counts}
-    for count in counts:  # one untimed step at each count: thread pools resize on first use
+    long = step_s > MAX_STEP_S
+    for count in counts if not long else ():
+        # One untimed step at each count: thread pools resize on first use, which a long step does not notice.
         with _threads(count):
             step()
-    enough = _MIN_ROUNDS if step_s > MAX_STEP_S else _MAX_ROUNDS
+    enough = _MIN_ROUNDS if long else _MAX_ROUNDS
     started, rounds = time.perf_counter(), 0
     while rounds < enough and (rounds < _MIN_ROUNDS or time.perf_counter() - started < min_time_s):
         for count in counts:

@@ -397,3 +397,27 @@ def test_a_thread_ratio_outside_what_threads_can_do_is_clamped() -> None:
     assert plausible(0.008, 1, 2) == pytest.approx(1 / SLACK)  # 2 threads spinning on a busy machine
     assert plausible(9.0, 1, 2) == pytest.approx(2 * SLACK)
     assert plausible(0.1, 4, 2) == pytest.approx(0.5 / SLACK) and plausible(3.0, 4, 2) == pytest.approx(SLACK)
+
+
+def test_a_long_step_is_timed_at_each_count_without_an_untimed_one_first() -> None:
+    from profiles.dataflow import Piece
+    from profiles.threads import _MIN_ROUNDS, MAX_STEP_S, measure_thread_scaling
+
+    class Counted(nn.Linear):
+        calls = 0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            type(self).calls += 1
+            return super().forward(x)
+
+    piece = Piece("fc", Counted(4, 4), (torch.randn(2, 4),), (True,))
+    factors = measure_thread_scaling(
+        piece, device=torch.device("cpu"), loss_fn=None, target=None, step_s=MAX_STEP_S * 2, thread_counts=(2, 1)
+    )
+    assert Counted.calls == 2 * _MIN_ROUNDS  # every step timed: at 1 (profiled) and 2 threads, the fewest rounds
+    assert factors[1] == 1.0 and factors[0] > 0
+    Counted.calls = 0
+    measure_thread_scaling(
+        piece, device=torch.device("cpu"), loss_fn=None, target=None, step_s=0.0, thread_counts=(2, 1), min_time_s=0
+    )
+    assert Counted.calls == 2 + 2 * _MIN_ROUNDS  # a short step: one untimed at each count first
