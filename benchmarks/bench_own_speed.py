@@ -13,12 +13,16 @@ Timed, wall clock, in a scratch folder:
 - with ``--suite``, alone: the test suite, ``python -m pytest -q``, in a record of its own
   (``benchmarks/results/suite/<date>.json``: seconds, passed, failed, skipped); with ``--suite --fresh``,
   ``.ci/run``'s whole command (the README's) in a new virtual environment on a clean clone of the commit, its
-  install timed apart (``install_s``; ``total_s`` the two together).
+  install timed apart (``install_s``; ``total_s`` the two together);
+- with ``--main-job --fresh``, alone: the README's main job as written, in a new virtual environment on a clean
+  clone of the commit, each command of it timed, in the ``main_job`` record (``install_s``, ``profile_s``,
+  ``plan_s``, ``simulate_s``, ``verify_s``, ``wall_s`` all of them, and the accuracy they printed).
 
 Every step's command, exit code and seconds go to the record (``benchmarks/results/own_speed/<date>.json``);
 the README's stated times are this record's. Run it with nothing else on the machine::
 
     python benchmarks/bench_own_speed.py [--main-job] [--quick]
+    python benchmarks/bench_own_speed.py --main-job --fresh
     python benchmarks/bench_own_speed.py --suite [--fresh]
 """
 
@@ -55,7 +59,9 @@ class Step:
     """What the command printed (stdout)."""
 
 
-UNIT_SUM = re.compile(r"^b=(\d+): unit sum .*?: ([+-]?[0-9.]+)%;", re.MULTILINE)
+UNIT_SUM = re.compile(r"^b=(\d+): unit sum [^:]*: ([+-]?[0-9.]+)%", re.MULTILINE)
+STAGE_ERROR = re.compile(r"^\s+\d+\s+\d+\s.*\s([+-][0-9.]+)%$", re.MULTILINE)
+"""A row of verify's per-stage tables: its last column, the stage's memory error."""
 VERDICT = re.compile(r"^verdict: the error at the machine's speed, ([+-]?[0-9.]+)%.*?\(as timed ([+-]?[0-9.]+)%", re.M)
 
 
@@ -110,6 +116,73 @@ def _ci_command() -> tuple[str, str]:
     return install, "ruff " + tests
 
 
+def _fresh_environment(scratch: Path) -> tuple[Path, dict[str, str]]:
+    """A clean clone of this checkout's commit and the environment of a new virtual environment beside it."""
+    folder, venv = scratch / "pipeplan", scratch / "venv"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(folder)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    env = {**os.environ, "VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("PYTHONHOME", None)
+    return folder, env
+
+
+def _readme_main_job() -> list[str]:
+    """The README's main job, its commands in order (the install's two first)."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("**The main job**"))
+    line = next(ln for ln in lines[start:] if ln.startswith("pip install"))
+    return line.split(" && ")
+
+
+def _main_job_fresh() -> None:
+    """The README's main job as written, each command timed, in a new virtual environment on a clean clone: the
+    ``main_job`` record."""
+    started = run_started()
+    commands = _readme_main_job()
+    install, rest = " && ".join(commands[:2]), commands[2:]
+    rows, numbers, outputs = [], {}, {}
+    with tempfile.TemporaryDirectory(prefix="pipeplan-main-job-") as scratch:
+        folder, env = _fresh_environment(Path(scratch))
+        exit_code, total_s = 0, 0.0
+        for name, command in [("install", install), *((c.split()[1], c) for c in rest)]:
+            begun = time.perf_counter()
+            done = subprocess.run(command, shell=True, cwd=folder, env=env, capture_output=True, text=True)
+            seconds = time.perf_counter() - begun
+            total_s += seconds
+            numbers[f"{name}_s"] = round(seconds, 1)
+            outputs[name] = done.stdout
+            shown = f"install (`{install}`)" if name == "install" else f"`{command}`"
+            rows.append([shown, f"{seconds:.0f} s"])
+            print(f"{name}: {seconds:.0f} s, exit {done.returncode}", flush=True)
+            if done.returncode != 0:
+                sys.stderr.write(done.stderr[-2000:])
+                exit_code = done.returncode
+                break
+    rows.append([f"all (exit {exit_code})", f"{total_s:.0f} s"])
+    errors = [abs(float(e)) for e in STAGE_ERROR.findall(outputs.get("verify", ""))]
+    verdict = VERDICT.search(outputs.get("verify", ""))
+    numbers = {
+        "exit_code": exit_code,
+        "wall_s": round(total_s, 1),
+        **numbers,
+        "unit_sum_error_pct": {int(b): float(e) for b, e in UNIT_SUM.findall(outputs.get("profile", ""))},
+        **(
+            {"verify_error_at_speed_pct": float(verdict.group(1)), "verify_error_as_timed_pct": float(verdict.group(2))}
+            if verdict
+            else {}
+        ),
+        **({"stage_memory_within_pct": max(errors)} if errors else {}),
+    }
+    print(f"main job: exit {exit_code} in {total_s:.0f} s")
+    write_record(
+        "main_job",
+        numbers,
+        started=started,
+        text={"main_job": " && ".join(commands)},
+        tables={"steps": {"columns": ["step", "wall"], "rows": rows}},
+    )
+
+
 def _suite(fresh: bool) -> None:
     """The test suite as CI runs it, timed, with its counts, in the ``suite`` record: after the install in this
     environment, or with ``fresh`` the whole of ``.ci/run``'s command, install included, in a new virtual
@@ -120,11 +193,7 @@ def _suite(fresh: bool) -> None:
         folder, install_s = ROOT, None
         if fresh:
             install, tests = _ci_command()
-            folder, venv = Path(scratch) / "pipeplan", Path(scratch) / "venv"
-            subprocess.run(["git", "clone", "-q", str(ROOT), str(folder)], check=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-            env = {**env, "VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"}
-            env.pop("PYTHONHOME", None)
+            folder, env = _fresh_environment(Path(scratch))
             begun = time.perf_counter()
             subprocess.run(install, shell=True, cwd=folder, env=env, check=True, capture_output=True)
             install_s = time.perf_counter() - begun
@@ -159,12 +228,16 @@ def main() -> None:
     parser.add_argument(
         "--fresh",
         action="store_true",
-        help="with --suite: .ci/run's whole command, install included, in a new virtual environment on a clean clone",
+        help="with --suite: .ci/run's whole command, with --main-job: the README's main job, install included, in "
+        "a new virtual environment on a clean clone",
     )
     parser.add_argument("--quick", action="store_true", help="a trial: start-up and the cluster search only")
     args = parser.parse_args()
     if args.suite:
         _suite(args.fresh)
+        return
+    if args.main_job and args.fresh:
+        _main_job_fresh()
         return
     started, printed = run_started(), tee_stdout()
     pipeplan = _pipeplan()

@@ -28,9 +28,9 @@ whose ratio to the first run sets that size's co-location factor
 :func:`_colocation_to_ratios`): how much slower compute runs beside the other rank depends on the size.
 Where actions are long, their overhead is a few percent of the step, and one 1F1B run, its change shifted onto
 the other schedules, is enough for what the extra runs would cost; but the co-location factor still moves with
-the size, so a long model's 1F1B plan runs at each profiled size too, at the same global batch, in one launch of
-a few rounds (:data:`LEARNING_SIZE_ROUNDS`), and each size's compute over its profile, relative to the first
-run's, sets its factor.
+the size, so a long model's 1F1B plan runs at each profiled size too, at the same global batch (by default as many
+micro-batches of the largest size as ranks), in one launch of a few rounds (:data:`LEARNING_SIZE_ROUNDS`) that
+tracks no memory, and each size's compute over its profile, relative to the first run's, sets its factor.
 
 The result is the model's: ``notes.model`` names it, and ``pipeplan plan`` warns when a profile of another
 model is planned with it.
