@@ -92,6 +92,20 @@ def _size_run(cap: Capture, model: nn.Module, inputs: tuple, target: Any, b: int
     return SizeRun(b, cap, target, pieces, n - 1 if shared else n)
 
 
+def _whole_in_the_middle(run: SizeRun, flops: Sequence[int]) -> list[int]:
+    """The order a round times ``run``'s pieces in: the units up to half their FLOPs, the whole model, the other
+    units, the overhead piece. A speed that drifts steadily through the round then moves the unit sum and the
+    whole model alike, and their ratio holds; timed after all the units, the whole model alone takes the drift."""
+    n = run.units
+    if run.whole_index < n:  # a one-unit export: the unit is the whole model
+        return list(range(len(run.pieces)))
+    half, total, k = 0, sum(flops), 0
+    while k < n and 2 * (half + flops[k]) <= total:
+        half += flops[k]
+        k += 1
+    return [*range(k), run.whole_index, *range(k, n), *range(run.whole_index + 1, len(run.pieces))]
+
+
 def _time_sizes(
     runs: Sequence[SizeRun],
     workload: Workload,
@@ -99,6 +113,7 @@ def _time_sizes(
     bar: Any,
     timing: Timing,
     reference: SpeedReference,
+    flops: Sequence[Sequence[int]],
 ) -> list[Rounds]:
     """Time every size's pieces in shared round-robin rounds (:func:`profiles.rounds.measure_parts_in_rounds`:
     each round visits every size still going, starting one size later each round); the speed reference once per
@@ -114,6 +129,7 @@ def _time_sizes(
     """
     bar.total = sum(len(run.pieces) for run in runs) * timing.repeats
     bar.refresh()
+    order = [_whole_in_the_middle(run, f) for run, f in zip(runs, flops, strict=True)]
 
     def measure(s: int, i: int, r: int) -> PieceMeasurement:
         run = runs[s]
@@ -121,7 +137,7 @@ def _time_sizes(
         n = run.units
         with_loss = i == n - 1 or i == run.whole_index  # the last unit and the whole model
         bar.set_description(f"b={run.b} {'whole model' if i == run.whole_index >= n else piece.name}")
-        if i == 0:
+        if i == order[s][0]:
             reference.time_once()
         try:
             result = measure_piece(
@@ -155,6 +171,7 @@ def _time_sizes(
         # (report.py): their ratio holds while the machine's speed moves, which the speed references follow.
         watch=[[range(run.units)] for run in runs],
         per=[None if run.whole_index < run.units else run.whole_index for run in runs],
+        order=order,
         min_rounds=timing.repeats,
         max_rounds=timing.max_repeats,
         stable_within=timing.stable_within,
@@ -288,7 +305,7 @@ def measure_loaded(
             flops.append(counted)
             edges_by_size.append(cap.edges)
             runs.append(_size_run(cap, model, inputs, target, b, dev))
-        timed = _time_sizes(runs, workload, dev, bar, timing, reference)
+        timed = _time_sizes(runs, workload, dev, bar, timing, reference, flops)
         rounds_s = max(t.seconds for t in timed)
         unit_timing = None
         if dev.type in IN_CONTEXT_DEVICES:

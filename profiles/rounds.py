@@ -292,6 +292,7 @@ def measure_parts_in_rounds(
     min_time_s: float = 0.0,
     on_extra_round: Callable[[int], None] = lambda _: None,
     per: Sequence[int | None] | None = None,
+    order: Sequence[Sequence[int]] | None = None,
 ) -> list[Rounds]:
     """:func:`measure_rounds` for several parts at once (a model at each micro-batch size) in shared rounds:
     ``measure(part, piece_index, round)``, ``watch[part]`` its groups, ``counts[part]`` its pieces.
@@ -299,6 +300,8 @@ def measure_parts_in_rounds(
     ``per[part]``: a piece whose time in the same round divides each of the part's group totals before their
     median is judged (the units' sum over the whole model's: a ratio of two times taken seconds apart, which holds
     while the machine's speed moves, where either time alone moves with it); None: the totals themselves.
+    ``order[part]``: the order a round visits the part's pieces in (None: by index), e.g. the whole model between
+    the two halves of its units, so that a speed drifting steadily through the round moves both sides alike.
 
     Each round visits every part still going, starting one part later each round, so that a slow spell of
     the machine falls on every part alike; a part leaves the rounds once it is done by the rules above, the
@@ -307,6 +310,9 @@ def measure_parts_in_rounds(
     started = time.perf_counter()
     rows: list[list[list[PieceMeasurement]]] = [[] for _ in counts]
     per = per or [None] * len(counts)
+    orders = [range(c) for c in counts] if order is None else order
+    if any(sorted(o) != list(range(c)) for o, c in zip(orders, counts, strict=True)):
+        raise ValueError("each part's order must visit each of its pieces once")
     totals: list[list[list[float]]] = [[[] for _ in groups] for groups in watch]
     done: list[Rounds | None] = [None] * len(counts)
     turn = 0
@@ -317,7 +323,8 @@ def measure_parts_in_rounds(
             r = len(rows[p])
             if r >= min_rounds:
                 on_extra_round(p)
-            row = [measure(p, i, r) for i in range(counts[p])]
+            taken = {i: measure(p, i, r) for i in orders[p]}
+            row = [taken[i] for i in range(counts[p])]
             rows[p].append(row)
             for t, group in zip(totals[p], watch[p], strict=True):
                 t.append(_total(row, group, per[p]))

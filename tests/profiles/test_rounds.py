@@ -105,6 +105,37 @@ def test_a_ratio_to_a_piece_of_the_same_round_is_stable_while_the_machine_speed_
     assert apart[0].watched == (10.0,)  # the median of 2, 4, ..., 18
 
 
+def test_a_round_visits_the_pieces_in_the_order_given_and_keeps_them_by_index() -> None:
+    visits: list[int] = []
+
+    def measure(_p: int, i: int, _r: int) -> PieceMeasurement:
+        visits.append(i)
+        return PieceMeasurement(float(i), 0.0, 0, 0, None)
+
+    done = measure_parts_in_rounds(
+        [4], measure, watch=[[[0]]], min_rounds=2, max_rounds=2, stable_within=0.01, order=[[0, 2, 1, 3]]
+    )
+    assert visits == [0, 2, 1, 3] * 2
+    assert [m.forward_s for m in done[0].medians] == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match="once"):
+        measure_parts_in_rounds(
+            [3], measure, watch=[[[0]]], min_rounds=1, max_rounds=1, stable_within=0.1, order=[[0, 1]]
+        )
+
+
+def test_the_whole_model_is_timed_between_the_halves_of_its_units_flops() -> None:
+    from profiles.loaded_profile import SizeRun, _whole_in_the_middle
+
+    def run(units: int, whole_index: int, pieces: int) -> SizeRun:
+        cap = type("Cap", (), {"pieces": tuple(range(units))})()
+        return SizeRun(1, cap, None, tuple(range(pieces)), whole_index)  # type: ignore[arg-type]
+
+    # units 0-3 (then the whole model, 4, and the overhead piece, 5): half the FLOPs after the first two
+    assert _whole_in_the_middle(run(4, 4, 6), [10, 40, 30, 20]) == [0, 1, 4, 2, 3, 5]
+    assert _whole_in_the_middle(run(4, 4, 6), [100, 1, 1, 1]) == [4, 0, 1, 2, 3, 5]  # one unit is most of it
+    assert _whole_in_the_middle(run(1, 0, 2), [5]) == [0, 1]  # a one-unit export: the unit is the whole model
+
+
 def test_i_and_w_from_the_rounds_that_split_scaled_to_every_round_s_backward() -> None:
     # Rounds 0-2 split the backward (I = 0.4 and W = 0.8 of it); rounds 3-4 did not (0 and 0).
     backward = [1.0, 2.0, 3.0, 4.0, 5.0]
