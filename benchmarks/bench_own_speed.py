@@ -159,6 +159,7 @@ def _main_job_fresh() -> None:
                 exit_code = done.returncode
                 break
     rows.append([f"all (exit {exit_code})", f"{total_s:.0f} s"])
+    printed = {name: output.splitlines() for name, output in outputs.items()}
     errors = [abs(float(e)) for e in STAGE_ERROR.findall(outputs.get("verify", ""))]
     verdict = VERDICT.search(outputs.get("verify", ""))
     numbers = {
@@ -178,7 +179,12 @@ def _main_job_fresh() -> None:
         "main_job",
         numbers,
         started=started,
-        text={"main_job": " && ".join(commands)},
+        text={
+            "main_job": " && ".join(commands),
+            # The lines the numbers were read from: the unit sum check, verify's verdict.
+            "profile_check": "\n".join(ln for ln in printed.get("profile", []) if " unit sum " in ln),
+            "verify_verdict": "\n".join(ln for ln in printed.get("verify", []) if ln.startswith("verdict")),
+        },
         tables={"steps": {"columns": ["step", "wall"], "rows": rows}},
     )
 
