@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from planner.errors import UsageError
 from profiles.dataflow import Capture, Edge, Piece, capture_export
 from profiles.measure import PieceMeasurement
 from profiles.measure_settings import MIN_TIME_S
@@ -312,7 +313,7 @@ def measure_parts_in_rounds(
     per = per or [None] * len(counts)
     orders = [range(c) for c in counts] if order is None else order
     if any(sorted(o) != list(range(c)) for o, c in zip(orders, counts, strict=True)):
-        raise ValueError("each part's order must visit each of its pieces once")
+        raise UsageError("each part's order must visit each of its pieces once")
     totals: list[list[list[float]]] = [[[] for _ in groups] for groups in watch]
     done: list[Rounds | None] = [None] * len(counts)
     turn = 0

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import profiles.rounds as rounds_module
+from planner.errors import UsageError
 from profiles.dataflow import capture_export
 from profiles.measure import PieceMeasurement
 from profiles.rounds import (
@@ -117,7 +118,7 @@ def test_a_round_visits_the_pieces_in_the_order_given_and_keeps_them_by_index() 
     )
     assert visits == [0, 2, 1, 3] * 2
     assert [m.forward_s for m in done[0].medians] == [0.0, 1.0, 2.0, 3.0]
-    with pytest.raises(ValueError, match="once"):
+    with pytest.raises(UsageError, match="once"):
         measure_parts_in_rounds(
             [3], measure, watch=[[[0]]], min_rounds=1, max_rounds=1, stable_within=0.1, order=[[0, 1]]
         )
