@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_leaves
 from planner.errors import ProfilingError
 from profiles.dataflow import Capture, Edge, Piece, capture_export, capture_hooks, param_ownership
 from profiles.in_context import time_in_context
-from profiles.measure import PieceMeasurement, count_flops, measure_piece
+from profiles.measure import WARM_BELOW_S, PieceMeasurement, count_flops, measure_piece
 from profiles.reference import SpeedReference
 from profiles.resume import measure_resume
 from profiles.rounds import (
@@ -125,11 +125,13 @@ def _time_sizes(
     (docs/fidelity-profile.md). A size leaves the rounds once the median of its unit sum over the whole model,
     paired in each round, is known to within ``timing.stable_within`` (:func:`profiles.rounds.median_error`).
     Only the first round measures bytes (an untimed probe of each piece); each later round times every piece
-    once, cold as the first timed iteration after another piece, as a stage runs each unit after the one before.
+    once, right after an untimed iteration of it where the piece is short (:data:`profiles.measure.WARM_BELOW_S`),
+    else at once, as a stage runs each unit after the one before.
     """
     bar.total = sum(len(run.pieces) for run in runs) * timing.repeats
     bar.refresh()
     order = [_whole_in_the_middle(run, f) for run, f in zip(runs, flops, strict=True)]
+    first_s: dict[tuple[int, int], float] = {}  # each piece's forward+backward in the first round
 
     def measure(s: int, i: int, r: int) -> PieceMeasurement:
         run = runs[s]
@@ -139,12 +141,14 @@ def _time_sizes(
         bar.set_description(f"b={run.b} {'whole model' if i == run.whole_index >= n else piece.name}")
         if i == order[s][0]:
             reference.time_once()
+        # Past the first round, a short piece is warmed by an untimed iteration right before (WARM_BELOW_S).
+        warm = r > 0 and first_s[s, i] < WARM_BELOW_S
         try:
             result = measure_piece(
                 piece,
                 device=dev,
                 repeats=1,
-                warmup=timing.warmup if r == 0 else 0,
+                warmup=timing.warmup if r == 0 else int(warm),
                 loss_fn=workload.loss_fn if with_loss else None,
                 target=run.target if with_loss else None,
                 track_memory=r == 0 and i < n,  # bytes do not vary: the first round's stand (rounds.py)
@@ -157,6 +161,8 @@ def _time_sizes(
             raise ProfilingError(
                 f"measuring unit {piece.name} at micro-batch size {run.b} failed: {type(exc).__name__}: {exc}"
             ) from None
+        if r == 0:
+            first_s[s, i] = result.forward_s + result.backward_s
         bar.update()
         return result
 

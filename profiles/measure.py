@@ -32,6 +32,7 @@ from profiles.dataflow import Piece, needs_grad, tensor_bytes
 from profiles.memory import tensor_storages
 
 __all__ = [
+    "WARM_BELOW_S",
     "backward_roots",
     "PieceMeasurement",
     "TrackedMemory",
@@ -74,6 +75,13 @@ class PieceMeasurement:
     on top of the saved activations, which the kept graph also holds until W."""
     memory: TrackedMemory | None = None
     """Its memory in a pipeline stage's steady state (:func:`tracked_memory`); None when not measured."""
+
+
+WARM_BELOW_S = 0.05
+"""A piece whose forward+backward takes less than this is timed right after an untimed iteration of its own: the
+first iteration after another piece pays a fixed cold cost (caches, the allocator), a tenth of a millisecond or more
+on a CPU, which, paid by each of mlp's units, made their sum 1.68x the whole model. A longer piece does not notice it
+(gpt2-small's units: under 0.2 % of their sum), and for it an untimed iteration would double the profile's rounds."""
 
 
 def sync_device(device: torch.device) -> None:

@@ -4,7 +4,7 @@ A replay runs every stage of a plan in one process, which holds the whole model,
 at that moment can be read from the very computation the plan is made of: every unit at the plan's micro-batch
 size, one forward and one backward each (the last with the loss), through
 :func:`profiles.measure.measure_piece` as each profiling round after the first times it (profiles/profiler.py:
-no untimed pass before it, no split backward), their sum
+an untimed pass before a short unit alone, no split backward), their sum
 against the profile's unit sum at that size. What is left between the replayed stages and the prediction at
 that speed is what the plan composes: units into stages, stages into a schedule, memory held between them.
 
@@ -14,8 +14,8 @@ it can read the machine faster while every stage runs slower. Nor is the whole m
 stand-in: timed in rounds shared with other micro-batch sizes it need not equal its units added up, which is what
 the plan's prediction is made of.
 
-Timing the units once per step costs a micro-batch through every stage: a quarter as much again on a plan of 4
-micro-batches. On real processes each rank times the units of its
+Timing the units once per step costs a micro-batch through every stage (two for short units): a quarter as much
+again on a plan of 4 micro-batches. On real processes each rank times the units of its
 own stages, alone, in turn (planner/runtime/rank_timing.py): added up over the ranks, the same units. Then
 every rank times them once more at the same moment (:meth:`UnitReference.time_together`): how much the ranks
 slow each other now, which the alone timing cannot see (docs/cost-model.md, "The machine's speed").
@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from profiles.dataflow import Piece, capture_export, capture_hooks
-from profiles.measure import measure_piece
+from profiles.measure import WARM_BELOW_S, measure_piece
 
 __all__ = ["UnitReference", "unit_pieces", "WAKE_S"]
 
@@ -66,8 +66,11 @@ class UnitReference:
         self.pieces, self.device, self.loss_fn, self.target = tuple(pieces), device, loss_fn, target
         self.samples: list[float] = []
         self.together_samples: list[float] = []
+        self.short: list[bool] = [True] * len(self.pieces)
+        """Per piece, whether it is warmed before each timed pass (:data:`WARM_BELOW_S`), as the profile's rounds
+        warm it: known from :meth:`warm_up`."""
 
-    def _measure(self, warmup: int) -> float:
+    def _measure(self, first: bool) -> float:
         total = 0.0
         for i, piece in enumerate(self.pieces):
             last = self.loss_fn is not None and i == len(self.pieces) - 1
@@ -75,28 +78,31 @@ class UnitReference:
                 piece,
                 device=self.device,
                 repeats=1,
-                warmup=warmup,
+                warmup=1 if first or self.short[i] else 0,
                 loss_fn=self.loss_fn if last else None,
                 target=self.target if last else None,
                 track_memory=False,
                 split=False,
-                probe=warmup > 0,
+                probe=first,
             )
+            if first:
+                self.short[i] = m.forward_s + m.backward_s < WARM_BELOW_S
             total += m.forward_s + m.backward_s
         return total
 
     def warm_up(self) -> None:
         """Every unit once untimed and once timed, dropped: the profile's first round warms up alike (its later
-        rounds, like :meth:`time_once`, time each unit once, with no untimed pass before it)."""
-        self._measure(warmup=1)
+        rounds, like :meth:`time_once`, time each unit once, right after an untimed iteration of it where the unit
+        is short)."""
+        self._measure(first=True)
 
     def _timed_pass(self, wake: bool, last_s: float | None) -> float:
         # ``last_s``: the previous sample of the same kind, to tell whether a pass is shorter than WAKE_S
         if wake and (last_s is None or last_s < WAKE_S):
             started = time.perf_counter()
             while time.perf_counter() - started < WAKE_S:
-                self._measure(warmup=0)
-        return self._measure(warmup=0)
+                self._measure(first=False)
+        return self._measure(first=False)
 
     def time_once(self, wake: bool = True) -> float:
         """Every unit's forward+backward once, in seconds, added up; also kept in ``samples``.
@@ -117,7 +123,7 @@ class UnitReference:
 
     def keep_busy(self) -> None:
         """One untimed pass over every unit: company for the ranks still timing theirs."""
-        self._measure(warmup=0)
+        self._measure(first=False)
 
     @property
     def median_s(self) -> float | None:

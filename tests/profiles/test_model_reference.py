@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from profiles.dataflow import Piece
+from profiles.measure import WARM_BELOW_S
 from profiles.model_reference import WAKE_S, UnitReference
 
 
@@ -31,10 +32,10 @@ def _reference(sleep_s: float) -> tuple[UnitReference, _Counted]:
 
 
 def _passes(reference: UnitReference, module: _Counted) -> int:
-    """Forwards in one pass over the units (the harness's probe and the timed one, and what else it runs)."""
+    """Forwards in one pass over the units (an untimed one where the unit is short, the timed one)."""
     reference.warm_up()
     before = module.calls
-    reference._measure(warmup=0)
+    reference._measure(first=False)
     return module.calls - before
 
 
@@ -63,3 +64,11 @@ def test_a_pass_right_after_other_work_needs_no_wake_up() -> None:
     before = module.calls
     reference.time_once(wake=False)
     assert module.calls - before == per_pass
+
+
+def test_a_short_unit_is_timed_after_an_untimed_iteration_and_a_long_one_at_once() -> None:
+    # As the profile's rounds past the first time them (profiles/measure.py, WARM_BELOW_S).
+    short, short_module = _reference(0.0)
+    assert _passes(short, short_module) == 2 and short.short == [True]
+    long, long_module = _reference(WARM_BELOW_S)
+    assert _passes(long, long_module) == 1 and long.short == [False]
