@@ -65,17 +65,22 @@ STAGE_ERROR = re.compile(r"^\s+\d+\s+\d+\s.*\s([+-][0-9.]+)%$", re.MULTILINE)
 VERDICT = re.compile(r"^verdict: the error at the machine's speed, ([+-]?[0-9.]+)%.*?\(as timed ([+-]?[0-9.]+)%", re.M)
 
 
-def _accuracy(steps: list[Step]) -> dict[str, object]:
+def _printed_accuracy(profile: str | None, verify: str | None) -> dict[str, object]:
     """What the main job's profile and verify printed of their accuracy: the unit sum against the whole model per
     micro-batch size, and verify's error at the machine's speed and as timed (empty where a step did not run)."""
     found: dict[str, object] = {}
-    for step in steps:
-        if step.name == "profile gpt2-small":
-            found["unit_sum_error_pct"] = {int(b): float(e) for b, e in UNIT_SUM.findall(step.output)}
-        if step.name == "verify gpt2-small" and (verdict := VERDICT.search(step.output)):
-            found["verify_error_at_speed_pct"] = float(verdict.group(1))
-            found["verify_error_as_timed_pct"] = float(verdict.group(2))
+    if profile is not None:
+        found["unit_sum_error_pct"] = {int(b): float(e) for b, e in UNIT_SUM.findall(profile)}
+    if verify is not None and (verdict := VERDICT.search(verify)):
+        found["verify_error_at_speed_pct"] = float(verdict.group(1))
+        found["verify_error_as_timed_pct"] = float(verdict.group(2))
     return found
+
+
+def _accuracy(steps: list[Step]) -> dict[str, object]:
+    """:func:`_printed_accuracy` of the main job's steps."""
+    output = {step.name: step.output for step in steps}
+    return _printed_accuracy(output.get("profile gpt2-small"), output.get("verify gpt2-small"))
 
 
 def _pipeplan() -> str:
@@ -161,17 +166,11 @@ def _main_job_fresh() -> None:
     rows.append([f"all (exit {exit_code})", f"{total_s:.0f} s"])
     printed = {name: output.splitlines() for name, output in outputs.items()}
     errors = [abs(float(e)) for e in STAGE_ERROR.findall(outputs.get("verify", ""))]
-    verdict = VERDICT.search(outputs.get("verify", ""))
     numbers = {
         "exit_code": exit_code,
         "wall_s": round(total_s, 1),
         **numbers,
-        "unit_sum_error_pct": {int(b): float(e) for b, e in UNIT_SUM.findall(outputs.get("profile", ""))},
-        **(
-            {"verify_error_at_speed_pct": float(verdict.group(1)), "verify_error_as_timed_pct": float(verdict.group(2))}
-            if verdict
-            else {}
-        ),
+        **_printed_accuracy(outputs.get("profile"), outputs.get("verify")),
         **({"stage_memory_within_pct": max(errors)} if errors else {}),
     }
     print(f"main job: exit {exit_code} in {total_s:.0f} s")

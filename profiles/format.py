@@ -247,13 +247,21 @@ class Profile:
     def whole_s(self, size_index: int) -> float:
         return self.whole_model.forward_s[size_index] + self.whole_model.backward_s[size_index]
 
-    def unit_sum_error(self, size_index: int) -> float:
-        """How far the unit sum is from the whole model, as a fraction of it: the median over the profiling rounds
-        of the two timed in the same round, less 1, where recorded (``settings.unit_sum_ratio``: a ratio of times
-        taken together holds while the machine's speed moves); else the medians' ratio, less 1."""
+    def paired_unit_sum_ratio(self, size_index: int) -> float | None:
+        """The median over the profiling rounds of the unit sum over the whole model timed in the same round
+        (``settings.unit_sum_ratio``); None where not recorded."""
         paired = self.settings.get("unit_sum_ratio")
         if isinstance(paired, list) and len(paired) == len(self.micro_batch_sizes):
-            return float(paired[size_index]) - 1.0
+            return float(paired[size_index])
+        return None
+
+    def unit_sum_error(self, size_index: int) -> float:
+        """How far the unit sum is from the whole model, as a fraction of it: the paired ratio less 1, where
+        recorded (:meth:`paired_unit_sum_ratio`: a ratio of times taken together holds while the machine's speed
+        moves); else the medians' ratio, less 1."""
+        paired = self.paired_unit_sum_ratio(size_index)
+        if paired is not None:
+            return paired - 1.0
         whole = self.whole_s(size_index)
         return self.unit_sum_s(size_index) / whole - 1.0 if whole > 0 else 0.0
 

@@ -83,6 +83,11 @@ class SizeRun:
     def units(self) -> int:
         return len(self.cap.pieces)
 
+    @property
+    def whole_apart(self) -> bool:
+        """Whether the whole model is a piece of its own (not a one-unit export, whose unit is the whole model)."""
+        return self.whole_index >= self.units
+
 
 def _size_run(cap: Capture, model: nn.Module, inputs: tuple, target: Any, b: int, dev: torch.device) -> SizeRun:
     n = len(cap.pieces)
@@ -97,7 +102,7 @@ def _whole_in_the_middle(run: SizeRun, flops: Sequence[int]) -> list[int]:
     units, the overhead piece. A speed that drifts steadily through the round then moves the unit sum and the
     whole model alike, and their ratio holds; timed after all the units, the whole model alone takes the drift."""
     n = run.units
-    if run.whole_index < n:  # a one-unit export: the unit is the whole model
+    if not run.whole_apart:
         return list(range(len(run.pieces)))
     half, total, k = 0, sum(flops), 0
     while k < n and 2 * (half + flops[k]) <= total:
@@ -176,7 +181,7 @@ def _time_sizes(
         # The unit sum, which plans are made of, over the whole model in the same round, the check on it
         # (report.py): their ratio holds while the machine's speed moves, which the speed references follow.
         watch=[[range(run.units)] for run in runs],
-        per=[None if run.whole_index < run.units else run.whole_index for run in runs],
+        per=[run.whole_index if run.whole_apart else None for run in runs],
         order=order,
         min_rounds=timing.repeats,
         max_rounds=timing.max_repeats,
@@ -321,6 +326,7 @@ def measure_loaded(
     finally:
         bar.close()
     assert ownership is not None and mode is not None
+    paired = unit_timing is None and all(run.whole_apart for run in runs)
     return Measurements(
         units=tuple(t.medians[: run.units] for run, t in zip(runs, timed, strict=True)),
         flops=tuple(flops),
@@ -338,18 +344,11 @@ def measure_loaded(
         thread_reference_s=thread_reference,
         loss_bytes=tuple(losses),
         unit_timing=unit_timing,
-        unit_sum_ratio=_unit_sum_ratio(runs, timed, 0) if unit_timing is None else None,
-        unit_sum_ratio_error=_unit_sum_ratio(runs, timed, 1) if unit_timing is None else None,
+        # The rounds' watched ratio (_time_sizes), where the units' times are the rounds' and the whole model apart.
+        unit_sum_ratio=tuple(t.watched[0] for t in timed) if paired else None,
+        unit_sum_ratio_error=tuple(t.watched_error[0] for t in timed) if paired else None,
         rounds_s=rounds_s,
     )
-
-
-def _unit_sum_ratio(runs: Sequence[SizeRun], timed: Sequence[Rounds], error: int) -> tuple[float, ...] | None:
-    """Per size, the rounds' median of the unit sum over the whole model (the watched ratio of
-    :func:`_time_sizes`), or with ``error`` its standard error; None where the whole model is the one unit."""
-    if any(run.whole_index < run.units for run in runs):
-        return None
-    return tuple((t.watched_error if error else t.watched)[0] for t in timed)
 
 
 def loss_memory(model: nn.Module, workload: Workload, inputs: tuple[Any, ...], target: Any) -> tuple[int, int]:

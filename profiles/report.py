@@ -46,7 +46,7 @@ def unit_sum_line(profile: Profile, size_index: int) -> str:
     error = profile.unit_sum_error(size_index)
     line = f"b={b}: unit sum {human_seconds(units)} vs whole model {human_seconds(whole)}"
     line += f" ({path}): {error * 100:+.1f}%" if path else f": {error * 100:+.1f}%"
-    if "unit_sum_ratio" in profile.settings and whole > 0:
+    if profile.paired_unit_sum_ratio(size_index) is not None and whole > 0:
         errors, rounds = profile.settings.get("unit_sum_ratio_error"), profile.settings.get("repeats_used")
         known = f", +-{errors[size_index] * 100:.1f}%" if isinstance(errors, list) and len(errors) > size_index else ""
         over = f" over {rounds[size_index]} rounds" if isinstance(rounds, list) and len(rounds) > size_index else ""
