@@ -255,6 +255,7 @@ def each_rank_in_turn(rank: int, world_size: int, tag: str, fn: Callable[[], obj
             store.set(key, "done")
         else:
             store.wait([key])
+    _leave_store(store, rank, world_size, f"in-turn-{tag}")
 
 
 def every_rank_at_once(
@@ -274,6 +275,17 @@ def every_rank_at_once(
     done = [f"pipeplan-at-once-{tag}-done-{r}" for r in range(world_size)]
     while not store.check(done):
         keep_busy()
+    _leave_store(store, rank, world_size, f"at-once-{tag}")
+
+
+def _leave_store(store: Any, rank: int, world_size: int, tag: str) -> None:
+    """Rank 0 leaves last: its process hosts the job's store (a local launch's), and a rank that reads the store
+    after its host has moved on and exited finds it gone (DistNetworkError, "Failed to recv"). Every other rank's
+    last request is the write that says it has left."""
+    if rank == 0:
+        store.wait([f"pipeplan-left-{tag}-{r}" for r in range(1, world_size)])
+    else:
+        store.set(f"pipeplan-left-{tag}-{rank}", "left")
 
 
 def run_ranks(

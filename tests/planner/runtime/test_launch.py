@@ -135,3 +135,25 @@ def test_each_launch_hands_its_ranks_the_callers_environment_and_output_as_they_
     out, err = capfd.readouterr()
     assert sorted(out.splitlines()) == ["hello from rank 0", "hello from rank 1"]
     assert sorted(err.splitlines()) == ["hello on stderr from rank 0", "hello on stderr from rank 1"]
+
+
+def _host_ends_first(rank: int, world_size: int) -> int:
+    """Rank 0, whose process holds the job's store, ends its timed work last and returns at once; rank 1 is
+    still in a long ``keep_busy`` then."""
+    calls = [0]
+
+    def timed() -> None:
+        time.sleep(0.4 if rank == 0 else 0.05)
+
+    def keep_busy() -> None:
+        calls[0] += 1
+        time.sleep(0.6)
+
+    every_rank_at_once(rank, world_size, "host-ends-first", timed, keep_busy)
+    return calls[0]
+
+
+def test_every_rank_at_once_lets_no_rank_find_the_store_gone_when_the_host_ends_first():
+    # Rank 0 hosts the store: had it returned as soon as it saw every rank done, rank 1's next look at the store,
+    # after its keep_busy, would find it gone (DistNetworkError, "Failed to recv").
+    assert run_ranks(_host_ends_first, (), 2, timeout_s=60) == [0, 1]
