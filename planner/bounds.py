@@ -251,7 +251,7 @@ def _solve_programme(rows: list[dict[int, float]], stages: int, columns: int, fo
     import highspy  # here, not at the top: commands that plan nothing start without HiGHS and numpy
     import numpy as np
 
-    from solvers.ilp import quiet_stdout
+    from solvers.quiet import quiet_stdout
 
     step_col = columns - 1
     count = len(rows)

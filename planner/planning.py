@@ -17,7 +17,6 @@ from planner.cluster import Cluster, ClusterResult, MeshSearch, default_cluster,
 from planner.plan import Plan
 from planner.request import ClusterOptions, PlanOptions, PlanRequest, plan_request, profile_sha256
 from planner.search import fewer_ranks_faster, make_plan
-from planner.trainer_rules import check_trainer, for_trainer
 from profiles.format import Profile, load_profile
 
 __all__ = ["Planned", "plan_profile", "request_for", "cluster_devices"]
@@ -38,7 +37,11 @@ def request_for(profile: Profile, search: PlanOptions, *, cluster: bool = False)
     """The search request of ``plan`` and ``tune``: the options' (:func:`~planner.request.plan_request`),
     narrowed to what ``search.trainer`` runs (``--for``)."""
     request = plan_request(profile, search, cluster=cluster)
-    return for_trainer(profile, request, search.trainer) if search.trainer else request
+    if not search.trainer:
+        return request
+    from planner.trainer_rules import for_trainer  # here: the trainers' exporters load only for `--for`
+
+    return for_trainer(profile, request, search.trainer)
 
 
 def plan_profile(
@@ -65,12 +68,18 @@ def plan_profile(
         request = request_for(profile, search)
         plan = make_plan(profile, request, sha256=sha256, record_timing=record_timing)
         if search.trainer:
-            check_trainer(plan, search.trainer, renames)
+            _check_trainer(plan, search.trainer, renames)
         return Planned(plan, fewer_ranks=fewer_ranks_faster(profile, request, plan))
     result = _plan_mesh(profile, search, cluster, sha256=sha256, record_timing=record_timing)
     if search.trainer:
-        check_trainer(result.plan, search.trainer, renames)
+        _check_trainer(result.plan, search.trainer, renames)
     return Planned(result.plan, cluster=result)
+
+
+def _check_trainer(plan: Plan, trainer: str, renames: Sequence[tuple[str, str]]) -> None:
+    from planner.trainer_rules import check_trainer
+
+    check_trainer(plan, trainer, renames)
 
 
 def cluster_devices(profile: Profile, cluster: ClusterOptions, latency_s: float | None) -> Cluster:

@@ -37,7 +37,6 @@ from profiles.format import Profile
 from solvers.baselines import balanced_by_params, balanced_by_time, uniform_by_count
 from solvers.dp import solve_dp
 from solvers.even import balance_ranks, solve_even
-from solvers.ilp import solve_ilp
 from solvers.problem import Moment, PartitionProblem, PartitionSolution, evaluate, stage_cost, stage_moments
 
 __all__ = [
@@ -119,6 +118,8 @@ def _use_ilp(request: PlanRequest) -> bool:
 
 def _solve(problem: PartitionProblem, request: PlanRequest) -> list[PartitionSolution]:
     if _use_ilp(request):
+        from solvers.ilp import solve_ilp  # here, not at the top: pulp is imported only by a plan that asks for the ILP
+
         return [solve_ilp(problem, time_limit_s=request.ilp_time_limit_s)]
     solutions = solve_dp(problem, top_k=request.top_k)
     # The most even partition under the best one's bottleneck (solvers/even.py): same objective bound,

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from solvers.problem import PartitionProblem, PartitionSolution, evaluate, stage_cost
+from solvers.problem import PartitionProblem, PartitionSolution, evaluate, stage_compute_s, stage_cost
 
 __all__ = ["solve_even", "balance_ranks", "MAX_EVEN_WORK"]
 
@@ -50,11 +50,12 @@ def solve_even(problem: PartitionProblem, bottleneck_s: float) -> PartitionSolut
             for i in range(s - 1, j):
                 if best[s - 1][i] == math.inf:
                     continue
-                cost = stage_cost(problem, s - 1, i, j - 1, recompute)
-                if cost.compute_s > limit or not cost.feasible:
+                # Time first: a stage over the bottleneck, or no better than the best so far, needs no memory.
+                compute = stage_compute_s(problem, s - 1, i, j - 1, recompute)
+                if compute > limit:
                     continue
-                value = best[s - 1][i] + cost.compute_s**2
-                if value < best[s][j]:
+                value = best[s - 1][i] + compute**2
+                if value < best[s][j] and stage_cost(problem, s - 1, i, j - 1, recompute).feasible:
                     best[s][j], back[s][j] = value, i
     if best[stages][n] == math.inf:
         return None

@@ -23,13 +23,10 @@ float), after choosing per stage the cheapest recompute flag that fits.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import pulp
@@ -46,26 +43,13 @@ from solvers.problem import (
     stage_moments,
     transient_arrays,
 )
+from solvers.quiet import quiet_stdout
 
 __all__ = ["solve_ilp", "BACKENDS", "quiet_stdout"]
 
 BACKENDS = ("auto", "highs", "cbc")
 
 _Term = pulp.LpVariable | int
-
-
-@contextlib.contextmanager
-def quiet_stdout() -> Iterator[None]:
-    """Silence the banner highspy's C++ core prints on stdout even with msg=False: stdout may carry JSON."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _solver(backend: str, time_limit_s: float) -> tuple[str, pulp.LpSolver]:

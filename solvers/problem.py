@@ -69,6 +69,7 @@ __all__ = [
     "StageCost",
     "evaluate",
     "stage_cost",
+    "stage_compute_s",
     "stage_memory_peak",
     "stage_moments",
     "local_cuts",
@@ -397,12 +398,18 @@ def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: i
     return StageMemory(state - grads + kept, kept, buffers + sends, activations, working)
 
 
-def stage_cost(problem: PartitionProblem, stage: int, first: int, last: int, recompute: bool) -> StageCost:
-    """Cost of stage ``stage`` holding units ``first..last`` (inclusive)."""
+def stage_compute_s(problem: PartitionProblem, stage: int, first: int, last: int, recompute: bool) -> float:
+    """Compute of stage ``stage`` holding units ``first..last`` per micro-batch: :func:`stage_cost`'s, without
+    its memory (a solver that can rule a stage out by its time alone asks this first)."""
     fwd = math.fsum(problem.forward_s[first : last + 1])
     bwd = math.fsum(problem.backward_s[first : last + 1])
     speed = problem.speed[stage] if problem.speed else 1.0
-    compute = (fwd + bwd + (fwd if recompute else 0.0)) / speed
+    return (fwd + bwd + (fwd if recompute else 0.0)) / speed
+
+
+def stage_cost(problem: PartitionProblem, stage: int, first: int, last: int, recompute: bool) -> StageCost:
+    """Cost of stage ``stage`` holding units ``first..last`` (inclusive)."""
+    compute = stage_compute_s(problem, stage, first, last, recompute)
     comm = 0.0 if first == 0 else _at(problem.cut_forward_s, first - 1) + _at(problem.cut_backward_s, first - 1)
     memory = stage_memory_peak(problem, stage, first, last, recompute).total_bytes
     capacity = problem.capacity_bytes[stage] if problem.capacity_bytes else math.inf

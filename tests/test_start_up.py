@@ -53,3 +53,19 @@ def test_version_answers_without_the_planner() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
     assert done.stdout.startswith("pipeplan ")
+
+
+def test_a_plan_without_the_ilp_or_a_trainer_loads_neither(tmp_path: Path) -> None:
+    # pulp is the ILP's modeller (the search's floors call HiGHS directly), the exporters are `--for`'s: a plan that
+    # asks for neither pays for neither at start-up.
+    profile = tmp_path / "p.profile.json"
+    profile.write_text(json.dumps(transformer_profile("gpt2", layers=6).to_dict()))
+    argv = ["plan", str(profile), "--ranks", "4", "--global-batch", "16", "--out", str(tmp_path / "p.plan.json")]
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+        f"from cli import main\nassert main({argv!r}) == 0\n"
+        "print(sorted(m for m in ('pulp', 'planner.trainer_rules', 'highspy') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "['highspy']"
