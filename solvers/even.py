@@ -112,11 +112,15 @@ class _BoundaryMoves:
         n, stages = problem.num_units, problem.num_stages
         self.problem, self.recompute, self.n, self.stages = problem, start.recompute, n, stages
         self.ranks = max(stage_rank) + 1
-        self.known: dict[tuple[int, int, int], float | None] = {}
+        self.known: dict[tuple[int, int, int], float] = {}
+        self.fitting: dict[tuple[int, int, int], bool] = {}
         self.bounds = list(start.boundaries)
         ends = (*self.bounds[1:], n)
         self.stage_s = np.array(
-            [self.compute_s(s, a, b) for s, (a, b) in enumerate(zip(self.bounds, ends, strict=True))]
+            [
+                self.compute_s(s, a, b) if self.fits(s, a, b) else math.nan
+                for s, (a, b) in enumerate(zip(self.bounds, ends, strict=True))
+            ]
         )
         self.a_stage = np.repeat(np.arange(stages - 1), 2)
         self.b_stage = self.a_stage + 1
@@ -129,15 +133,21 @@ class _BoundaryMoves:
             self.look_up(k)
 
     def compute_s(self, s: int, a: int, b: int) -> float:
-        """Stage ``s`` holding units ``a..b-1``: its compute, or NaN where it is empty or does not fit."""
+        """Stage ``s`` holding units ``a..b-1``: its compute, or NaN where it is empty (whether it fits is
+        :meth:`fits`'s, asked only of the moves :meth:`best` would take)."""
         if not 0 <= a < b <= self.n:
             return math.nan
         key = (s, a, b)
         if key not in self.known:
-            cost = stage_cost(self.problem, s, a, b - 1, self.recompute[s])
-            self.known[key] = cost.compute_s if cost.feasible else None
-        value = self.known[key]
-        return math.nan if value is None else value
+            self.known[key] = stage_compute_s(self.problem, s, a, b - 1, self.recompute[s])
+        return self.known[key]
+
+    def fits(self, s: int, a: int, b: int) -> bool:
+        """Whether stage ``s`` holding units ``a..b-1`` fits in its memory."""
+        key = (s, a, b)
+        if key not in self.fitting:
+            self.fitting[key] = stage_cost(self.problem, s, a, b - 1, self.recompute[s]).feasible
+        return self.fitting[key]
 
     def look_up(self, k: int) -> None:
         """The two moves of boundary ``k``: the compute of the stages on either side after each."""
@@ -152,8 +162,22 @@ class _BoundaryMoves:
             self.new_right[m] = self.compute_s(k, b, end) if bounds[k - 1] < b < end else math.nan
 
     def best(self) -> int | None:
-        """The move of steepest descent on (busiest rank, sum of squared loads), the first such in boundary order;
-        None where no move lowers it."""
+        """The move of steepest descent on (busiest rank, sum of squared loads), the first such in boundary order,
+        among the moves whose two stages fit; None where no move lowers it."""
+        while True:
+            m = self._steepest()
+            if m is None:
+                return None
+            # Memory is asked of the move found, and one that does not fit is struck out: the steepest of those
+            # left is then the steepest of the moves that fit, as if each had been asked first.
+            k = m // 2 + 1
+            b = self.bounds[k] + (1 if m % 2 else -1)
+            end = self.bounds[k + 1] if k + 1 < self.stages else self.n
+            if self.fits(k - 1, self.bounds[k - 1], b) and self.fits(k, b, end):
+                return m
+            self.new_left[m] = self.new_right[m] = math.nan
+
+    def _steepest(self) -> int | None:
         ra, rb, stage_s = self.ra, self.rb, self.stage_s
         # Sums in stage order, as a loop would (bincount adds its weights in order).
         per_rank = np.bincount(self.rank_of, weights=stage_s, minlength=self.ranks)
