@@ -45,7 +45,7 @@ from solvers.problem import (
 )
 from solvers.quiet import quiet_stdout
 
-__all__ = ["solve_ilp", "BACKENDS", "quiet_stdout"]
+__all__ = ["solve_ilp", "BACKENDS"]
 
 BACKENDS = ("auto", "highs", "cbc")
 
