@@ -149,12 +149,21 @@ class _BoundaryMoves:
             self.fitting[key] = stage_cost(self.problem, s, a, b - 1, self.recompute[s]).feasible
         return self.fitting[key]
 
+    def _moved(self, m: int) -> tuple[int, int]:
+        """Move ``m``'s boundary ``k`` and where it puts it."""
+        k = m // 2 + 1
+        return k, self.bounds[k] + (1 if m % 2 else -1)
+
+    def _end(self, k: int) -> int:
+        """Where the stage that boundary ``k`` starts ends (exclusive)."""
+        return self.bounds[k + 1] if k + 1 < self.stages else self.n
+
     def look_up(self, k: int) -> None:
         """The two moves of boundary ``k``: the compute of the stages on either side after each."""
         bounds = self.bounds
         if not 1 <= k < self.stages:
             return
-        end = bounds[k + 1] if k + 1 < self.stages else self.n
+        end = self._end(k)
         for j, step in enumerate((-1, 1)):
             b = bounds[k] + step
             m = 2 * (k - 1) + j
@@ -170,10 +179,8 @@ class _BoundaryMoves:
                 return None
             # Memory is asked of the move found, and one that does not fit is struck out: the steepest of those
             # left is then the steepest of the moves that fit, as if each had been asked first.
-            k = m // 2 + 1
-            b = self.bounds[k] + (1 if m % 2 else -1)
-            end = self.bounds[k + 1] if k + 1 < self.stages else self.n
-            if self.fits(k - 1, self.bounds[k - 1], b) and self.fits(k, b, end):
+            k, b = self._moved(m)
+            if self.fits(k - 1, self.bounds[k - 1], b) and self.fits(k, b, self._end(k)):
                 return m
             self.new_left[m] = self.new_right[m] = math.nan
 
@@ -211,8 +218,8 @@ class _BoundaryMoves:
 
     def take(self, m: int) -> None:
         """Make move ``m`` and look up again the moves it changed."""
-        k = m // 2 + 1
-        self.bounds[k] += 1 if m % 2 else -1
+        k, b = self._moved(m)
+        self.bounds[k] = b
         self.stage_s[k - 1], self.stage_s[k] = self.new_left[m], self.new_right[m]
         for j in (k - 1, k, k + 1):
             self.look_up(j)
