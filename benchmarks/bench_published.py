@@ -274,13 +274,14 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
     except PipeplanError as exc:
         return replace(base, note=str(exc)[:120])
     iteration = plan.predicted.iteration_s
-    peak_bytes = max(m.peak_bytes for m in memory)
+    ranks = memory
+    peak_bytes = max(r.peak_bytes for r in ranks)
     mfu = model_flops(shape) * gbs / (iteration * pp * tp * dp * peak) if peak else None
     return replace(
         base,
         iteration_s=iteration,
         memory_gib=peak_bytes / 2**30,
-        fits=all(m.fits for m in memory),
+        fits=all(r.fits for r in ranks),
         mfu_predicted=mfu,
         note="; ".join(notes),
     )

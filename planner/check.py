@@ -17,7 +17,7 @@ from planner.cluster import Layout
 from planner.errors import PipeplanError, UsageError, shorten
 from planner.export import export_plan
 from planner.formatting import format_table, human_bytes, human_seconds
-from planner.given_plan import GivenLayout, StageMemory, given_mesh_plan, given_plan
+from planner.given_plan import GivenLayout, RankMemory, given_mesh_plan, given_plan
 from planner.plan import Plan
 from planner.planning import cluster_devices, plan_profile
 from planner.request import ClusterOptions, PlanOptions, plan_request, profile_sha256
@@ -27,20 +27,6 @@ from planner.trainer_configs.layout import TrainerLayout
 from profiles.format import Profile, load_profile
 
 __all__ = ["CheckOptions", "CheckResult", "RankMemory", "check_config", "format_check"]
-
-
-@dataclass(frozen=True)
-class RankMemory:
-    """A pipeline rank's predicted peak (its stages together) against its usable memory (less headroom)."""
-
-    rank: int
-    peak_bytes: float
-    capacity_bytes: float
-    fits: bool
-
-    @property
-    def over_bytes(self) -> float:
-        return max(0.0, self.peak_bytes - self.capacity_bytes)
 
 
 @dataclass(frozen=True)
@@ -66,21 +52,6 @@ class CheckResult:
         if self.best is None:
             return None
         return self.plan.predicted.iteration_s / self.best.predicted.iteration_s
-
-
-def _ranks(memory: tuple[StageMemory, ...]) -> tuple[RankMemory, ...]:
-    ranks: dict[int, list[StageMemory]] = {}
-    for stage in memory:
-        ranks.setdefault(stage.rank, []).append(stage)
-    return tuple(
-        RankMemory(
-            r,
-            sum(s.peak_bytes for s in held),
-            sum(s.capacity_bytes for s in held),
-            all(s.fits for s in held),
-        )
-        for r, held in sorted(ranks.items())
-    )
 
 
 def _search_options(layout: TrainerLayout, options: CheckOptions, **changes: object) -> PlanOptions:
@@ -120,7 +91,7 @@ def layout_as_plan(
     if not layout.is_mesh:
         request = plan_request(profile, search)
         plan, memory = given_plan(profile, request, given, sha256=sha256)
-        return plan, _ranks(memory)
+        return plan, memory
     request = plan_request(profile, search, cluster=True)
     cluster = cluster_devices(profile, _cluster_options(layout, options), options.link_latency_s)
     mesh_layout = Layout(layout.num_ranks, layout.data_parallel, layout.placement, layout.tensor_parallel)
@@ -136,7 +107,7 @@ def layout_as_plan(
         vocab_parallel=vocab and layout.tensor_parallel > 1,
         sha256=sha256,
     )
-    return plan, _ranks(memory)
+    return plan, memory
 
 
 def check_config(

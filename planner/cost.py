@@ -129,6 +129,11 @@ class DataParallel:
     1): each unit resharded after its forward and its gradients reduce-scattered after its backward, the next
     unit's gather prefetched behind this one's compute. False: as a pipeline stage holds it (torch's
     ``PipelineStage`` keeps its stage gathered all step and reduces once)."""
+    gathered_all_step: bool = False
+    """Full sharding under a pipeline as the trainers run it (torchtitan's ``reshard_after_forward=False`` when
+    pp > 1, Meta's Llama 3 stack): a stage's weights gathered once, at the step's first forward, and kept; its
+    gradients reduce-scattered once, after its last backward. False: gathered for every micro-batch's forward
+    and backward (:func:`_with_gathers`)."""
 
     @property
     def reshards_per_unit(self) -> bool:
@@ -422,7 +427,7 @@ def _with_gathers(
     runtime's, which keeps a stage gathered all step: :func:`_state_parts`.)
     """
     dp = settings.data_parallel
-    if dp is None or dp.shard != "full" or dp.replicas == 1:
+    if dp is None or dp.shard != "full" or dp.replicas == 1 or dp.gathered_all_step:
         return costs.forward_s, costs.backward_s
     weights, grads, _ = bytes_per_param(profile.device.dtype, settings.optimizer)
     gather = [dp.gather_s(n * weights) for n in costs.param_count]

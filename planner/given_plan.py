@@ -2,9 +2,9 @@
 exactly as the search assembles the partition it chose, so that it and a searched plan of the same stages
 predict the same to the byte; for one pipeline or a ``pp x tp x dp`` mesh.
 
-Memory does not refuse the layout here: the prediction is made whatever the devices hold, and each stage's
-peak is held against its rank's capacity apart (:func:`stage_fits`), so that a layout that does not fit is
-still predicted, and said to be over by how much.
+Memory does not refuse the layout here: the prediction is made whatever the devices hold, and each rank's
+peak is held against its capacity apart (:class:`RankMemory`), so that a layout that does not fit is still
+predicted, and said to be over by how much.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from planner.errors import UsageError, shorten
 from planner.plan import Plan, SolverInfo
 from planner.prediction import partition_peak_memory, partition_pipeline, partition_runtime_terms
 from planner.request import PlanRequest
-from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank, virtual_stages
+from planner.schedule.orders import Schedule, check_microbatches, rank_orders, stage_to_rank, virtual_stages
 from planner.schedule.simulate import in_flight_per_stage, simulate
 from planner.search import OBJECTIVE, baselines_for, recompute_choices
 from profiles.format import Profile
-from solvers.problem import PartitionSolution, evaluate, stage_cost
+from solvers.problem import Moment, PartitionProblem, PartitionSolution, StageMemory, evaluate, stage_memory_peak
 
-__all__ = ["GivenLayout", "StageMemory", "given_plan", "given_mesh_plan"]
+__all__ = ["GivenLayout", "RankMemory", "given_plan", "given_mesh_plan"]
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,9 @@ class GivenLayout:
 
 
 @dataclass(frozen=True)
-class StageMemory:
-    """A stage's predicted peak against what its rank has for it (the rank's usable memory over its stages)."""
+class RankMemory:
+    """A pipeline rank's predicted peak (its stages together) against its usable memory (less headroom)."""
 
-    stage: int
     rank: int
     peak_bytes: float
     capacity_bytes: float
@@ -56,6 +55,64 @@ class StageMemory:
     @property
     def fits(self) -> bool:
         return self.peak_bytes <= self.capacity_bytes
+
+    @property
+    def over_bytes(self) -> float:
+        return max(0.0, self.peak_bytes - self.capacity_bytes)
+
+
+def _rank_memory(
+    problem: PartitionProblem,
+    boundaries: tuple[int, ...],
+    recompute: tuple[bool, ...],
+    schedule: Schedule,
+    num_ranks: int,
+    stage_rank: tuple[int, ...],
+) -> tuple[RankMemory, ...]:
+    """Each rank's peak, its stages together (the device is one pool).
+
+    A rank of one stage peaks as that stage does (:func:`~solvers.problem.stage_memory_peak`). A rank of several
+    (interleaved schedules) is walked through its actions: each stage's state and buffers are held all step, each
+    micro-batch forwarded and not yet back holds its stage's activations, and the acting stage adds its working
+    memory; the peak is the largest sum at the start of a backward. Summing each stage's own peak instead would
+    count every stage at its fullest at once, which an interleaved rank never is.
+    """
+    ends = (*boundaries[1:], problem.num_units)
+    spans = list(zip(boundaries, ends, strict=True))
+    capacity = [0.0] * num_ranks
+    for s, r in enumerate(stage_rank):
+        capacity[r] += problem.capacity_bytes[s] if problem.capacity_bytes else math.inf
+    stages_of = [[s for s, r in enumerate(stage_rank) if r == rank] for rank in range(num_ranks)]
+    if all(len(held) == 1 for held in stages_of):
+        return tuple(
+            RankMemory(r, stage_memory_peak(problem, s, first, end - 1, recompute[s]).total_bytes, capacity[r])
+            for r, [s] in enumerate(stages_of)
+            for first, end in [spans[s]]
+        )
+
+    def at(waiting: int, s: int) -> StageMemory:
+        one = replace(problem, moments=tuple((Moment(waiting),) for _ in spans))
+        return stage_memory_peak(one, s, spans[s][0], spans[s][1] - 1, recompute[s])
+
+    held, static, acting = [], [], []
+    for s in range(len(spans)):
+        one, two = at(1, s), at(2, s)
+        held.append(two.activations_bytes - one.activations_bytes)
+        static.append(one.state_bytes + one.buffers_bytes)
+        acting.append(one.activations_bytes - held[-1] + one.transient_bytes)
+    orders = rank_orders(schedule, len(spans), problem.num_microbatches, num_ranks)
+    ranks = []
+    for r, order in enumerate(orders):
+        waiting = dict.fromkeys(stages_of[r], 0)
+        peak = 0.0
+        for step in order:
+            if step.kind == "F":
+                waiting[step.stage] += 1
+            elif step.kind in "BI":
+                peak = max(peak, sum(n * held[s] for s, n in waiting.items()) + acting[step.stage])
+                waiting[step.stage] -= 1
+        ranks.append(RankMemory(r, sum(static[s] for s in stages_of[r]) + peak, capacity[r]))
+    return tuple(ranks)
 
 
 def _boundaries(profile: Profile, stages: Sequence[Sequence[str]]) -> tuple[int, ...]:
@@ -74,8 +131,8 @@ def _boundaries(profile: Profile, stages: Sequence[Sequence[str]]) -> tuple[int,
 
 def given_plan(
     profile: Profile, request: PlanRequest, layout: GivenLayout, *, sha256: str | None
-) -> tuple[Plan, tuple[StageMemory, ...]]:
-    """``layout`` as a plan of ``request.num_ranks`` ranks, and each stage's memory against its capacity.
+) -> tuple[Plan, tuple[RankMemory, ...]]:
+    """``layout`` as a plan of ``request.num_ranks`` ranks, and each rank's memory against its capacity.
 
     The steps are the search's for one partition (planner/search.py ``_search``): the partition problem of the
     schedule, the runtime terms, the simulation, then :func:`~planner.assemble.build_plan`.
@@ -106,12 +163,7 @@ def given_plan(
         schedule=layout.schedule,
     )
     problem = replace(problem, recompute_unit_wise=layout.recompute_unit_wise)
-    memory = []
-    ends = (*boundaries[1:], problem.num_units)
-    for s, (first, end) in enumerate(zip(boundaries, ends, strict=True)):
-        peak = stage_cost(problem, s, first, end - 1, layout.recompute[s]).memory_bytes
-        capacity = problem.capacity_bytes[s] if problem.capacity_bytes else math.inf
-        memory.append(StageMemory(s, stage_rank[s], peak, capacity))
+    memory = _rank_memory(problem, boundaries, layout.recompute, layout.schedule, p, stage_rank)
     # Predicted whatever it holds: the capacities apart, the partition is the search's.
     unbounded = replace(problem, capacity_bytes=())
     objective, bottleneck = evaluate(unbounded, boundaries, layout.recompute)
@@ -129,7 +181,7 @@ def given_plan(
         baselines=tuple(baselines_for(profile, candidate, request)),
         sha256=sha256,
     )
-    return plan, tuple(memory)
+    return plan, memory
 
 
 def given_mesh_plan(
@@ -143,13 +195,14 @@ def given_mesh_plan(
     vocab_parallel: bool,
     sha256: str | None,
     trainer_collectives: bool = False,
-) -> tuple[Plan, tuple[StageMemory, ...]]:
+) -> tuple[Plan, tuple[RankMemory, ...]]:
     """``given`` as each replica's pipeline of a ``pp x tp x dp`` ``layout`` on ``cluster`` (``request`` for the
     whole step), costed as the cluster search costs that layout.
 
     ``trainer_collectives``: the replicas' collectives as the trainers run them rather than as pipeplan's runtime
     does: full sharding without a pipeline (pp = 1) resharded and prefetched unit by unit
-    (:attr:`~planner.cost.DataParallel.per_unit`), and a ring that leaves a node crossing it on every NIC the
+    (:attr:`~planner.cost.DataParallel.per_unit`), under one gathered once a step
+    (:attr:`~planner.cost.DataParallel.gathered_all_step`), and a ring that leaves a node crossing it on every NIC the
     ring's devices there have (NCCL runs a ring a channel, each channel on its own NIC), not on one.
     """
     sharded = sharded_for(profile, cluster, layout.tp, sequence_parallel, vocab_parallel)
@@ -160,7 +213,10 @@ def given_mesh_plan(
         apart = layout.tp * (1 if layout.placement == "replicas-in-node" else layout.pp)
         per_node = max(1, min(layout.dp, cluster.devices_per_node // apart))
         ring = min(cluster.intra_node_bytes_per_s, dp.bytes_per_s * per_node)
-        settings = replace(settings, data_parallel=replace(dp, bytes_per_s=ring, per_unit=layout.pp == 1))
+        settings = replace(
+            settings,
+            data_parallel=replace(dp, bytes_per_s=ring, per_unit=layout.pp == 1, gathered_all_step=layout.pp > 1),
+        )
     replica = replace(
         request, num_ranks=layout.pp, global_batch_size=request.global_batch_size // layout.dp, settings=settings
     )

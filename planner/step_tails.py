@@ -16,10 +16,12 @@ __all__ = ["step_tails", "tail_groups"]
 def _gradient_sync_s(dp: DataParallel | None, weight_bytes: float, grad_bytes: float) -> float:
     """A rank's gradient synchronisation over its replicas after its last backward: DDP all-reduces
     the gradients; ZeRO-1 reduce-scatters them and all-gathers the updated weights (the same volume);
-    FSDP has reduce-scattered them after every backward already (``planner.cost._with_gathers``)."""
-    if dp is None or dp.shard == "full":
+    FSDP has reduce-scattered them after every backward already (``planner.cost._with_gathers``), unless it
+    keeps the stage gathered all step (``gathered_all_step``): then the step gathers the weights once and
+    reduce-scatters the gradients once, ZeRO-1's volume."""
+    if dp is None or (dp.shard == "full" and not dp.gathered_all_step):
         return 0.0
-    if dp.shard == "optimizer":
+    if dp.shard != "none":
         return dp.gather_s(grad_bytes) + dp.gather_s(weight_bytes)
     return dp.allreduce_s(grad_bytes)
 

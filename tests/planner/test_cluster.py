@@ -12,7 +12,7 @@ import pytest
 from cli import main
 from cli_checks import assert_fails
 from planner.cluster import Cluster, Layout, MeshSearch, layouts, plan_cluster
-from planner.cost import CostSettings, DataParallel, unit_costs
+from planner.cost import CostSettings, DataParallel, bytes_per_param, unit_costs
 from planner.errors import PlanFormatError, UsageError
 from planner.plan import load_plan, plan_from_dict, save_plan
 from planner.request import PlanRequest
@@ -90,6 +90,26 @@ def test_sharding_divides_the_state_a_stage_keeps() -> None:
     zero1 = make_plan(profile, replace(request, settings=CostSettings(data_parallel=dp)), sha256=SHA).stages[0]
     assert (zero1.memory_bytes.params, zero1.memory_bytes.grads) == (plain.params, plain.grads)
     assert zero1.memory_bytes.optimizer == plain.optimizer // 4
+
+
+def test_fsdp_gathered_once_a_step_costs_zero1s_sync_and_no_gathers_a_micro_batch() -> None:
+    # torchtitan under a pipeline (reshard_after_forward=False): the stage's weights are gathered once and its
+    # gradients reduce-scattered once, so the step pays ZeRO-1's volume once, whatever the micro-batch count.
+    profile = make_profile([1.0, 1.0], param_counts=[10**6, 10**6])
+    request = PlanRequest(num_ranks=2, global_batch_size=8)
+    full = DataParallel(replicas=4, bytes_per_s=1e9, latency_s=0.0, shard="full")
+
+    def predicted(dp: DataParallel):
+        return make_plan(profile, replace(request, settings=CostSettings(data_parallel=dp)), sha256=SHA).predicted
+
+    once, zero1 = predicted(replace(full, gathered_all_step=True)), predicted(replace(full, shard="optimizer"))
+    assert once.runtime.step_tail_s == pytest.approx(zero1.runtime.step_tail_s)
+    assert once.busy_s == pytest.approx(zero1.busy_s)
+    per_param = bytes_per_param(profile.device.dtype, "adam")
+    weights, grads = 10**6 * per_param[0], 10**6 * per_param[1]  # one unit's a rank
+    assert once.runtime.step_tail_s[0] == pytest.approx(full.gather_s(weights) + full.gather_s(grads))
+    every = predicted(full)  # each micro-batch gathers before its forward and backward, reduce-scatters after
+    assert sum(every.busy_s) > sum(once.busy_s) + 8 * 2 * (2 * full.gather_s(weights) + full.gather_s(grads)) * 0.99
 
 
 def _exhaustive(
