@@ -49,7 +49,7 @@ from planner.cost import CostSettings  # noqa: E402
 from planner.errors import PipeplanError  # noqa: E402
 from planner.fileio import write_json_atomic  # noqa: E402
 from planner.given_plan import GivenLayout, given_mesh_plan  # noqa: E402
-from planner.request import PlanRequest  # noqa: E402
+from planner.request import PlanRequest, calibration_settings  # noqa: E402
 from planner.schedule.orders import Schedule  # noqa: E402
 from profiles.device_model import DEVICE_MODELS, DeviceModel, device_model  # noqa: E402
 from profiles.modelled import TransformerShape, model_flops, modelled_profile  # noqa: E402
@@ -256,7 +256,11 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
     request = PlanRequest(
         num_ranks=pp,
         global_batch_size=gbs,
-        settings=CostSettings(link_bytes_per_s=device.inter_node_bytes_per_s, link_latency_s=device.link_latency_s),
+        settings=CostSettings(
+            link_bytes_per_s=device.inter_node_bytes_per_s,
+            link_latency_s=device.link_latency_s,
+            **calibration_settings("auto", "cuda", profile),  # type: ignore[arg-type]
+        ),
     )
     layout = Layout(pp=pp, dp=dp, placement="replicas-in-node", tp=tp)
     try:

@@ -405,6 +405,8 @@ def plan_request(profile: Profile, options: PlanOptions, *, cluster: bool = Fals
 
 LEARNED_LABEL = "learned while profiling"
 """The calibration label of a profile's own ``pipeline_calibration``."""
+MODELLED_LABEL = "modelled from the device model"
+"""The label of a modelled profile's (``pipeplan profile --device-model``)."""
 
 
 def calibration_settings(calibration: str, device_kind: str, profile: Profile | None = None) -> dict[str, object]:
@@ -415,7 +417,8 @@ def calibration_settings(calibration: str, device_kind: str, profile: Profile | 
     if calibration == "auto":
         learned = profile.pipeline_calibration if profile is not None else None
         if learned is not None:
-            return {"calibration": calibration_from_dict(learned), "calibration_label": LEARNED_LABEL}
+            label = MODELLED_LABEL if profile is not None and "modelled" in profile.settings else LEARNED_LABEL
+            return {"calibration": calibration_from_dict(learned), "calibration_label": label}
         return {"calibration": shipped_calibration(device_kind), "calibration_label": "shipped"}
     return {"calibration": load_calibration(calibration), "calibration_label": str(calibration)}
 

@@ -223,8 +223,9 @@ class Profile:
     """Optional: profiles made before it lack it (the memory model then leaves the target and the kept losses out)."""
     pipeline_calibration: dict[str, Any] | None = field(default=None, hash=False, compare=False)
     """Optional: the calibration learned from a short run of this model as a 2-rank 1F1B pipeline right after
-    it was profiled (``pipeplan profile`` on a CPU; planner/runtime/model_cost.py); ``plan`` uses it by
-    default. A calibration document (docs/calibration-format.md), read by the planner."""
+    it was profiled (``pipeplan profile`` on a CPU; planner/runtime/model_cost.py), or the device model's
+    (``--device-model``: profiles/modelled.py); ``plan`` uses it by default. A calibration document
+    (docs/calibration-format.md), read by the planner."""
 
     @property
     def num_units(self) -> int:

@@ -24,6 +24,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ __all__ = [
     "shape_from_hf_config",
     "modelled_profile",
     "model_flops",
+    "modelled_calibration",
 ]
 
 RECOMPUTE_MODES = ("none", "selective", "op")
@@ -442,7 +444,30 @@ def modelled_profile(
             "seq_len": shape.seq_len,
             "whole_model_path": "unit sum (modelled)",
         },
+        pipeline_calibration=modelled_calibration(device),
     )
+
+
+# Bytes an optimizer step moves per parameter in mixed precision: Adam reads the fp32 gradient, master weight,
+# m and v and writes the last three and the 16-bit weight (4 x 4 + 3 x 4 + 2); SGD with momentum reads the
+# gradient, weight and momentum and writes the last two and the 16-bit weight.
+OPTIMIZER_BYTES_PER_PARAM = {"adam": 30, "sgd": 22}
+
+
+def modelled_calibration(device: DeviceModel) -> dict[str, Any]:
+    """The runtime terms of ``device`` as a ``pipeplan.calibration`` document: the shipped CUDA estimate's
+    per-action cost, and an optimizer step as fast as the device's HBM moves its bytes (fused kernels: one
+    launch per parameter group, not per tensor)."""
+    text = resources.files("planner").joinpath("calibrations", "cuda-nccl.json").read_text()
+    calibration = json.loads(text)
+    bandwidth = device.memory_bytes_per_s * device.memory_efficiency
+    for name, moved in OPTIMIZER_BYTES_PER_PARAM.items():
+        calibration["optimizer"][name] = {"per_param_s": moved / bandwidth, "per_step_s": 10 * device.kernel_s}
+    calibration["notes"] = {
+        "how": f"modelled for {device.name}: the shipped CUDA estimate's per-action cost; the optimizer step "
+        "from the device's HBM bandwidth (profiles/modelled.py OPTIMIZER_BYTES_PER_PARAM)"
+    }
+    return calibration
 
 
 def _tensors(shape: TransformerShape, sizes: tuple[int, ...]) -> tuple[TensorFlow, ...]:

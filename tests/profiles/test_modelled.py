@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from planner.errors import UsageError
+from planner.request import MODELLED_LABEL, calibration_settings
 from profiles.device_model import DEVICE_MODELS, device_model
 from profiles.format import load_profile
 from profiles.modelled import TransformerShape, model_flops, modelled_profile, shape_from_hf_config
@@ -126,3 +127,16 @@ def test_the_cli_models_a_profile_without_torch(tmp_path: Path) -> None:
         [sys.executable, "-c", script, *args[:3], "h1000", *args[4:]], cwd=ROOT, capture_output=True, text=True
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown device model 'h1000'" in bad.stderr
+
+
+def test_the_optimizer_step_moves_its_bytes_at_the_devices_bandwidth() -> None:
+    # A modelled profile carries its device's runtime terms, which `plan` takes by default: an Adam step over N
+    # parameters is 30 N bytes through HBM, so a GPU of twice the bandwidth steps twice as fast.
+    slow = modelled_profile(GPT, A100, (1,))
+    fast = modelled_profile(GPT, replace(A100, memory_bytes_per_s=2 * A100.memory_bytes_per_s), (1,))
+    costs = [calibration_settings("auto", "cuda", p) for p in (slow, fast)]
+    assert costs[0]["calibration_label"] == MODELLED_LABEL
+    step = [c["calibration"].optimizer_s("adam", 10**9, 100) for c in costs]  # type: ignore[union-attr]
+    per_step = 10 * A100.kernel_s
+    assert step[0] - per_step == pytest.approx(30e9 / (A100.memory_bytes_per_s * A100.memory_efficiency))
+    assert (step[0] - per_step) == pytest.approx(2 * (step[1] - per_step))
