@@ -19,6 +19,11 @@ per table: the GPU's constants are the device model's (a GPU not built in is rea
   unstated: on with tensor parallelism;
 - ``selective`` recomputation is the runtime's: torch's op-level checkpointing under torchtitan, the attention core
   (Korthikanti et al.) elsewhere; flash attention from 2023 on (the row's or the framework's year), not before;
+- Megatron, NeMo and Megatron-Bridge run Transformer Engine's layers (SwiGLU fused; in fp8, the products' inputs
+  kept in fp8) under Megatron's schedules, which keep no receive buffers; torchtitan runs torch's layers under
+  ``torch.distributed.pipelining``;
+- a row fits when each rank's predicted peak is within the device's memory (a published run shows what ran: the
+  planner's 10 % headroom is for choosing, not for judging);
 - context parallelism is not modelled: such rows are reported, not predicted.
 
 Per table: Spearman's rank correlation of predicted and measured iteration time within each comparable group (the
@@ -198,6 +203,7 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
     dp, tp, pp = (int(row.get(k) or 1) for k in ("dp", "tp", "pp"))
     framework = str(table.get("framework") or "")
     torchtitan = framework.lower().startswith("torchtitan")
+    megatron = bool(re.search(r"megatron|nemo", framework, re.IGNORECASE))
     schedule_name = row.get("schedule") or ("interleaved-1f1b" if (row.get("vp") or 1) > 1 else "1f1b")
     schedule = Schedule.parse(schedule_name)
     vp = int(row.get("vp") or (2 if schedule is Schedule.INTERLEAVED_1F1B else 1))
@@ -236,7 +242,15 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
     num_stages = pp * vp
     if per_replica % mbs or shape.layers < num_stages:
         return replace(base, note=f"{per_replica} samples a replica in micro-batches of {mbs}: not a whole number")
-    profile = modelled_profile(shape, device, (int(mbs),), precision=precision, recompute=within, flash_attention=flash)
+    profile = modelled_profile(
+        shape,
+        device,
+        (int(mbs),),
+        precision=precision,
+        recompute=within,
+        flash_attention=flash,
+        transformer_engine=megatron,
+    )
     given = GivenLayout(
         stages=_stages(shape, [u.name for u in profile.units], num_stages),
         schedule=schedule,
@@ -244,6 +258,7 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
         num_microbatches=per_replica // int(mbs),
         recompute=(recompute == "full",) * num_stages,
         recompute_unit_wise=True,
+        receive_buffers=not megatron,
     )
     cluster = Cluster(
         pp * tp * dp,
@@ -259,6 +274,7 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
         settings=CostSettings(
             link_bytes_per_s=device.inter_node_bytes_per_s,
             link_latency_s=device.link_latency_s,
+            headroom_fraction=0.0,
             **calibration_settings("auto", "cuda", profile),  # type: ignore[arg-type]
         ),
     )

@@ -85,7 +85,12 @@ def layout_as_plan(
 ) -> tuple[Plan, tuple[RankMemory, ...]]:
     """The trainer's layout as a plan on its devices, and each pipeline rank's memory."""
     given = GivenLayout(
-        layout.stages, layout.schedule, layout.micro_batch_size, layout.num_microbatches, layout.recompute
+        layout.stages,
+        layout.schedule,
+        layout.micro_batch_size,
+        layout.num_microbatches,
+        layout.recompute,
+        receive_buffers=layout.trainer != "megatron",
     )
     search = _search_options(layout, options)
     if not layout.is_mesh:

@@ -42,6 +42,11 @@ class GivenLayout:
     recompute_unit_wise: bool = False
     """A recomputing stage checkpoints each unit on its own (Megatron's and torchtitan's full recomputation, a
     layer at a time), not the stage as a whole as pipeplan's runtime does."""
+    receive_buffers: bool = True
+    """The runtime keeps a receive buffer a micro-batch for the stage's input and its output's gradient, as
+    ``torch.distributed.pipelining`` does (pipeplan's runtime, torchtitan). False: Megatron's schedules, which
+    receive into fresh tensors, the input held as the stage's first saved activation, the gradient freed by its
+    backward."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +168,8 @@ def given_plan(
         schedule=layout.schedule,
     )
     problem = replace(problem, recompute_unit_wise=layout.recompute_unit_wise)
-    memory = _rank_memory(problem, boundaries, layout.recompute, layout.schedule, p, stage_rank)
+    held = problem if layout.receive_buffers else replace(problem, buffer_microbatches=0)
+    memory = _rank_memory(held, boundaries, layout.recompute, layout.schedule, p, stage_rank)
     # Predicted whatever it holds: the capacities apart, the partition is the search's.
     unbounded = replace(problem, capacity_bytes=())
     objective, bottleneck = evaluate(unbounded, boundaries, layout.recompute)

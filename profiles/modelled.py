@@ -180,10 +180,26 @@ class _Unit:
 class _Builder:
     """The operations of each unit at one micro-batch size."""
 
-    def __init__(self, shape: TransformerShape, micro_batch: int, precision: str, flash: bool, recompute: str):
+    def __init__(
+        self,
+        shape: TransformerShape,
+        micro_batch: int,
+        precision: str,
+        flash: bool,
+        recompute: str,
+        transformer_engine: bool = False,
+    ):
         self.shape, self.b, self.flash, self.recompute = shape, micro_batch, flash, recompute
         self.fp8 = precision == "fp8"
+        self.transformer_engine = transformer_engine
         self.tokens = micro_batch * shape.seq_len
+
+    def fp8_saving(self) -> float:
+        """Bytes a layer saves less when its products keep their inputs in fp8 (one byte, not two), as Transformer
+        Engine's do: the two norms' outputs, the attention core's output and the MLP's last input."""
+        if not (self.fp8 and self.transformer_engine):
+            return 0.0
+        return self.tokens * (3 * self.shape.hidden + self.shape.ffn_hidden)
 
     def matmul(self, unit: _Unit, n: int, k: int, *, saved_output: bool = False) -> float:
         """``tokens x k`` by ``k x n``: forward, input gradient (I) and weight gradient (W); returns the bytes of
@@ -248,7 +264,7 @@ def _gpt_block(builder: _Builder, name: str) -> _Unit:
     builder.elementwise(unit, act, reads=2, writes=2)
     # Korthikanti et al., Sec. 4.1: 11 s b h + 5 a s^2 b (attention), 19 s b h (MLP), 4 s b h (LayerNorms).
     base = 2 * act * 2 + 2 * act * 2 + 2 * act + act + 2 * act + 2 * tokens * f * 2 + act + 4 * act
-    unit.saved_bytes = base + _kept_core(builder, unit, kept, core)
+    unit.saved_bytes = base - builder.fp8_saving() + _kept_core(builder, unit, kept, core)
     unit.output_bytes = 2 * act
     unit.transient_bytes = 2 * 2 * act + 2 * 2.0 * tokens * f
     return unit
@@ -279,7 +295,10 @@ def _llama_block(builder: _Builder, name: str) -> _Unit:
         products = [op for op in unit.forward if op.kind == "matmul"]
         unit.backward_input += [op for op in unit.forward if op.kind == "memory"] + products[1::2]
     else:
-        unit.saved_bytes = 2.0 * tokens * (4 * h + 2 * h + 2 * kv + 4 * f) + _kept_core(builder, unit, kept, core)
+        # Transformer Engine's SwiGLU is one fused kernel keeping its input (gate and up), not SiLU's output too.
+        swiglu = 3 if builder.transformer_engine else 4
+        saved = 2.0 * tokens * (4 * h + 2 * h + 2 * kv + swiglu * f) - builder.fp8_saving()
+        unit.saved_bytes = saved + _kept_core(builder, unit, kept, core)
     unit.output_bytes = 2 * act
     unit.transient_bytes = 2 * 2 * act + 3 * 2.0 * tokens * f
     return unit
@@ -369,9 +388,12 @@ def modelled_profile(
     precision: str = "bf16",
     recompute: str = "none",
     flash_attention: bool | None = None,
+    transformer_engine: bool = False,
 ) -> Profile:
     """``shape`` profiled on ``device`` by its roofline (module docstring): a profile like a measured one, marked
-    ``settings.modelled``."""
+    ``settings.modelled``. ``transformer_engine``: the layers are Transformer Engine's, as Megatron and NeMo run
+    them: SwiGLU fused (its input kept, not SiLU's output too) and, in fp8, the products' inputs kept in fp8
+    (torch's ``Float8Linear`` keeps them in 16 bits)."""
     if precision not in PRECISIONS:
         raise UsageError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if recompute not in RECOMPUTE_MODES:
@@ -384,7 +406,7 @@ def modelled_profile(
         raise UsageError("micro-batch sizes must be positive")
     flash = device.flash_attention if flash_attention is None else flash_attention and device.flash_attention
     sizes = tuple(sorted(set(micro_batch_sizes)))
-    per_size = [_units(shape, _Builder(shape, b, precision, flash, recompute)) for b in sizes]
+    per_size = [_units(shape, _Builder(shape, b, precision, flash, recompute, transformer_engine)) for b in sizes]
 
     def per(k: int, value: Any) -> tuple[Any, ...]:
         return tuple(value(units[k]) for units in per_size)
@@ -438,6 +460,7 @@ def modelled_profile(
                 "precision": precision,
                 "recompute_within": recompute,
                 "flash_attention": flash,
+                "transformer_engine": transformer_engine,
             },
             "attention_heads": shape.heads,
             "kv_heads": shape.kv_heads,

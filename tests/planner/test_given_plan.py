@@ -40,3 +40,24 @@ def test_a_rank_of_one_stage_peaks_as_its_stage() -> None:
     # 1F1B: stage s holds p - s micro-batches.
     peaks = _rank_peaks_mib(Schedule.ONE_F_ONE_B, 4, 1, 8)
     assert peaks == pytest.approx([4.0, 3.0, 2.0, 1.0], abs=0.01)
+
+
+def test_megatrons_schedules_keep_no_receive_buffers() -> None:
+    # torch.distributed.pipelining keeps a receive buffer a micro-batch for a stage's input and its output's
+    # gradient; Megatron receives into fresh tensors (the input is the first unit's saved activation).
+    cut, microbatches = 3 * MIB, 8
+    profile = make_profile([1.0] * 4, param_counts=[1] * 4, saved_bytes=[MIB] * 4, activation_bytes=cut)
+    request = plan_request(profile, PlanOptions(ranks=4, global_batch=microbatches))
+    stages = tuple((u.name,) for u in profile.units)
+    kept, fresh = (
+        given_plan(
+            profile,
+            request,
+            GivenLayout(stages, Schedule.ONE_F_ONE_B, 1, microbatches, (False,) * 4, receive_buffers=buffers),
+            sha256=None,
+        )[1]
+        for buffers in (True, False)
+    )
+    # A middle rank's buffers: its input and its output's gradient, one of each a micro-batch.
+    assert kept[1].peak_bytes - fresh[1].peak_bytes == pytest.approx(microbatches * 2 * cut, rel=1e-6)
+    assert all(f.peak_bytes < k.peak_bytes for k, f in zip(kept, fresh, strict=True))

@@ -140,3 +140,21 @@ def test_the_optimizer_step_moves_its_bytes_at_the_devices_bandwidth() -> None:
     per_step = 10 * A100.kernel_s
     assert step[0] - per_step == pytest.approx(30e9 / (A100.memory_bytes_per_s * A100.memory_efficiency))
     assert (step[0] - per_step) == pytest.approx(2 * (step[1] - per_step))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_transformer_engine_layers_keep_less(precision: str) -> None:
+    # A llama block keeps its norms' inputs and outputs, q, k, v, the core's output and SwiGLU's four s b f
+    # tensors in 16 bits; Transformer Engine's fused SwiGLU keeps its input only (three), and in fp8 its products
+    # keep their inputs (both norms' outputs, the core's output, the MLP's last input) in one byte.
+    h100 = DEVICE_MODELS["h100-80gb"]
+    b, s, h, f = 1, LLAMA.seq_len, LLAMA.hidden, LLAMA.ffn_hidden
+    kv = LLAMA.kv_heads * LLAMA.head_dim
+    torch_layers = modelled_profile(LLAMA, h100, (b,), precision=precision).units[1]
+    te_layers = modelled_profile(LLAMA, h100, (b,), precision=precision, transformer_engine=True).units[1]
+    assert torch_layers.name == te_layers.name == "model.layers.0"
+    lse = 4 * b * LLAMA.heads * s
+    assert torch_layers.saved_bytes[0] == 2 * s * b * (6 * h + 2 * kv + 4 * f) + lse
+    fp8 = s * b * (3 * h + f) if precision == "fp8" else 0
+    assert te_layers.saved_bytes[0] == 2 * s * b * (6 * h + 2 * kv + 3 * f) - fp8 + lse
+    assert te_layers.forward_s == torch_layers.forward_s
