@@ -34,6 +34,7 @@ A moment counts, for one stage at the start of one backward action (B, I or W, i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 
 from planner.schedule.orders import Schedule, rank_orders
@@ -82,9 +83,51 @@ def _pareto(moments: set[MemoryMoment]) -> tuple[MemoryMoment, ...]:
     for m in sorted(moments, key=fullness, reverse=True):
         if not any(o.covers(m) for o in kept):
             kept.append(m)
+    groups: dict[tuple[bool, str], list[MemoryMoment]] = {}
+    for m in kept:
+        groups.setdefault((m.grads, m.kind), []).append(m)
     return tuple(
-        sorted(kept, key=lambda m: (m.waiting, m.split, m.grads, m.kind, m.sent_grads, m.sent_outputs, m.done))
+        sorted(
+            (m for group in groups.values() for m in _hull(group)),
+            key=lambda m: (m.waiting, m.split, m.grads, m.kind, m.sent_grads, m.sent_outputs, m.done),
+        )
     )
+
+
+def _counts(m: MemoryMoment) -> tuple[int, int, int, int, int]:
+    return (m.waiting, m.split, m.sent_grads, m.sent_outputs, m.done)
+
+
+def _between(p: MemoryMoment, a: MemoryMoment, b: MemoryMoment) -> bool:
+    """Whether some ``lam`` in [0, 1] makes ``lam a + (1 - lam) b`` hold at least ``p``'s every count (exact,
+    in fractions: the counts are integers)."""
+    low, high = Fraction(0), Fraction(1)
+    for x, y, z in zip(_counts(p), _counts(a), _counts(b), strict=True):
+        # x <= z + lam (y - z)
+        if y > z:
+            low = max(low, Fraction(x - z, y - z))
+        elif y < z:
+            high = min(high, Fraction(z - x, z - y))
+        elif x > y:
+            return False
+    return low <= high
+
+
+def _hull(group: list[MemoryMoment]) -> list[MemoryMoment]:
+    """The moments of one action kind and gradient state that a mix of two others does not cover.
+
+    A stage's memory at a moment is a sum of its counts, each times bytes that do not depend on the moment
+    (solvers/problem.py ``stage_memory_peak``), so the largest over the moments is never at one that is covered
+    by a convex combination of others: under an interleaved schedule the moments lie on a line (one more
+    micro-batch waiting, one fewer send held) and only its ends can peak. A monotone chain in the order of the
+    counts: each moment drops the last ones kept while they lie between it and the one before them.
+    """
+    kept: list[MemoryMoment] = []
+    for m in sorted(group, key=_counts):
+        while len(kept) >= 2 and _between(kept[-1], kept[-2], m):
+            kept.pop()
+        kept.append(m)
+    return kept
 
 
 @lru_cache(maxsize=64)
