@@ -55,7 +55,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-from planner.schedule.orders import Schedule, Step, rank_orders
+from planner.schedule.orders import Schedule, Step, kept_rank_orders
 
 __all__ = ["UnitWork", "candidate_floor_s", "partition_floor_s", "order_floor_s"]
 
@@ -182,7 +182,7 @@ def _order_programme(
 ) -> float:
     """The programme of fact 4 for work 1 (forwards ``forward_share`` of it): its optimum, or 0 when HiGHS
     finds none (no floor). Cached: a cluster search meets the same (schedule, P, S, M, shares) per placement."""
-    rows, columns = _order_rows(rank_orders(schedule, stages, m, ranks), stages, m, low, high)
+    rows, columns = _order_rows(kept_rank_orders(schedule, stages, m, ranks), stages, m, low, high)
     return _solve_programme(rows, stages, columns, forward_share)
 
 

@@ -16,7 +16,7 @@ from planner.calibration import Calibration, ring_s
 from planner.errors import UsageError
 from planner.graph import build_graph, cut_bytes, cut_grad_bytes
 from planner.schedule.memory import memory_moments
-from planner.schedule.orders import Schedule, rank_orders
+from planner.schedule.orders import Schedule, kept_rank_orders
 from profiles.format import Profile, UnitProfile
 from solvers.problem import Moment, PartitionProblem, stage_memory_peak
 
@@ -442,7 +442,7 @@ def _with_gathers(
     return forward, backward
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=1024)
 def schedule_moments(
     schedule: Schedule, num_stages: int, num_microbatches: int, num_ranks: int
 ) -> tuple[tuple[Moment, ...], ...]:
@@ -474,14 +474,14 @@ def schedule_moments(
     return tuple(out)
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=1024)
 def _every_backward_split(schedule: Schedule, num_stages: int, num_microbatches: int, num_ranks: int) -> bool:
     """Whether every backward of ``schedule`` is an I and a W (zero-bubble, ZBV; DualPipeV runs most as B): then a
     relayed tensor's gradient passes through its relaying stage as the buffer it came in (``torch.autograd.grad``
     returns a copy's gradient unchanged), where a full backward accumulates a copy of it into ``.grad``."""
     if not schedule.splits_backward:
         return False
-    orders = rank_orders(schedule, num_stages, num_microbatches, num_ranks)
+    orders = kept_rank_orders(schedule, num_stages, num_microbatches, num_ranks)
     return not any(step.kind == "B" for order in orders for step in order)
 
 

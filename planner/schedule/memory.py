@@ -34,10 +34,9 @@ A moment counts, for one stage at the start of one backward action (B, I or W, i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
 from functools import lru_cache
 
-from planner.schedule.orders import Schedule, rank_orders
+from planner.schedule.orders import Schedule, kept_rank_orders
 
 __all__ = ["MemoryMoment", "memory_moments"]
 
@@ -79,18 +78,17 @@ def _pareto(moments: set[MemoryMoment]) -> tuple[MemoryMoment, ...]:
             m.sent_grads,
         )
 
+    # A convex mix first (cheap, and it leaves few), then single moments across gradient states.
+    groups: dict[tuple[bool, str], list[MemoryMoment]] = {}
+    for m in moments:
+        groups.setdefault((m.grads, m.kind), []).append(m)
+    candidates = [m for group in groups.values() for m in _hull(group)]
     kept: list[MemoryMoment] = []
-    for m in sorted(moments, key=fullness, reverse=True):
+    for m in sorted(candidates, key=fullness, reverse=True):
         if not any(o.covers(m) for o in kept):
             kept.append(m)
-    groups: dict[tuple[bool, str], list[MemoryMoment]] = {}
-    for m in kept:
-        groups.setdefault((m.grads, m.kind), []).append(m)
     return tuple(
-        sorted(
-            (m for group in groups.values() for m in _hull(group)),
-            key=lambda m: (m.waiting, m.split, m.grads, m.kind, m.sent_grads, m.sent_outputs, m.done),
-        )
+        sorted(kept, key=lambda m: (m.waiting, m.split, m.grads, m.kind, m.sent_grads, m.sent_outputs, m.done))
     )
 
 
@@ -99,18 +97,24 @@ def _counts(m: MemoryMoment) -> tuple[int, int, int, int, int]:
 
 
 def _between(p: MemoryMoment, a: MemoryMoment, b: MemoryMoment) -> bool:
-    """Whether some ``lam`` in [0, 1] makes ``lam a + (1 - lam) b`` hold at least ``p``'s every count (exact,
-    in fractions: the counts are integers)."""
-    low, high = Fraction(0), Fraction(1)
+    """Whether some ``lam`` in [0, 1] makes ``lam a + (1 - lam) b`` hold at least ``p``'s every count: each count
+    bounds ``lam`` from below or above, and the bounds must meet (compared cross-multiplied: the counts are
+    integers)."""
+    lows: list[tuple[int, int]] = []  # lam >= num / den
+    highs: list[tuple[int, int]] = []  # lam <= num / den
     for x, y, z in zip(_counts(p), _counts(a), _counts(b), strict=True):
         # x <= z + lam (y - z)
         if y > z:
-            low = max(low, Fraction(x - z, y - z))
+            if x > y:
+                return False
+            lows.append((x - z, y - z))
         elif y < z:
-            high = min(high, Fraction(z - x, z - y))
+            if x > z:
+                return False
+            highs.append((z - x, z - y))
         elif x > y:
             return False
-    return low <= high
+    return all(ln * hd <= hn * ld for ln, ld in lows for hn, hd in highs)
 
 
 def _hull(group: list[MemoryMoment]) -> list[MemoryMoment]:
@@ -130,7 +134,7 @@ def _hull(group: list[MemoryMoment]) -> list[MemoryMoment]:
     return kept
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=1024)
 def memory_moments(
     sched: Schedule, num_stages: int, num_microbatches: int, num_ranks: int
 ) -> tuple[tuple[MemoryMoment, ...], ...]:
@@ -140,7 +144,7 @@ def memory_moments(
     done = [0] * num_stages
     grads = [False] * num_stages
     found: list[set[MemoryMoment]] = [set() for _ in range(num_stages)]
-    for order in rank_orders(sched, num_stages, num_microbatches, num_ranks):
+    for order in kept_rank_orders(sched, num_stages, num_microbatches, num_ranks):
         for step in order:
             s = step.stage
             if step.kind == "F":

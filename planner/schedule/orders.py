@@ -39,6 +39,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import lru_cache
 
 from planner.errors import ScheduleError, UsageError
 
@@ -47,6 +48,7 @@ __all__ = [
     "Step",
     "TORCH_SCHEDULE_CLASS",
     "rank_orders",
+    "kept_rank_orders",
     "stage_to_rank",
     "min_microbatches",
     "check_microbatches",
@@ -252,6 +254,15 @@ def check_microbatches(sched: Schedule, num_ranks: int, virtual_stages: int, num
                 f"schedule {sched.value} needs micro-batches divisible by max(1, M // ranks) = {rounds} "
                 f"(micro-batches: {m}, ranks: {num_ranks}); nearby valid counts: {ok}"
             )
+
+
+@lru_cache(maxsize=32)
+def kept_rank_orders(
+    schedule: Schedule, num_stages: int, num_microbatches: int, num_ranks: int
+) -> tuple[tuple[Step, ...], ...]:
+    """:func:`rank_orders`, kept and read-only: a plan search reads one schedule's orders for a stage's memory
+    moments, its order floor and every simulation of its partitions (up to 65,536 steps each)."""
+    return tuple(tuple(order) for order in rank_orders(schedule, num_stages, num_microbatches, num_ranks))
 
 
 def rank_orders(

@@ -47,7 +47,7 @@ from planner.schedule.orders import (
     check_microbatches,
     default_ranks,
     format_orders,
-    rank_orders,
+    kept_rank_orders,
     ranks_of_stages,
     virtual_stages,
 )
@@ -461,7 +461,7 @@ def _rank_orders(
 ) -> tuple[tuple[Step, ...], ...]:
     """:func:`rank_orders`, kept: a plan search simulates each (schedule, stages, M, ranks) for every partition
     it scores (up to 65,536 steps each time); the orders depend on nothing else, and are read, never changed."""
-    orders = tuple(tuple(order) for order in rank_orders(sched, num_stages, num_microbatches, num_ranks))
+    orders = kept_rank_orders(sched, num_stages, num_microbatches, num_ranks)
     # _run indexes end times by stage * M + micro-batch: an order outside 0..M-1 would alias another action.
     if any(not 0 <= step.microbatch < num_microbatches for order in orders for step in order):
         raise ScheduleDeadlockError(
