@@ -96,13 +96,13 @@ def _counts(m: MemoryMoment) -> tuple[int, int, int, int, int]:
     return (m.waiting, m.split, m.sent_grads, m.sent_outputs, m.done)
 
 
-def _between(p: MemoryMoment, a: MemoryMoment, b: MemoryMoment) -> bool:
-    """Whether some ``lam`` in [0, 1] makes ``lam a + (1 - lam) b`` hold at least ``p``'s every count: each count
-    bounds ``lam`` from below or above, and the bounds must meet (compared cross-multiplied: the counts are
-    integers)."""
+def _between(p: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether some ``lam`` in [0, 1] makes ``lam a + (1 - lam) b`` at least ``p`` in every count (moments'
+    :func:`_counts`): each count bounds ``lam`` from below or above, and the bounds must meet (compared
+    cross-multiplied: the counts are integers)."""
     lows: list[tuple[int, int]] = []  # lam >= num / den
     highs: list[tuple[int, int]] = []  # lam <= num / den
-    for x, y, z in zip(_counts(p), _counts(a), _counts(b), strict=True):
+    for x, y, z in zip(p, a, b, strict=True):
         # x <= z + lam (y - z)
         if y > z:
             if x > y:
@@ -126,12 +126,12 @@ def _hull(group: list[MemoryMoment]) -> list[MemoryMoment]:
     micro-batch waiting, one fewer send held) and only its ends can peak. A monotone chain in the order of the
     counts: each moment drops the last ones kept while they lie between it and the one before them.
     """
-    kept: list[MemoryMoment] = []
-    for m in sorted(group, key=_counts):
-        while len(kept) >= 2 and _between(kept[-1], kept[-2], m):
+    kept: list[tuple[tuple[int, ...], MemoryMoment]] = []
+    for counts, m in sorted(((_counts(m), m) for m in group), key=lambda pair: pair[0]):
+        while len(kept) >= 2 and _between(kept[-1][0], kept[-2][0], counts):
             kept.pop()
-        kept.append(m)
-    return kept
+        kept.append((counts, m))
+    return [m for _, m in kept]
 
 
 @lru_cache(maxsize=1024)
@@ -144,13 +144,16 @@ def memory_moments(
     done = [0] * num_stages
     grads = [False] * num_stages
     found: list[set[MemoryMoment]] = [set() for _ in range(num_stages)]
+    multi_stage = sched.multi_stage
     for order in kept_rank_orders(sched, num_stages, num_microbatches, num_ranks):
         for step in order:
             s = step.stage
             if step.kind == "F":
                 waiting[s] += 1
                 continue
-            sent_grads, sent_outputs = _held_by_sends(sched, done[s], split[s], s, num_stages, num_microbatches)
+            sent_grads, sent_outputs = _held_by_sends(
+                sched, multi_stage, done[s], split[s], s, num_stages, num_microbatches
+            )
             # Only the last stage holds losses: elsewhere ``done`` would only keep moments the others cover.
             finished = done[s] if s == num_stages - 1 else 0
             found[s].add(MemoryMoment(waiting[s], split[s], grads[s], step.kind, sent_grads, sent_outputs, finished))
@@ -169,11 +172,12 @@ def memory_moments(
 
 
 def _held_by_sends(
-    sched: Schedule, done: int, split: int, stage: int, num_stages: int, num_microbatches: int
+    sched: Schedule, multi_stage: bool, done: int, split: int, stage: int, num_stages: int, num_microbatches: int
 ) -> tuple[int, int]:
     """``(input gradients, outputs)`` of finished micro-batches that a send still holds at the start of a backward
-    action, ``done`` backward actions (B or W) finished before it (module docstring)."""
-    if sched.multi_stage:
+    action, ``done`` backward actions (B or W) finished before it (module docstring); ``multi_stage``:
+    ``sched.multi_stage``, asked once by the caller."""
+    if multi_stage:
         return done + split, done
     if sched is Schedule.ONE_F_ONE_B:
         warmup = min(num_microbatches, num_stages - stage)
