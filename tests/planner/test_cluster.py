@@ -11,7 +11,7 @@ import pytest
 
 from cli import main
 from cli_checks import assert_fails
-from planner.cluster import Cluster, Layout, MeshSearch, layouts, plan_cluster
+from planner.cluster import Cluster, Layout, MeshSearch, layouts, plan_cluster, sharded_for
 from planner.cost import CostSettings, DataParallel, bytes_per_param, unit_costs
 from planner.errors import PlanFormatError, UsageError
 from planner.plan import load_plan, plan_from_dict, save_plan
@@ -90,6 +90,20 @@ def test_sharding_divides_the_state_a_stage_keeps() -> None:
     zero1 = make_plan(profile, replace(request, settings=CostSettings(data_parallel=dp)), sha256=SHA).stages[0]
     assert (zero1.memory_bytes.params, zero1.memory_bytes.grads) == (plain.params, plain.grads)
     assert zero1.memory_bytes.optimizer == plain.optimizer // 4
+
+
+def test_a_tensor_parallel_group_wider_than_a_node_rings_on_the_nodes_nics() -> None:
+    # 16 devices over two nodes of 8, one 100 Gb/s NIC a node (1.5625 GB/s a device): the ring's slowest hop
+    # crosses between the nodes on the node's NIC, 12.5 GB/s, as a one-node group on a 12.5 GB/s link would.
+    profile = transformer_profile("gpt2", layers=4, sizes=(1, 2), heads=16)
+    two_nodes = Cluster(16, 8, 150e9, 1.5625e9, 1e-5)
+    one_slow_node = Cluster(16, 16, 12.5e9, 1.5625e9, 1e-5)
+    fast_node = Cluster(16, 16, 150e9, 1.5625e9, 1e-5)
+    across, slow, fast = (sharded_for(profile, c, 16, True, True) for c in (two_nodes, one_slow_node, fast_node))
+    assert [u.forward_s for u in across.units] == [u.forward_s for u in slow.units]
+    assert sum(u.forward_s[0] for u in across.units) > sum(u.forward_s[0] for u in fast.units)
+    # Inside a node nothing changes.
+    assert sharded_for(profile, two_nodes, 8, True, True) == sharded_for(profile, fast_node, 8, True, True)
 
 
 def test_fsdp_gathered_once_a_step_costs_zero1s_sync_and_no_gathers_a_micro_batch() -> None:
