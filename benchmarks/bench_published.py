@@ -3,7 +3,7 @@ runs, as published, through a device-model profile (docs/cost-model.md, "Device 
 
     python benchmarks/bench_published.py ../shared/published/tables.normalized.json
     python benchmarks/bench_published.py TABLES.json --out DIR     # also DIR/result.json
-    python benchmarks/bench_published.py TABLES.json --best        # and pipeplan's own plan per table
+    python benchmarks/bench_published.py TABLES.json --best        # and pipeplan's own plan per model (minutes)
 
 The tables are in one schema (``../shared/published/README.md``): each row's model shape, GPU, mesh (dp, tp, pp,
 vp, cp), micro and global batch, schedule, recomputation and ZeRO stage, and what was measured. Each row becomes a
@@ -54,7 +54,8 @@ from planner.cost import CostSettings  # noqa: E402
 from planner.errors import PipeplanError  # noqa: E402
 from planner.fileio import write_json_atomic  # noqa: E402
 from planner.given_plan import GivenLayout, given_mesh_plan  # noqa: E402
-from planner.request import PlanRequest, calibration_settings  # noqa: E402
+from planner.planning import plan_profile  # noqa: E402
+from planner.request import ClusterOptions, PlanOptions, PlanRequest, calibration_settings  # noqa: E402
 from planner.schedule.orders import Schedule  # noqa: E402
 from profiles.device_model import DEVICE_MODELS, DeviceModel, device_model  # noqa: E402
 from profiles.modelled import TransformerShape, model_flops, modelled_profile  # noqa: E402
@@ -189,6 +190,57 @@ def measured_iteration_s(row: dict[str, Any], shape: TransformerShape, peak: flo
     return None
 
 
+@dataclass(frozen=True)
+class _Workload:
+    """What a row runs, by the rules of the module docstring: the model on its GPU, in its precision, with its
+    recomputation within a layer, in its framework's layers."""
+
+    shape: TransformerShape
+    device: DeviceModel
+    precision: str
+    within: str
+    flash: bool
+    megatron: bool
+    torchtitan: bool
+    shard: str
+
+    def profile(self, micro_batch_sizes: tuple[int, ...]) -> Any:
+        return modelled_profile(
+            self.shape,
+            self.device,
+            micro_batch_sizes,
+            precision=self.precision,
+            recompute=self.within,
+            flash_attention=self.flash,
+            transformer_engine=self.megatron,
+        )
+
+    def settings(self, profile: Any) -> CostSettings:
+        return CostSettings(
+            link_bytes_per_s=self.device.inter_node_bytes_per_s,
+            link_latency_s=self.device.link_latency_s,
+            headroom_fraction=0.0,
+            **calibration_settings("auto", "cuda", profile),  # type: ignore[arg-type]
+        )
+
+
+def _workload(table: dict[str, Any], row: dict[str, Any], shape: TransformerShape) -> _Workload:
+    device = device_for(table["hardware"])
+    framework = str(table.get("framework") or "")
+    torchtitan = framework.lower().startswith("torchtitan")
+    megatron = bool(re.search(r"megatron|nemo", framework, re.IGNORECASE))
+    recompute = row.get("recompute") or "none"
+    within = (
+        "none" if recompute in ("none", "full") else ("op" if torchtitan and shape.arch == "llama" else "selective")
+    )
+    year = _year(row, table)
+    precision = "fp8" if table.get("precision") == "fp8" and device.fp8_speedup > 1 else "bf16"
+    shard = {0: "none", 1: "optimizer", 2: "optimizer", 3: "full"}.get(row.get("zero"), "optimizer")  # type: ignore[arg-type]
+    return _Workload(
+        shape, device, precision, within, year is None or year >= FLASH_FROM_YEAR, megatron, torchtitan, shard
+    )
+
+
 def predict_row(table: dict[str, Any], index: int) -> RowResult:
     """One published row, configured as published, predicted."""
     row = table["rows"][index]
@@ -201,9 +253,8 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
     if published_mfu is None and measured.get("tflops_per_gpu") and peak:
         published_mfu = measured["tflops_per_gpu"] * 1e12 / peak
     dp, tp, pp = (int(row.get(k) or 1) for k in ("dp", "tp", "pp"))
-    framework = str(table.get("framework") or "")
-    torchtitan = framework.lower().startswith("torchtitan")
-    megatron = bool(re.search(r"megatron|nemo", framework, re.IGNORECASE))
+    work = _workload(table, row, shape)
+    torchtitan, megatron = work.torchtitan, work.megatron
     schedule_name = row.get("schedule") or ("interleaved-1f1b" if (row.get("vp") or 1) > 1 else "1f1b")
     schedule = Schedule.parse(schedule_name)
     vp = int(row.get("vp") or (2 if schedule is Schedule.INTERLEAVED_1F1B else 1))
@@ -229,28 +280,12 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
     if (row.get("cp") or 1) > 1:
         return replace(base, note="context parallelism is not modelled")
     recompute = row.get("recompute") or "none"
-    within = (
-        "none" if recompute in ("none", "full") else ("op" if torchtitan and shape.arch == "llama" else "selective")
-    )
-    year = _year(row, table)
-    flash = year is None or year >= FLASH_FROM_YEAR
-    precision = "fp8" if table.get("precision") == "fp8" and device.fp8_speedup > 1 else "bf16"
-    zero = row.get("zero")
-    shard = {0: "none", 1: "optimizer", 2: "optimizer", 3: "full"}.get(zero, "optimizer")  # type: ignore[arg-type]
     sequence_parallel = row.get("sequence_parallel")
     sequence_parallel = tp > 1 if sequence_parallel is None else bool(sequence_parallel)
     num_stages = pp * vp
     if per_replica % mbs or shape.layers < num_stages:
         return replace(base, note=f"{per_replica} samples a replica in micro-batches of {mbs}: not a whole number")
-    profile = modelled_profile(
-        shape,
-        device,
-        (int(mbs),),
-        precision=precision,
-        recompute=within,
-        flash_attention=flash,
-        transformer_engine=megatron,
-    )
+    profile = work.profile((int(mbs),))
     given = GivenLayout(
         stages=_stages(shape, [u.name for u in profile.units], num_stages),
         schedule=schedule,
@@ -266,18 +301,9 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
         device.intra_node_bytes_per_s,
         device.inter_node_bytes_per_s,
         device.link_latency_s,
-        shard,
+        work.shard,
     )
-    request = PlanRequest(
-        num_ranks=pp,
-        global_batch_size=gbs,
-        settings=CostSettings(
-            link_bytes_per_s=device.inter_node_bytes_per_s,
-            link_latency_s=device.link_latency_s,
-            headroom_fraction=0.0,
-            **calibration_settings("auto", "cuda", profile),  # type: ignore[arg-type]
-        ),
-    )
+    request = PlanRequest(num_ranks=pp, global_batch_size=gbs, settings=work.settings(profile))
     layout = Layout(pp=pp, dp=dp, placement="replicas-in-node", tp=tp)
     try:
         plan, memory = given_mesh_plan(
@@ -305,6 +331,63 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
         mfu_predicted=mfu,
         note="; ".join(notes),
     )
+
+
+BEST_MAX_DEVICES = 1024
+"""``--best`` searches clusters up to this size (a search of thousands of devices takes minutes on a laptop)."""
+
+
+def _layout_text(plan: Any) -> str:
+    mesh = plan.mesh
+    pp, tp, dp = (mesh.pp, mesh.tp, mesh.dp) if mesh else (plan.num_ranks, 1, 1)
+    v = f" v{plan.virtual_stages}" if plan.virtual_stages > 1 else ""
+    again = sum(s.recompute for s in plan.stages)
+    return f"{pp}x{tp}x{dp}{v} b{plan.micro_batch_size} {plan.schedule.value}, {again} of {len(plan.stages)} recompute"
+
+
+def best_plans(table: dict[str, Any], rows: list[RowResult]) -> list[dict[str, Any]]:
+    """Per model: pipeplan's own plan for the cluster and batch of the best published row (the most samples a
+    GPU-second, as measured), searched over pp x tp x dp, schedules, micro-batches and recomputation on the same
+    modelled profile, against that row as predicted. ``speedup`` above 1: pipeplan's plan is predicted faster."""
+    found = []
+    for model in dict.fromkeys(r.model for r in rows):
+        timed = [r for r in rows if r.model == model and r.iteration_s and r.measured_iteration_s]
+        if not timed:
+            continue
+
+        def per_gpu_s(r: RowResult) -> float:
+            row = table["rows"][r.index]
+            return r.measured_iteration_s * row["gpus"] / row["gbs"]  # type: ignore[operator]
+
+        best = min(timed, key=per_gpu_s)
+        row = table["rows"][best.index]
+        entry: dict[str, Any] = {"model": model, "published": best.as_dict(), "pipeplan": None, "speedup": None}
+        found.append(entry)
+        if row["gpus"] > BEST_MAX_DEVICES:
+            entry["note"] = f"not searched: {row['gpus']} devices (--best searches up to {BEST_MAX_DEVICES:,})"
+            continue
+        shape, _ = shape_for(model, table["models"][model])
+        work = _workload(table, row, shape)
+        profile = work.profile((1, 2, 4))
+        device = work.device
+        search = PlanOptions(global_batch=int(row["gbs"]))
+        cluster = ClusterOptions(
+            devices=int(row["gpus"]),
+            devices_per_node=device.devices_per_node,
+            intra_node_bytes_per_s=device.intra_node_bytes_per_s,
+            inter_node_bytes_per_s=device.inter_node_bytes_per_s,
+            shard=work.shard,
+            tensor_parallel="auto",
+            tp_layout="megatron",
+        )
+        try:
+            plan = plan_profile(profile, search, cluster, sha256="0" * 64).plan
+        except PipeplanError as exc:
+            entry["note"] = str(exc)[:160]
+            continue
+        entry["pipeplan"] = {"layout": _layout_text(plan), "iteration_s": plan.predicted.iteration_s}
+        entry["speedup"] = best.iteration_s / plan.predicted.iteration_s  # type: ignore[operator]
+    return found
 
 
 def spearman(xs: list[float], ys: list[float]) -> float | None:
@@ -338,7 +421,7 @@ def pair_errors(pairs: list[tuple[float, float]]) -> list[float]:
     return [abs((p1 / p2) / (m1 / m2) - 1) * 100 for (p1, m1), (p2, m2) in itertools.combinations(pairs, 2)]
 
 
-def table_result(table: dict[str, Any]) -> dict[str, Any]:
+def table_result(table: dict[str, Any], *, best: bool = False) -> dict[str, Any]:
     rows = [predict_row(table, i) for i in range(len(table["rows"]))]
     groups: dict[str, list[RowResult]] = {}
     for r in rows:
@@ -364,6 +447,7 @@ def table_result(table: dict[str, Any]) -> dict[str, Any]:
         "pairs": len(errors),
         "oom_agreement": sum(agree) / len(agree) if agree else None,
         "rows": [r.as_dict() for r in rows],
+        **({"best": best_plans(table, rows)} if best else {}),
     }
 
 
@@ -376,18 +460,27 @@ def _fmt(value: float | None, form: str) -> str:
     return "-" if value is None else format(value, form)
 
 
+def _best_table(headers: list[str], rows: list[list[object]]) -> dict[str, Any]:
+    return {"best": {"columns": headers, "rows": [list(map(str, r)) for r in rows]}} if rows else {}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("tables", help="a tables.normalized.json file")
     parser.add_argument("--out", metavar="DIR", help="also write DIR/result.json")
     parser.add_argument("--trial", action="store_true", help="write the record as a trial (the page skips it)")
+    parser.add_argument(
+        "--best",
+        action="store_true",
+        help="also search pipeplan's own plan for each model's best published cluster and batch (minutes)",
+    )
     args = parser.parse_args(argv)
     started, _ = run_started(), tee_stdout()
     tables = json.loads(Path(args.tables).read_text())
     results, summary, detail = [], [], []
     began = time.perf_counter()
     for table in tables:
-        result = table_result(table)
+        result = table_result(table, best=args.best)
         results.append(result)
         summary.append(
             [
@@ -435,6 +528,24 @@ def main(argv: list[str] | None = None) -> None:
         "note",
     ]
     print(_markdown(headers, detail))
+    best_headers = ["table", "model", "best published", "pred s", "pipeplan's plan", "pred s", "speed-up", "note"]
+    best_rows = [
+        [
+            result["id"][:28],
+            b["model"][:22],
+            b["published"]["config"],
+            _fmt(b["published"]["iteration_s"], ".3g"),
+            b["pipeplan"]["layout"] if b["pipeplan"] else "-",
+            _fmt(b["pipeplan"]["iteration_s"] if b["pipeplan"] else None, ".3g"),
+            _fmt(b["speedup"], ".2f"),
+            b.get("note", "")[:60],
+        ]
+        for result in results
+        for b in result.get("best", ())
+    ]
+    if best_rows:
+        print("\n## pipeplan's own plan for the best published row's cluster and batch (predicted)\n")
+        print(_markdown(best_headers, best_rows))
     print(f"\n{len(detail)} rows in {time.perf_counter() - began:.1f} s")
     if args.out:
         out = Path(args.out)
@@ -452,6 +563,7 @@ def main(argv: list[str] | None = None) -> None:
                 "rows": [list(map(str, r)) for r in summary],
             },
             "per_row": {"columns": headers, "rows": [list(map(str, r)) for r in detail]},
+            **_best_table(best_headers, best_rows),
         },
         trial=args.trial,
     )

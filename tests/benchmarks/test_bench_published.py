@@ -100,3 +100,27 @@ def test_an_unseen_table_is_read_predicted_and_written(tmp_path: Path, monkeypat
     assert 1.2 < full / plain < 1.4  # one more forward in four passes' worth of work
     assert result["oom_agreement"] == 1.0 and result["spearman"] is not None
     assert result["rows"][3]["note"] == "context parallelism is not modelled"
+
+
+def test_best_searches_the_best_published_rows_cluster_and_holds_its_plan_to_it() -> None:
+    # The best row is the one of most samples a GPU-second as measured (here 2x4 over 1x8, both on 8 GPUs);
+    # pipeplan searches the same 8 devices and batch, and the speed-up is that row's prediction over its plan's.
+    # A cluster over --best's bound is named, not searched.
+    table = {
+        "id": "unseen",
+        "source": "test",
+        "comparable": "all",
+        "hardware": HARDWARE,
+        "models": {"m": MODEL},
+        "precision": "bf16",
+        "framework": "Megatron-LM",
+        "rows": [_row(1, 8, "none", 1.2), _row(2, 4, "none", 1.0)],
+    }
+    rows = [bench_published.predict_row(table, i) for i in range(2)]
+    (best,) = bench_published.best_plans(table, rows)
+    assert best["model"] == "m" and best["published"]["index"] == 1
+    assert best["pipeplan"] is not None and best["pipeplan"]["iteration_s"] > 0
+    assert best["speedup"] == pytest.approx(rows[1].iteration_s / best["pipeplan"]["iteration_s"])
+    big = dict(table, rows=[dict(_row(2, 4, "none", 1.0), gpus=4096, dp=2048, gbs=4096)])
+    (skipped,) = bench_published.best_plans(big, [bench_published.predict_row(big, 0)])
+    assert skipped["pipeplan"] is None and "not searched: 4096 devices" in skipped["note"]
