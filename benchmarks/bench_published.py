@@ -22,6 +22,8 @@ per table: the GPU's constants are the device model's (a GPU not built in is rea
 - Megatron, NeMo and Megatron-Bridge run Transformer Engine's layers (SwiGLU fused; in fp8, the products' inputs
   kept in fp8) under Megatron's schedules, which keep no receive buffers; torchtitan runs torch's layers under
   ``torch.distributed.pipelining``;
+- the gradients' reduction runs behind the backward (torch's DDP and FSDP, OneFlow, NeMo's and Megatron-Bridge's
+  recipes) except under Megatron-LM, whose ``--overlap-grad-reduce`` is off by default;
 - a row fits when each rank's predicted peak is within the device's memory (a published run shows what ran: the
   planner's 10 % headroom is for choosing, not for judging);
 - context parallelism is not modelled: such rows are reported, not predicted.
@@ -203,6 +205,7 @@ class _Workload:
     megatron: bool
     torchtitan: bool
     shard: str
+    overlap_grad_reduce: bool
 
     def profile(self, micro_batch_sizes: tuple[int, ...]) -> Any:
         return modelled_profile(
@@ -236,9 +239,11 @@ def _workload(table: dict[str, Any], row: dict[str, Any], shape: TransformerShap
     year = _year(row, table)
     precision = "fp8" if table.get("precision") == "fp8" and device.fp8_speedup > 1 else "bf16"
     shard = {0: "none", 1: "optimizer", 2: "optimizer", 3: "full"}.get(row.get("zero"), "optimizer")  # type: ignore[arg-type]
-    return _Workload(
-        shape, device, precision, within, year is None or year >= FLASH_FROM_YEAR, megatron, torchtitan, shard
-    )
+    flash = year is None or year >= FLASH_FROM_YEAR
+    # Megatron-LM reduces gradients after the backward unless told to overlap (--overlap-grad-reduce, off by
+    # default); torch's DDP and FSDP, OneFlow and NeMo's / Megatron-Bridge's recipes overlap them.
+    overlap = not framework.lower().startswith("megatron-lm")
+    return _Workload(shape, device, precision, within, flash, megatron, torchtitan, shard, overlap)
 
 
 def predict_row(table: dict[str, Any], index: int) -> RowResult:
@@ -316,6 +321,7 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
             vocab_parallel=True,
             sha256=None,
             trainer_collectives=True,
+            overlap_grad_reduce=work.overlap_grad_reduce,
         )
     except PipeplanError as exc:
         return replace(base, note=str(exc)[:120])

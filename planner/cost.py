@@ -134,6 +134,10 @@ class DataParallel:
     pp > 1, Meta's Llama 3 stack): a stage's weights gathered once, at the step's first forward, and kept; its
     gradients reduce-scattered once, after its last backward. False: gathered for every micro-batch's forward
     and backward (:func:`_with_gathers`)."""
+    overlaps_backward: bool = False
+    """The gradients' reduction (all-reduce, or ZeRO's reduce-scatter) runs in buckets behind the step's last
+    backward on each rank, as torch's DDP, OneFlow and Megatron's ``--overlap-grad-reduce`` run it: only what
+    outlasts that backward is left after it. False: it starts when the backward ends (Megatron-LM's default)."""
 
     @property
     def reshards_per_unit(self) -> bool:

@@ -201,6 +201,7 @@ def given_mesh_plan(
     vocab_parallel: bool,
     sha256: str | None,
     trainer_collectives: bool = False,
+    overlap_grad_reduce: bool = False,
 ) -> tuple[Plan, tuple[RankMemory, ...]]:
     """``given`` as each replica's pipeline of a ``pp x tp x dp`` ``layout`` on ``cluster`` (``request`` for the
     whole step), costed as the cluster search costs that layout.
@@ -210,6 +211,8 @@ def given_mesh_plan(
     (:attr:`~planner.cost.DataParallel.per_unit`), under one gathered once a step
     (:attr:`~planner.cost.DataParallel.gathered_all_step`), and a ring that leaves a node crossing it on every NIC the
     ring's devices there have (NCCL runs a ring a channel, each channel on its own NIC), not on one.
+    ``overlap_grad_reduce``: the replicas' gradient reduction runs behind the last backward
+    (:attr:`~planner.cost.DataParallel.overlaps_backward`).
     """
     sharded = sharded_for(profile, cluster, layout.tp, sequence_parallel, vocab_parallel)
     settings = layout_settings(request, cluster, layout)
@@ -221,7 +224,13 @@ def given_mesh_plan(
         ring = min(cluster.intra_node_bytes_per_s, dp.bytes_per_s * per_node)
         settings = replace(
             settings,
-            data_parallel=replace(dp, bytes_per_s=ring, per_unit=layout.pp == 1, gathered_all_step=layout.pp > 1),
+            data_parallel=replace(
+                dp,
+                bytes_per_s=ring,
+                per_unit=layout.pp == 1,
+                gathered_all_step=layout.pp > 1,
+                overlaps_backward=overlap_grad_reduce,
+            ),
         )
     replica = replace(
         request, num_ranks=layout.pp, global_batch_size=request.global_batch_size // layout.dp, settings=settings

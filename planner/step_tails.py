@@ -13,17 +13,23 @@ from profiles.format import Profile
 __all__ = ["step_tails", "tail_groups"]
 
 
-def _gradient_sync_s(dp: DataParallel | None, weight_bytes: float, grad_bytes: float) -> float:
+def _gradient_sync_s(dp: DataParallel | None, weight_bytes: float, grad_bytes: float, backward_s: float = 0.0) -> float:
     """A rank's gradient synchronisation over its replicas after its last backward: DDP all-reduces
     the gradients; ZeRO-1 reduce-scatters them and all-gathers the updated weights (the same volume);
     FSDP has reduce-scattered them after every backward already (``planner.cost._with_gathers``), unless it
     keeps the stage gathered all step (``gathered_all_step``): then the step gathers the weights once and
-    reduce-scatters the gradients once, ZeRO-1's volume."""
+    reduce-scatters the gradients once, ZeRO-1's volume. Overlapped (``overlaps_backward``), the gradients'
+    part runs behind the rank's last backward of ``backward_s``."""
     if dp is None or (dp.shard == "full" and not dp.gathered_all_step):
         return 0.0
     if dp.shard != "none":
-        return dp.gather_s(grad_bytes) + dp.gather_s(weight_bytes)
-    return dp.allreduce_s(grad_bytes)
+        grads_s, weights_s = dp.gather_s(grad_bytes), dp.gather_s(weight_bytes)
+    else:
+        grads_s, weights_s = dp.allreduce_s(grad_bytes), 0.0
+    if dp.overlaps_backward:
+        # Behind the rank's last backward (``backward_s``): what outlasts it is left.
+        grads_s = max(0.0, grads_s - backward_s)
+    return grads_s + weights_s
 
 
 def tail_groups(
@@ -65,7 +71,10 @@ def step_tails(
         params[r] += costs.param_count[u]
         tensors[r] += profile.units[u].param_tensor_count
     weight_bytes, grad_bytes, _ = bytes_per_param(profile.device.dtype, settings.optimizer)
-    tails = [_gradient_sync_s(dp, n * weight_bytes, n * grad_bytes) for n in params]
+    backward_s = [0.0] * num_ranks
+    for u, r in unit_rank.items():
+        backward_s[r] += costs.backward_s[u]
+    tails = [_gradient_sync_s(dp, n * weight_bytes, n * grad_bytes, b) for n, b in zip(params, backward_s, strict=True)]
     if cal is None:
         return tuple(tails)
     # A sharded optimizer steps only the replica's share of the parameters.
