@@ -80,7 +80,8 @@ def _rank_memory(
     (interleaved schedules) is walked through its actions: each stage's state and buffers are held all step, each
     micro-batch forwarded and not yet back holds its stage's activations, and the acting stage adds its working
     memory; the peak is the largest sum at the start of a backward. Summing each stage's own peak instead would
-    count every stage at its fullest at once, which an interleaved rank never is.
+    count every stage at its fullest at once, which an interleaved rank never is. Under a split backward a
+    micro-batch leaves the count at its input gradient (I): what it keeps for W is left out of the walk.
     """
     ends = (*boundaries[1:], problem.num_units)
     spans = list(zip(boundaries, ends, strict=True))
