@@ -250,11 +250,8 @@ def _mesh(cluster: Cluster, layout: Layout, request: PlanRequest, settings: Cost
 
 
 def sharded_for(profile: Profile, cluster: Cluster, tp: int, sequence_parallel: bool, vocab_parallel: bool) -> Profile:
-    """The profile as one device of a tensor-parallel group of ``tp`` in a node of ``cluster`` computes it.
-
-    A group wider than a node (a trainer's layout; the search keeps groups in a node) rings across nodes: its
-    slowest hop leaves a node on every NIC the node's devices have (NCCL runs a ring a channel, each on its own
-    NIC), so on ``devices_per_node`` times one device's network bandwidth, NVLink's at most."""
+    """The profile as one device of a tensor-parallel group of ``tp`` in a node of ``cluster`` computes it; a group
+    wider than a node (a trainer's layout) rings across nodes on every NIC of a node (NCCL: a NIC a channel)."""
     bytes_per_s = cluster.intra_node_bytes_per_s
     if tp > cluster.devices_per_node:
         bytes_per_s = min(bytes_per_s, cluster.inter_node_bytes_per_s * cluster.devices_per_node)

@@ -127,17 +127,11 @@ class DataParallel:
     per_unit: bool = False
     """Full sharding as trainers apply it outside a pipeline (torchtitan's ``fully_shard`` on every block, pp =
     1): each unit resharded after its forward and its gradients reduce-scattered after its backward, the next
-    unit's gather prefetched behind this one's compute. False: as a pipeline stage holds it (torch's
-    ``PipelineStage`` keeps its stage gathered all step and reduces once)."""
+    unit's gather prefetched behind this one's compute."""
     gathered_all_step: bool = False
-    """Full sharding under a pipeline as the trainers run it (torchtitan's ``reshard_after_forward=False`` when
-    pp > 1, Meta's Llama 3 stack): a stage's weights gathered once, at the step's first forward, and kept; its
-    gradients reduce-scattered once, after its last backward. False: gathered for every micro-batch's forward
-    and backward (:func:`_with_gathers`)."""
+    """Full sharding under a pipeline as torchtitan runs it: gathered once a step, reduce-scattered once."""
     overlaps_backward: bool = False
-    """The gradients' reduction (all-reduce, or ZeRO's reduce-scatter) runs in buckets behind the step's last
-    backward on each rank, as torch's DDP, OneFlow and Megatron's ``--overlap-grad-reduce`` run it: only what
-    outlasts that backward is left after it. False: it starts when the backward ends (Megatron-LM's default)."""
+    """The gradients' reduction runs behind the rank's last backward (DDP): only what outlasts it is left."""
 
     @property
     def reshards_per_unit(self) -> bool:

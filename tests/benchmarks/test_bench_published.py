@@ -62,6 +62,20 @@ def _row(pp: int, dp: int, recompute: str, seconds: float, cp: int = 1) -> dict[
     }
 
 
+def _table(rows: list[dict[str, object]]) -> dict[str, object]:
+    """A table none of the benchmark's own: one model on H100s, Megatron-LM's."""
+    return {
+        "id": "unseen",
+        "source": "test",
+        "comparable": "all",
+        "hardware": HARDWARE,
+        "models": {"m": MODEL},
+        "precision": "bf16",
+        "framework": "Megatron-LM",
+        "rows": rows,
+    }
+
+
 def test_spearman_and_pair_errors_by_hand() -> None:
     assert bench_published.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert bench_published.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
@@ -74,21 +88,9 @@ def test_spearman_and_pair_errors_by_hand() -> None:
 def test_an_unseen_table_is_read_predicted_and_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIPEPLAN_RESULTS_DIR", str(tmp_path / "records"))
     monkeypatch.setattr(sys, "stdout", sys.stdout)  # the benchmark tees it; put it back afterwards
-    table = {
-        "id": "unseen",
-        "source": "test",
-        "comparable": "all",
-        "hardware": HARDWARE,
-        "models": {"m": MODEL},
-        "precision": "bf16",
-        "framework": "Megatron-LM",
-        "rows": [
-            _row(1, 8, "none", 1.0),
-            _row(2, 4, "none", 1.1),
-            _row(2, 4, "full", 1.4),
-            _row(1, 2, "none", 1.0, cp=4),
-        ],
-    }
+    table = _table(
+        [_row(1, 8, "none", 1.0), _row(2, 4, "none", 1.1), _row(2, 4, "full", 1.4), _row(1, 2, "none", 1.0, cp=4)]
+    )
     path = tmp_path / "tables.json"
     path.write_text(json.dumps([table]))
     bench_published.main([str(path), "--out", str(tmp_path / "out"), "--trial"])
@@ -106,16 +108,7 @@ def test_best_searches_the_best_published_rows_cluster_and_holds_its_plan_to_it(
     # The best row is the one of most samples a GPU-second as measured (here 2x4 over 1x8, both on 8 GPUs);
     # pipeplan searches the same 8 devices and batch, and the speed-up is that row's prediction over its plan's.
     # A cluster over --best's bound is named, not searched.
-    table = {
-        "id": "unseen",
-        "source": "test",
-        "comparable": "all",
-        "hardware": HARDWARE,
-        "models": {"m": MODEL},
-        "precision": "bf16",
-        "framework": "Megatron-LM",
-        "rows": [_row(1, 8, "none", 1.2), _row(2, 4, "none", 1.0)],
-    }
+    table = _table([_row(1, 8, "none", 1.2), _row(2, 4, "none", 1.0)])
     rows = [bench_published.predict_row(table, i) for i in range(2)]
     (best,) = bench_published.best_plans(table, rows)
     assert best["model"] == "m" and best["published"]["index"] == 1
