@@ -251,7 +251,6 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
     row = table["rows"][index]
     hardware = table["hardware"]
     shape, notes = shape_for(row["model"], table["models"][row["model"]])
-    device = device_for(hardware)
     peak = hardware.get("peak_tflops_16bit") and hardware["peak_tflops_16bit"] * 1e12
     measured = row["measured"]
     published_mfu = measured.get("mfu")
@@ -259,7 +258,7 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
         published_mfu = measured["tflops_per_gpu"] * 1e12 / peak
     dp, tp, pp = (int(row.get(k) or 1) for k in ("dp", "tp", "pp"))
     work = _workload(table, row, shape)
-    torchtitan, megatron = work.torchtitan, work.megatron
+    device, torchtitan, megatron = work.device, work.torchtitan, work.megatron
     schedule_name = row.get("schedule") or ("interleaved-1f1b" if (row.get("vp") or 1) > 1 else "1f1b")
     schedule = Schedule.parse(schedule_name)
     vp = int(row.get("vp") or (2 if schedule is Schedule.INTERLEAVED_1F1B else 1))
@@ -326,14 +325,13 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
     except PipeplanError as exc:
         return replace(base, note=str(exc)[:120])
     iteration = plan.predicted.iteration_s
-    ranks = memory
-    peak_bytes = max(r.peak_bytes for r in ranks)
+    peak_bytes = max(r.peak_bytes for r in memory)
     mfu = model_flops(shape) * gbs / (iteration * pp * tp * dp * peak) if peak else None
     return replace(
         base,
         iteration_s=iteration,
         memory_gib=peak_bytes / 2**30,
-        fits=all(r.fits for r in ranks),
+        fits=all(r.fits for r in memory),
         mfu_predicted=mfu,
         note="; ".join(notes),
     )
