@@ -23,11 +23,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from planner.calibration import OptimizerCost, shipped_calibration
 from planner.errors import UsageError, shorten
 from profiles.device_model import DeviceModel
 from profiles.format import DeviceInfo, ModelInfo, Profile, TensorFlow, UnitProfile, WholeModel
@@ -481,16 +481,16 @@ def modelled_calibration(device: DeviceModel) -> dict[str, Any]:
     """The runtime terms of ``device`` as a ``pipeplan.calibration`` document: the shipped CUDA estimate's
     per-action cost, and an optimizer step as fast as the device's HBM moves its bytes (fused kernels: one
     launch per parameter group, not per tensor)."""
+    text = resources.files("planner").joinpath("calibrations", "cuda-nccl.json").read_text()
+    calibration = json.loads(text)
     bandwidth = device.memory_bytes_per_s * device.memory_efficiency
-    optimizer = {
-        name: OptimizerCost(per_param_s=moved / bandwidth, per_step_s=10 * device.kernel_s)
-        for name, moved in OPTIMIZER_BYTES_PER_PARAM.items()
+    for name, moved in OPTIMIZER_BYTES_PER_PARAM.items():
+        calibration["optimizer"][name] = {"per_param_s": moved / bandwidth, "per_step_s": 10 * device.kernel_s}
+    calibration["notes"] = {
+        "how": f"modelled for {device.name}: the shipped CUDA estimate's per-action cost; the optimizer step "
+        "from the device's HBM bandwidth (profiles/modelled.py OPTIMIZER_BYTES_PER_PARAM)"
     }
-    how = (
-        f"modelled for {device.name}: the shipped CUDA estimate's per-action cost; the optimizer step from the "
-        "device's HBM bandwidth (profiles/modelled.py OPTIMIZER_BYTES_PER_PARAM)"
-    )
-    return replace(shipped_calibration("cuda"), optimizer=optimizer, notes={"how": how}).to_dict()
+    return calibration
 
 
 def _tensors(shape: TransformerShape, sizes: tuple[int, ...]) -> tuple[TensorFlow, ...]:
