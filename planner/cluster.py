@@ -302,7 +302,8 @@ def _lower_bound_s(profile: Profile, request: PlanRequest, settings: CostSetting
             sync = 2 * held * grads * per_byte
     speed = max(settings.device_speeds, default=1.0)
     cal = settings.calibration
-    scale = min(1.0, cal.lowest_colocation_factor) if cal is not None else 1.0
+    # The simulator scales a pipeline's compute by the co-location factor at its micro-batch size.
+    scale = cal.lowest_colocation_factor if cal is not None and layout.pp > 1 else 1.0
     bounds = []
     for b in profile.micro_batch_sizes:
         if batch % b:

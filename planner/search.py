@@ -143,19 +143,20 @@ class _Option:
     floor_s: float
 
 
-def _floor_factor(request: PlanRequest) -> float:
-    """Floors are at full speed on the fastest device, with the co-location slowdown where it is one."""
+def _floor_factor(request: PlanRequest, micro_batch_size: int) -> float:
+    """Floors are at full speed on the fastest device, each action's compute scaled as the simulator scales it:
+    by the co-location factor at this micro-batch size in a pipeline of two or more ranks."""
     cal = request.settings.calibration
-    slowdown = min(1.0, cal.lowest_colocation_factor if cal is not None else 1.0)
-    return slowdown / max(request.settings.device_speeds, default=1.0)
+    scale = cal.colocation_for(micro_batch_size) if cal is not None and request.num_ranks > 1 else 1.0
+    return scale / max(request.settings.device_speeds, default=1.0)
 
 
 def _options(profile: Profile, request: PlanRequest, refusals: list[str]) -> list[_Option]:
     found: list[_Option] = []
-    factor = _floor_factor(request)
     for b in _micro_batch_sizes(profile, request):
         m = request.global_batch_size // b
         costs = unit_costs(profile, b)
+        factor = _floor_factor(request, b)
         for schedule, v in _schedules(profile, request, m, refusals):
             work = costs.split_work if schedule.splits_backward else costs.work
             floor = candidate_floor_s(work, m, request.num_ranks, request.num_ranks * v) * factor
@@ -183,7 +184,7 @@ def _order_floor_s(option: _Option, request: PlanRequest) -> float:
     floor = order_floor_s(
         option.schedule, p, p * option.virtual_stages, option.num_microbatches, costs.forward_s, costs.backward_s
     )
-    return floor * _floor_factor(request)
+    return floor * _floor_factor(request, option.micro_batch_size)
 
 
 def _partition_floor_s(
@@ -346,7 +347,7 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
             ):
                 continue
             pipeline = partition_pipeline(costs, problem, solution, schedule, request.num_ranks, runtime)
-            simulation = simulate(pipeline)
+            simulation = simulate(pipeline, keep_actions=False)
             fastest = min(fastest, simulation.iteration_s)
             peak = partition_peak_memory(problem, solution)
             candidate = Candidate(b, m, schedule, v, problem, solution, simulation, peak, runtime)
@@ -507,7 +508,7 @@ def baselines_for(profile: Profile, best: Candidate | Plan, request: PlanRequest
             continue
         b = best.micro_batch_size
         runtime = partition_runtime_terms(profile, costs, request.settings, problem, solution, schedule, p, b)
-        simulation = simulate(partition_pipeline(costs, problem, solution, schedule, p, runtime))
+        simulation = simulate(partition_pipeline(costs, problem, solution, schedule, p, runtime), keep_actions=False)
         baselines.append(BaselinePlan(name, split_points, simulation.iteration_s, True, peak))
     return baselines
 

@@ -175,13 +175,17 @@ class _Costs:
     """The extra of an action after its rank was idle (:attr:`RuntimeTerms.resume`)."""
 
 
-def simulate(pipeline: Pipeline, orders: Sequence[Sequence[Step]] | None = None) -> SimulationResult:
+def simulate(
+    pipeline: Pipeline, orders: Sequence[Sequence[Step]] | None = None, *, keep_actions: bool = True
+) -> SimulationResult:
     """Simulate one iteration of ``pipeline``: its schedule, stage times, links and runtime terms.
 
     Args:
         pipeline: the :class:`~planner.schedule.pipeline.Pipeline`, its values checked when it was made.
         orders: optional rank orders to run instead of :func:`rank_orders` (e.g. converted from a
             torch schedule's ``pipeline_order`` with :func:`planner.schedule.orders.orders_from_torch`).
+        keep_actions: False leaves ``actions`` empty, every other field the same: a plan search ranks
+            candidates by their totals and need not build an action object each.
 
     Returns:
         The :class:`SimulationResult`.
@@ -215,10 +219,12 @@ def simulate(pipeline: Pipeline, orders: Sequence[Sequence[Step]] | None = None)
     # pipeplan's own orders depend on nothing else, and so do their receives: kept for the plan search.
     posts = _receive_posts(sched, n, m, ranks) if own else _posts(sched, orders, n)
     costs = _costs(pipeline, terms, stage_rank)
-    actions, comm_wait = _run(orders, posts, width, costs)
-    actions, tails = _with_step_tails(actions, terms, ranks)
-    iteration = max(a.end_s for a in actions)
-    busy, overhead = _busy_and_overhead(actions, ranks)
+    run = _run(orders, posts, width, costs, keep_actions)
+    tails = terms.step_tail_s or (0.0,) * ranks
+    tail_ends = _tail_ends(run.last_end_s, tails, terms.tail_groups)
+    iteration = max(max(run.last_end_s), max(tail_ends))
+    actions = _with_step_tails(run.actions, run.last_end_s, tail_ends) if keep_actions else []
+    busy = run.busy_s
     per_stage = [f + b for f, b in zip(pipeline.forward_s, pipeline.backward_s, strict=True)]
     return SimulationResult(
         schedule=sched,
@@ -231,9 +237,9 @@ def simulate(pipeline: Pipeline, orders: Sequence[Sequence[Step]] | None = None)
         bubble_fraction=1.0 - sum(busy) / (ranks * iteration),
         peak_in_flight=peaks,
         bottleneck_stage=per_stage.index(max(per_stage)),
-        overhead_s=tuple(overhead),
+        overhead_s=tuple(run.overhead_s),
         step_tail_s=tuple(tails),
-        comm_wait_s=tuple(comm_wait),
+        comm_wait_s=tuple(run.comm_wait_s),
         tail_groups=terms.tail_groups,
         resume=terms.resume,
     )
@@ -275,50 +281,46 @@ def _costs(pipeline: Pipeline, terms: RuntimeTerms, stage_rank: Sequence[int]) -
     return _Costs(durations, comm_f, comm_b, terms.action_overhead_s, terms.resume)
 
 
-def _with_step_tails(
-    actions: list[TimedAction], terms: RuntimeTerms, ranks: int
-) -> tuple[list[TimedAction], tuple[float, ...]]:
-    """The actions with each rank's step tail (an S action) after its last one, and the tails per rank."""
-    tails = terms.step_tail_s or (0.0,) * ranks
-    # One pass, not one per rank: a plan search simulates up to 65,536 actions on 64 ranks.
-    last_end = [0.0] * ranks
-    for a in actions:
-        last_end[a.rank] = max(last_end[a.rank], a.end_s)
-    # A tail starts when its rank's last action ends, or, in a group, when the group's last one does (the
-    # rank waits inside the collective, as torch's all_reduce does): it sorts last among the rank's actions.
-    tail_start = list(last_end)
-    for group in terms.tail_groups:
-        arrived = max(last_end[r] for r in group)
+def _tail_ends(last_end_s: Sequence[float], tails: Sequence[float], groups: Sequence[Sequence[int]]) -> list[float]:
+    """Per rank, the end of its step tail (0 without one). A tail starts when its rank's last action ends, or, in
+    a group, when the group's last one does (the rank waits inside the collective, as torch's all_reduce does)."""
+    start = list(last_end_s)
+    for group in groups:
+        arrived = max(last_end_s[r] for r in group)
         for r in group:
-            tail_start[r] = max(tail_start[r], arrived)
-    if not any(t > 0 for t in tails):
-        return actions, tails
-    by_rank: list[list[TimedAction]] = [[] for _ in range(ranks)]
-    for a in actions:
-        by_rank[a.rank].append(a)
-    for r in range(ranks):
-        if tails[r] > 0:
-            by_rank[r].append(TimedAction(r, -1, -1, "S", last_end[r], tail_start[r] + tails[r]))
-    return [a for group in by_rank for a in group], tails
+            start[r] = max(start[r], arrived)
+    return [s + t if t > 0 else 0.0 for s, t in zip(start, tails, strict=True)]
 
 
-def _busy_and_overhead(actions: Sequence[TimedAction], ranks: int) -> tuple[list[float], list[float]]:
-    """Per rank, the compute of its actions and their runtime overhead (step tails are neither)."""
-    busy = [0.0] * ranks
-    overhead = [0.0] * ranks
-    for a in actions:
-        if a.kind != "S":
-            busy[a.rank] += a.end_s - a.start_s - a.overhead_s
-            overhead[a.rank] += a.overhead_s
-    return busy, overhead
+def _with_step_tails(
+    by_rank: list[list[TimedAction]], last_end_s: Sequence[float], tail_ends: Sequence[float]
+) -> list[TimedAction]:
+    """The actions in (rank, start) order, each rank's step tail (an S action) after its last one: it sorts last
+    among the rank's actions."""
+    for r, end in enumerate(tail_ends):
+        if end > 0:
+            by_rank[r].append(TimedAction(r, -1, -1, "S", last_end_s[r], end))
+    return [a for actions in by_rank for a in actions]
+
+
+class _Ran(NamedTuple):
+    """What :func:`_run` gives, per rank."""
+
+    actions: list[list[TimedAction]]
+    """The actions in execution order (empty lists unless kept)."""
+    last_end_s: list[float]
+    busy_s: list[float]
+    """Compute: each action's span less its overhead, summed in execution order."""
+    overhead_s: list[float]
+    comm_wait_s: list[float]
+    """Idle waiting on a link."""
 
 
 def _run(
-    orders: Sequence[Sequence[Step]], posts: Sequence[Sequence[int]], width: int, costs: _Costs
-) -> tuple[list[TimedAction], list[float]]:
+    orders: Sequence[Sequence[Step]], posts: Sequence[Sequence[int]], width: int, costs: _Costs, keep_actions: bool
+) -> _Ran:
     """Time every action of ``orders`` (the longest path over the DAG of the module docstring's rules); ``posts``
-    as :func:`_posts` gives them, ``width`` above every micro-batch index. Returns the actions in (rank, start)
-    order and each rank's time idle waiting on a link."""
+    as :func:`_posts` gives them, ``width`` above every micro-batch index."""
     # Repeatedly advance every rank whose next action has all its dependencies timed: each pass advances at least
     # one rank unless the orders deadlock. End times live in one flat list per kind, indexed stage * M +
     # micro-batch (None: not yet timed), and the dependency rules are written out per kind in the loop: a plan
@@ -328,17 +330,22 @@ def _run(
     last = len(durations["F"]) - 1
     end: dict[str, list[float | None]] = {kind: [None] * ((last + 1) * width) for kind in durations}
     end_f, end_b, end_i = end["F"], end["B"], end["I"]
-    pos, free, comm_wait = [0] * len(orders), [0.0] * len(orders), [0.0] * len(orders)
+    ranks = len(orders)
+    pos, free, comm_wait = [0] * ranks, [0.0] * ranks, [0.0] * ranks
+    busy, overhead = [0.0] * ranks, [0.0] * ranks
     # Per rank, the key of an overlapped forward whose output leaves with the next action's sends (-1: none).
     held = [-1] * len(orders)
     # Each rank's actions in its execution order: start times never decrease along a rank (an action starts
     # when the previous one has ended), so this is the (rank, start, end) order without sorting.
     by_rank: list[list[TimedAction]] = [[] for _ in orders]
+    # Each rank's action ends in execution order, for the receives posted after one of its actions.
+    ends: list[list[float]] = [[] for _ in orders]
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
         for rank, order in enumerate(orders):
-            p, length, busy_until, out, post = pos[rank], len(order), free[rank], by_rank[rank], posts[rank]
+            p, length, busy_until, out, post = pos[rank], len(order), free[rank], ends[rank], posts[rank]
+            actions = by_rank[rank]
             while p < length:
                 step = order[p]
                 kind, s, m = step.kind, step.stage, step.microbatch
@@ -352,8 +359,8 @@ def _run(
                             break
                         comm = comm_f[s - 1]
                         # The transfer starts when this rank has posted the receive (q < 0: at the start).
-                        if comm and (q := post[p]) >= 0 and out[q].end_s > prev:
-                            prev = out[q].end_s
+                        if comm and (q := post[p]) >= 0 and out[q] > prev:
+                            prev = out[q]
                         ready = prev + comm
                 elif kind == "W":
                     own_i = end_i[key]
@@ -372,8 +379,8 @@ def _run(
                             grad = end_i[key + width]
                             if grad is None:
                                 break
-                        if comm_b[s] and (q := post[p]) >= 0 and out[q].end_s > grad:
-                            grad = out[q].end_s
+                        if comm_b[s] and (q := post[p]) >= 0 and out[q] > grad:
+                            grad = out[q]
                         arrival = grad + comm_b[s]
                         ready, comm = (arrival, comm_b[s]) if arrival > own else (own, 0.0)
                 # max() and min() spelled as comparisons (the same values, ties included: builtin calls cost).
@@ -391,7 +398,11 @@ def _run(
                     held[rank] = key
                 else:
                     end[kind][key] = finish
-                out.append(TimedAction(rank, s, m, kind, start, finish, overhead_s))
+                out.append(finish)
+                busy[rank] += finish - start - overhead_s
+                overhead[rank] += overhead_s
+                if keep_actions:
+                    actions.append(TimedAction(rank, s, m, kind, start, finish, overhead_s))
                 busy_until = finish
                 p += 1
                 remaining -= 1
@@ -399,7 +410,8 @@ def _run(
             pos[rank], free[rank] = p, busy_until
         if not progressed:
             raise _deadlock(orders, pos)
-    return [a for actions in by_rank for a in actions], comm_wait
+    last_end = [max(e, default=0.0) for e in ends]
+    return _Ran(by_rank, last_end, busy, overhead, comm_wait)
 
 
 def _deadlock(orders: Sequence[Sequence[Step]], pos: Sequence[int]) -> ScheduleDeadlockError:

@@ -422,3 +422,34 @@ def test_a_cpu_plan_is_made_with_the_threads_each_rank_will_have() -> None:
     assert plan.device["threads"] == 1 and plan.device["reference_s"] == 0.006
     one = make_plan(profile, replace(request, num_ranks=1), sha256="0" * 64)
     assert one.device["threads"] == 2 and one.stages[0].forward_s == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_options_floors_hold_under_a_co_location_slowdown_that_depends_on_the_micro_batch(seed):
+    # The simulator scales a pipeline's compute by the co-location factor at its micro-batch size; the floors
+    # take that factor too (a slowdown of 1.3 to 1.6 here), and stay under every partition's simulated step.
+    import random
+    from dataclasses import replace
+
+    from planner.calibration import shipped_calibration
+    from planner.search import _options, _order_floor_s, _search
+
+    rng = random.Random(seed)
+    times = [rng.uniform(0.5, 2.0) for _ in range(rng.randint(8, 12))]
+    profile = make_profile(times, sizes=(1, 2, 4))
+    calibration = replace(shipped_calibration("cpu"), colocation_factor_by_micro_batch_size={1: 1.3, 4: 1.6})
+    request = PlanRequest(
+        num_ranks=rng.choice((2, 3, 4)), global_batch_size=16, settings=CostSettings(calibration=calibration)
+    )
+    options = {(o.micro_batch_size, o.schedule, o.virtual_stages): o for o in _options(profile, request, [])}
+    candidates = _search(profile, request, None).candidates
+    assert candidates
+    for c in candidates:
+        option = options[(c.micro_batch_size, c.schedule, c.virtual_stages)]
+        assert option.floor_s <= c.simulation.iteration_s
+        assert _order_floor_s(option, request) <= c.simulation.iteration_s
+    tight = min(
+        c.simulation.iteration_s / options[(c.micro_batch_size, c.schedule, c.virtual_stages)].floor_s
+        for c in candidates
+    )
+    assert tight < 1.3  # the floors took the slowdown: without it every step is 1.3x or more above them

@@ -508,3 +508,41 @@ def test_transfer_bytes_of_the_wrong_length_are_refused() -> None:
     terms = RuntimeTerms(transfer_compute_s_per_byte=1e-9)
     with pytest.raises(UsageError, match="cut_forward_bytes has 2 values, expected 1"):
         simulate(Pipeline([1, 1], [1, 1], 2, "gpipe", runtime=terms, cut_forward_bytes=[1, 2]))
+
+
+@pytest.mark.parametrize("schedule", list(Schedule))
+def test_a_simulation_without_its_actions_keeps_every_other_value(schedule: Schedule) -> None:
+    # The plan search ranks candidates by these totals without building an action object each: they must be the
+    # same floats as the full simulation's, with every runtime term in play.
+    rng = random.Random(7)
+    ranks = 4
+    stages = ranks * (2 if schedule.multi_stage else 1)
+    m = 1 if schedule is Schedule.NAIVE else max(8, min_microbatches(schedule, ranks, stages // ranks))
+    f = [rng.uniform(0.5, 2.0) for _ in range(stages)]
+    b = [x * rng.uniform(1.5, 2.5) for x in f]
+    terms = RuntimeTerms(
+        action_overhead_s=0.01,
+        step_tail_s=tuple(rng.uniform(0.0, 3.0) for _ in range(ranks)),
+        compute_scale=1.07,
+        tail_groups=((0, ranks - 1),),
+        resume=((0.01, 0.1, 0.2), (0.5, 0.3, 0.4)),
+        transfer_compute_s_per_byte=1e-9,
+    )
+    pipeline = Pipeline(
+        f,
+        b,
+        m,
+        schedule.value,
+        num_ranks=ranks,
+        input_s=[x * 0.5 for x in b],
+        weight_s=[x * 0.5 for x in b],
+        comm_forward_s=[0.05] * (stages - 1),
+        comm_backward_s=[0.07] * (stages - 1),
+        runtime=terms,
+        cut_forward_bytes=[1_000_000] * (stages - 1),
+        cut_backward_bytes=[2_000_000] * (stages - 1),
+    )
+    full, lean = simulate(pipeline), simulate(pipeline, keep_actions=False)
+    assert lean.actions == () and len(full.actions) > 2 * stages * m
+    assert lean == full.__class__(**{**full.__dict__, "actions": ()})
+    assert lean.iteration_s == max(a.end_s for a in full.actions)
