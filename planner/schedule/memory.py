@@ -98,23 +98,25 @@ def _counts(m: MemoryMoment) -> tuple[int, int, int, int, int]:
 
 def _between(p: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     """Whether some ``lam`` in [0, 1] makes ``lam a + (1 - lam) b`` at least ``p`` in every count (moments'
-    :func:`_counts`): each count bounds ``lam`` from below or above, and the bounds must meet (compared
-    cross-multiplied: the counts are integers)."""
-    lows: list[tuple[int, int]] = []  # lam >= num / den
-    highs: list[tuple[int, int]] = []  # lam <= num / den
+    :func:`_counts`): each count bounds ``lam`` from below or above, and the highest lower bound must not pass
+    the lowest upper one (fractions compared cross-multiplied: the counts are integers)."""
+    low_num, low_den = 0, 1  # lam >= low_num / low_den
+    high_num, high_den = 1, 1  # lam <= high_num / high_den
     for x, y, z in zip(p, a, b, strict=True):
         # x <= z + lam (y - z)
         if y > z:
             if x > y:
                 return False
-            lows.append((x - z, y - z))
+            if (x - z) * low_den > low_num * (y - z):
+                low_num, low_den = x - z, y - z
         elif y < z:
             if x > z:
                 return False
-            highs.append((z - x, z - y))
+            if (z - x) * high_den < high_num * (z - y):
+                high_num, high_den = z - x, z - y
         elif x > y:
             return False
-    return all(ln * hd <= hn * ld for ln, ld in lows for hn, hd in highs)
+    return low_num * high_den <= high_num * low_den
 
 
 def _hull(group: list[MemoryMoment]) -> list[MemoryMoment]:
@@ -143,7 +145,9 @@ def memory_moments(
     split = [0] * num_stages
     done = [0] * num_stages
     grads = [False] * num_stages
-    found: list[set[MemoryMoment]] = [set() for _ in range(num_stages)]
+    # Plain tuples of MemoryMoment's fields while walking (a walk meets every backward of the step, and most
+    # repeat a moment already found): one object per distinct moment, made at the end.
+    found: list[set[tuple[int, int, bool, str, int, int, int]]] = [set() for _ in range(num_stages)]
     multi_stage = sched.multi_stage
     for order in kept_rank_orders(sched, num_stages, num_microbatches, num_ranks):
         for step in order:
@@ -156,7 +160,7 @@ def memory_moments(
             )
             # Only the last stage holds losses: elsewhere ``done`` would only keep moments the others cover.
             finished = done[s] if s == num_stages - 1 else 0
-            found[s].add(MemoryMoment(waiting[s], split[s], grads[s], step.kind, sent_grads, sent_outputs, finished))
+            found[s].add((waiting[s], split[s], grads[s], step.kind, sent_grads, sent_outputs, finished))
             if step.kind == "B":
                 waiting[s] -= 1
                 done[s] += 1
@@ -168,7 +172,7 @@ def memory_moments(
                 split[s] -= 1
                 done[s] += 1
                 grads[s] = True
-    return tuple(_pareto(f) for f in found)
+    return tuple(_pareto({MemoryMoment(*fields) for fields in f}) for f in found)
 
 
 def _held_by_sends(

@@ -41,6 +41,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from planner.errors import UsageError
+from planner.schedule.memory import memory_moments
 from planner.schedule.orders import (
     Schedule,
     Step,
@@ -507,8 +508,9 @@ def in_flight_per_stage(
 ) -> tuple[int, ...]:
     """Peak micro-batches of activations held per stage (for the memory model).
 
-    What :func:`simulate` reports as ``peak_in_flight``: it depends only on the orders (see
-    ``_peak_in_flight``), so no timing is run. For 1f1b it equals ``min(P - s, M)``, for gpipe ``M``.
+    What :func:`simulate` reports as ``peak_in_flight``: it depends only on the orders (``_peak_in_flight``
+    counts it on them; tests hold the count here equal), so no timing is run. For 1f1b it equals
+    ``min(P - s, M)``, for gpipe ``M``.
     Each schedule keeps its own count: zero-bubble (ZB-H1) 1F1B's, zbv and dualpipev their V's.
     """
     sched = Schedule.parse(sched)
@@ -529,4 +531,8 @@ def _peaks(sched: Schedule, num_stages: int, num_microbatches: int, num_ranks: i
     if sched in (Schedule.NAIVE, Schedule.GPIPE, Schedule.LOOPED_BFS):  # every forward before any backward
         check_microbatches(sched, num_ranks, virtual_stages(sched, num_stages, num_ranks), num_microbatches)
         return (num_microbatches,) * num_stages
-    return _peak_in_flight(_rank_orders(sched, num_stages, num_microbatches, num_ranks), num_stages)
+    # Elsewhere from the stage's memory moments, which the plan search needs anyway (one walk of the orders, not
+    # two): the count rises only at a forward, so it peaks at the start of the next backward action that lowers
+    # it, where a moment holds it as ``waiting + split``; the moments kept are those where any such sum peaks.
+    moments = memory_moments(sched, num_stages, num_microbatches, num_ranks)
+    return tuple(max((m.waiting + m.split for m in stage), default=0) for stage in moments)

@@ -93,13 +93,15 @@ def test_in_flight_per_stage() -> None:
     assert in_flight_per_stage(Schedule.INTERLEAVED_1F1B, 4, 8, num_ranks=4) == (7, 5, 3, 1)
 
 
-@pytest.mark.parametrize("schedule", [Schedule.NAIVE, Schedule.GPIPE, Schedule.LOOPED_BFS])
-def test_closed_form_in_flight_counts_equal_the_orders(schedule: Schedule) -> None:
+@pytest.mark.parametrize("schedule", list(Schedule))
+def test_in_flight_counts_equal_the_orders(schedule: Schedule) -> None:
+    # in_flight_per_stage counts without walking the orders: a closed form (every forward before any backward),
+    # or the fullest of the stage's memory moments. Both against the orders walked action by action.
     from planner.schedule.simulate import _peak_in_flight
 
     checked = 0
     for ranks in (1, 2, 3, 4):
-        for v in (1, 2, 3) if schedule is Schedule.LOOPED_BFS else (1,):
+        for v in (2,) if schedule.v_shape else (1, 2, 3) if schedule.multi_stage else (1,):
             for m in range(1, 10):
                 try:
                     orders = rank_orders(schedule, ranks * v, m, ranks)
@@ -108,9 +110,11 @@ def test_closed_form_in_flight_counts_equal_the_orders(schedule: Schedule) -> No
                         in_flight_per_stage(schedule, ranks * v, m, ranks)
                     continue
                 counted = _peak_in_flight(orders, ranks * v)
-                assert in_flight_per_stage(schedule, ranks * v, m, ranks) == counted == (m,) * (ranks * v)
+                assert in_flight_per_stage(schedule, ranks * v, m, ranks) == counted
+                if schedule in (Schedule.NAIVE, Schedule.GPIPE, Schedule.LOOPED_BFS):
+                    assert counted == (m,) * (ranks * v)
                 checked += 1
-    assert checked >= (4 if schedule is Schedule.NAIVE else 30)  # naive runs one micro-batch only
+    assert checked >= (4 if schedule is Schedule.NAIVE else 20)  # naive runs one micro-batch only
 
 
 @pytest.mark.parametrize(
