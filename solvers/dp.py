@@ -243,12 +243,19 @@ class _Model:
         self.stage_kind: list[_Kind] = [(self.moments[s], self.capacity[s], *local_cuts(problem, s)) for s in range(p)]
         self.kinds = tuple(dict.fromkeys(self.stage_kind))
         self.band: _Band | None = None
+        self._most_bytes: dict[tuple[Moment, ...], float] = {}
         self.width_mem = self._memory_width()
         self.cache: dict[float, _Found | None] = {}
 
     def most_bytes(self, moments: tuple[Moment, ...]) -> float:
         """More than any stage of these moments can hold, whatever its units (every term at its largest): where
-        the capacity is above it, memory never binds and no shape need be checked."""
+        the capacity is above it, memory never binds and no shape need be checked. Kept per moments: every band
+        of the bisection asks it again for each kind of stage."""
+        if moments not in self._most_bytes:
+            self._most_bytes[moments] = self._most_bytes_of(moments)
+        return self._most_bytes[moments]
+
+    def _most_bytes_of(self, moments: tuple[Moment, ...]) -> float:
         p = self.problem
         held = max(
             self.ps[-1] + sum(b for _, _, b in p.relays), max(self.out_held, default=0.0), self.stage_input.max()

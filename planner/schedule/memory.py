@@ -66,7 +66,11 @@ class MemoryMoment:
         )
 
 
-def _pareto(moments: set[MemoryMoment]) -> tuple[MemoryMoment, ...]:
+_Fields = tuple[int, int, bool, str, int, int, int]
+"""A moment's fields in :class:`MemoryMoment`'s order, as the walk finds them."""
+
+
+def _pareto(found: set[_Fields]) -> tuple[MemoryMoment, ...]:
     """The moments no other covers. Fullest first, so that a moment is only held against those kept (one covers
     another only if it holds at least as much of everything, so none later covers one before)."""
 
@@ -78,11 +82,16 @@ def _pareto(moments: set[MemoryMoment]) -> tuple[MemoryMoment, ...]:
             m.sent_grads,
         )
 
-    # A convex mix first (cheap, and it leaves few), then single moments across gradient states.
-    groups: dict[tuple[bool, str], list[MemoryMoment]] = {}
-    for m in moments:
-        groups.setdefault((m.grads, m.kind), []).append(m)
-    candidates = [m for group in groups.values() for m in _hull(group)]
+    # A convex mix first (cheap, and it leaves few; on the counts alone, an object made only for what it keeps),
+    # then single moments across gradient states.
+    groups: dict[tuple[bool, str], list[tuple[int, int, int, int, int]]] = {}
+    for waiting, split, grads, kind, sent_grads, sent_outputs, done in found:
+        groups.setdefault((grads, kind), []).append((waiting, split, sent_grads, sent_outputs, done))
+    candidates = [
+        MemoryMoment(waiting, split, grads, kind, sent_grads, sent_outputs, done)
+        for (grads, kind), group in groups.items()
+        for waiting, split, sent_grads, sent_outputs, done in _hull(group)
+    ]
     kept: list[MemoryMoment] = []
     for m in sorted(candidates, key=fullness, reverse=True):
         if not any(o.covers(m) for o in kept):
@@ -92,13 +101,9 @@ def _pareto(moments: set[MemoryMoment]) -> tuple[MemoryMoment, ...]:
     )
 
 
-def _counts(m: MemoryMoment) -> tuple[int, int, int, int, int]:
-    return (m.waiting, m.split, m.sent_grads, m.sent_outputs, m.done)
-
-
 def _between(p: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    """Whether some ``lam`` in [0, 1] makes ``lam a + (1 - lam) b`` at least ``p`` in every count (moments'
-    :func:`_counts`): each count bounds ``lam`` from below or above, and the highest lower bound must not pass
+    """Whether some ``lam`` in [0, 1] makes ``lam a + (1 - lam) b`` at least ``p`` in every count (as
+    :func:`_hull` takes them): each count bounds ``lam`` from below or above, and the highest lower bound must not pass
     the lowest upper one (fractions compared cross-multiplied: the counts are integers)."""
     low_num, low_den = 0, 1  # lam >= low_num / low_den
     high_num, high_den = 1, 1  # lam <= high_num / high_den
@@ -119,8 +124,9 @@ def _between(p: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool
     return low_num * high_den <= high_num * low_den
 
 
-def _hull(group: list[MemoryMoment]) -> list[MemoryMoment]:
-    """The moments of one action kind and gradient state that a mix of two others does not cover.
+def _hull(group: list[tuple[int, int, int, int, int]]) -> list[tuple[int, int, int, int, int]]:
+    """The counts (``waiting, split, sent_grads, sent_outputs, done``) of one action kind and gradient state's
+    moments that a mix of two others does not cover.
 
     A stage's memory at a moment is a sum of its counts, each times bytes that do not depend on the moment
     (solvers/problem.py ``stage_memory_peak``), so the largest over the moments is never at one that is covered
@@ -128,12 +134,12 @@ def _hull(group: list[MemoryMoment]) -> list[MemoryMoment]:
     micro-batch waiting, one fewer send held) and only its ends can peak. A monotone chain in the order of the
     counts: each moment drops the last ones kept while they lie between it and the one before them.
     """
-    kept: list[tuple[tuple[int, ...], MemoryMoment]] = []
-    for counts, m in sorted(((_counts(m), m) for m in group), key=lambda pair: pair[0]):
-        while len(kept) >= 2 and _between(kept[-1][0], kept[-2][0], counts):
+    kept: list[tuple[int, int, int, int, int]] = []
+    for counts in sorted(group):
+        while len(kept) >= 2 and _between(kept[-1], kept[-2], counts):
             kept.pop()
-        kept.append((counts, m))
-    return [m for _, m in kept]
+        kept.append(counts)
+    return kept
 
 
 @lru_cache(maxsize=1024)
@@ -147,7 +153,7 @@ def memory_moments(
     grads = [False] * num_stages
     # Plain tuples of MemoryMoment's fields while walking (a walk meets every backward of the step, and most
     # repeat a moment already found): one object per distinct moment, made at the end.
-    found: list[set[tuple[int, int, bool, str, int, int, int]]] = [set() for _ in range(num_stages)]
+    found: list[set[_Fields]] = [set() for _ in range(num_stages)]
     multi_stage = sched.multi_stage
     for order in kept_rank_orders(sched, num_stages, num_microbatches, num_ranks):
         for step in order:
@@ -172,7 +178,7 @@ def memory_moments(
                 split[s] -= 1
                 done[s] += 1
                 grads[s] = True
-    return tuple(_pareto({MemoryMoment(*fields) for fields in f}) for f in found)
+    return tuple(_pareto(f) for f in found)
 
 
 def _held_by_sends(

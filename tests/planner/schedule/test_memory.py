@@ -76,7 +76,7 @@ def test_the_fullest_moment_holds_the_peak_in_flight(schedule: str, stages: int,
 
 def every_moment(schedule: Schedule, stages: int, microbatches: int, ranks: int) -> list[set[MemoryMoment]]:
     """Every moment of the schedule's walk, none dropped."""
-    with mock.patch.object(memory_module, "_pareto", lambda found: tuple(found)):
+    with mock.patch.object(memory_module, "_pareto", lambda found: tuple(MemoryMoment(*f) for f in found)):
         return [set(s) for s in memory_moments.__wrapped__(schedule, stages, microbatches, ranks)]
 
 
