@@ -308,7 +308,7 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
         work.shard,
     )
     request = PlanRequest(num_ranks=pp, global_batch_size=gbs, settings=work.settings(profile))
-    layout = Layout(pp=pp, dp=dp, placement="replicas-in-node", tp=tp)
+    layout = Layout(pp=pp, dp=dp, placement="replicas-in-node", tp=tp, shard=work.shard)
     try:
         plan, memory = given_mesh_plan(
             profile,

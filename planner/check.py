@@ -99,7 +99,7 @@ def layout_as_plan(
         return plan, memory
     request = plan_request(profile, search, cluster=True)
     cluster = cluster_devices(profile, _cluster_options(layout, options), options.link_latency_s)
-    mesh_layout = Layout(layout.num_ranks, layout.data_parallel, layout.placement, layout.tensor_parallel)
+    mesh_layout = Layout(layout.num_ranks, layout.data_parallel, layout.placement, layout.tensor_parallel, layout.shard)
     megatron_like = layout.trainer in ("megatron", "torchtitan")
     sequence, vocab = layout_switches(TpLayout.MEGATRON if megatron_like else TpLayout.BLOCKS, layout.sequence_parallel)
     plan, memory = given_mesh_plan(

@@ -22,15 +22,16 @@ import math
 import multiprocessing
 import signal
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from planner.cost import SHARDING, CostSettings, DataParallel, bytes_per_param, state_bytes_per_param, unit_costs
+from planner.cost import CostSettings, DataParallel, bytes_per_param, state_bytes_per_param, unit_costs
 from planner.errors import PipeplanError, PipeplanWarning, PlanInfeasibleError, SearchPrunedError, UsageError
-from planner.limits import MAX_DEVICES, MAX_RANKS, check_at_most, check_plan_work
-from planner.plan import PLACEMENTS, Mesh, Plan
+from planner.limits import check_plan_work
+from planner.mesh_layouts import DEFAULT_CLUSTER_LINKS, Cluster, Layout, default_cluster, layouts, nearest_divisors
+from planner.plan import Mesh, Plan
 from planner.request import PlanRequest
 from planner.search import baselines_for, estimate_step_s, make_plan
 from planner.tensor_parallel import TensorParallel, check_degree, shardable_degrees, sharded_profile
@@ -45,7 +46,7 @@ __all__ = [
     "layouts",
     "plan_cluster",
     "tensor_parallel_degrees",
-    "best_step_per_degree",
+    "best_step_per",
     "default_cluster",
     "DEFAULT_CLUSTER_LINKS",
     "layout_settings",
@@ -53,160 +54,6 @@ __all__ = [
     "on_mesh",
     "cluster_plan",
 ]
-
-# (intra-node bytes/s, inter-node bytes/s, latency s) per device kind, one direction per device.
-# cuda: NVLink 4 (H100/H200: 450 GB/s each way) inside a node, one 400 Gb/s NIC per GPU (50 GB/s) between
-#       nodes, 10 us a message. cpu: gloo over localhost (measured, planner/cost.py DEFAULT_LINKS) for both.
-DEFAULT_CLUSTER_LINKS: dict[str, tuple[float, float, float]] = {
-    "cuda": (450e9, 50e9, 1e-5),
-    "cpu": (1.1e9, 1.1e9, 1.3e-4),
-}
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """The devices a cluster plan may use."""
-
-    num_devices: int
-    devices_per_node: int
-    intra_node_bytes_per_s: float
-    inter_node_bytes_per_s: float
-    latency_s: float
-    shard: str = "none"
-    """One of :data:`planner.plan.SHARDING`."""
-
-    def __post_init__(self) -> None:
-        if self.num_devices < 1 or self.devices_per_node < 1:
-            raise UsageError(
-                f"--devices and --devices-per-node must be >= 1, got {self.num_devices}, {self.devices_per_node}"
-            )
-        check_at_most("--devices", self.num_devices, MAX_DEVICES)
-        if self.intra_node_bytes_per_s <= 0 or self.inter_node_bytes_per_s <= 0 or self.latency_s < 0:
-            raise UsageError("bandwidths must be positive and latency >= 0")
-        if self.shard not in SHARDING:
-            raise UsageError(f"--shard must be one of {', '.join(SHARDING)}, got {self.shard!r}")
-
-    def link(self, a: int, b: int) -> float:
-        """Bandwidth between devices ``a`` and ``b`` (global ranks, ``devices_per_node`` to a node)."""
-        same = a // self.devices_per_node == b // self.devices_per_node
-        return self.intra_node_bytes_per_s if same else self.inter_node_bytes_per_s
-
-
-@dataclass(frozen=True)
-class Layout:
-    """``pp`` pipeline ranks x ``dp`` replicas placed on the cluster's devices, each position a group of ``tp``
-    consecutive devices (tensor parallelism innermost: its collectives, every block, stay inside a node)."""
-
-    pp: int
-    dp: int
-    placement: str
-    tp: int = 1
-
-    @property
-    def used_devices(self) -> int:
-        return self.pp * self.dp * self.tp
-
-    @property
-    def degrees(self) -> str:
-        """``pp x dp``, or ``pp x tp x dp`` with tensor parallelism, as the reports print it."""
-        return f"{self.pp} x {self.dp}" if self.tp == 1 else f"{self.pp} x {self.tp} x {self.dp}"
-
-    def device(self, replica: int, rank: int) -> int:
-        """The first device of the position's tensor-parallel group."""
-        if self.placement == "pipeline-in-node":
-            return (replica * self.pp + rank) * self.tp
-        return (rank * self.dp + replica) * self.tp
-
-    def devices(self) -> tuple[tuple[int, ...], ...]:
-        return tuple(tuple(self.device(r, s) for s in range(self.pp)) for r in range(self.dp))
-
-    def hop_bytes_per_s(self, cluster: Cluster) -> float:
-        """The slowest hop between consecutive pipeline ranks of any replica (inf without hops)."""
-        pairs = ((self.device(r, s), self.device(r, s + 1)) for r in range(self.dp) for s in range(self.pp - 1))
-        return _slowest(cluster, pairs)
-
-    def ring_bytes_per_s(self, cluster: Cluster) -> float:
-        """The slowest link in any pipeline rank's ring of replicas (inf with one replica)."""
-        if self.dp == 1:
-            return math.inf
-        pairs = ((self.device(r, s), self.device((r + 1) % self.dp, s)) for s in range(self.pp) for r in range(self.dp))
-        return _slowest(cluster, pairs)
-
-
-def _nearest_divisors(wanted: int, devices: int) -> str:
-    """The divisors of ``devices`` just below and above ``wanted``: what a user who asked for ``wanted`` means."""
-    divisors = [d for d in range(1, devices + 1) if devices % d == 0]
-    below = max(d for d in divisors if d < wanted)
-    above = [d for d in divisors if d > wanted]
-    return f"{below} or {above[0]}" if above else str(below)
-
-
-def default_cluster(
-    device_kind: str,
-    num_devices: int,
-    *,
-    devices_per_node: int | None = None,
-    intra_node_bytes_per_s: float | None = None,
-    inter_node_bytes_per_s: float | None = None,
-    latency_s: float | None = None,
-    shard: str = "none",
-) -> Cluster:
-    """A cluster of ``num_devices`` with the links of :data:`DEFAULT_CLUSTER_LINKS` for ``device_kind`` where
-    none is given (all devices on one node unless ``devices_per_node``)."""
-    intra, inter, latency = DEFAULT_CLUSTER_LINKS.get(device_kind, DEFAULT_CLUSTER_LINKS["cpu"])
-    return Cluster(
-        num_devices=num_devices,
-        devices_per_node=devices_per_node or num_devices,
-        intra_node_bytes_per_s=intra_node_bytes_per_s or intra,
-        inter_node_bytes_per_s=inter_node_bytes_per_s or inter,
-        latency_s=latency_s if latency_s is not None else latency,
-        shard=shard,
-    )
-
-
-def _slowest(cluster: Cluster, pairs: Iterator[tuple[int, int]]) -> float:
-    """The slowest link among ``pairs`` of devices (inf for none), stopping at the first of the slower kind:
-    a 4,096-device search asks for 717 layouts, and most have thousands of pairs."""
-    slower, faster = sorted((cluster.intra_node_bytes_per_s, cluster.inter_node_bytes_per_s))
-    found = math.inf
-    for a, b in pairs:
-        link = cluster.link(a, b)
-        if link == slower:
-            return slower
-        found = faster
-    return found
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def layouts(
-    cluster: Cluster, num_units: int, global_batch: int, pipeline_degree: int | None = None, tp: int = 1
-) -> list[Layout]:
-    """Every layout the search considers with tensor-parallel degree ``tp``, in a fixed order.
-
-    ``p`` runs over 1..min(N / tp, units, the pipeline limit) (or is ``pipeline_degree``), ``d`` over the
-    divisors of the global batch with ``p * d * tp <= N``; a placement whose links equal the other's on this
-    cluster is kept once (e.g. one node).
-    """
-    if pipeline_degree is not None:
-        degrees = [pipeline_degree]
-    else:
-        degrees = list(range(1, min(cluster.num_devices // tp, num_units, MAX_RANKS) + 1))
-    found: list[Layout] = []
-    for p in degrees:
-        for d in _divisors(global_batch):
-            if p * d * tp > cluster.num_devices:
-                break
-            seen: set[tuple[float, float]] = set()
-            for placement in PLACEMENTS:
-                layout = Layout(p, d, placement, tp)
-                links = (layout.hop_bytes_per_s(cluster), layout.ring_bytes_per_s(cluster))
-                if links not in seen:
-                    seen.add(links)
-                    found.append(layout)
-    return found
 
 
 @dataclass(frozen=True)
@@ -225,7 +72,7 @@ def layout_settings(request: PlanRequest, cluster: Cluster, layout: Layout) -> C
     if math.isfinite(hop):
         settings = replace(settings, link_bytes_per_s=hop, link_latency_s=cluster.latency_s)
     if layout.dp > 1:
-        dp = DataParallel(layout.dp, ring, cluster.latency_s, cluster.shard)
+        dp = DataParallel(layout.dp, ring, cluster.latency_s, layout.shard)
         settings = replace(settings, data_parallel=dp)
     return settings
 
@@ -236,7 +83,7 @@ def _mesh(cluster: Cluster, layout: Layout, request: PlanRequest, settings: Cost
         pp=layout.pp,
         dp=layout.dp,
         placement=layout.placement,
-        shard=cluster.shard,
+        shard=layout.shard,
         num_devices=cluster.num_devices,
         devices_per_node=cluster.devices_per_node,
         global_batch_size=request.global_batch_size,
@@ -409,6 +256,8 @@ class MeshSearch:
     """Model Megatron's sequence parallelism (planner/tensor_parallel.py); off is pipeplan's runtime."""
     vocab_parallel: bool = False
     """Model a vocabulary-parallel embedding and head (:func:`~planner.tensor_parallel.layout_switches`)."""
+    shards: tuple[str, ...] = ()
+    """What the replicas may split, each searched (``--shard auto``); none given: the cluster's ``shard``."""
 
 
 class _Candidate(NamedTuple):
@@ -482,7 +331,7 @@ def _degrees_with_pipeline(
         raise UsageError(
             f"--ranks {pipeline_degree} does not divide --devices {cluster.num_devices}: a pp x dp mesh "
             f"needs pp to divide the devices (e.g. --ranks "
-            f"{_nearest_divisors(pipeline_degree, cluster.num_devices)})"
+            f"{nearest_divisors(pipeline_degree, cluster.num_devices)})"
         )
     if pipeline_degree > profile.num_units:
         raise UsageError(f"cannot cut {profile.num_units} units into {pipeline_degree} stages")
@@ -505,7 +354,8 @@ def _candidates(
     order = 0
     for tp in degrees:
         profiles[tp] = sharded = sharded_for(profile, cluster, tp, mesh.sequence_parallel, mesh.vocab_parallel)
-        for layout in layouts(cluster, profile.num_units, request.global_batch_size, mesh.pipeline_degree, tp):
+        batch = request.global_batch_size
+        for layout in layouts(cluster, profile.num_units, batch, mesh.pipeline_degree, tp, mesh.shards):
             if mesh.pipeline_degree is None or layout.used_devices == cluster.num_devices:
                 settings = layout_settings(request, cluster, layout)
                 bound = _lower_bound_s(sharded, request, settings, layout)
@@ -609,7 +459,7 @@ def _cluster_constraints(
         "devices_per_node": cluster.devices_per_node,
         "intra_node_bytes_per_s": cluster.intra_node_bytes_per_s,
         "inter_node_bytes_per_s": cluster.inter_node_bytes_per_s,
-        "shard": cluster.shard,
+        "shard": "auto" if mesh.shards else cluster.shard,
         "global_batch_size": request.global_batch_size,
         "layouts_tried": len(tried),
     }
@@ -619,31 +469,41 @@ def _cluster_constraints(
         constraints["sequence_parallel"] = mesh.sequence_parallel
         constraints["vocab_parallel"] = mesh.vocab_parallel
         # Why this degree: the report (and `show`, from the plan file alone) prints each degree's best step.
-        outcomes = best_step_per_degree(tried)
+        outcomes = best_step_per(tried, lambda layout: layout.tp)
         constraints["tensor_parallel_best_s"] = {str(tp): outcome for tp, outcome in outcomes.items()}
+    if mesh.shards:
+        # Why this sharding, as for the degree: each mode's best step (layouts of one replica count as none).
+        constraints["shard_best_s"] = best_step_per(tried, lambda layout: layout.shard)
     return constraints
 
 
-def best_step_per_degree(tried: Iterable[tuple[Layout, float | None, str]]) -> dict[int, float | str]:
-    """Per tensor-parallel degree tried, its best simulated step, or why it has none: every layout of it was
-    kept out by a lower bound above the best step, or none fits (memory or batch)."""
-    steps: dict[int, float | None] = {}
-    pruned: set[int] = set()
+def best_step_per(
+    tried: Iterable[tuple[Layout, float | None, str]], key: Callable[[Layout], Any]
+) -> dict[Any, float | str]:
+    """Per value of ``key`` (a layout's tensor-parallel degree, its sharding) among the layouts tried, its best
+    simulated step, or why it has none: every layout of it was kept out by a lower bound above the best step, or
+    none fits (memory or batch)."""
+    steps: dict[Any, float | None] = {}
+    pruned: set[Any] = set()
     for layout, step, why in tried:
-        known = steps.setdefault(layout.tp, step)
+        known = steps.setdefault(key(layout), step)
         if step is not None and (known is None or step < known):
-            steps[layout.tp] = step
+            steps[key(layout)] = step
         if why.startswith("pruned"):
-            pruned.add(layout.tp)
+            pruned.add(key(layout))
     return {
-        tp: step
+        value: step
         if step is not None
         else "pruned: a lower bound above the best step"
-        if tp in pruned
+        if value in pruned
         else "no plan fits (memory or batch)"
-        for tp, step in sorted(steps.items())
+        for value, step in sorted(steps.items())
     }
 
 
 def _named(layout: Layout) -> str:
-    return f"pp={layout.pp} dp={layout.dp}" + (f" tp={layout.tp}" if layout.tp > 1 else "")
+    return (
+        f"pp={layout.pp} dp={layout.dp}"
+        + (f" tp={layout.tp}" if layout.tp > 1 else "")
+        + (f" shard {layout.shard}" if layout.shard != "none" else "")
+    )

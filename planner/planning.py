@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.cluster import Cluster, ClusterResult, MeshSearch, default_cluster, plan_cluster
+from planner.cost import SHARDING
 from planner.plan import Plan
 from planner.request import ClusterOptions, PlanOptions, PlanRequest, plan_request, profile_sha256
 from planner.search import fewer_ranks_faster, make_plan
@@ -95,8 +96,17 @@ def cluster_devices(profile: Profile, cluster: ClusterOptions, latency_s: float 
         intra_node_bytes_per_s=cluster.intra_node_bytes_per_s or device.get("intra_node_bytes_per_s"),
         inter_node_bytes_per_s=cluster.inter_node_bytes_per_s or device.get("inter_node_bytes_per_s"),
         latency_s=latency_s,
-        shard=cluster.shard,
+        shard="none" if cluster.shard == "auto" else cluster.shard,
     )
+
+
+def _shards_searched(trainer: str | None) -> tuple[str, ...]:
+    """``--shard auto``: every mode pipeplan's runtime runs, or those of the trainer the plan is made for."""
+    if not trainer:
+        return SHARDING
+    from planner.trainer_rules import TRAINER_SHARDING, Trainer
+
+    return TRAINER_SHARDING[Trainer.parse(trainer)]
 
 
 def _plan_mesh(
@@ -110,6 +120,7 @@ def _plan_mesh(
         pipeline_degree=search.ranks,
         tensor_parallel=None if cluster.tensor_parallel == "auto" else cluster.tensor_parallel or 1,
         attention_heads=cluster.attention_heads,
+        shards=_shards_searched(search.trainer) if cluster.shard == "auto" else (),
         **cluster.tp_switches(search.trainer),
     )
     return plan_cluster(

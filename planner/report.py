@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from planner.formatting import format_table, human_bytes, human_seconds
 from planner.plan import Plan
@@ -103,6 +104,9 @@ def _mesh_lines(plan: Plan) -> list[str]:
     steps = plan.constraints.get("tensor_parallel_best_s")
     if isinstance(steps, dict) and steps:
         lines.append(degree_steps_line({int(t): v for t, v in steps.items()}, m.tp))
+    shards = plan.constraints.get("shard_best_s")
+    if isinstance(shards, dict) and shards:
+        lines.append(best_steps_line("sharding of the replicas", dict(shards), m.shard, str))
     lines.append(
         f"mesh: {degrees} = {m.used_devices} of {m.num_devices} devices ({m.placement}, shard "
         f"{m.shard}); each replica runs the table's {plan.global_batch_size} of the step's {m.global_batch_size} "
@@ -172,18 +176,23 @@ def format_cluster(result: ClusterResult, *, top: int = 8) -> str:
     simulated = sorted((t for t in result.tried if t[1] is not None), key=lambda t: t[1])
     best = simulated[0][1] if simulated else None
     with_tp = any(layout.tp > 1 for layout, _, _ in result.tried)
+    with_shards = len({layout.shard for layout, _, _ in result.tried}) > 1
     rows = [
         [
             layout.degrees,
             layout.used_devices,
             layout.placement,
+            *([layout.shard] if with_shards else []),
             human_seconds(step),
             f"{step / best:.2f}x",
         ]
         for layout, step, _ in simulated[:top]
     ]
     header = "pp x tp x dp" if with_tp else "pp x dp"
-    table = format_table([header, "devices", "placement", "step", "vs best"], rows, align=">><>>")
+    shard = ["shard"] if with_shards else []
+    table = format_table(
+        [header, "devices", "placement", *shard, "step", "vs best"], rows, align=">><" + "<" * len(shard) + ">>"
+    )
     pruned = sum(1 for t in result.tried if t[1] is None and t[2].startswith("pruned"))
     failed = len(result.tried) - len(simulated) - pruned
     mesh = result.plan.mesh
@@ -202,15 +211,20 @@ def format_cluster(result: ClusterResult, *, top: int = 8) -> str:
 
 def degree_steps_line(steps: dict[int, float | str], chosen: int) -> str:
     """``best step per tensor-parallel degree: tp 4: 314 ms (chosen); tp 2: 350 ms (1.11x); tp 1: why none``."""
+    return best_steps_line("tensor-parallel degree", steps, chosen, lambda tp: f"tp {tp}")
+
+
+def best_steps_line(what: str, steps: dict[Any, float | str], chosen: Any, name: Callable[[Any], str]) -> str:
+    """``best step per WHAT: NAME: 314 ms (chosen); NAME: 350 ms (1.11x); NAME: why none``, the chosen first."""
     best = steps.get(chosen)
     parts = []
-    for tp in sorted(steps, key=lambda t: (t != chosen, t)):
-        step = steps[tp]
+    for value in sorted(steps, key=lambda v: (v != chosen, v)):
+        step = steps[value]
         if isinstance(step, str):
-            parts.append(f"tp {tp}: {step}")
-        elif tp == chosen:
-            parts.append(f"tp {tp}: {human_seconds(step)} (chosen)")
+            parts.append(f"{name(value)}: {step}")
+        elif value == chosen:
+            parts.append(f"{name(value)}: {human_seconds(step)} (chosen)")
         else:
             ratio = f" ({step / best:.2f}x)" if isinstance(best, float) and best > 0 else ""
-            parts.append(f"tp {tp}: {human_seconds(step)}{ratio}")
-    return "best step per tensor-parallel degree: " + "; ".join(parts)
+            parts.append(f"{name(value)}: {human_seconds(step)}{ratio}")
+    return f"best step per {what}: " + "; ".join(parts)

@@ -250,9 +250,9 @@ class ClusterOptions:
     )
     shard: str = option(
         "none",
-        choices=("none", "optimizer", "full"),
+        choices=("none", "optimizer", "full", "auto"),
         help="what the replicas split: none = nothing (DDP), optimizer = optimizer state (ZeRO-1), full = "
-        "weights, gradients and optimizer state (FSDP)",
+        "weights, gradients and optimizer state (FSDP), auto = search each that the plan's runtime runs (--for)",
     )
     tensor_parallel: int | str | None = option(
         None,

@@ -18,7 +18,7 @@ from planner.request import PlanRequest
 from planner.schedule.orders import Schedule
 from profiles.format import Profile
 
-__all__ = ["TRAINER_SCHEDULES", "for_trainer", "check_trainer"]
+__all__ = ["TRAINER_SCHEDULES", "TRAINER_SHARDING", "for_trainer", "check_trainer"]
 
 TRAINER_SCHEDULES: dict[Trainer, tuple[Schedule, ...]] = {
     # Megatron-Core runs 1F1B, interleaved when the layout gives a rank several stages (layout stage i on rank
@@ -31,6 +31,18 @@ TRAINER_SCHEDULES: dict[Trainer, tuple[Schedule, ...]] = {
     # accelerate's prepare_pippy runs torch's GPipe, for inference.
     Trainer.ACCELERATE: (Schedule.GPIPE,),
 }
+
+TRAINER_SHARDING: dict[Trainer, tuple[str, ...]] = {
+    # Megatron's distributed optimizer shards optimizer state (and gradients), never the weights.
+    Trainer.MEGATRON: ("none", "optimizer"),
+    # torchtitan shards with FSDP (data_parallel_shard_degree) or not at all: it has no ZeRO-1.
+    Trainer.TORCHTITAN: ("none", "full"),
+    # DeepSpeed's pipeline engine allows ZeRO stage 1 at most (runtime/pipe/engine.py).
+    Trainer.DEEPSPEED: ("none", "optimizer"),
+    # accelerate's prepare_pippy runs inference: there is nothing to shard.
+    Trainer.ACCELERATE: ("none",),
+}
+"""What ``--shard auto`` searches for a plan made ``--for`` each trainer: the modes it runs."""
 
 
 def for_trainer(profile: Profile, request: PlanRequest, trainer: Trainer | str) -> PlanRequest:

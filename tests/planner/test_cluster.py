@@ -13,7 +13,7 @@ from cli import main
 from cli_checks import assert_fails
 from planner.cluster import Cluster, Layout, MeshSearch, layouts, plan_cluster, sharded_for
 from planner.cost import CostSettings, DataParallel, bytes_per_param, unit_costs
-from planner.errors import PlanFormatError, UsageError
+from planner.errors import PlanFormatError, PlanInfeasibleError, UsageError
 from planner.plan import load_plan, plan_from_dict, save_plan
 from planner.request import PlanRequest
 from planner.search import make_plan, plan_key
@@ -350,3 +350,72 @@ def test_a_reduction_overlapped_with_the_backward_leaves_only_what_outlasts_it()
     weights = 10**6 * per_param[0]
     expected = slow.gather_s(grads) - backward_s + slow.gather_s(weights)
     assert tails(zero1) == pytest.approx((expected,) * 2)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sharding_searched_chooses_what_the_best_explicit_sharding_gives(seed: int) -> None:
+    # --shard auto searches each mode in one branch and bound: its plan is the fastest of the three searches
+    # with the mode given, ties going to less memory, and it says each mode's best step.
+    from planner.cost import SHARDING
+
+    rng = random.Random(seed)
+    n = rng.randint(3, 6)
+    profile = make_profile(
+        [rng.uniform(0.5, 2.0) for _ in range(n)],
+        sizes=(1, 2),
+        param_counts=[rng.choice([10**5, 10**6, 10**7]) for _ in range(n)],
+        memory_bytes=rng.choice([2**28, 2**29, 2**36]),
+    )
+    cluster = Cluster(rng.choice([4, 8]), 4, 1e10, 1e8, 1e-4)
+    request = _request(8, link_bytes_per_s=1e9)
+    searched = plan_cluster(profile, request, cluster, MeshSearch(shards=SHARDING), sha256=SHA)
+    each = {}
+    for shard in SHARDING:
+        try:
+            each[shard] = plan_cluster(profile, request, replace(cluster, shard=shard), sha256=SHA).plan
+        except PlanInfeasibleError:
+            continue
+    best = min(each.values(), key=lambda p: (round(p.predicted.iteration_s, 12), p.mesh.used_devices))
+    plan = searched.plan
+    assert plan.predicted.iteration_s == pytest.approx(best.predicted.iteration_s, rel=1e-12)
+    assert each[plan.mesh.shard].predicted.iteration_s == pytest.approx(plan.predicted.iteration_s, rel=1e-12)
+    assert plan.constraints["shard"] == "auto"
+    steps = plan.constraints["shard_best_s"]
+    assert steps[plan.mesh.shard] == pytest.approx(plan.predicted.iteration_s, rel=1e-12)
+    for shard, step in steps.items():
+        assert isinstance(step, str) or step >= plan.predicted.iteration_s * (1 - 1e-12)
+        if shard not in each:
+            assert step == "no plan fits (memory or batch)" or step.startswith("pruned")
+
+
+def test_sharding_searched_finds_the_mode_that_fits() -> None:
+    # 4 units of 10M fp32 Adam parameters (160 MB each) on 256 MiB devices, 8 devices and 8 samples: unsharded,
+    # one unit a device at most (pp 4 x dp 2); sharded over the replicas, fewer pipeline ranks hold it all.
+    tight = make_profile([1.0] * 4, param_counts=[10**7] * 4, memory_bytes=2**28)
+    cluster = Cluster(8, 8, 1e12, 1e12, 0.0)
+    unsharded = plan_cluster(tight, _request(8), cluster, sha256=SHA).plan
+    assert (unsharded.mesh.pp, unsharded.mesh.shard) == (4, "none")
+    plan = plan_cluster(tight, _request(8), cluster, MeshSearch(shards=("none", "full")), sha256=SHA).plan
+    assert plan.mesh.shard == "full" and plan.mesh.pp < 4
+    assert plan.predicted.iteration_s < unsharded.predicted.iteration_s
+    assert set(plan.constraints["shard_best_s"]) == {"none", "full"}
+
+
+def test_cli_shard_auto_searches_what_the_trainer_runs(tmp_path, capsys) -> None:
+    from planner.planning import _shards_searched
+    from planner.trainer_rules import TRAINER_SHARDING
+
+    assert _shards_searched(None) == ("none", "optimizer", "full")
+    assert _shards_searched("torchtitan") == ("none", "full")  # no ZeRO-1 in torchtitan
+    assert all("full" not in _shards_searched(t.value) for t in TRAINER_SHARDING if t.value != "torchtitan")
+    profile = tmp_path / "model.profile.json"
+    save_profile(make_profile([1.0] * 4, param_counts=[10**7] * 4, memory_bytes=2**28), profile)
+    out = tmp_path / "plan.json"
+    argv = ["plan", profile, "--devices", 8, "--global-batch", 8, "--shard", "auto", "--out", out]
+    assert main([str(a) for a in argv]) == 0
+    printed = capsys.readouterr().out
+    assert "best step per sharding of the replicas: full: " in printed and "(chosen)" in printed
+    assert "shard" in printed.split("\n")[1]  # the table of layouts has a column for it
+    data = json.loads(out.read_text())
+    assert data["mesh"]["shard"] == "full" and data["constraints"]["shard"] == "auto"
+    assert load_plan(out).mesh.shard == "full"
