@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import run_started, tee_stdout, write_record  # noqa: E402
 
-from planner.cluster import Cluster, Layout  # noqa: E402
+from planner.cluster import Cluster, Layout, MeshSearch  # noqa: E402
 from planner.cost import CostSettings  # noqa: E402
 from planner.errors import PipeplanError  # noqa: E402
 from planner.fileio import write_json_atomic  # noqa: E402
@@ -310,18 +310,13 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
     request = PlanRequest(num_ranks=pp, global_batch_size=gbs, settings=work.settings(profile))
     layout = Layout(pp=pp, dp=dp, placement="replicas-in-node", tp=tp, shard=work.shard)
     try:
-        plan, memory = given_mesh_plan(
-            profile,
-            request,
-            cluster,
-            layout,
-            given,
+        mesh = MeshSearch(
             sequence_parallel=sequence_parallel,
             vocab_parallel=True,
-            sha256=None,
             trainer_collectives=True,
             overlap_grad_reduce=work.overlap_grad_reduce,
         )
+        plan, memory = given_mesh_plan(profile, request, cluster, layout, given, mesh, sha256=None)
     except PipeplanError as exc:
         return replace(base, note=str(exc)[:120])
     iteration = plan.predicted.iteration_s

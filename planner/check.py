@@ -13,13 +13,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.check_options import CheckOptions
-from planner.cluster import Layout
+from planner.cluster import Layout, MeshSearch
 from planner.errors import PipeplanError, UsageError, shorten
 from planner.export import export_plan
 from planner.formatting import format_table, human_bytes, human_seconds
 from planner.given_plan import GivenLayout, RankMemory, given_mesh_plan, given_plan
 from planner.plan import Plan
-from planner.planning import cluster_devices, plan_profile
+from planner.planning import cluster_devices, plan_profile, trainer_collectives
 from planner.request import ClusterOptions, PlanOptions, plan_request, profile_sha256
 from planner.tensor_parallel import TpLayout, layout_switches
 from planner.trainer_configs import read_config
@@ -102,16 +102,12 @@ def layout_as_plan(
     mesh_layout = Layout(layout.num_ranks, layout.data_parallel, layout.placement, layout.tensor_parallel, layout.shard)
     megatron_like = layout.trainer in ("megatron", "torchtitan")
     sequence, vocab = layout_switches(TpLayout.MEGATRON if megatron_like else TpLayout.BLOCKS, layout.sequence_parallel)
-    plan, memory = given_mesh_plan(
-        profile,
-        request,
-        cluster,
-        mesh_layout,
-        given,
+    mesh = MeshSearch(
         sequence_parallel=sequence and layout.tensor_parallel > 1,
         vocab_parallel=vocab and layout.tensor_parallel > 1,
-        sha256=sha256,
+        **trainer_collectives(layout.trainer),
     )
+    plan, memory = given_mesh_plan(profile, request, cluster, mesh_layout, given, mesh, sha256=sha256)
     return plan, memory
 
 

@@ -64,17 +64,32 @@ class ClusterResult:
     """Every layout: (layout, simulated step in seconds or None, why not when None)."""
 
 
-def layout_settings(request: PlanRequest, cluster: Cluster, layout: Layout) -> CostSettings:
-    """One replica's cost settings on ``layout``: its slowest pipeline hop, and its replicas' gradient ring."""
+def layout_settings(
+    request: PlanRequest, cluster: Cluster, layout: Layout, mesh: MeshSearch | None = None
+) -> CostSettings:
+    """One replica's cost settings on ``layout``: its slowest pipeline hop, and its replicas' gradient ring, run as
+    ``mesh`` says (pipeplan's runtime, or a trainer's collectives)."""
     hop = layout.hop_bytes_per_s(cluster)
     ring = layout.ring_bytes_per_s(cluster)
     settings = request.settings
     if math.isfinite(hop):
         settings = replace(settings, link_bytes_per_s=hop, link_latency_s=cluster.latency_s)
-    if layout.dp > 1:
-        dp = DataParallel(layout.dp, ring, cluster.latency_s, layout.shard)
-        settings = replace(settings, data_parallel=dp)
-    return settings
+    if layout.dp == 1:
+        return settings
+    dp = DataParallel(layout.dp, ring, cluster.latency_s, layout.shard)
+    if mesh is not None and mesh.trainer_collectives:
+        # Replicas of one position sit next to each other (replicas-in-node) or a pipeline apart.
+        apart = layout.tp * (1 if layout.placement == "replicas-in-node" else layout.pp)
+        per_node = max(1, min(layout.dp, cluster.devices_per_node // apart))
+        dp = replace(
+            dp,
+            bytes_per_s=min(cluster.intra_node_bytes_per_s, ring * per_node),
+            per_unit=layout.pp == 1,
+            gathered_all_step=layout.pp > 1,
+        )
+    if mesh is not None:
+        dp = replace(dp, overlaps_backward=mesh.overlap_grad_reduce)
+    return replace(settings, data_parallel=dp)
 
 
 def _mesh(cluster: Cluster, layout: Layout, request: PlanRequest, settings: CostSettings) -> Mesh:
@@ -258,6 +273,15 @@ class MeshSearch:
     """Model a vocabulary-parallel embedding and head (:func:`~planner.tensor_parallel.layout_switches`)."""
     shards: tuple[str, ...] = ()
     """What the replicas may split, each searched (``--shard auto``); none given: the cluster's ``shard``."""
+    trainer_collectives: bool = False
+    """The replicas' collectives as the trainers run them rather than as pipeplan's runtime does: full sharding
+    without a pipeline (pp = 1) resharded and prefetched unit by unit (:attr:`~planner.cost.DataParallel.per_unit`),
+    under one gathered once a step (:attr:`~planner.cost.DataParallel.gathered_all_step`), and a ring that leaves a
+    node crossing it on every NIC the ring's devices there have (NCCL runs a ring a channel, each channel on its
+    own NIC), not on one."""
+    overlap_grad_reduce: bool = False
+    """The replicas' gradient reduction runs behind the last backward
+    (:attr:`~planner.cost.DataParallel.overlaps_backward`)."""
 
 
 class _Candidate(NamedTuple):
@@ -357,7 +381,7 @@ def _candidates(
         batch = request.global_batch_size
         for layout in layouts(cluster, profile.num_units, batch, mesh.pipeline_degree, tp, mesh.shards):
             if mesh.pipeline_degree is None or layout.used_devices == cluster.num_devices:
-                settings = layout_settings(request, cluster, layout)
+                settings = layout_settings(request, cluster, layout, mesh)
                 bound = _lower_bound_s(sharded, request, settings, layout)
                 replica = replace(
                     request,

@@ -197,45 +197,18 @@ def given_mesh_plan(
     cluster: Cluster,
     layout: Layout,
     given: GivenLayout,
+    mesh: MeshSearch,
     *,
-    sequence_parallel: bool,
-    vocab_parallel: bool,
     sha256: str | None,
-    trainer_collectives: bool = False,
-    overlap_grad_reduce: bool = False,
 ) -> tuple[Plan, tuple[RankMemory, ...]]:
     """``given`` as each replica's pipeline of a ``pp x tp x dp`` ``layout`` on ``cluster`` (``request`` for the
-    whole step), costed as the cluster search costs that layout.
-
-    ``trainer_collectives``: the replicas' collectives as the trainers run them rather than as pipeplan's runtime
-    does: full sharding without a pipeline (pp = 1) resharded and prefetched unit by unit
-    (:attr:`~planner.cost.DataParallel.per_unit`), under one gathered once a step
-    (:attr:`~planner.cost.DataParallel.gathered_all_step`), and a ring that leaves a node crossing it on every NIC the
-    ring's devices there have (NCCL runs a ring a channel, each channel on its own NIC), not on one.
-    ``overlap_grad_reduce``: the replicas' gradient reduction runs behind the last backward
-    (:attr:`~planner.cost.DataParallel.overlaps_backward`).
-    """
-    sharded = sharded_for(profile, cluster, layout.tp, sequence_parallel, vocab_parallel)
-    settings = layout_settings(request, cluster, layout)
-    dp = settings.data_parallel
-    if trainer_collectives and dp is not None:
-        # Replicas of one position sit next to each other (replicas-in-node) or a pipeline apart.
-        apart = layout.tp * (1 if layout.placement == "replicas-in-node" else layout.pp)
-        per_node = max(1, min(layout.dp, cluster.devices_per_node // apart))
-        ring = min(cluster.intra_node_bytes_per_s, dp.bytes_per_s * per_node)
-        settings = replace(
-            settings,
-            data_parallel=replace(
-                dp,
-                bytes_per_s=ring,
-                per_unit=layout.pp == 1,
-                gathered_all_step=layout.pp > 1,
-                overlaps_backward=overlap_grad_reduce,
-            ),
-        )
+    whole step), costed as the cluster search costs that layout with ``mesh``'s tensor-parallel layout and
+    collectives (its degrees are the layout's)."""
+    sharded = sharded_for(profile, cluster, layout.tp, mesh.sequence_parallel, mesh.vocab_parallel)
+    settings = layout_settings(request, cluster, layout, mesh)
     replica = replace(
         request, num_ranks=layout.pp, global_batch_size=request.global_batch_size // layout.dp, settings=settings
     )
     plan, memory = given_plan(sharded, replica, given, sha256=sha256)
-    mesh = MeshSearch(layout.pp, layout.tp, sequence_parallel=sequence_parallel, vocab_parallel=vocab_parallel)
+    mesh = replace(mesh, pipeline_degree=layout.pp, tensor_parallel=layout.tp)
     return cluster_plan(plan, cluster, layout, request, replica, mesh), memory

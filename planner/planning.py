@@ -100,6 +100,16 @@ def cluster_devices(profile: Profile, cluster: ClusterOptions, latency_s: float 
     )
 
 
+def trainer_collectives(trainer: str | None) -> dict[str, bool]:
+    """:class:`MeshSearch`'s collectives switches for the runtime that runs the plan: pipeplan's (none given), or
+    the trainer's."""
+    if not trainer:
+        return {}
+    from planner.trainer_rules import TRAINER_COLLECTIVES, Trainer
+
+    return TRAINER_COLLECTIVES[Trainer.parse(trainer)]
+
+
 def _shards_searched(trainer: str | None) -> tuple[str, ...]:
     """``--shard auto``: every mode pipeplan's runtime runs, or those of the trainer the plan is made for."""
     if not trainer:
@@ -122,6 +132,7 @@ def _plan_mesh(
         attention_heads=cluster.attention_heads,
         shards=_shards_searched(search.trainer) if cluster.shard == "auto" else (),
         **cluster.tp_switches(search.trainer),
+        **trainer_collectives(search.trainer),
     )
     return plan_cluster(
         profile,

@@ -18,7 +18,7 @@ from planner.request import PlanRequest
 from planner.schedule.orders import Schedule
 from profiles.format import Profile
 
-__all__ = ["TRAINER_SCHEDULES", "TRAINER_SHARDING", "for_trainer", "check_trainer"]
+__all__ = ["TRAINER_SCHEDULES", "TRAINER_SHARDING", "TRAINER_COLLECTIVES", "for_trainer", "check_trainer"]
 
 TRAINER_SCHEDULES: dict[Trainer, tuple[Schedule, ...]] = {
     # Megatron-Core runs 1F1B, interleaved when the layout gives a rank several stages (layout stage i on rank
@@ -43,6 +43,20 @@ TRAINER_SHARDING: dict[Trainer, tuple[str, ...]] = {
     Trainer.ACCELERATE: ("none",),
 }
 """What ``--shard auto`` searches for a plan made ``--for`` each trainer: the modes it runs."""
+
+TRAINER_COLLECTIVES: dict[Trainer, dict[str, bool]] = {
+    # Megatron-LM reduces the gradients after the step's last backward unless --overlap-grad-reduce (off by
+    # default); its FSDP-free distributed optimizer is ZeRO-1's volume.
+    Trainer.MEGATRON: {"trainer_collectives": True, "overlap_grad_reduce": False},
+    # torchtitan's FSDP2 keeps a pipeline stage gathered all step (reshard_after_forward = not pp_enabled) and
+    # reduce-scatters behind the last backward, as DDP's buckets do.
+    Trainer.TORCHTITAN: {"trainer_collectives": True, "overlap_grad_reduce": True},
+    # DeepSpeed's pipeline engine all-reduces the gradients once the step's backwards are done (_exec_reduce_grads).
+    Trainer.DEEPSPEED: {"trainer_collectives": True, "overlap_grad_reduce": False},
+    Trainer.ACCELERATE: {"trainer_collectives": False, "overlap_grad_reduce": False},
+}
+"""How each trainer's replicas run their collectives (:class:`~planner.cluster.MeshSearch`): a plan made ``--for``
+it, and ``check --from`` it, are costed so."""
 
 
 def for_trainer(profile: Profile, request: PlanRequest, trainer: Trainer | str) -> PlanRequest:

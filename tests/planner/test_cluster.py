@@ -419,3 +419,28 @@ def test_cli_shard_auto_searches_what_the_trainer_runs(tmp_path, capsys) -> None
     data = json.loads(out.read_text())
     assert data["mesh"]["shard"] == "full" and data["constraints"]["shard"] == "auto"
     assert load_plan(out).mesh.shard == "full"
+
+
+def test_a_plan_for_a_trainer_is_costed_with_its_collectives() -> None:
+    # pipeplan's runtime gathers an FSDP stage for every micro-batch; torchtitan keeps a pipeline stage gathered all
+    # step and reduces behind the last backward; a ring leaving a node runs on each of its devices' NICs (NCCL).
+    from planner.cluster import layout_settings
+    from planner.planning import trainer_collectives
+
+    assert trainer_collectives(None) == {}
+    titan = MeshSearch(**trainer_collectives("torchtitan"))
+    assert (titan.trainer_collectives, titan.overlap_grad_reduce) == (True, True)
+    assert MeshSearch(**trainer_collectives("megatron")).overlap_grad_reduce is False  # Megatron-LM's default
+    cluster = Cluster(16, 4, 1e11, 1e10, 1e-5, shard="full")
+    request = _request(16)
+    staged = Layout(pp=2, dp=8, placement="replicas-in-node", shard="full")
+    ours = layout_settings(request, cluster, staged).data_parallel
+    theirs = layout_settings(request, cluster, staged, titan).data_parallel
+    assert (ours.gathered_all_step, ours.overlaps_backward, ours.bytes_per_s) == (False, False, 1e10)
+    assert (theirs.gathered_all_step, theirs.per_unit, theirs.overlaps_backward) == (True, False, True)
+    assert theirs.bytes_per_s == 4e10  # 4 replicas a node, each on its own NIC
+    alone = layout_settings(request, cluster, replace(staged, pp=1, dp=16), titan).data_parallel
+    assert (alone.per_unit, alone.gathered_all_step) == (True, False)
+    profile = make_profile([1.0] * 4, sizes=(1, 2), param_counts=[10**7] * 4)
+    slow, fast = (plan_cluster(profile, request, cluster, m, sha256=SHA).plan for m in (MeshSearch(), titan))
+    assert fast.predicted.iteration_s < slow.predicted.iteration_s  # fewer gathers, a faster ring
