@@ -67,7 +67,7 @@ class VerifyCommand:
 
 @dataclass(frozen=True, kw_only=True)
 class ShowOptions:
-    file: str = option(positional=True, metavar="FILE.json", help="a profile or a plan")
+    file: str = option(positional=True, metavar="FILE.json", help="a profile, a plan or a verify report")
     micro_batch_size: str | None = option(
         None,
         metavar="N|all",

@@ -116,9 +116,9 @@ COMMANDS: dict[str, tuple[type, dict[str, str]]] = {
     "show": (
         ShowOptions,
         dict(
-            help="print a profile or plan file as a table",
-            description="Reprint the table of a profile or a plan file.\n\nexample:\n  pipeplan show gpt2.profile.json "
-            "--micro-batch-size all",
+            help="print a profile, plan or verify report file as a table",
+            description="Reprint the table of a profile, a plan or a verify report (verify --out) file.\n\nexamples:\n"
+            "  pipeplan show gpt2.profile.json --micro-batch-size all\n  pipeplan show report.json",
         ),
     ),
     "plan": (

@@ -1,7 +1,7 @@
 """The report of a verify run: what :func:`planner.runtime.verify.verify_plan` measured beside what the plan
 predicted, per stage, per rank and for the iteration, and the numerics check; its JSON form
-(:meth:`VerifyReport.to_dict`, what ``pipeplan verify --out`` writes), its table (:func:`format_report`) and the
-one-line diagnosis of a mismatch (:func:`mismatch_reason`).
+(:meth:`VerifyReport.to_dict`, what ``pipeplan verify --out`` writes, and :func:`report_from_dict`, which reads it
+back), its table (:func:`format_report`) and the one-line diagnosis of a mismatch (:func:`mismatch_reason`).
 
 A module of its own so that what only reads reports (the calibration refit, tune, the benchmarks re-evaluating a
 stored run) imports neither torch nor the code that runs ranks.
@@ -10,7 +10,7 @@ stored run) imports neither torch nor the code that runs ranks.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, cast
 
 from planner.cost import MemoryBreakdown
@@ -31,7 +31,12 @@ __all__ = [
     "contention_change",
     "mismatch_reason",
     "format_report",
+    "report_from_dict",
+    "VERIFY_REPORT_FORMAT",
 ]
+
+VERIFY_REPORT_FORMAT = "pipeplan.verify-report"
+"""The ``format`` a report's JSON names (reports written before carry none)."""
 
 NUMERICS_ATOL = 1e-5
 NUMERICS_RTOL = 1e-4
@@ -316,7 +321,7 @@ class VerifyReport:
         return timing and self.memory_ok and (self.numerics is None or self.numerics.ok)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = {"format": VERIFY_REPORT_FORMAT, **asdict(self)}
         data["schedule"] = self.schedule.value
         for stage, d in zip(self.stages, data["stages"], strict=True):
             d["error_pct"] = stage.error_pct
@@ -333,6 +338,27 @@ class VerifyReport:
         data["busy_s"] = list(self.busy_s)
         data["ranks"] = [asdict(r) for r in self.ranks]
         return data
+
+
+def _fields_of(cls: type, data: Any) -> dict[str, Any]:
+    """``data``'s entries that are ``cls``'s fields, lists as tuples: what ``to_dict`` derived is left out."""
+    if not isinstance(data, dict):
+        raise ValueError(f"expected an object for {cls.__name__}, got {type(data).__name__}")
+    names = {f.name for f in fields(cls)}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names}
+
+
+def report_from_dict(data: Any) -> VerifyReport:
+    """A report read back from its JSON (:meth:`VerifyReport.to_dict`); raises ValueError where it is not one."""
+    try:
+        found = _fields_of(VerifyReport, data)
+        found["stages"] = tuple(StageReport(**_fields_of(StageReport, s)) for s in data["stages"])
+        found["ranks"] = tuple(RankTime(**_fields_of(RankTime, r)) for r in data.get("ranks", ()))
+        if isinstance(data.get("numerics"), dict):
+            found["numerics"] = NumericsReport(**_fields_of(NumericsReport, data["numerics"]))
+        return VerifyReport(**found)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a verify report: {exc}") from exc
 
 
 def mismatch_reason(report: VerifyReport) -> str | None:

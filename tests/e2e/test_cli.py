@@ -143,7 +143,7 @@ def test_simulate_rejects_a_profile_given_as_plan(profile_file, capsys):
 def test_show_rejects_other_json(tmp_path, capsys):
     other = tmp_path / "other.json"
     other.write_text('{"format": "x"}')
-    assert_fails(capsys, ["show", other], "neither a pipeplan profile nor a plan")
+    assert_fails(capsys, ["show", other], "neither a pipeplan profile, a plan nor a verify report")
 
 
 def _compared(out: str) -> dict[str, str]:

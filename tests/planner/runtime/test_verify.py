@@ -553,3 +553,30 @@ def test_predicted_tails_include_the_wait_for_a_tied_partner() -> None:
     # Rank 0 finishes last (its backward follows rank 1's): rank 1 waits for rank 0's backward, 2 ms here.
     assert tails[0] == pytest.approx(0.004)
     assert tails[1] == pytest.approx(0.004 + 0.002)
+
+
+def test_a_report_reads_back_from_its_json_and_show_prints_it(tmp_path: Path, capsys) -> None:
+    from cli import main
+    from cli_checks import assert_fails
+    from planner.cost import MemoryBreakdown
+    from planner.runtime.verify_report import report_from_dict
+
+    memory = MemoryBreakdown(100, 100, 200, 300, 50, 750, buffers=0)
+    rank = RankTime(0, 1.0, 0.5, 0.1, 0.0, 1.1, 0.4, 0.1, 0.05)
+    base = _report(12.0, [(1.0, 2.0), (1.5, 2.5)])
+    stages = tuple(replace(s, predicted_memory=memory, measured_memory=memory, capacity_bytes=1e3) for s in base.stages)
+    report = replace(
+        base, stages=stages, ranks=(rank,), numerics=NumericsReport(True, 0.0, 0.0, "w"), reference_s=0.01
+    )
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["format"] == "pipeplan.verify-report"
+    assert report_from_dict(data) == report
+    older = {k: v for k, v in data.items() if k != "format"}
+    assert report_from_dict(older) == report
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(data))
+    assert main(["show", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == format_report(report).strip()
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({**data, "stages": [{"index": 0}]}))
+    assert_fails(capsys, ["show", broken], "not a verify report")
