@@ -13,7 +13,8 @@ each rank's gradient synchronisation over its ``d`` replicas in the simulated st
 
 With tensor parallelism (``tensor_parallel``), each (replica, pipeline rank) is a group of ``tp`` consecutive
 devices in one node, and each degree's layouts are searched on the profile as one device of the group computes
-it (planner/tensor_parallel.py), all degrees in one branch and bound.
+it (planner/tensor_parallel.py), all degrees in one branch and bound. With several shardings of the replicas
+searched (``MeshSearch.shards``, ``--shard auto``), each is another layout of the same branch and bound.
 """
 
 from __future__ import annotations
