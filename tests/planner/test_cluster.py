@@ -19,7 +19,7 @@ from planner.request import PlanRequest
 from planner.search import make_plan, plan_key
 from planner.step_tails import step_tails
 from planner.tensor_parallel import TensorParallel, sharded_profile
-from profiles.format import save_profile
+from profiles.format import Profile, save_profile
 from synthetic import make_profile, transformer_profile
 
 SHA = "0" * 64
@@ -155,16 +155,21 @@ def _exhaustive(
     return best
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_the_choice_is_the_exhaustive_searchs(seed: int) -> None:
-    rng = random.Random(seed)
+def _random_profile(rng: random.Random, memories: tuple[int, ...]) -> Profile:
+    """3 to 6 units of random times and parameter counts at micro-batch sizes 1 and 2, on one of ``memories``."""
     n = rng.randint(3, 6)
-    profile = make_profile(
+    return make_profile(
         [rng.uniform(0.5, 2.0) for _ in range(n)],
         sizes=(1, 2),
         param_counts=[rng.choice([10**5, 10**6, 10**7]) for _ in range(n)],
-        memory_bytes=rng.choice([2**28, 2**30, 2**36]),
+        memory_bytes=rng.choice(memories),
     )
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_choice_is_the_exhaustive_searchs(seed: int) -> None:
+    rng = random.Random(seed)
+    profile = _random_profile(rng, (2**28, 2**30, 2**36))
     cluster = Cluster(
         rng.choice([4, 6, 8]),
         rng.choice([2, 4]),
@@ -359,13 +364,7 @@ def test_sharding_searched_chooses_what_the_best_explicit_sharding_gives(seed: i
     from planner.cost import SHARDING
 
     rng = random.Random(seed)
-    n = rng.randint(3, 6)
-    profile = make_profile(
-        [rng.uniform(0.5, 2.0) for _ in range(n)],
-        sizes=(1, 2),
-        param_counts=[rng.choice([10**5, 10**6, 10**7]) for _ in range(n)],
-        memory_bytes=rng.choice([2**28, 2**29, 2**36]),
-    )
+    profile = _random_profile(rng, (2**28, 2**29, 2**36))
     cluster = Cluster(rng.choice([4, 8]), 4, 1e10, 1e8, 1e-4)
     request = _request(8, link_bytes_per_s=1e9)
     searched = plan_cluster(profile, request, cluster, MeshSearch(shards=SHARDING), sha256=SHA)
