@@ -77,7 +77,8 @@ def layout_settings(
         settings = replace(settings, link_bytes_per_s=hop, link_latency_s=cluster.latency_s)
     if layout.dp == 1:
         return settings
-    dp = DataParallel(layout.dp, ring, cluster.latency_s, layout.shard)
+    overlap = mesh is not None and mesh.overlap_grad_reduce
+    dp = DataParallel(layout.dp, ring, cluster.latency_s, layout.shard, overlaps_backward=overlap)
     if mesh is not None and mesh.trainer_collectives:
         # Replicas of one position sit next to each other (replicas-in-node) or a pipeline apart.
         apart = layout.tp * (1 if layout.placement == "replicas-in-node" else layout.pp)
@@ -88,8 +89,6 @@ def layout_settings(
             per_unit=layout.pp == 1,
             gathered_all_step=layout.pp > 1,
         )
-    if mesh is not None:
-        dp = replace(dp, overlaps_backward=mesh.overlap_grad_reduce)
     return replace(settings, data_parallel=dp)
 
 

@@ -565,9 +565,7 @@ def test_a_report_reads_back_from_its_json_and_show_prints_it(tmp_path: Path, ca
     rank = RankTime(0, 1.0, 0.5, 0.1, 0.0, 1.1, 0.4, 0.1, 0.05)
     base = _report(12.0, [(1.0, 2.0), (1.5, 2.5)])
     stages = tuple(replace(s, predicted_memory=memory, measured_memory=memory, capacity_bytes=1e3) for s in base.stages)
-    report = replace(
-        base, stages=stages, ranks=(rank,), numerics=NumericsReport(True, 0.0, 0.0, "w"), reference_s=0.01
-    )
+    report = replace(base, stages=stages, ranks=(rank,), numerics=NumericsReport(True, 0.0, 0.0, "w"), reference_s=0.01)
     data = json.loads(json.dumps(report.to_dict()))
     assert data["format"] == "pipeplan.verify-report"
     assert report_from_dict(data) == report

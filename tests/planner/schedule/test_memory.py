@@ -9,8 +9,8 @@ import pytest
 
 from planner.schedule import memory as memory_module
 from planner.schedule.memory import MemoryMoment, memory_moments
-from planner.schedule.orders import Schedule, stage_to_rank
-from planner.schedule.simulate import in_flight_per_stage
+from planner.schedule.orders import Schedule, rank_orders, stage_to_rank
+from planner.schedule.simulate import _peak_in_flight
 
 
 def test_gpipe_peaks_at_its_first_backward_or_a_later_one() -> None:
@@ -69,7 +69,8 @@ def test_the_fullest_moment_holds_the_peak_in_flight(schedule: str, stages: int,
     assert len(set(stage_to_rank(sched, stages, ranks))) == ranks
     moments = memory_moments(sched, stages, microbatches, ranks)
     fullest = tuple(max(m.waiting + m.split for m in stage) for stage in moments)
-    assert fullest == in_flight_per_stage(sched, stages, microbatches, ranks)
+    # Held against the orders walked action by action (in_flight_per_stage itself reads the moments).
+    assert fullest == _peak_in_flight(rank_orders(sched, stages, microbatches, ranks), stages)
     # Only a split schedule has micro-batches between I and W.
     assert any(m.split for stage in moments for m in stage) == sched.splits_backward
 
