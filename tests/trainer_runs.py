@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from planner.runtime.launch import rank_context
+from planner.runtime.launch import free_port, rank_context
 
 __all__ = [
     "spawn",
@@ -35,12 +34,6 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 DEBUGMODEL_LAYERS = 6
 """torchtitan's llama3 ``debugmodel``: 6 decoder layers, dim 256, vocabulary 2,048, untied."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _entry(
@@ -86,7 +79,7 @@ def spawn(
     with tempfile.TemporaryDirectory() as out:
         context = mp.start_processes(
             _entry,
-            args=(fn, nprocs, _free_port(), out, tuple(ranks), dict(os.environ), args),
+            args=(fn, nprocs, free_port(), out, tuple(ranks), dict(os.environ), args),
             nprocs=nprocs,
             join=False,
             # Forked from the fork server pipeplan's ranks start from (planner/runtime/launch.py): torch is

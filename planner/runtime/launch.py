@@ -27,6 +27,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import random
 import signal
 import socket
 import sys
@@ -38,6 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from multiprocessing import reduction
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any
 
 from planner.errors import ExecutionError
@@ -66,13 +68,37 @@ PIN_ENV = "PIPEPLAN_PIN_CPUS"
 # peer's "connection closed") is the one reported.
 _GRACE_S = 1.0
 _TERMINATE_S = 3.0
+# Below the registered ports of common services (databases, web servers in the 1-10k range).
+_LOWEST_PORT = 20000
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A TCP port free on 127.0.0.1 now, drawn from below the OS's ephemeral range.
+
+    The port is bound seconds later by a process that first imports torch; a port from the ephemeral range can be
+    taken in between by any outgoing connection on the machine (gloo opens many), and the rendezvous then fails.
+    Ports below the range are handed out only to those who bind them by number."""
+    first_ephemeral = _first_ephemeral_port()
+    draws = random.Random()
+    for _ in range(64):
+        port = draws.randrange(_LOWEST_PORT, first_ephemeral)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # the low ports all taken: let the OS pick
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _first_ephemeral_port() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default; macOS's range starts at 49152
+    return max(low, _LOWEST_PORT + 1024)
 
 
 def inject_fault(rank: int, point: str = "") -> None:

@@ -1,14 +1,16 @@
-"""pin_rank_cpus: each local rank's threads on cores of its own, where there are enough; every_rank_at_once."""
+"""pin_rank_cpus: each local rank's threads on cores of its own, where there are enough; every_rank_at_once;
+free_port outside the ephemeral range."""
 
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 
 import pytest
 
-from planner.runtime.launch import PIN_ENV, every_rank_at_once, pin_rank_cpus, run_ranks
+from planner.runtime.launch import PIN_ENV, every_rank_at_once, free_port, pin_rank_cpus, run_ranks
 
 linux_only = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux-only")
 
@@ -157,3 +159,16 @@ def test_every_rank_at_once_lets_no_rank_find_the_store_gone_when_the_host_ends_
     # Rank 0 hosts the store: had it returned as soon as it saw every rank done, rank 1's next look at the store,
     # after its keep_busy, would find it gone (DistNetworkError, "Failed to recv").
     assert run_ranks(_host_ends_first, (), 2, timeout_s=60) == [0, 1]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/sys/net/ipv4/ip_local_port_range"), reason="Linux's port range")
+def test_free_port_is_below_the_ephemeral_range_and_free():
+    """An outgoing connection takes its port from the ephemeral range: a port drawn from there could be taken
+    between free_port and the bind by a rank started seconds later."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        first_ephemeral = int(f.read().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert len(ports) > 1 and all(20000 <= p < first_ephemeral for p in ports), ports
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
