@@ -133,7 +133,9 @@ def _time_sizes(
     once, right after an untimed iteration of it where the piece is short (:data:`profiles.measure.WARM_BELOW_S`),
     else at once, as a stage runs each unit after the one before.
     """
-    bar.total = sum(len(run.pieces) for run in runs) * timing.repeats
+    # The most rounds from the start, shrunk as each size ends sooner: a total that only grows would make an ETA
+    # that only lengthens.
+    bar.total = sum(len(run.pieces) for run in runs) * timing.max_repeats
     bar.refresh()
     order = [_whole_in_the_middle(run, f) for run, f in zip(runs, flops, strict=True)]
     first_s: dict[tuple[int, int], float] = {}  # each piece's forward+backward in the first round
@@ -171,8 +173,12 @@ def _time_sizes(
         bar.update()
         return result
 
-    def extra_round(s: int) -> None:
+    def extra_round(s: int) -> None:  # past the most rounds, for the time floor alone (a model of tiny units)
         bar.total += len(runs[s].pieces)
+        bar.refresh()
+
+    def done(s: int, rounds: int) -> None:
+        bar.total -= len(runs[s].pieces) * max(0, timing.max_repeats - rounds)
         bar.refresh()
 
     return measure_parts_in_rounds(
@@ -188,6 +194,7 @@ def _time_sizes(
         stable_within=timing.stable_within,
         min_time_s=timing.min_time_s * len(runs),
         on_extra_round=extra_round,
+        on_done=done,
     )
 
 

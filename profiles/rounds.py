@@ -260,14 +260,17 @@ def measure_rounds(
     stable_within: float,
     min_time_s: float = 0.0,
     on_extra_round: Callable[[], None] = lambda: None,
+    on_done: Callable[[int], None] = lambda _: None,
 ) -> Rounds:
     """Call ``measure(piece_index, round)`` for every piece, round after round.
 
     At least ``min_rounds`` rounds and at most ``max_rounds``; in between, stop once, for every index group
     in ``watch``, the median of the group's per-round totals is stable (:func:`median_error` at most
     ``stable_within``, over at least :data:`SPREAD_ROUNDS` rounds). Either way, go on until the rounds
-    span ``min_time_s`` (at most :data:`MAX_ROUNDS`). ``on_extra_round`` runs before each round past the minimum (the
-    caller grows its progress bar: the bar's total stays honest).
+    span ``min_time_s`` (at most :data:`MAX_ROUNDS`). A progress bar's total is known from the start as the most
+    rounds, ``max_rounds``: ``on_done(rounds)`` says how many were taken (the caller shrinks its bar by the rest),
+    and ``on_extra_round`` runs before each round past ``max_rounds``, which only the time floor asks for (the
+    caller grows it).
     """
     (done,) = measure_parts_in_rounds(
         [count],
@@ -278,6 +281,7 @@ def measure_rounds(
         stable_within=stable_within,
         min_time_s=min_time_s,
         on_extra_round=lambda _: on_extra_round(),
+        on_done=lambda _, rounds: on_done(rounds),
     )
     return done
 
@@ -292,11 +296,13 @@ def measure_parts_in_rounds(
     stable_within: float,
     min_time_s: float = 0.0,
     on_extra_round: Callable[[int], None] = lambda _: None,
+    on_done: Callable[[int, int], None] = lambda _, __: None,
     per: Sequence[int | None] | None = None,
     order: Sequence[Sequence[int]] | None = None,
 ) -> list[Rounds]:
     """:func:`measure_rounds` for several parts at once (a model at each micro-batch size) in shared rounds:
-    ``measure(part, piece_index, round)``, ``watch[part]`` its groups, ``counts[part]`` its pieces.
+    ``measure(part, piece_index, round)``, ``watch[part]`` its groups, ``counts[part]`` its pieces;
+    ``on_extra_round(part)`` and ``on_done(part, rounds)`` as there.
 
     ``per[part]``: a piece whose time in the same round divides each of the part's group totals before their
     median is judged (the units' sum over the whole model's: a ratio of two times taken seconds apart, which holds
@@ -322,7 +328,7 @@ def measure_parts_in_rounds(
         turn += 1
         for p in going[first:] + going[:first]:
             r = len(rows[p])
-            if r >= min_rounds:
+            if r >= max_rounds:
                 on_extra_round(p)
             taken = {i: measure(p, i, r) for i in orders[p]}
             row = [taken[i] for i in range(counts[p])]
@@ -340,4 +346,5 @@ def measure_parts_in_rounds(
                     tuple(median_error(t) for t in totals[p]),
                     time.perf_counter() - started,
                 )
+                on_done(p, r + 1)
     return [d for d in done if d is not None]

@@ -49,6 +49,7 @@ def test_rounds_stop_once_every_watched_median_is_known_to_within_the_bound() ->
     b = [4.0, 6.0, 4.0, 6.0, 3.0, 5.0, 5.0, 5.0]
     times = [[1.0, 1.0, x] for x in b]
     extra: list[int] = []
+    taken: list[int] = []
     done = measure_rounds(
         3,
         _fake(times),
@@ -57,10 +58,12 @@ def test_rounds_stop_once_every_watched_median_is_known_to_within_the_bound() ->
         max_rounds=8,
         stable_within=0.2,
         on_extra_round=lambda: extra.append(1),
+        on_done=taken.append,
     )
     assert done.rounds == 6
     assert [m.forward_s for m in done.medians] == [1.0, 1.0, 4.5]
-    assert len(extra) == 4  # rounds 3 to 6, past the minimum: the progress bar grew for each
+    # A progress bar's total starts at the 8 rounds at most and shrinks by the 2 not taken; none past the most.
+    assert taken == [6] and extra == []
     only_flat = measure_rounds(3, _fake(times), watch=[[0, 1]], min_rounds=2, max_rounds=8, stable_within=0.2)
     assert only_flat.rounds == SPREAD_ROUNDS == 5
     assert measure_rounds(3, _fake(times), watch=[[2]], min_rounds=2, max_rounds=8, stable_within=0.05).rounds == 8
@@ -192,8 +195,21 @@ def test_rounds_go_on_until_they_span_the_time_floor(monkeypatch) -> None:
         time.sleep(0.01)  # every round takes at least 10 ms: a 0.1 s floor needs 2 to 10 of them
         return PieceMeasurement(1.0, 0.0, 0, 0, None)
 
-    rounds = measure_rounds(1, slow, watch=[[0]], min_rounds=1, max_rounds=1, stable_within=0.01, min_time_s=0.1).rounds
+    extra: list[int] = []
+    taken: list[int] = []
+    rounds = measure_rounds(
+        1,
+        slow,
+        watch=[[0]],
+        min_rounds=1,
+        max_rounds=1,
+        stable_within=0.01,
+        min_time_s=0.1,
+        on_extra_round=lambda: extra.append(1),
+        on_done=taken.append,
+    ).rounds
     assert 2 <= rounds <= 10
+    assert len(extra) == rounds - 1 and taken == [rounds]  # the bar grows for each round past the most, only
     monkeypatch.setattr(rounds_module, "MAX_ROUNDS", 5)
     capped = measure_rounds(1, slow, watch=[[0]], min_rounds=1, max_rounds=1, stable_within=0.01, min_time_s=1e9)
     assert capped.rounds == 5
