@@ -39,6 +39,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -51,14 +52,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import run_started, tee_stdout, write_record  # noqa: E402
 
-from planner.cluster import Cluster, Layout, MeshSearch  # noqa: E402
+from planner.cluster import Cluster, Layout, MeshSearch, plan_cluster  # noqa: E402
 from planner.cost import CostSettings  # noqa: E402
 from planner.errors import PipeplanError  # noqa: E402
+from planner.export import Trainer  # noqa: E402
 from planner.fileio import write_json_atomic  # noqa: E402
 from planner.given_plan import GivenLayout, given_mesh_plan  # noqa: E402
-from planner.planning import plan_profile  # noqa: E402
-from planner.request import ClusterOptions, PlanOptions, PlanRequest, calibration_settings  # noqa: E402
+from planner.request import PlanRequest, calibration_settings  # noqa: E402
 from planner.schedule.orders import Schedule  # noqa: E402
+from planner.trainer_rules import TRAINER_SHARDING  # noqa: E402
 from profiles.device_model import DEVICE_MODELS, DeviceModel, device_model  # noqa: E402
 from profiles.modelled import TransformerShape, model_flops, modelled_profile  # noqa: E402
 
@@ -344,6 +346,13 @@ def _layout_text(plan: Any) -> str:
     return f"{pp}x{tp}x{dp}{v} b{plan.micro_batch_size} {plan.schedule.value}, {again} of {len(plan.stages)} recompute"
 
 
+def _framework_shardings(work: _Workload) -> tuple[str, ...]:
+    """What the row's framework shards replicas by: torchtitan FSDP or nothing, the rest ZeRO-1 or nothing
+    (:data:`planner.trainer_rules.TRAINER_SHARDING`)."""
+    trainer = Trainer.TORCHTITAN if work.torchtitan else Trainer.MEGATRON
+    return TRAINER_SHARDING[trainer]
+
+
 def best_plans(table: dict[str, Any], rows: list[RowResult]) -> list[dict[str, Any]]:
     """Per model: pipeplan's own plan for the cluster and batch of the best published row (the most samples a
     GPU-second, as measured), searched over pp x tp x dp, schedules, micro-batches and recomputation on the same
@@ -369,18 +378,28 @@ def best_plans(table: dict[str, Any], rows: list[RowResult]) -> list[dict[str, A
         work = _workload(table, row, shape)
         profile = work.profile((1, 2, 4))
         device = work.device
-        search = PlanOptions(global_batch=int(row["gbs"]))
-        cluster = ClusterOptions(
-            devices=int(row["gpus"]),
-            devices_per_node=device.devices_per_node,
-            intra_node_bytes_per_s=device.intra_node_bytes_per_s,
-            inter_node_bytes_per_s=device.inter_node_bytes_per_s,
-            shard=work.shard,
-            tensor_parallel="auto",
-            tp_layout="megatron",
+        cluster = Cluster(
+            int(row["gpus"]),
+            device.devices_per_node,
+            device.intra_node_bytes_per_s,
+            device.inter_node_bytes_per_s,
+            device.link_latency_s,
+            work.shard,
         )
+        # Costed as the row is (its framework's collectives and shardings, Megatron's tensor-parallel layout), but
+        # chosen with the planner's headroom.
+        settings = replace(work.settings(profile), headroom_fraction=CostSettings().headroom_fraction)
+        mesh = MeshSearch(
+            tensor_parallel=None,
+            sequence_parallel=True,
+            vocab_parallel=True,
+            shards=tuple(dict.fromkeys((*_framework_shardings(work), work.shard))),
+            trainer_collectives=True,
+            overlap_grad_reduce=work.overlap_grad_reduce,
+        )
+        request = PlanRequest(num_ranks=1, global_batch_size=int(row["gbs"]), settings=settings)
         try:
-            plan = plan_profile(profile, search, cluster, sha256="0" * 64).plan
+            plan = plan_cluster(profile, request, cluster, mesh, sha256="0" * 64, jobs=os.cpu_count() or 1).plan
         except PipeplanError as exc:
             entry["note"] = str(exc)[:160]
             continue

@@ -282,6 +282,8 @@ class MeshSearch:
     overlap_grad_reduce: bool = False
     """The replicas' gradient reduction runs behind the last backward
     (:attr:`~planner.cost.DataParallel.overlaps_backward`)."""
+    collectives: str = "pipeplan"
+    """Whose collectives the two switches above are (``plan --collectives``), recorded in the plan."""
 
 
 class _Candidate(NamedTuple):
@@ -495,6 +497,8 @@ def _cluster_constraints(
         # Why this degree: the report (and `show`, from the plan file alone) prints each degree's best step.
         outcomes = best_step_per(tried, lambda layout: layout.tp)
         constraints["tensor_parallel_best_s"] = {str(tp): outcome for tp, outcome in outcomes.items()}
+    if mesh.collectives != "pipeplan":  # absent for pipeplan's own, so its plans stay as they were written
+        constraints["collectives"] = mesh.collectives
     if mesh.shards:
         # Why this sharding, as for the degree: each mode's best step (layouts of one replica count as none).
         constraints["shard_best_s"] = best_step_per(tried, lambda layout: layout.shard)

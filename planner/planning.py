@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from planner.cluster import Cluster, ClusterResult, MeshSearch, default_cluster, plan_cluster
 from planner.cost import SHARDING
@@ -100,19 +101,21 @@ def cluster_devices(profile: Profile, cluster: ClusterOptions, latency_s: float 
     )
 
 
-def trainer_collectives(trainer: str | None) -> dict[str, bool]:
-    """:class:`MeshSearch`'s collectives switches for the runtime that runs the plan: pipeplan's (none given), or
-    the trainer's."""
-    if not trainer:
+def trainer_collectives(trainer: str | None) -> dict[str, Any]:
+    """:class:`MeshSearch`'s collectives for the runtime that runs the plan: pipeplan's (none given, or
+    ``pipeplan``: the defaults), or the trainer's, named."""
+    if not trainer or trainer == "pipeplan":
         return {}
     from planner.trainer_rules import TRAINER_COLLECTIVES, Trainer
 
-    return TRAINER_COLLECTIVES[Trainer.parse(trainer)]
+    switches = TRAINER_COLLECTIVES[Trainer.parse(trainer)]
+    return {"collectives": trainer, **switches} if switches["trainer_collectives"] else {}
 
 
 def _shards_searched(trainer: str | None) -> tuple[str, ...]:
-    """``--shard auto``: every mode pipeplan's runtime runs, or those of the trainer the plan is made for."""
-    if not trainer:
+    """``--shard auto``: every mode pipeplan's runtime runs, or those of the trainer the plan is made for or
+    costed as (``--collectives``)."""
+    if not trainer or trainer == "pipeplan":
         return SHARDING
     from planner.trainer_rules import TRAINER_SHARDING, Trainer
 
@@ -130,9 +133,10 @@ def _plan_mesh(
         pipeline_degree=search.ranks,
         tensor_parallel=None if cluster.tensor_parallel == "auto" else cluster.tensor_parallel or 1,
         attention_heads=cluster.attention_heads,
-        shards=_shards_searched(search.trainer) if cluster.shard == "auto" else (),
+        # The modes of whoever runs the plan: the --for trainer, else the one it is costed as.
+        shards=_shards_searched(search.trainer or cluster.collectives_of(None)) if cluster.shard == "auto" else (),
         **cluster.tp_switches(search.trainer),
-        **trainer_collectives(search.trainer),
+        **trainer_collectives(cluster.collectives_of(search.trainer)),
     )
     return plan_cluster(
         profile,

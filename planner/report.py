@@ -111,6 +111,7 @@ def _mesh_lines(plan: Plan) -> list[str]:
         f"mesh: {degrees} = {m.used_devices} of {m.num_devices} devices ({m.placement}, shard "
         f"{m.shard}); each replica runs the table's {plan.global_batch_size} of the step's {m.global_batch_size} "
         "samples; step tail = gradient sync over the replicas"
+        + (f" (as {collectives} runs it)" if (collectives := plan.constraints.get("collectives")) else "")
         + (" + optimizer" if plan.predicted.calibration != "none" else "")
         + ": "
         + ", ".join(human_seconds(t) for t in plan.predicted.runtime.step_tail_s)

@@ -60,6 +60,8 @@ __all__ = [
 
 TRAINERS = ("torchtitan", "megatron", "deepspeed", "accelerate")
 """What ``--for`` (and ``export --to``) name."""
+COLLECTIVES = ("pipeplan", "torchtitan", "megatron", "deepspeed")
+"""Whose data-parallel collectives a cluster plan can be costed with (``plan --collectives``)."""
 MIN_DEVICE_BYTES = 2**20
 """A bare number below this is not a device's memory: ``--memory 10`` is refused, not read as 10 bytes."""
 
@@ -283,6 +285,14 @@ class ClusterOptions:
         help="with --tensor-parallel: the model's attention heads (and key-value heads), which tp must divide "
         "(default: what the profile records)",
     )
+    collectives: str | None = option(
+        None,
+        choices=COLLECTIVES,
+        help="whose data-parallel collectives the plan is costed with: pipeplan = pipeplan's runtime (DDP; FSDP "
+        "gathered for every micro-batch); a trainer's as it runs them, e.g. torchtitan keeps an FSDP stage gathered "
+        "all step and reduce-scatters behind the last backward, megatron and deepspeed reduce after it, NCCL rings "
+        "a node's every NIC (default: --for's trainer, else pipeplan)",
+    )
     jobs: int | None = option(
         None,
         parse=int_range(1, 256),
@@ -302,6 +312,13 @@ class ClusterOptions:
         sequence = None if self.sequence_parallel is None else self.sequence_parallel == "on"
         sequence_parallel, vocab_parallel = layout_switches(layout, sequence)
         return {"sequence_parallel": sequence_parallel, "vocab_parallel": vocab_parallel}
+
+    def collectives_of(self, trainer: str | None) -> str:
+        """Whose collectives the plan is costed with: ``--collectives``, else the ``--for`` trainer's, else
+        ``pipeplan``'s (accelerate's pipelines run inference: no collectives of their own)."""
+        if self.collectives:
+            return self.collectives
+        return trainer if trainer in COLLECTIVES else "pipeplan"
 
 
 @dataclass(frozen=True)

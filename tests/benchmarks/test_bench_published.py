@@ -114,6 +114,20 @@ def test_best_searches_the_best_published_rows_cluster_and_holds_its_plan_to_it(
     assert best["model"] == "m" and best["published"]["index"] == 1
     assert best["pipeplan"] is not None and best["pipeplan"]["iteration_s"] > 0
     assert best["speedup"] == pytest.approx(rows[1].iteration_s / best["pipeplan"]["iteration_s"])
+    # Costed as the row is (its framework's collectives and shardings), the search, whose space holds the published
+    # layout, finds one at least as fast.
+    assert best["speedup"] >= 1.0 - 1e-9, best
+    # ... over the shardings its framework runs: torchtitan FSDP or none, the others ZeRO-1 or none.
+    shape, _ = bench_published.shape_for("m", table["models"]["m"])
+    titan = dict(table, framework="torchtitan")
+    assert bench_published._framework_shardings(bench_published._workload(table, table["rows"][0], shape)) == (
+        "none",
+        "optimizer",
+    )
+    assert bench_published._framework_shardings(bench_published._workload(titan, titan["rows"][0], shape)) == (
+        "none",
+        "full",
+    )
     big = dict(table, rows=[dict(_row(2, 4, "none", 1.0), gpus=4096, dp=2048, gbs=4096)])
     (skipped,) = bench_published.best_plans(big, [bench_published.predict_row(big, 0)])
     assert skipped["pipeplan"] is None and "not searched: 4096 devices" in skipped["note"]

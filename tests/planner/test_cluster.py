@@ -443,3 +443,26 @@ def test_a_plan_for_a_trainer_is_costed_with_its_collectives() -> None:
     profile = make_profile([1.0] * 4, sizes=(1, 2), param_counts=[10**7] * 4)
     slow, fast = (plan_cluster(profile, request, cluster, m, sha256=SHA).plan for m in (MeshSearch(), titan))
     assert fast.predicted.iteration_s < slow.predicted.iteration_s  # fewer gathers, a faster ring
+
+
+def test_cli_collectives_cost_a_plan_as_a_trainer_runs_it_without_its_layout_rules(tmp_path, capsys) -> None:
+    """--collectives torchtitan: the plan costed with torchtitan's collectives (and --shard auto searching its
+    modes), without --for's layout rules, which a profile whose units torchtitan cannot cut would fail."""
+    profile = tmp_path / "model.profile.json"
+    save_profile(make_profile([1.0] * 4, sizes=(1, 2), param_counts=[10**7] * 4), profile)
+    base = ["plan", profile, "--devices", 16, "--devices-per-node", 4, "--global-batch", 16, "--shard", "auto"]
+    base += ["--intra-node-bandwidth", "100GB/s", "--inter-node-bandwidth", "10GB/s"]
+    plans = {}
+    for name in ("pipeplan", "torchtitan"):
+        out = tmp_path / f"{name}.plan.json"
+        assert main([str(a) for a in [*base, "--collectives", name, "--out", out]]) == 0
+        plans[name] = (json.loads(out.read_text()), capsys.readouterr().out)
+    ours, theirs = plans["pipeplan"][0], plans["torchtitan"][0]
+    assert "collectives" not in ours["constraints"] and theirs["constraints"]["collectives"] == "torchtitan"
+    assert set(ours["constraints"]["shard_best_s"]) == {"none", "optimizer", "full"}
+    assert set(theirs["constraints"]["shard_best_s"]) == {"none", "full"}  # torchtitan has no ZeRO-1
+    assert theirs["predicted"]["iteration_s"] < ours["predicted"]["iteration_s"]
+    assert "(as torchtitan runs it)" in plans["torchtitan"][1]
+    idle = ["plan", str(profile), "--collectives", "megatron", "--global-batch", "8", "--out", str(tmp_path / "p")]
+    assert main(idle) == 2
+    assert "--collectives: options of a cluster plan" in capsys.readouterr().err
