@@ -57,7 +57,7 @@ from functools import cached_property, lru_cache
 
 from planner.schedule.orders import Schedule, Step, kept_rank_orders
 
-__all__ = ["UnitWork", "candidate_floor_s", "partition_floor_s", "order_floor_s"]
+__all__ = ["UnitWork", "candidate_floor_s", "partition_floor_s", "order_floor_s", "order_ceiling_s"]
 
 LP_SHAVE = 1e-6
 """:func:`order_floor_s` is taken this fraction below the programme's optimum: HiGHS meets its constraints to
@@ -162,18 +162,55 @@ def order_floor_s(
     >>> round(order_floor_s(Schedule.INTERLEAVED_1F1B, 2, 8, 2, [1.0] * 16, [2.0] * 16) / (2 * 48 / 2), 3)
     1.087
     """
-    if schedule.splits_backward:
+    shape = _programme_shape(schedule, forward_s, backward_s)
+    if shape is None:
         return 0.0
+    total, share, low, high = shape
+    optimum = _order_programme(schedule, num_ranks, num_stages, num_microbatches, share, low, high)
+    return optimum * total * (1.0 - LP_SHAVE)
+
+
+def order_ceiling_s(
+    schedule: Schedule,
+    num_ranks: int,
+    num_stages: int,
+    num_microbatches: int,
+    forward_s: Sequence[float],
+    backward_s: Sequence[float],
+) -> float:
+    """The programme of :func:`order_floor_s` at one feasible point, every stage an equal share of the forwards and
+    of the backwards: its least longest path there, so never below the programme's optimum (HiGHS's tolerance
+    aside, which :data:`LP_SHAVE` covers), found by one pass over the action graph rather than a linear programme.
+    Where this is no higher than what a floor must exceed to prune, the programme need not be solved. 0 where
+    :func:`order_floor_s` is 0.
+
+    >>> ceiling = order_ceiling_s(Schedule.INTERLEAVED_1F1B, 2, 8, 2, [1.0] * 16, [2.0] * 16)
+    >>> ceiling >= order_floor_s(Schedule.INTERLEAVED_1F1B, 2, 8, 2, [1.0] * 16, [2.0] * 16)
+    True
+    """
+    shape = _programme_shape(schedule, forward_s, backward_s)
+    if shape is None:
+        return 0.0
+    total, share, low, high = shape
+    return _order_at_equal_stages(schedule, num_ranks, num_stages, num_microbatches, share, low, high) * total
+
+
+def _programme_shape(
+    schedule: Schedule, forward_s: Sequence[float], backward_s: Sequence[float]
+) -> tuple[float, float, float, float] | None:
+    """The programme's data, scaled to work 1: (total work, forwards' share, least and greatest ``b_s / f_s``);
+    None where it gives no floor (a split backward, no work)."""
+    if schedule.splits_backward:
+        return None
     total_f, total_b = math.fsum(forward_s), math.fsum(backward_s)
     total = total_f + total_b
     if not total > 0 or not math.isfinite(total):
-        return 0.0
+        return None
     # A stage's ratio b_s / f_s lies between its units' least and greatest (units without a forward allow any).
     ratios = [b / f for f, b in zip(forward_s, backward_s, strict=True) if f > 0]
     low = min(ratios, default=0.0)
     high = math.inf if len(ratios) < len(forward_s) else max(ratios, default=math.inf)
-    optimum = _order_programme(schedule, num_ranks, num_stages, num_microbatches, total_f / total, low, high)
-    return optimum * total * (1.0 - LP_SHAVE)
+    return total, total_f / total, low, high
 
 
 @lru_cache(maxsize=512)
@@ -182,8 +219,50 @@ def _order_programme(
 ) -> float:
     """The programme of fact 4 for work 1 (forwards ``forward_share`` of it): its optimum, or 0 when HiGHS
     finds none (no floor). Cached: a cluster search meets the same (schedule, P, S, M, shares) per placement."""
-    rows, columns = _order_rows(kept_rank_orders(schedule, stages, m, ranks), stages, m, low, high)
+    rows, columns = _programme_rows(schedule, ranks, stages, m, low, high)
     return _solve_programme(rows, stages, columns, forward_share)
+
+
+@lru_cache(maxsize=64)
+def _programme_rows(
+    schedule: Schedule, ranks: int, stages: int, m: int, low: float, high: float
+) -> tuple[list[dict[int, float]], int]:
+    """:func:`_order_rows` of the schedule's kept orders, shared by the programme and its ceiling (read only)."""
+    return _order_rows(kept_rank_orders(schedule, stages, m, ranks), stages, m, low, high)
+
+
+@lru_cache(maxsize=512)
+def _order_at_equal_stages(
+    schedule: Schedule, ranks: int, stages: int, m: int, forward_share: float, low: float, high: float
+) -> float:
+    """The programme's least step for work 1 with every ``f_s = forward_share / S`` and ``b_s`` the rest over
+    ``S`` (within ``low`` and ``high`` times ``f_s``, as the units' totals are): the longest path through its rows,
+    each an edge from the action it follows (or time 0) to the action or step it bounds."""
+    rows, columns = _programme_rows(schedule, ranks, stages, m, low, high)
+    forward, backward = forward_share / stages, (1.0 - forward_share) / stages
+    start, step_col = 2 * stages, columns - 1
+    edges: dict[int, list[tuple[int, float]]] = {}
+    waiting = [0] * columns  # per start column, the edges into it not yet relaxed
+    for row in rows:
+        target = next((c for c, x in row.items() if c >= start and x < 0), None)
+        if target is None:  # a stage's ratio row: no edge
+            continue
+        source = next((c for c, x in row.items() if c >= start and x > 0), -1)
+        length = math.fsum(x * (forward if c < stages else backward) for c, x in row.items() if c < start)
+        edges.setdefault(source, []).append((target, length))
+        waiting[target] += 1
+    # Kahn's order from time 0 (column -1): every edge runs forward in time, the rank orders and data edges a DAG.
+    earliest = [0.0] * columns
+    ready = [-1]
+    while ready:
+        node = ready.pop()
+        at = earliest[node] if node >= 0 else 0.0
+        for target, length in edges.get(node, ()):
+            earliest[target] = max(earliest[target], at + length)
+            waiting[target] -= 1
+            if waiting[target] == 0:
+                ready.append(target)
+    return earliest[step_col]
 
 
 def _order_rows(

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from planner.assemble import Candidate, build_plan
-from planner.bounds import candidate_floor_s, order_floor_s, partition_floor_s
+from planner.bounds import candidate_floor_s, order_ceiling_s, order_floor_s, partition_floor_s
 from planner.cost import (
     UnitCosts,
     build_problem,
@@ -174,17 +174,20 @@ def estimate_step_s(profile: Profile, request: PlanRequest) -> float:
     return min((o.floor_s * (1 + (p - 1) / (o.virtual_stages * o.num_microbatches)) for o in options), default=math.inf)
 
 
-def _order_floor_s(option: _Option, request: PlanRequest) -> float:
+def _order_floor_s(option: _Option, request: PlanRequest, beat_s: float) -> float:
     """The option's floor under its schedule's rank orders (planner/bounds.py, fact 4): a linear programme,
-    so asked only of an option the cheap floors left to solve; 0 (no floor) on one rank, where fact 1 is it."""
+    so asked only of an option the cheap floors left to solve; 0 (no floor) on one rank, where fact 1 is it, and
+    where the programme's value at equal stages (its ceiling) is no higher than ``beat_s``, so that its optimum
+    could not prune."""
     p = request.num_ranks
     if p == 1:
         return 0.0
     costs = option.costs
-    floor = order_floor_s(
-        option.schedule, p, p * option.virtual_stages, option.num_microbatches, costs.forward_s, costs.backward_s
-    )
-    return floor * _floor_factor(request, option.micro_batch_size)
+    factor = _floor_factor(request, option.micro_batch_size)
+    orders = (option.schedule, p, p * option.virtual_stages, option.num_microbatches, costs.forward_s, costs.backward_s)
+    if order_ceiling_s(*orders) * factor <= beat_s:
+        return 0.0
+    return order_floor_s(*orders) * factor
 
 
 def _partition_floor_s(
@@ -306,7 +309,7 @@ def _search(profile: Profile, request: PlanRequest, prune_above_s: float | None)
             continue
         # Before the partition problem and its solve: the orders' floor holds for every partition of the option
         # (a linear programme, so only once there is a step to beat).
-        if math.isfinite(fastest) and cannot_win(_order_floor_s(option, request)):
+        if math.isfinite(fastest) and cannot_win(_order_floor_s(option, request, fastest * (1 + NEAR_BEST))):
             continue
         b, m, schedule, v, costs = (
             option.micro_batch_size,

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from planner.bounds import UnitWork, candidate_floor_s, order_floor_s, partition_floor_s
+from planner.bounds import UnitWork, candidate_floor_s, order_ceiling_s, order_floor_s, partition_floor_s
 from planner.cost import CostSettings, build_problem, unit_costs
 from planner.errors import ScheduleError
 from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank
@@ -80,6 +80,15 @@ def test_floors_lie_under_every_partition_simulated(schedule: Schedule, ranks: i
         assert with_terms <= timed * (1 + 1e-9)
     assert floor <= fastest * (1 + 1e-9)
     assert orders_floor <= fastest * (1 + 1e-9)
+    # The programme's value at equal stages: over its optimum, under the simulation of equal stages (the programme
+    # keeps some of the orders' edges, the simulation all of them).
+    ceiling = order_ceiling_s(schedule, ranks, num_stages, m, forward, backward)
+    if split:
+        assert ceiling == orders_floor == 0.0
+    else:
+        equal = [sum(forward) / num_stages] * num_stages, [sum(backward) / num_stages] * num_stages
+        even = simulate(Pipeline(*equal, m, schedule, num_ranks=ranks)).iteration_s
+        assert 0 < orders_floor <= ceiling * (1 + 1e-9) and ceiling <= even * (1 + 1e-9)
 
 
 def test_the_chain_floor_is_the_bubble_of_gpipe_on_equal_stages() -> None:

@@ -447,7 +447,7 @@ def test_the_options_floors_hold_under_a_co_location_slowdown_that_depends_on_th
     for c in candidates:
         option = options[(c.micro_batch_size, c.schedule, c.virtual_stages)]
         assert option.floor_s <= c.simulation.iteration_s
-        assert _order_floor_s(option, request) <= c.simulation.iteration_s
+        assert _order_floor_s(option, request, 0.0) <= c.simulation.iteration_s  # 0 to beat: always solved
     tight = min(
         c.simulation.iteration_s / options[(c.micro_batch_size, c.schedule, c.virtual_stages)].floor_s
         for c in candidates
