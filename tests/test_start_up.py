@@ -68,4 +68,5 @@ def test_a_plan_without_the_ilp_or_a_trainer_loads_neither(tmp_path: Path) -> No
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "['highspy']"
+    # HiGHS, for the orders' floor, only where that floor could prune (planner/bounds.py): not needed here.
+    assert done.stdout.strip().splitlines()[-1] == "[]"
