@@ -281,7 +281,13 @@ def main() -> None:
         **_accuracy(steps),
     }
     tables = tables_in(printed.getvalue(), ("step",))
-    write_record("own_speed", numbers, started=started, tables=tables, trial=args.quick)
+    # What a step that ran a verdict printed of it, so that an exit 1 says by how much.
+    verdicts = {
+        s.name: "\n".join(ln for ln in s.output.splitlines() if ln.startswith(("iteration:", "verdict", "result:")))
+        for s in steps
+        if s.name.startswith("verify")
+    }
+    write_record("own_speed", numbers, started=started, tables=tables, text=verdicts or None, trial=args.quick)
 
 
 if __name__ == "__main__":
