@@ -184,10 +184,17 @@ def _order_floor_s(option: _Option, request: PlanRequest, beat_s: float) -> floa
         return 0.0
     costs = option.costs
     factor = _floor_factor(request, option.micro_batch_size)
-    orders = (option.schedule, p, p * option.virtual_stages, option.num_microbatches, costs.forward_s, costs.backward_s)
-    if order_ceiling_s(*orders) * factor <= beat_s:
+    programme = (
+        option.schedule,
+        p,
+        p * option.virtual_stages,
+        option.num_microbatches,
+        costs.forward_s,
+        costs.backward_s,
+    )
+    if order_ceiling_s(*programme) * factor <= beat_s:
         return 0.0
-    return order_floor_s(*orders) * factor
+    return order_floor_s(*programme) * factor
 
 
 def _partition_floor_s(
