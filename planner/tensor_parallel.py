@@ -27,10 +27,13 @@ Megatron's layout (Shoeybi et al., 2019, Sec. 3; Narayanan et al., SC 2021, Sec.
   The loss's own all-reduces of ``b x s`` numbers are left out (``1/h`` of the activation's bytes).
 - **every other unit** (final norm, position-free glue) is replicated: each device runs it whole.
 
-A sharded unit's time at micro-batch size ``b`` is ``fixed + (t(b) - fixed) / T`` where ``fixed`` is the
+A measured unit's sharded time at micro-batch size ``b`` is ``fixed + (t(b) - fixed) / T`` where ``fixed`` is the
 intercept of the straight line through the unit's profiled times over its micro-batch sizes (least squares,
 clamped to ``[0, t(smallest)]``): the part of the time that does not shrink with the work (kernel launches,
-small-matrix inefficiency) stays whole on every device. One profiled size: no fixed part (ideal ``1/T``).
+small-matrix inefficiency) stays whole on every device. One profiled size: no fixed part (ideal ``1/T``). A
+modelled profile's units are modelled again on their slices by the device model
+(:func:`profiles.modelled.tensor_parallel_times`): each product at its sliced shape's efficiency, each kernel's
+launch whole.
 Collectives are rings on the intra-node link (``T`` divides a node): ``2 (T - 1)`` steps of ``n / T`` bytes for
 an all-reduce, ``T - 1`` for an all-gather or a reduce-scatter (:func:`planner.calibration.ring_s`).
 
@@ -53,6 +56,8 @@ from enum import Enum
 from planner.calibration import ring_s
 from planner.errors import UsageError
 from profiles.format import Profile, TensorFlow, UnitProfile, WholeModel
+
+ModelledTimes = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]
 
 __all__ = [
     "Role",
@@ -310,10 +315,16 @@ def _sharded_unit(
     whole: Sequence[int],
     sizes: Sequence[int],
     tp: TensorParallel,
+    modelled: ModelledTimes | None,
 ) -> UnitProfile:
     t = tp.degree
     forward, backward = comm
-    split = _shrunk(sizes, unit.backward_input_s, t), _shrunk(sizes, unit.backward_weight_s, t)
+    if modelled is not None:
+        compute = modelled[0], tuple(i + w for i, w in zip(modelled[1], modelled[2], strict=True))
+        split = modelled[1], modelled[2]
+    else:
+        compute = _shrunk(sizes, unit.forward_s, t), _shrunk(sizes, unit.backward_s, t)
+        split = _shrunk(sizes, unit.backward_input_s, t), _shrunk(sizes, unit.backward_weight_s, t)
     activations = (lambda v: _activation_bytes(v, whole, tp)) if role is Role.BLOCK else (lambda v: _split_bytes(v, t))
     return replace(
         unit,
@@ -321,8 +332,8 @@ def _sharded_unit(
         param_bytes=-(-unit.param_bytes // t),
         tied_param_count=-(-unit.tied_param_count // t),
         largest_param_bytes=-(-unit.largest_param_bytes // t),
-        forward_s=_added(_shrunk(sizes, unit.forward_s, t), forward),
-        backward_s=_added(_shrunk(sizes, unit.backward_s, t), backward),
+        forward_s=_added(compute[0], forward),
+        backward_s=_added(compute[1], backward),
         flops=tuple(-(-f // t) for f in unit.flops),
         # The input gradient's collective belongs to I, the action that makes the gradient a stage sends back.
         backward_input_s=_added(split[0], backward),
@@ -357,6 +368,13 @@ def sharded_profile(profile: Profile, tp: TensorParallel) -> Profile:
         if role is Role.BLOCK:
             key = _block_key(unit.name)
             block_params[key] = block_params.get(key, 0) + unit.param_count
+    # A modelled profile is split by its device model, at each slice's own shape; a measured one by the line
+    # through its sizes (module docstring).
+    modelled: dict[str, ModelledTimes] = {}
+    if "modelled" in profile.settings:
+        from profiles.modelled import tensor_parallel_times
+
+        modelled = tensor_parallel_times(profile, t, tp.sequence_parallel)
     units = []
     for unit, role in zip(profile.units, roles, strict=True):
         if role is Role.REPLICATED or (role in (Role.EMBEDDING, Role.HEAD) and not tp.vocab_parallel):
@@ -372,7 +390,7 @@ def sharded_profile(profile: Profile, tp: TensorParallel) -> Profile:
         else:
             pairs, share = [tp.head_comm_s(a) for a in activation], 1.0
         comm = [f * share for f, _ in pairs], [b * share for _, b in pairs]
-        units.append(_sharded_unit(unit, role, comm, whole, profile.micro_batch_sizes, tp))
+        units.append(_sharded_unit(unit, role, comm, whole, profile.micro_batch_sizes, tp, modelled.get(unit.name)))
     tensors = tuple(
         replace(x, bytes=tuple(-(-b // t) for b in x.bytes)) if tp.splits_sends and _split_on_the_wire(x) else x
         for x in profile.tensors

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import UsageError, shorten
-from profiles.device_model import DeviceModel
+from profiles.device_model import DeviceModel, device_model_from_dict
 from profiles.format import DeviceInfo, ModelInfo, Profile, TensorFlow, UnitProfile, WholeModel
 from profiles.models.hf_spec import PREFIX, resolve_hf_spec
 
@@ -39,6 +39,7 @@ __all__ = [
     "PRECISIONS",
     "shape_from_hf_config",
     "modelled_profile",
+    "tensor_parallel_times",
     "model_flops",
     "modelled_calibration",
 ]
@@ -188,11 +189,22 @@ class _Builder:
         flash: bool,
         recompute: str,
         transformer_engine: bool = False,
+        tensor_parallel: int = 1,
+        sequence_parallel: bool = False,
     ):
         self.shape, self.b, self.flash, self.recompute = shape, micro_batch, flash, recompute
         self.fp8 = precision == "fp8"
         self.transformer_engine = transformer_engine
         self.tokens = micro_batch * shape.seq_len
+        self.tp, self.sp = tensor_parallel, sequence_parallel
+
+    def split(self, elements: float) -> float:
+        """A tensor Megatron's layout splits across the tensor-parallel group: heads, the MLP's hidden, logits."""
+        return elements / self.tp
+
+    def along_sequence(self, elements: float) -> float:
+        """A tensor of the model's width: split by sequence parallelism, else whole on every device."""
+        return elements / self.tp if self.sp else elements
 
     def fp8_saving(self) -> float:
         """Bytes a layer saves less when its products keep their inputs in fp8 (one byte, not two), as Transformer
@@ -201,10 +213,14 @@ class _Builder:
             return 0.0
         return self.tokens * (3 * self.shape.hidden + self.shape.ffn_hidden)
 
-    def matmul(self, unit: _Unit, n: int, k: int, *, saved_output: bool = False) -> float:
+    def matmul(self, unit: _Unit, n: int, k: int, *, split: str = "") -> float:
         """``tokens x k`` by ``k x n``: forward, input gradient (I) and weight gradient (W); returns the bytes of
-        its output."""
+        its output. ``split``: ``columns`` (``n``) or ``rows`` (``k``) over the tensor-parallel group."""
         m = self.tokens
+        if split == "columns":
+            n = -(-n // self.tp)
+        elif split == "rows":
+            k = -(-k // self.tp)
         flops = 2.0 * m * n * k
         unit.forward.append(_Op(flops, 2.0 * (m * k + k * n + m * n), "matmul", (m, n), self.fp8))
         unit.backward_input.append(_Op(flops, 2.0 * (m * n + k * n + m * k), "matmul", (m, k), self.fp8))
@@ -222,8 +238,10 @@ class _Builder:
     def attention_core(self, unit: _Unit) -> tuple[float, list[_Op]]:
         """Scores, softmax (and GPT's dropout), weighted values; returns the bytes the core keeps for its
         backward beyond q, k and v, and its forward operations (which selective recomputation runs again)."""
-        s, h, a, b = self.shape.seq_len, self.shape.hidden, self.shape.heads, self.b
-        kv = self.shape.kv_heads * self.shape.head_dim
+        s, b = self.shape.seq_len, self.b
+        h, a = self.split(self.shape.hidden), self.split(self.shape.heads)
+        # Fewer key/value heads than devices: Megatron replicates them, one a device.
+        kv = max(self.split(self.shape.kv_heads), 1.0) * self.shape.head_dim
         full = 4.0 * b * s * s * h  # QK^T and AV, as model FLOPs count them
         unit.model_flops += full
         if self.flash:
@@ -233,7 +251,7 @@ class _Builder:
             unit.forward += forward
             unit.backward_input.append(_Op(2.5 * executed, 2 * moved, "attention"))
             return 4.0 * b * a * s, forward  # the log-sum-exp of each row (fp32)
-        scores = float(b * a * s * s)
+        scores = b * a * s * s
         product = _Op(full / 2, 2.0 * (2 * b * s * h + scores), "matmul", (s, s))
         softmax = _Op(0.0, 2.0 * 2 * scores)
         forward = [product, softmax]
@@ -252,16 +270,16 @@ def _gpt_block(builder: _Builder, name: str) -> _Unit:
     h, f = shape.hidden, shape.ffn_hidden
     unit = _Unit(name, "GPT2Block", shape.block_params(), 12, 2 * h * f)
     act = float(tokens * h)
-    builder.elementwise(unit, act)  # ln_1
-    builder.matmul(unit, 3 * h, h)
+    builder.elementwise(unit, builder.along_sequence(act))  # ln_1
+    builder.matmul(unit, 3 * h, h, split="columns")
     kept, core = builder.attention_core(unit)
-    builder.matmul(unit, h, h)
-    builder.elementwise(unit, act, reads=2, writes=2)  # dropout and residual
-    builder.elementwise(unit, act)  # ln_2
-    builder.matmul(unit, f, h)
-    builder.elementwise(unit, tokens * f)  # GELU
-    builder.matmul(unit, h, f)
-    builder.elementwise(unit, act, reads=2, writes=2)
+    builder.matmul(unit, h, h, split="rows")
+    builder.elementwise(unit, builder.along_sequence(act), reads=2, writes=2)  # dropout and residual
+    builder.elementwise(unit, builder.along_sequence(act))  # ln_2
+    builder.matmul(unit, f, h, split="columns")
+    builder.elementwise(unit, builder.split(tokens * f))  # GELU
+    builder.matmul(unit, h, f, split="rows")
+    builder.elementwise(unit, builder.along_sequence(act), reads=2, writes=2)
     # Korthikanti et al., Sec. 4.1: 11 s b h + 5 a s^2 b (attention), 19 s b h (MLP), 4 s b h (LayerNorms).
     base = 2 * act * 2 + 2 * act * 2 + 2 * act + act + 2 * act + 2 * tokens * f * 2 + act + 4 * act
     unit.saved_bytes = base - builder.fp8_saving() + _kept_core(builder, unit, kept, core)
@@ -275,17 +293,17 @@ def _llama_block(builder: _Builder, name: str) -> _Unit:
     h, f, kv = shape.hidden, shape.ffn_hidden, shape.kv_heads * shape.head_dim
     unit = _Unit(name, "LlamaDecoderLayer", shape.block_params(), 9, 2 * h * f)
     act = float(tokens * h)
-    builder.elementwise(unit, act)  # input RMSNorm
-    builder.matmul(unit, h + 2 * kv, h)
-    builder.elementwise(unit, tokens * (h + kv))  # rotary embedding of q and k
+    builder.elementwise(unit, builder.along_sequence(act))  # input RMSNorm
+    builder.matmul(unit, h + 2 * kv, h, split="columns")
+    builder.elementwise(unit, builder.split(tokens * (h + kv)))  # rotary embedding of q and k
     kept, core = builder.attention_core(unit)
-    builder.matmul(unit, h, h)
-    builder.elementwise(unit, act, reads=2)  # residual
-    builder.elementwise(unit, act)  # post-attention RMSNorm
-    builder.matmul(unit, 2 * f, h)
-    builder.elementwise(unit, tokens * f, reads=2)  # SiLU(gate) * up
-    builder.matmul(unit, h, f)
-    builder.elementwise(unit, act, reads=2)
+    builder.matmul(unit, h, h, split="rows")
+    builder.elementwise(unit, builder.along_sequence(act), reads=2)  # residual
+    builder.elementwise(unit, builder.along_sequence(act))  # post-attention RMSNorm
+    builder.matmul(unit, 2 * f, h, split="columns")
+    builder.elementwise(unit, builder.split(tokens * f), reads=2)  # SiLU(gate) * up
+    builder.matmul(unit, h, f, split="rows")
+    builder.elementwise(unit, builder.along_sequence(act), reads=2)
     # The norms' inputs and outputs (2 + 2), q, k, v and the core's output (h + 2 kv + h), the MLP's gate, up,
     # SiLU and product (4 f): 16-bit each.
     if builder.recompute == "op":
@@ -342,8 +360,8 @@ def _units(shape: TransformerShape, builder: _Builder) -> list[_Unit]:
     head = _Unit("lm_head", "Linear", 0 if tied else v * h, 0 if tied else 1, 2 * v * h)
     if tied:
         head.tied, head.tied_count = (f"{names[0]}.weight",), v * h
-    builder.matmul(head, v, h)
-    logits = float(tokens * v)
+    builder.matmul(head, v, h, split="columns")
+    logits = builder.split(tokens * v)
     # The loss in fp32 over the logits: read them, write the probabilities; its backward writes their gradient.
     head.forward.append(_Op(0.0, logits * (2 + 4 + 4)))
     head.backward_input.append(_Op(0.0, logits * (4 + 2)))
@@ -413,9 +431,7 @@ def modelled_profile(
 
     units = []
     for k, first in enumerate(per_size[0]):
-        forward = per(k, lambda u: _total_s(u.forward, device))
-        backward_input = per(k, lambda u: _total_s(u.backward_input, device))
-        backward_weight = per(k, lambda u: _total_s(u.backward_weight, device))
+        forward, backward_input, backward_weight = _times(per_size, k, device)
         units.append(
             UnitProfile(
                 name=first.name,
@@ -475,6 +491,49 @@ def modelled_profile(
 # m and v and writes the last three and the 16-bit weight (4 x 4 + 3 x 4 + 2); SGD with momentum reads the
 # gradient, weight and momentum and writes the last two and the 16-bit weight.
 OPTIMIZER_BYTES_PER_PARAM = {"adam": 30, "sgd": 22}
+
+
+def _times(
+    per_size: list[list[_Unit]], k: int, device: DeviceModel
+) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+    """Unit ``k``'s forward, input-gradient and weight-gradient times at each size."""
+    return (
+        tuple(_total_s(units[k].forward, device) for units in per_size),
+        tuple(_total_s(units[k].backward_input, device) for units in per_size),
+        tuple(_total_s(units[k].backward_weight, device) for units in per_size),
+    )
+
+
+def tensor_parallel_times(
+    profile: Profile, degree: int, sequence_parallel: bool
+) -> dict[str, tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]]:
+    """A modelled profile's units as one device of a tensor-parallel group of ``degree`` computes them in
+    Megatron's layout: by name, the forward, input-gradient and weight-gradient times at each profiled size, every
+    product on its slice (its columns or rows over ``degree``, at that shape's efficiency), the attention core on
+    its heads, the norms and residuals on a sequence slice with ``sequence_parallel`` and whole without. Empty for
+    a measured profile. Collectives are not in them (:mod:`planner.tensor_parallel` adds its own)."""
+    modelled = profile.settings.get("modelled")
+    if not isinstance(modelled, dict):
+        return {}
+    shape = TransformerShape(**modelled["shape"])
+    device = device_model_from_dict(modelled["device_model"], "the profile's device model")
+    per_size = [
+        _units(
+            shape,
+            _Builder(
+                shape,
+                b,
+                modelled["precision"],
+                modelled["flash_attention"],
+                modelled["recompute_within"],
+                modelled.get("transformer_engine", False),
+                tensor_parallel=degree,
+                sequence_parallel=sequence_parallel,
+            ),
+        )
+        for b in profile.micro_batch_sizes
+    ]
+    return {unit.name: _times(per_size, k, device) for k, unit in enumerate(per_size[0])}
 
 
 def modelled_calibration(device: DeviceModel) -> dict[str, Any]:

@@ -28,7 +28,9 @@ from planner.tensor_parallel import (
     sharded_profile,
     unit_roles,
 )
-from profiles.format import save_profile
+from profiles.device_model import DEVICE_MODELS
+from profiles.format import Profile, save_profile
+from profiles.modelled import TransformerShape, modelled_profile, tensor_parallel_times
 from synthetic import make_profile, transformer_profile
 
 SHA = "0" * 64
@@ -347,3 +349,50 @@ def test_a_block_cut_in_two_shares_its_collectives_by_parameters() -> None:
     sharded = sharded_profile(profile, TensorParallel(2, bytes_per_s=512.0, latency_s=0.0))
     # A block's 4 ring steps of 1024 / 2 bytes at 512 B/s = 4 s each way: 3 s to the attention, 1 s to the MLP.
     assert [u.forward_s[0] for u in sharded.units] == pytest.approx([0.5 + 3.0, 0.5 + 1.0, 0.5 + 3.0, 0.5 + 1.0])
+
+
+def _modelled(sizes: tuple[int, ...], **device: object) -> Profile:
+    llama = TransformerShape("llama-test", "llama", 4, 2048, 16, 8, 5632, 32000, 4096, False)
+    return modelled_profile(llama, replace(DEVICE_MODELS["h100-80gb"], **device), sizes)
+
+
+def test_a_modelled_profile_at_degree_1_is_its_own_times() -> None:
+    profile = _modelled((1, 2, 4))
+    times = tensor_parallel_times(profile, 1, sequence_parallel=True)
+    assert [times[u.name] for u in profile.units] == [
+        (u.forward_s, u.backward_input_s, u.backward_weight_s) for u in profile.units
+    ]
+    assert tensor_parallel_times(make_profile([1.0, 2.0]), 4, sequence_parallel=True) == {}
+
+
+def test_a_modelled_block_splits_ideally_on_an_ideal_device_and_slower_on_a_real_one() -> None:
+    # Kernels without a launch cost and products as efficient at every shape: a block with sequence parallelism
+    # does 1/T of everything (without it, its norms and residuals stay whole on every device). At 8 the products
+    # split by rows, which write their whole output on every device, turn bound by memory.
+    ideal = _modelled((2,), matmul_half_size=1, kernel_s=0.0)
+    block = ideal.units[1]
+    assert block.name == "model.layers.0"
+    for degree in (2, 4):
+        forward, backward_input, backward_weight = tensor_parallel_times(ideal, degree, True)[block.name]
+        assert forward[0] == pytest.approx(block.forward_s[0] / degree, rel=2e-3)
+        assert backward_input[0] + backward_weight[0] == pytest.approx(block.backward_s[0] / degree, rel=2e-3)
+        assert tensor_parallel_times(ideal, degree, False)[block.name][0][0] > forward[0] * 1.02
+    # On the H100's constants the slices' products are narrower and run below the whole's efficiency, and every
+    # kernel's launch stays whole.
+    real = _modelled((2,))
+    forward = tensor_parallel_times(real, 8, True)[real.units[1].name][0][0]
+    assert real.units[1].forward_s[0] / 8 * 1.02 < forward < real.units[1].forward_s[0] / 4
+
+
+def test_a_modelled_profile_shards_alike_whatever_sizes_it_holds() -> None:
+    # A measured profile keeps the intercept over its sizes whole (fixed_part_s); a modelled one is modelled
+    # again on its slices, so that one size profiled alone or among others shards to the same time.
+    tp = TensorParallel(4, 450e9, 1e-5, **MEGATRON)
+    alone, among = sharded_profile(_modelled((2,)), tp), sharded_profile(_modelled((1, 2, 4)), tp)
+    for one, many in zip(alone.units, among.units, strict=True):
+        assert one.forward_s[0] == pytest.approx(many.forward_s[1], rel=1e-12)
+        assert one.backward_input_s[0] == pytest.approx(many.backward_input_s[1], rel=1e-12)
+    block, whole = among.units[1], _modelled((1, 2, 4)).units[1]
+    compute = tensor_parallel_times(_modelled((1, 2, 4)), 4, True)[block.name][0]
+    comm = tp.block_comm_s(whole.output_bytes[1])[0]
+    assert block.forward_s[1] == pytest.approx(compute[1] + comm, rel=1e-12)
