@@ -335,7 +335,7 @@ class PlanRequest:
     recompute: str = "auto"
     """auto (chosen per stage), on, off."""
     solver: str = "auto"
-    """auto (dp, or ilp when devices differ, units are pinned or stages capped), dp, ilp."""
+    """auto (dp, or ilp when devices differ or stages are capped), dp, ilp."""
     settings: CostSettings = field(default_factory=CostSettings)
     pinned: tuple[tuple[str, int], ...] = ()
     """(unit FQN, stage) pairs; ILP only."""

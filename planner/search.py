@@ -113,7 +113,7 @@ def recompute_choices(request: PlanRequest) -> tuple[bool, ...]:
 def _use_ilp(request: PlanRequest) -> bool:
     if request.solver != "auto":
         return request.solver == "ilp"
-    return bool(request.settings.device_speeds or request.pinned or request.max_units_per_stage)
+    return bool(request.settings.device_speeds or request.max_units_per_stage)
 
 
 def _solve(problem: PartitionProblem, request: PlanRequest) -> list[PartitionSolution]:

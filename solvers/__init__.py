@@ -2,9 +2,9 @@
 
 - :mod:`solvers.problem`: :class:`PartitionProblem`, :class:`PartitionSolution`, and :func:`evaluate`,
   the single definition of the objective every solver optimises.
-- :mod:`solvers.dp`: exact dynamic program.
-- :mod:`solvers.ilp`: the same problem as a MILP (pulp; HiGHS or CBC), plus heterogeneous devices,
-  pinned units and a cap on units per stage.
+- :mod:`solvers.dp`: exact dynamic program, pinned units included.
+- :mod:`solvers.ilp`: the same problem as a MILP (pulp; HiGHS or CBC), plus heterogeneous devices and a cap on
+  units per stage.
 - :mod:`solvers.brute`: exhaustive enumeration, the reference for tests.
 - :mod:`solvers.baselines`: the partitioners people use today, named as such.
 """

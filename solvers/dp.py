@@ -1,4 +1,4 @@
-"""Exact dynamic program for the pipeline partition problem (homogeneous stages).
+"""Exact dynamic program for the pipeline partition problem (homogeneous stages, pinned units allowed).
 
 Method: Alpa (Zheng et al., "Alpa: Automating Inter- and Intra-Operator Parallelism for Distributed
 Deep Learning", OSDI 2022), Sec. 5.2, Eq. 2-3. The objective of :func:`solvers.problem.evaluate` ::
@@ -10,6 +10,8 @@ is exact when ``t_max`` ranges over the candidate bottlenecks (every stage compu
 occur). For a fixed ``t_max`` the inner minimum ``g(t_max)`` is a DP over (stage index, last unit),
 where stage ``s`` may hold units ``i..j`` only if its compute is ``<= t_max`` and it fits in memory
 *as stage s* (memory depends on ``s`` through its moments, ``in_flight[s]``, and ``capacity_bytes[s]``).
+A pinned unit ``u`` in stage ``s`` bounds the rows: stage ``s`` ends at ``u`` or later, stage ``s - 1`` before
+``u`` (the pins only remove partitions, so every bound of the search below stays a bound).
 
 Speed (1,000 units x 64 stages well under a second):
 
@@ -51,6 +53,7 @@ from solvers.problem import (
     PartitionProblem,
     PartitionSolution,
     acting_kind,
+    check_pins,
     evaluate,
     local_cuts,
     stage_moments,
@@ -242,6 +245,12 @@ class _Model:
         # Stages that share (moments, capacity) share their cost array.
         self.stage_kind: list[_Kind] = [(self.moments[s], self.capacity[s], *local_cuts(problem, s)) for s in range(p)]
         self.kinds = tuple(dict.fromkeys(self.stage_kind))
+        # Pins bound where stages end: unit u in stage s ends stage s at u or later and stage s - 1 before u.
+        self.end_floor, self.end_ceiling = [0] * p, [n - 1] * p
+        for unit, stage in problem.pinned:
+            self.end_floor[stage] = max(self.end_floor[stage], unit)
+            if stage:
+                self.end_ceiling[stage - 1] = min(self.end_ceiling[stage - 1], unit - 1)
         self.band: _Band | None = None
         self._most_bytes: dict[tuple[Moment, ...], float] = {}
         self.width_mem = self._memory_width()
@@ -331,6 +340,9 @@ class _Model:
         spans = [
             (n - 1, n - 1) if s == p - 1 else (max(s, n - 1 - (p - 1 - s) * width), min(n - p + s, (s + 1) * width - 1))
             for s in range(p)
+        ]
+        spans = [
+            (max(lo, f), min(hi, c)) for (lo, hi), f, c in zip(spans, self.end_floor, self.end_ceiling, strict=True)
         ]
         if any(lo > hi for lo, hi in spans):
             self.cache[t_max] = None
@@ -524,9 +536,9 @@ def solve_dp(problem: PartitionProblem, top_k: int = 1) -> list[PartitionSolutio
     :func:`solvers.problem.evaluate`.
 
     Raises:
-        UsageError: the problem has per-stage speeds, pinned units or a cap on units per stage
-            (use the ILP solver), negative times, or ``top_k < 1``.
-        PlanInfeasibleError: no partition fits in memory.
+        UsageError: the problem has per-stage speeds or a cap on units per stage (use the ILP solver), negative
+            times, a pin out of range, or ``top_k < 1``.
+        PlanInfeasibleError: no partition fits in memory and honours the pins.
 
     Examples:
         >>> p = PartitionProblem(forward_s=(1.0,) * 8, backward_s=(2.0,) * 8, num_stages=4, num_microbatches=4)
@@ -536,9 +548,10 @@ def solve_dp(problem: PartitionProblem, top_k: int = 1) -> list[PartitionSolutio
     start = time.perf_counter()
     if not problem.is_homogeneous:
         raise UsageError(
-            "the DP solver handles identical stages only; per-stage speed, pinned units and "
-            "max units per stage need the ILP solver (--solver ilp)"
+            "the DP solver handles identical stages only; per-stage speed and max units per stage need the ILP "
+            "solver (--solver ilp)"
         )
+    check_pins(problem)
     if top_k < 1:
         raise UsageError(f"top_k must be >= 1, got {top_k}")
     model = _Model(problem)
@@ -547,7 +560,8 @@ def solve_dp(problem: PartitionProblem, top_k: int = 1) -> list[PartitionSolutio
     ranked = best.ranked()
     if not ranked:
         raise PlanInfeasibleError(
-            f"no partition of {problem.num_units} units into {problem.num_stages} stages fits in memory; "
+            f"no partition of {problem.num_units} units into {problem.num_stages} stages fits in memory"
+            f"{' and honours the pins' if problem.pinned else ''}; "
             "add stages, allow recomputation or lower the micro-batch size"
         )
     elapsed = time.perf_counter() - start

@@ -37,7 +37,7 @@ def solve_even(problem: PartitionProblem, bottleneck_s: float) -> PartitionSolut
         (0, 2, 4)
     """
     n, stages = problem.num_units, problem.num_stages
-    if not problem.is_homogeneous or stages * n * n > MAX_EVEN_WORK or stages > n:
+    if not problem.is_free or stages * n * n > MAX_EVEN_WORK or stages > n:
         return None
     recompute = False not in problem.recompute_choices
     limit = bottleneck_s * (1 + 1e-9)
@@ -81,7 +81,7 @@ def balance_ranks(
     fitting; None when no move helps or the problem is not homogeneous.
     """
     stages = problem.num_stages
-    if not problem.is_homogeneous or len(stage_rank) != stages or len(set(stage_rank)) == stages:
+    if not problem.is_free or len(stage_rank) != stages or len(set(stage_rank)) == stages:
         return None
     moves = _BoundaryMoves(problem, start, stage_rank)
     if np.isnan(moves.stage_s).any():

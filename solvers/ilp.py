@@ -37,6 +37,7 @@ from solvers.problem import (
     PartitionProblem,
     PartitionSolution,
     acting_kind,
+    check_pins,
     evaluate,
     local_cuts,
     stage_cost,
@@ -402,14 +403,7 @@ def _check(problem: PartitionProblem) -> None:
     n, p = problem.num_units, problem.num_stages
     if problem.speed and min(problem.speed) <= 0:
         raise UsageError(f"every stage speed must be > 0, got {min(problem.speed)}")
-    for unit, stage in problem.pinned:
-        if not (0 <= unit < n and 0 <= stage < p):
-            raise UsageError(f"pin (unit {unit}, stage {stage}) is out of range ({n} units, {p} stages)")
-        if not (p - n + unit <= stage <= unit):
-            raise PlanInfeasibleError(
-                f"unit {unit} cannot be in stage {stage}: with {n} units and {p} non-empty stages it can "
-                f"only be in stages {max(0, p - n + unit)}..{min(unit, p - 1)}"
-            )
+    check_pins(problem)
     if problem.max_units_per_stage is not None and problem.max_units_per_stage * p < n:
         raise PlanInfeasibleError(
             f"{p} stages of at most {problem.max_units_per_stage} units cannot hold {n} units; "

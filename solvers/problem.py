@@ -59,12 +59,13 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from planner.errors import UsageError
+from planner.errors import PlanInfeasibleError, UsageError
 
 __all__ = [
     "PartitionProblem",
     "PartitionSolution",
     "Moment",
+    "check_pins",
     "StageMemory",
     "StageCost",
     "evaluate",
@@ -113,7 +114,7 @@ class PartitionProblem:
     speed: tuple[float, ...] = ()
     """ILP only. Per stage: relative speed of its device (2.0 = twice as fast). Empty = 1."""
     pinned: tuple[tuple[int, int], ...] = ()
-    """ILP only. (unit, stage) pairs that must hold."""
+    """(unit, stage) pairs that must hold."""
     max_units_per_stage: int | None = None
     """ILP only. Upper bound on units in any stage."""
     moments: tuple[tuple[Moment, ...], ...] = ()
@@ -214,12 +215,27 @@ class PartitionProblem:
 
     @property
     def is_homogeneous(self) -> bool:
-        """True when the DP can solve it: no speeds, pins or per-stage unit caps."""
-        return (
-            (not self.speed or all(v == 1.0 for v in self.speed))
-            and not self.pinned
-            and (self.max_units_per_stage is None)
-        )
+        """True when the DP can solve it: identical stages (no speeds) and no per-stage unit caps."""
+        return (not self.speed or all(v == 1.0 for v in self.speed)) and self.max_units_per_stage is None
+
+    @property
+    def is_free(self) -> bool:
+        """True when any partition into non-empty stages is allowed: homogeneous and nothing pinned."""
+        return self.is_homogeneous and not self.pinned
+
+
+def check_pins(problem: PartitionProblem) -> None:
+    """Raise UsageError for a pin out of range, PlanInfeasibleError for a unit that no partition into non-empty
+    stages puts in its stage."""
+    n, p = problem.num_units, problem.num_stages
+    for unit, stage in problem.pinned:
+        if not (0 <= unit < n and 0 <= stage < p):
+            raise UsageError(f"pin (unit {unit}, stage {stage}) is out of range ({n} units, {p} stages)")
+        if not (p - n + unit <= stage <= unit):
+            raise PlanInfeasibleError(
+                f"unit {unit} cannot be in stage {stage}: with {n} units and {p} non-empty stages it can "
+                f"only be in stages {max(0, p - n + unit)}..{min(unit, p - 1)}"
+            )
 
 
 class Moment(NamedTuple):

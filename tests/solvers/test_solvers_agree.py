@@ -14,9 +14,12 @@ from solvers.ilp import solve_ilp
 from solvers.problem import Moment, PartitionProblem, PartitionSolution, evaluate
 
 
-def random_problem(seed: int, ilp_only: bool = False, runtime_memory: bool = False) -> PartitionProblem:
+def random_problem(
+    seed: int, ilp_only: bool = False, runtime_memory: bool = False, pins: bool = False
+) -> PartitionProblem:
     """Up to 10 units and 4 stages, with comm, memory (sometimes binding) and recompute choices; with
-    ``runtime_memory`` also the runtime's memory terms (moments, buffers, split, the step's tail)."""
+    ``runtime_memory`` also the runtime's memory terms (moments, buffers, split, the step's tail); with ``pins``
+    one to three units pinned to stages a partition can give them."""
     rng = random.Random(seed)
     n = rng.randint(1, 10)
     p = rng.randint(1, min(4, n))
@@ -37,6 +40,9 @@ def random_problem(seed: int, ilp_only: bool = False, runtime_memory: bool = Fal
             extra["pinned"] = ((unit, rng.randint(max(0, p - n + unit), min(unit, p - 1))),)
         if rng.random() < 0.5:
             extra["max_units_per_stage"] = rng.randint(-(-n // p), n)
+    if pins:
+        chosen = rng.sample(range(n), rng.randint(1, min(3, n)))
+        extra["pinned"] = tuple((u, rng.randint(max(0, p - n + u), min(u, p - 1))) for u in sorted(chosen))
     if runtime_memory:
         extra.update(_runtime_memory(random.Random(seed + 7919), n, p, m, params, random.Random(seed + 104729)))
     return PartitionProblem(
@@ -130,6 +136,23 @@ def test_dp_matches_brute_force_on_300_random_instances():
         assert_same_optimum(problem, reference, found)
         infeasible += reference is None
     assert 30 < infeasible < 200  # both outcomes are exercised
+
+
+def test_dp_with_pins_matches_brute_force_and_the_ilp():
+    # Pins drawn independently often contradict each other (unit 5 in stage 1, unit 3 in stage 2): no partition.
+    infeasible = 0
+    for seed in range(5000, 5300):
+        problem = random_problem(seed, runtime_memory=seed % 2 == 0, pins=True)
+        reference = solve_or_none(solve_brute, problem)
+        found = solve_or_none(lambda p: solve_dp(p)[0], problem)
+        assert_same_optimum(problem, reference, found)
+        if found is not None:
+            ends = (*found.boundaries[1:], problem.num_units)
+            assert all(found.boundaries[s] <= u < ends[s] for u, s in problem.pinned)
+        if seed < 5040:
+            assert_same_optimum(problem, reference, solve_or_none(lambda p: solve_ilp(p, backend="highs"), problem))
+        infeasible += reference is None
+    assert 30 < infeasible < 250  # both outcomes are exercised
 
 
 def test_dp_matches_brute_force_with_the_runtime_memory_terms():
@@ -248,7 +271,16 @@ def test_pins_and_unit_caps_are_honoured():
     base = dict(forward_s=(1.0,) * 8, backward_s=(2.0,) * 8, num_stages=4, num_microbatches=4)
     pinned = PartitionProblem(**base, pinned=((2, 0),))
     assert solve_ilp(pinned).boundaries[1] == 3  # unit 2 joins stage 0
-    assert solve_ilp(pinned).objective_s == solve_brute(pinned).objective_s
+    assert solve_dp(pinned)[0].boundaries[1] == 3
+    assert solve_ilp(pinned).objective_s == solve_brute(pinned).objective_s == solve_dp(pinned)[0].objective_s
+    # As Megatron's rule puts the final norm (here unit 5) in the last stage with the head, a stage longer there.
+    last = PartitionProblem(**base, pinned=((5, 3),))
+    assert solve_dp(last)[0].boundaries[3] == solve_brute(last).boundaries[3] == 5
+    assert solve_dp(last)[0].objective_s == solve_brute(last).objective_s
+    with pytest.raises(PlanInfeasibleError, match="unit 1 cannot be in stage 3"):
+        solve_dp(PartitionProblem(**base, pinned=((1, 3),)))
+    with pytest.raises(UsageError, match="out of range"):
+        solve_dp(PartitionProblem(**base, pinned=((9, 0),)))
     capped = PartitionProblem(
         forward_s=(1.0, 1.0, 1.0, 1.0, 1.0, 9.0),
         backward_s=(0.0,) * 6,
@@ -261,7 +293,7 @@ def test_pins_and_unit_caps_are_honoured():
 
 def test_dp_rejects_what_only_the_ilp_supports():
     base = dict(forward_s=(1.0,) * 4, backward_s=(1.0,) * 4, num_stages=2, num_microbatches=2)
-    for extra in ({"speed": (1.0, 2.0)}, {"pinned": ((0, 0),)}, {"max_units_per_stage": 2}):
+    for extra in ({"speed": (1.0, 2.0)}, {"max_units_per_stage": 2}):
         with pytest.raises(UsageError):
             solve_dp(PartitionProblem(**base, **extra))
 
