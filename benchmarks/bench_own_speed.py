@@ -7,6 +7,9 @@ Timed, wall clock, in a scratch folder:
 - ``pipeplan calibrate`` (the machine's links, per-action overheads, optimizer, co-location);
 - the cluster search: a synthetic 2,000-unit profile (bench_planner_scale's, seed 0) planned for 4,096 devices,
   8 a node, with the CLI's defaults;
+- the README's cluster one does not have: Llama 3 70B (examples/llama-3-70b.json) profiled by the H100's device
+  model, planned for 64 H100s with tensor parallelism searched, for Megatron (``--for megatron``) and exported to
+  it, and planned with the defaults;
 - with ``--main-job``: the README's main job after its install (gpt2-small's profile, plan, simulate, verify),
   and ``pipeplan plan`` of that profile alone; with the profile's unit sum against the whole model at each
   micro-batch size and verify's error at the machine's speed and as timed, as they printed them;
@@ -266,6 +269,16 @@ def main() -> None:
         save_profile(synthetic_profile(2000), folder / "syn2000.profile.json")
         cluster = ["plan", "syn2000.profile.json", "--devices", "4096", "--devices-per-node", "8"]
         _timed("cluster search", [pipeplan, *cluster, "--global-batch", "4096", "--out", "c.json"], folder, steps)
+        # The README's cluster one does not have: Llama 3 70B modelled for H100s, planned for Megatron and exported.
+        config = str(ROOT / "examples" / "llama-3-70b.json")
+        modelled = ["profile", f"hf:{config}", "--device-model", "h100-80gb", "--micro-batch-sizes", "1,2"]
+        _timed("device-model profile Llama 3 70B", [pipeplan, *modelled, "--out", "l70.json"], folder, steps)
+        l70 = ["plan", "l70.json", "--devices", "64", "--global-batch", "128", "--tensor-parallel", "auto"]
+        for_megatron = [pipeplan, *l70, "--for", "megatron", "--out", "l70.m.json"]
+        _timed("plan Llama 3 70B --for megatron", for_megatron, folder, steps)
+        export = [pipeplan, "export", "l70.m.json", "--to", "megatron", "--out", "l70.txt"]
+        _timed("export --to megatron", export, folder, steps)
+        _timed("plan Llama 3 70B", [pipeplan, *l70, "--out", "l70.plan.json"], folder, steps)
         if args.main_job:
             _timed("profile gpt2-small", [pipeplan, "profile", "gpt2-small", "--out", "s.profile.json"], folder, steps)
             plan = ["plan", "s.profile.json", "--ranks", "4", "--global-batch", "16", "--out", "s.plan.json"]
