@@ -8,8 +8,8 @@ made here on purpose or not at all. The rules the table keeps (checked on the ta
 
 - the base (``planner.errors``, ``planner.fileio``, ``planner.limits``, ``planner.formatting``) imports only itself;
 - ``planner.schedule`` uses only the base, and no torch;
-- the plan (``planner/*.py``) uses the base, ``planner.schedule``, the solvers and the profile format, never
-  ``planner.runtime``, and no torch;
+- the plan (``planner/*.py``) uses the base, ``planner.schedule``, the solvers, the profile format and the device
+  models' roofline (``profiles.modelled``, which itself uses no torch), never ``planner.runtime``, and no torch;
 - ``solvers`` imports no torch, and of ``planner`` only the one exception hierarchy (``planner.errors``);
 - only the CLI, examples and benchmarks (and ``planner.runtime`` itself) import ``planner.runtime``.
 
@@ -41,6 +41,10 @@ PARTS = {
     "planner.runtime": "planner.runtime",
     "planner": "planner",  # the plan: graph, cost, bounds, search, cluster, plan, report, export, calibration
     "profiles.format": "profiles.format",  # the profile file format (no torch): what the plan reads
+    # The device models' roofline (no torch): what a modelled profile is, which the plan splits for tensor parallelism.
+    "profiles.modelled": "device models",
+    "profiles.device_model": "device models",
+    "profiles.models.hf_spec": "device models",
     "profiles.models": "profiles.models",
     "profiles": "profiles",
     "solvers": "solvers",
@@ -56,13 +60,14 @@ EVERYTHING = frozenset(PARTS.values())
 LAYOUT: dict[str, frozenset[str]] = {
     BASE: frozenset({BASE}),
     "planner.schedule": frozenset({BASE, "planner.schedule"}),
-    "planner": frozenset({BASE, "planner", "planner.schedule", "profiles.format", "solvers"}),
+    "planner": frozenset({BASE, "planner", "planner.schedule", "profiles.format", "device models", "solvers"}),
     "planner.runtime": frozenset(
         {BASE, "planner", "planner.schedule", "planner.runtime", "profiles.format", "profiles", "torch"}
     ),
     "profiles.format": frozenset({BASE}),
-    "profiles": frozenset({BASE, "profiles.format", "profiles", "profiles.models", "torch"}),
-    "profiles.models": frozenset({BASE, "profiles", "profiles.models", "torch"}),
+    "device models": frozenset({BASE, "profiles.format", "device models"}),
+    "profiles": frozenset({BASE, "profiles.format", "profiles", "profiles.models", "device models", "torch"}),
+    "profiles.models": frozenset({BASE, "profiles", "profiles.models", "device models", "torch"}),
     "solvers": frozenset({"planner.errors", "solvers"}),
     "cli": EVERYTHING - {"solvers"},
     "examples": frozenset({"planner", "planner.runtime", "profiles", "torch"}),
@@ -164,7 +169,7 @@ def test_imports_stay_inside_the_table(path: Path) -> None:
 
 
 def test_the_table_keeps_the_one_way_rules() -> None:
-    torch_free = (BASE, "planner.schedule", "planner", "profiles.format", "solvers")
+    torch_free = (BASE, "planner.schedule", "planner", "profiles.format", "device models", "solvers")
     assert [row for row in torch_free if "torch" in LAYOUT[row]] == []
     assert LAYOUT[BASE] == {BASE}
     assert LAYOUT["planner.schedule"] <= {BASE, "planner.schedule"}
