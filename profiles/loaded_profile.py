@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -328,8 +329,10 @@ def measure_loaded(
         unit_timing = None
         if dev.type in IN_CONTEXT_DEVICES:
             timed, unit_timing = _in_context(runs, timed, model, workload, batch, unit_names, dev, bar, timing)
+        started = time.perf_counter()
         after = [_after_rounds(run, t, workload, dev, bar, timing, counts) for run, t in zip(runs, timed, strict=True)]
         thread_reference = measure_reference_at(dev, counts, rounds=15 if timing.min_time_s > 0 else 3)
+        after_rounds_s = time.perf_counter() - started
     finally:
         bar.close()
     assert ownership is not None and mode is not None
@@ -355,6 +358,7 @@ def measure_loaded(
         unit_sum_ratio=tuple(t.watched[0] for t in timed) if paired else None,
         unit_sum_ratio_error=tuple(t.watched_error[0] for t in timed) if paired else None,
         rounds_s=rounds_s,
+        after_rounds_s=after_rounds_s,
     )
 
 

@@ -407,6 +407,8 @@ def _found_settings(subject: _Subject, measured: Measurements) -> dict[str, Any]
         settings["unit_sum_ratio_error"] = list(measured.unit_sum_ratio_error)
     if measured.rounds_s is not None:
         settings["rounds_s"] = round(measured.rounds_s, 3)
+    if measured.after_rounds_s is not None:
+        settings["after_rounds_s"] = round(measured.after_rounds_s, 3)
     if subject.workload.notes:
         settings["adapted"] = list(subject.workload.notes)
     settings.update(attention_heads(subject.model))  # what a tensor-parallel plan must divide

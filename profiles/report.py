@@ -5,7 +5,7 @@ from __future__ import annotations
 from planner.formatting import format_table, human_bytes, human_count, human_flops, human_seconds
 from profiles.format import Profile
 
-__all__ = ["format_profile_table", "meta_line", "unit_sum_line"]
+__all__ = ["format_profile_table", "meta_line", "unit_sum_line", "cost_line"]
 
 
 def meta_line(profile: Profile) -> str:
@@ -139,4 +139,23 @@ def format_profile_table(profile: Profile, micro_batch_size: int | None = None, 
         for j, b in enumerate(profile.micro_batch_sizes):
             pairs = zip(profile.resume.forward_s[j], profile.resume.backward_s[j], strict=True)
             lines.append(f"b={b}: " + ", ".join(f"+{human_seconds(f)} / +{human_seconds(w)}" for f, w in pairs))
+    cost = cost_line(profile)
+    if cost:
+        lines += ["", cost]
     return "\n".join(lines)
+
+
+def cost_line(profile: Profile) -> str | None:
+    """What measuring ``profile`` took, part by part, as its settings record it (None where they record none: a
+    modelled profile, or one measured one unit at a time)."""
+    s, parts = profile.settings, []
+    if "rounds_s" in s:
+        rounds = s.get("repeats_used")
+        each = ", ".join(f"{r} at b={b}" for r, b in zip(rounds or (), profile.micro_batch_sizes, strict=False))
+        each = f" ({each})" if each else ""
+        parts.append(f"{human_seconds(s['rounds_s'])} of rounds{each}")
+    if "after_rounds_s" in s:
+        parts.append(f"{human_seconds(s['after_rounds_s'])} after them (the model after a wait, at other threads)")
+    if "pipeline_run_s" in s:
+        parts.append(f"{human_seconds(s['pipeline_run_s'])} running it as a pipeline")
+    return f"measuring took {', '.join(parts)}" if parts else None

@@ -126,6 +126,9 @@ class Measurements:
     """Per size, the standard error of ``unit_sum_ratio`` (:func:`median_error`), where it is given."""
     rounds_s: float | None = None
     """Wall time of the shared rounds, every size together; None for a meta profile."""
+    after_rounds_s: float | None = None
+    """Wall time after the rounds: the whole model after a wait and at other thread counts, every size, and the
+    speed reference at those counts; None for a meta profile."""
     thread_counts: tuple[int, ...] = ()
     thread_reference_s: tuple[float, ...] = ()
     """The speed reference at each of ``thread_counts``."""

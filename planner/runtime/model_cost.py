@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import os
 import statistics
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -563,6 +564,7 @@ def learn_after_profile(profile: Profile, model: str) -> tuple[Profile, str | No
     run). A run that fails is a warning, not a lost profile: ``plan`` then uses the shipped calibration."""
     if not can_learn_while_profiling(profile):
         return profile, None
+    started = time.perf_counter()
     try:
         run = learn_while_profiling(profile, model)
     except PipeplanError as exc:
@@ -573,7 +575,10 @@ def learn_after_profile(profile: Profile, model: str) -> tuple[Profile, str | No
             stacklevel=2,
         )
         return profile, None
-    return with_learned(profile, run), format_learned(run, shipped_calibration(profile.device.kind), model)
+    learned = with_learned(profile, run)
+    # What the run cost, beside what the rounds cost (profiles/report.py cost_line).
+    learned = replace(learned, settings={**learned.settings, "pipeline_run_s": round(time.perf_counter() - started, 3)})
+    return learned, format_learned(run, shipped_calibration(profile.device.kind), model)
 
 
 def format_learned(run: ModelRun, before: Calibration, model: str) -> str:

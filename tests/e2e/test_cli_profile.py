@@ -8,6 +8,7 @@ import torch
 
 from cli import main
 from cli_checks import PRECIOUS, assert_fails
+from planner.formatting import human_seconds
 from planner.runtime import model_cost
 from profiles.rounds import MIN_TIME_S
 
@@ -91,6 +92,11 @@ def test_profile_then_show_then_plan(capsys, tmp_path, monkeypatch):
     # --ranks 2: the threads each of 2 ranks gets, by the runtime's rule (cores // ranks)
     assert profile["settings"]["threads"] == max(1, (os.cpu_count() or 1) // 2)
     assert all(1 <= r <= 2 for r in profile["settings"]["repeats_used"])
+    # What measuring took, part by part, kept and printed.
+    settings = profile["settings"]
+    assert settings["rounds_s"] > 0 and settings["after_rounds_s"] > 0
+    rounds = "{} at b=1, {} at b=2".format(*settings["repeats_used"])
+    assert f"measuring took {human_seconds(settings['rounds_s'])} of rounds ({rounds}), " in printed
     assert main(["show", str(out)]) == 0
     assert "layers.0" in capsys.readouterr().out
     plan = tmp_path / "mlp.plan.json"
@@ -103,6 +109,7 @@ def test_profile_then_show_then_plan(capsys, tmp_path, monkeypatch):
     if (os.cpu_count() or 1) >= 2:
         assert "learned from mlp on 2 ranks" in printed and "    gpipe " in printed
         assert learned["notes"]["model"]["name"] == "mlp" and learned["num_ranks"] == 2
+        assert f"{human_seconds(settings['pipeline_run_s'])} running it as a pipeline" in printed
         assert learned["notes"]["model"]["schedules"][:2] == ["1f1b", "gpipe"]
         assert planned["predicted"]["calibration"] == "learned while profiling"
         assert planned["predicted"]["compute_scale"] == learned["colocation_factor"]
