@@ -29,12 +29,19 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from planner.cost import CostSettings, DataParallel, bytes_per_param, state_bytes_per_param, unit_costs
-from planner.errors import PipeplanError, PipeplanWarning, PlanInfeasibleError, SearchPrunedError, UsageError
+from planner.errors import (
+    PipeplanError,
+    PipeplanWarning,
+    PlanInfeasibleError,
+    SearchPrunedError,
+    UnexplainedInfeasibleError,
+    UsageError,
+)
 from planner.limits import check_plan_work
 from planner.mesh_layouts import DEFAULT_CLUSTER_LINKS, Cluster, Layout, default_cluster, layouts, nearest_divisors
 from planner.plan import Mesh, Plan
 from planner.request import PlanRequest
-from planner.search import baselines_for, estimate_step_s, make_plan
+from planner.search import baselines_for, estimate_step_s, explain_infeasible, make_plan
 from planner.tensor_parallel import TensorParallel, check_degree, shardable_degrees, sharded_profile
 from planner.tensor_parallel import attention_heads as tensor_attention_heads
 from profiles.format import Profile
@@ -192,7 +199,10 @@ def _search_layout(profile: Profile, replica: PlanRequest, sha256: str, record_t
     check_plan_work(replica.num_ranks, replica.global_batch_size, sizes)
     # Each candidate of the layout is held against the best step so far (planner/bounds.py); the baselines are
     # scored for the winning layout alone (plan_cluster).
-    return make_plan(profile, replica, sha256=sha256, record_timing=record_timing, beat_s=beat_s, with_baselines=False)
+    # A layout with no plan that fits is not explained here: the search reports one such layout at most.
+    return make_plan(
+        profile, replica, sha256=sha256, record_timing=record_timing, beat_s=beat_s, with_baselines=False, explain=False
+    )
 
 
 class _Inline(Executor):
@@ -336,6 +346,7 @@ def plan_cluster(
 
         _branch_and_bound(submit, jobs, candidates, standings)
     if standings.best is None:
+        standings.explain(profiles)
         mesh_kind = "pp x dp" if degrees == (1,) else "pp x tp x dp"
         raise PlanInfeasibleError(
             f"no {mesh_kind} layout of {cluster.num_devices} devices gives a plan ({standings.last_error})"
@@ -408,17 +419,30 @@ class _Standings:
         # The best so far: its ranking key, its plan on the mesh, its layout and its replica's request.
         self.best: tuple[tuple[float, int, int, int], Plan, Layout, PlanRequest] | None = None
         self.last_error = "no layout"
+        # The layout and request of the last error, where it is a search with no plan that fits, left unexplained.
+        self.unexplained: tuple[Layout, PlanRequest] | None = None
 
     @property
     def best_s(self) -> float:
         """The best step so far (inf: none yet)."""
         return self.best[0][0] if self.best is not None else math.inf
 
-    def refuse(self, order: int, layout: Layout, reason: str, error: str | None = None) -> None:
-        """The layout gave no plan, for ``reason``; ``error`` is what the final refusal cites, if it is the last."""
+    def refuse(
+        self, order: int, layout: Layout, reason: str, error: str | None = None, unexplained: PlanRequest | None = None
+    ) -> None:
+        """The layout gave no plan, for ``reason``; ``error`` is what the final refusal cites, if it is the last;
+        ``unexplained``: its request, where the search found no plan that fits and did not say why."""
         self.tried.append((order, (layout, None, reason)))
         if error is not None:
             self.last_error = f"{_named(layout)}: {error}"
+            self.unexplained = None if unexplained is None else (layout, unexplained)
+
+    def explain(self, profiles: dict[int, Profile]) -> None:
+        """The last error said in full, where it was left unexplained (``profiles``: the sharded one per degree)."""
+        if self.unexplained is not None:
+            layout, replica = self.unexplained
+            why = explain_infeasible(profiles[layout.tp].for_ranks(replica.num_ranks), replica)
+            self.last_error = f"{_named(layout)}: {why}"
 
     def take(self, order: int, layout: Layout, replica: PlanRequest, plan: Plan) -> None:
         """The layout's plan, kept if it is the best yet (ties: fewer devices, less memory, earlier layout)."""
@@ -464,6 +488,9 @@ def _branch_and_bound(
                 plan = future.result()
             except SearchPrunedError:
                 standings.refuse(order, layout, f"pruned: no candidate can beat {beat_s:.4g} s")
+                continue
+            except UnexplainedInfeasibleError as exc:
+                standings.refuse(order, layout, str(exc), str(exc), unexplained=replica)
                 continue
             except PipeplanError as exc:
                 standings.refuse(order, layout, str(exc), str(exc))

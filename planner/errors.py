@@ -73,6 +73,11 @@ class SearchPrunedError(PlanInfeasibleError):
     """Raised when a search told to beat a step finds that none of its candidates can (planner/bounds.py)."""
 
 
+class UnexplainedInfeasibleError(PlanInfeasibleError):
+    """Raised when a search told not to explain finds no plan that fits: the caller explains the one it reports
+    (a cluster search tries many layouts and reports at most one: :func:`planner.search.explain_infeasible`)."""
+
+
 class SolverError(PipeplanError):
     """Raised when a solver fails to return a feasible answer (e.g. an ILP time-out)."""
 

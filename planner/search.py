@@ -20,7 +20,13 @@ from planner.cost import (
     build_problem,
     unit_costs,
 )
-from planner.errors import PlanInfeasibleError, ScheduleError, SearchPrunedError, UsageError
+from planner.errors import (
+    PlanInfeasibleError,
+    ScheduleError,
+    SearchPrunedError,
+    UnexplainedInfeasibleError,
+    UsageError,
+)
 from planner.formatting import human_bytes
 from planner.plan import BaselinePlan, Plan, SolverInfo
 from planner.prediction import (
@@ -44,6 +50,7 @@ __all__ = [
     "Candidate",
     "make_plan",
     "make_plans",
+    "explain_infeasible",
     "estimate_step_s",
     "plan_key",
     "OBJECTIVE",
@@ -422,8 +429,9 @@ def smallest_plan_bytes(problem: PartitionProblem) -> float:
     return high
 
 
-def _explain_infeasible(profile: Profile, request: PlanRequest) -> str:
-    """One line: what the smallest plan needs per device against what is usable, and what would help."""
+def explain_infeasible(profile: Profile, request: PlanRequest) -> str:
+    """One line: what the smallest plan needs per device against what is usable, and what would help (``profile``
+    as :func:`make_plans` searched it, for ``request.num_ranks``)."""
     problem, b, schedule, v = _least_memory_problem(profile, request)
     p = request.num_ranks
     capacity = min(problem.capacity_bytes) * v  # a device's: its stages share it
@@ -531,13 +539,16 @@ def make_plan(
     record_timing: bool = False,
     beat_s: float = math.inf,
     with_baselines: bool = True,
+    explain: bool = True,
 ) -> Plan:
     """Search every candidate and return the best simulated plan (raises PlanInfeasibleError).
 
     Candidates that cannot come within ``NEAR_BEST`` of the fastest (or of ``beat_s``, a step found
     elsewhere, e.g. by another cluster layout) are not simulated (planner/bounds.py); when that leaves
     none, :class:`~planner.errors.SearchPrunedError`. Without ``with_baselines`` the plan's ``baselines`` are
-    empty (a cluster search scores them for the winning layout alone: :func:`baselines_for`).
+    empty (a cluster search scores them for the winning layout alone: :func:`baselines_for`). Without
+    ``explain``, no plan that fits raises :class:`~planner.errors.UnexplainedInfeasibleError` at once, without
+    :func:`explain_infeasible`'s search for the smallest plan.
     """
     return make_plans(
         profile,
@@ -547,6 +558,7 @@ def make_plan(
         count=1,
         beat_s=beat_s,
         with_baselines=with_baselines,
+        explain=explain,
     )[0]
 
 
@@ -570,10 +582,11 @@ def make_plans(
     record_timing: bool = False,
     beat_s: float = math.inf,
     with_baselines: bool = True,
+    explain: bool = True,
 ) -> list[Plan]:
     """The ``count`` best *distinct* plans (see :func:`plan_key`), fastest simulated first; with ``count`` 1,
     candidates that cannot come within ``NEAR_BEST`` of the fastest or of ``beat_s`` are skipped
-    (:func:`make_plan`), and ``with_baselines`` as there.
+    (:func:`make_plan`), and ``with_baselines`` and ``explain`` as there.
 
     Every plan carries the same search record (solver, candidates, constraints); baselines are scored
     against each plan's own micro-batching.
@@ -595,7 +608,9 @@ def make_plans(
     if not candidates and not found.infeasible and found.refusals:
         raise ScheduleError(found.refusals[0])
     if not candidates:
-        raise PlanInfeasibleError(_explain_infeasible(profile, request))
+        if not explain:
+            raise UnexplainedInfeasibleError("no plan fits in memory")
+        raise PlanInfeasibleError(explain_infeasible(profile, request))
     ranked = _ranked(candidates)
     solve_s = time.perf_counter() - started
     used_ilp = _use_ilp(request)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from dataclasses import replace
 
 import pytest
@@ -466,3 +467,23 @@ def test_cli_collectives_cost_a_plan_as_a_trainer_runs_it_without_its_layout_rul
     idle = ["plan", str(profile), "--collectives", "megatron", "--global-batch", "8", "--out", str(tmp_path / "p")]
     assert main(idle) == 2
     assert "--collectives: options of a cluster plan" in capsys.readouterr().err
+
+
+def test_a_cluster_with_no_plan_that_fits_says_why_for_the_layout_it_names() -> None:
+    # Each layout's search stops at "no plan fits" without the bisection for the smallest plan; the one layout
+    # the refusal names is explained in full, as a single pipeline's search explains it.
+    # 5 units of 6M fp32 Adam parameters (92 MiB each) on 4 devices of 256 MiB: every unit fits alone, two do not.
+    tight = make_profile(
+        [1.0] * 5, param_counts=[6 * 10**6] * 5, saved_bytes=[2**24] * 5, activation_bytes=2**22, memory_bytes=2**28
+    )
+    with pytest.raises(PlanInfeasibleError) as refused:
+        plan_cluster(tight, _request(8), Cluster(4, 4, 1e12, 1e12, 0.0), MeshSearch(pipeline_degree=4), sha256=SHA)
+    message = str(refused.value)
+    assert message.startswith("no pp x dp layout of 4 devices gives a plan (pp=4 dp=1: ")
+    named = re.search(r"\(pp=(\d+) dp=(\d+): (.*)\)$", message)
+    assert named is not None
+    pp, dp = int(named[1]), int(named[2])
+    alone = replace(_request(8 // dp), num_ranks=pp)
+    with pytest.raises(PlanInfeasibleError) as single:
+        make_plan(tight, alone, sha256=SHA)
+    assert named[3] == str(single.value) and "the smallest plan" in named[3]
