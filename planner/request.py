@@ -338,7 +338,7 @@ class PlanRequest:
     """auto (dp, or ilp when devices differ or stages are capped), dp, ilp."""
     settings: CostSettings = field(default_factory=CostSettings)
     pinned: tuple[tuple[str, int], ...] = ()
-    """(unit FQN, stage) pairs; ILP only."""
+    """(unit FQN, stage) pairs."""
     max_units_per_stage: int | None = None
     top_k: int = 4
     """Partitions per candidate handed from the solver to the simulator."""

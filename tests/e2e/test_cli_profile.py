@@ -112,7 +112,10 @@ def test_profile_then_show_then_plan(capsys, tmp_path, monkeypatch):
         assert f"{human_seconds(settings['pipeline_run_s'])} running it as a pipeline" in printed
         assert learned["notes"]["model"]["schedules"][:2] == ["1f1b", "gpipe"]
         assert planned["predicted"]["calibration"] == "learned while profiling"
-        assert planned["predicted"]["compute_scale"] == learned["colocation_factor"]
+        # The co-location factor at the plan's micro-batch size (a size's own where one was learned for it).
+        by_size = learned.get("colocation_factor_by_micro_batch_size", {})
+        at_size = by_size.get(str(planned["micro_batch_size"]), learned["colocation_factor"])
+        assert planned["predicted"]["compute_scale"] == at_size
         assert "runtime terms from calibration learned while profiling: " in capsys.readouterr().out
     else:
         assert learned is None and planned["predicted"]["calibration"] == "shipped"

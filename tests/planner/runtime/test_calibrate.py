@@ -205,10 +205,12 @@ def test_tune_keeps_the_fastest_measured_plan(tmp_path, monkeypatch) -> None:
     )
     assert "<- fastest measured" in format_tune_table(result)
     # The refit carries gpt2-tiny's own per-action cost: it says whose, so that plan can warn for another model.
+    # It is refit from the two candidates measured first; a re-plan outside them is measured after it (a third).
+    assert len(result.candidates) in (2, 3)
     assert result.calibration.learned_model == {
         "name": profile.model.name,
         "fingerprint": profile.model.fingerprint,
-        "runs": len(result.candidates),
+        "runs": 2,
     }
     # How fast the machine ran during each candidate (the speed reference), shown and recorded as information.
     for c in result.candidates:
