@@ -41,7 +41,7 @@ from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank
 from planner.schedule.simulate import RuntimeTerms, SimulationResult, in_flight_per_stage, simulate
 from profiles.format import Profile
 from solvers.baselines import balanced_by_params, balanced_by_time, uniform_by_count
-from solvers.dp import solve_dp
+from solvers.dp import smallest_plan_bytes, solve_dp
 from solvers.even import balance_ranks, solve_even
 from solvers.problem import Moment, PartitionProblem, PartitionSolution, evaluate, stage_cost, stage_moments
 
@@ -402,31 +402,6 @@ def _least_memory_problem(profile: Profile, request: PlanRequest) -> tuple[Parti
         schedule=schedule,
     )
     return problem, b, schedule, v
-
-
-def smallest_plan_bytes(problem: PartitionProblem) -> float:
-    """The least memory per device any partition of ``problem`` needs (its fullest stage), to 0.5 %: the
-    capacity, found by bisection, under which the DP first finds a partition."""
-    p = problem.num_stages
-    single = [
-        max(stage_cost(problem, s, u, u, r).memory_bytes for s in range(p) for r in problem.recompute_choices)
-        for u in range(problem.num_units)
-    ]
-    low, high = max(min(single), 1.0), max(sum(single), 1.0)
-
-    def fits(capacity: float) -> bool:
-        try:
-            solve_dp(replace(problem, capacity_bytes=(capacity,) * p, speed=(), pinned=(), max_units_per_stage=None))
-        except PlanInfeasibleError:
-            return False
-        return True
-
-    while not fits(high):
-        high *= 2
-    while high - low > 0.005 * high:
-        mid = (low + high) / 2
-        low, high = (low, mid) if fits(mid) else (mid, high)
-    return high
 
 
 def explain_infeasible(profile: Profile, request: PlanRequest) -> str:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -56,11 +56,12 @@ from solvers.problem import (
     check_pins,
     evaluate,
     local_cuts,
+    stage_cost,
     stage_moments,
     transient_arrays,
 )
 
-__all__ = ["solve_dp"]
+__all__ = ["solve_dp", "smallest_plan_bytes"]
 
 _Kind = tuple[tuple[Moment, ...], float, bool, bool]
 """What a stage's memory depends on besides its units: its moments, its capacity, and whether its input and its
@@ -582,3 +583,28 @@ def solve_dp(problem: PartitionProblem, top_k: int = 1) -> list[PartitionSolutio
         )
     solutions.sort(key=lambda sol: (sol.objective_s, sol.boundaries, sol.recompute))
     return solutions
+
+
+def smallest_plan_bytes(problem: PartitionProblem) -> float:
+    """The least memory per stage any partition of ``problem`` needs (its fullest stage), to 0.5 %: the capacity,
+    found by bisection, under which :func:`solve_dp` first finds a partition (pins, speeds and caps dropped)."""
+    p = problem.num_stages
+    single = [
+        max(stage_cost(problem, s, u, u, r).memory_bytes for s in range(p) for r in problem.recompute_choices)
+        for u in range(problem.num_units)
+    ]
+    low, high = max(min(single), 1.0), max(sum(single), 1.0)
+
+    def fits(capacity: float) -> bool:
+        try:
+            solve_dp(replace(problem, capacity_bytes=(capacity,) * p, speed=(), pinned=(), max_units_per_stage=None))
+        except PlanInfeasibleError:
+            return False
+        return True
+
+    while not fits(high):
+        high *= 2
+    while high - low > 0.005 * high:
+        mid = (low + high) / 2
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high

@@ -74,7 +74,8 @@ def test_no_plan_fits_says_what_the_smallest_plan_needs():
     # Four equal units of 1 MB of state (Adam, 16 B x 62,500 parameters) on 2 devices: the smallest plan holds
     # two units a device. Usable memory a little below it: no plan; the message gives its need in MiB.
     from planner.formatting import human_bytes
-    from planner.search import _least_memory_problem, smallest_plan_bytes
+    from planner.search import _least_memory_problem
+    from solvers.dp import smallest_plan_bytes
 
     profile = make_profile([1.0] * 4, param_counts=[62_500] * 4, saved_bytes=[1000] * 4)
     request = PlanRequest(num_ranks=2, global_batch_size=4, settings=FAST_LINK)
@@ -103,7 +104,8 @@ def test_no_plan_fits_says_what_the_smallest_plan_needs():
 def test_no_plan_fits_under_the_asked_schedule_counts_its_stages_per_device():
     # Interleaved 1F1B gives each of a device's 2 stages half of it: the smallest plan is that schedule's.
     from planner.formatting import human_bytes
-    from planner.search import _least_memory_problem, smallest_plan_bytes
+    from planner.search import _least_memory_problem
+    from solvers.dp import smallest_plan_bytes
 
     profile = make_profile([1.0] * 8, param_counts=[62_500] * 8, saved_bytes=[1000] * 8)
     request = PlanRequest(num_ranks=2, global_batch_size=4, schedule="interleaved-1f1b", settings=FAST_LINK)
