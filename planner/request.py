@@ -170,7 +170,7 @@ class PlanOptions:
     solver: str = option(
         "auto",
         choices=("auto", "dp", "ilp"),
-        help="the exact solver of the boundaries: dp (fast), ilp (pulp; needed for --pin, --device-speeds, "
+        help="the exact solver of the boundaries: dp (fast; takes --pin), ilp (pulp; needed for --device-speeds, "
         "--max-units-per-stage); auto picks (default auto)",
     )
     calibration: str = option(
@@ -187,7 +187,7 @@ class PlanOptions:
         parse=pin,
         repeat=True,
         metavar="UNIT=STAGE",
-        help="keep a unit on a stage, e.g. transformer.ln_f=3 (repeatable; uses the ILP; default: none)",
+        help="keep a unit on a stage, e.g. transformer.ln_f=3 (repeatable; default: none)",
     )
     max_units_per_stage: int | None = option(
         None,
