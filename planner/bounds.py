@@ -57,7 +57,14 @@ from functools import cached_property, lru_cache
 
 from planner.schedule.orders import Schedule, Step, kept_rank_orders
 
-__all__ = ["UnitWork", "candidate_floor_s", "partition_floor_s", "order_floor_s", "order_ceiling_s"]
+__all__ = [
+    "UnitWork",
+    "candidate_floor_s",
+    "partition_floor_s",
+    "partition_order_floor_s",
+    "order_floor_s",
+    "order_ceiling_s",
+]
 
 LP_SHAVE = 1e-6
 """:func:`order_floor_s` is taken this fraction below the programme's optimum: HiGHS meets its constraints to
@@ -191,8 +198,8 @@ def order_ceiling_s(
     shape = _programme_shape(schedule, forward_s, backward_s)
     if shape is None:
         return 0.0
-    total, share, low, high = shape
-    return _order_at_equal_stages(schedule, num_ranks, num_stages, num_microbatches, share, low, high) * total
+    total, share, _, _ = shape
+    return _order_at_equal_stages(schedule, num_ranks, num_stages, num_microbatches, share) * total
 
 
 def _programme_shape(
@@ -223,54 +230,115 @@ def _order_programme(
     return _solve_programme(rows, stages, columns, forward_share)
 
 
-@lru_cache(maxsize=64)
 def _programme_rows(
     schedule: Schedule, ranks: int, stages: int, m: int, low: float, high: float
 ) -> tuple[list[dict[int, float]], int]:
-    """:func:`_order_rows` of the schedule's kept orders, shared by the programme and its ceiling (read only)."""
-    return _order_rows(kept_rank_orders(schedule, stages, m, ranks), stages, m, low, high)
+    """The programme's rows: the orders' (:func:`_order_rows`) and each stage's backward within ``low`` and
+    ``high`` times its forward."""
+    rows, columns = _sequence_rows(schedule, ranks, stages, m)
+    ratios = []
+    for s in range(stages):
+        ratios.append({s: low, stages + s: -1.0})  # low * f_s <= b_s
+        if math.isfinite(high):
+            ratios.append({stages + s: 1.0, s: -high})  # b_s <= high * f_s
+    return rows + ratios, columns
+
+
+@lru_cache(maxsize=64)
+def _sequence_rows(schedule: Schedule, ranks: int, stages: int, m: int) -> tuple[list[dict[int, float]], int]:
+    """:func:`_order_rows` of the schedule's kept orders, shared by the programme and the paths (read only)."""
+    return _order_rows(kept_rank_orders(schedule, stages, m, ranks), stages, m)
 
 
 @lru_cache(maxsize=512)
-def _order_at_equal_stages(
-    schedule: Schedule, ranks: int, stages: int, m: int, forward_share: float, low: float, high: float
-) -> float:
+def _order_at_equal_stages(schedule: Schedule, ranks: int, stages: int, m: int, forward_share: float) -> float:
     """The programme's least step for work 1 with every ``f_s = forward_share / S`` and ``b_s`` the rest over
-    ``S`` (within ``low`` and ``high`` times ``f_s``, as the units' totals are): the longest path through its rows,
-    each an edge from the action it follows (or time 0) to the action or step it bounds."""
-    rows, columns = _programme_rows(schedule, ranks, stages, m, low, high)
+    ``S`` (a point within the units' ratios, as their totals are): the longest path through its order rows."""
     forward, backward = forward_share / stages, (1.0 - forward_share) / stages
+    return _longest_path(_order_edges(schedule, ranks, stages, m), [forward] * stages + [backward] * stages, ())
+
+
+def partition_order_floor_s(
+    schedule: Schedule,
+    num_ranks: int,
+    num_microbatches: int,
+    stage_forward_s: Sequence[float],
+    stage_backward_s: Sequence[float],
+    *,
+    compute_scale: float = 1.0,
+    action_overhead_s: float = 0.0,
+    step_tail_s: Sequence[float] = (),
+) -> float:
+    """Fact 4 at one partition: the longest path through the programme's rows with this partition's own stage
+    times (its forward ``f_s`` and full backward ``b_s``, recomputation in it), each action scaled and lengthened
+    as the simulator does, and each rank's step tail after its last action (fact 3). The programme's value at one
+    of its feasible points, so never below its optimum (:func:`order_floor_s`), and no simulation of the partition
+    is shorter. 0 for a split backward.
+
+    >>> partition_order_floor_s(Schedule.ONE_F_ONE_B, 2, 2, [1.0, 1.0], [2.0, 2.0])
+    9.0
+    """
+    if schedule.splits_backward or not stage_forward_s:
+        return 0.0
+    scale = compute_scale if num_ranks > 1 else 1.0  # as the simulator scales every action of a pipeline
+    durations = [f * scale + action_overhead_s for f in stage_forward_s]
+    durations += [b * scale + action_overhead_s for b in stage_backward_s]
+    edges = _order_edges(schedule, num_ranks, len(stage_forward_s), num_microbatches)
+    return _longest_path(edges, durations, step_tail_s)
+
+
+_Edges = tuple[tuple[tuple[int, int, int, tuple[tuple[int, float], ...]], ...], int]
+
+
+@lru_cache(maxsize=64)
+def _order_edges(schedule: Schedule, ranks: int, stages: int, m: int) -> _Edges:
+    """The orders' rows (:func:`_order_rows`) as edges of the kept actions' graph, in
+    topological order from time 0: each ``(source, target, rank, [(stage column, count), ...])``, source -1 being
+    time 0, the last column the step, ``rank`` the rank whose last action an edge into the step follows (else -1);
+    and the column count."""
+    rows, columns = _sequence_rows(schedule, ranks, stages, m)
     start, step_col = 2 * stages, columns - 1
-    edges: dict[int, list[tuple[int, float]]] = {}
-    waiting = [0] * columns  # per start column, the edges into it not yet relaxed
+    edges: dict[int, list[tuple[int, int, tuple[tuple[int, float], ...]]]] = {}
+    waiting = [0] * columns  # per start column, the edges into it not yet taken
+    into_step = 0  # _order_rows writes one row into the step per rank, in rank order
     for row in rows:
-        target = next((c for c, x in row.items() if c >= start and x < 0), None)
-        if target is None:  # a stage's ratio row: no edge
-            continue
+        target = next(c for c, x in row.items() if c >= start and x < 0)
         source = next((c for c, x in row.items() if c >= start and x > 0), -1)
-        length = math.fsum(x * (forward if c < stages else backward) for c, x in row.items() if c < start)
-        edges.setdefault(source, []).append((target, length))
+        rank = into_step if target == step_col else -1
+        into_step += target == step_col
+        edges.setdefault(source, []).append((target, rank, tuple((c, x) for c, x in row.items() if c < start)))
         waiting[target] += 1
-    # Kahn's order from time 0 (column -1): every edge runs forward in time, the rank orders and data edges a DAG.
-    earliest = [0.0] * columns
+    # Kahn's order from time 0: every edge runs forward in time, the rank orders and data edges a DAG.
+    ordered: list[tuple[int, int, int, tuple[tuple[int, float], ...]]] = []
     ready = [-1]
     while ready:
         node = ready.pop()
-        at = earliest[node] if node >= 0 else 0.0
-        for target, length in edges.get(node, ()):
-            earliest[target] = max(earliest[target], at + length)
+        for target, rank, counts in edges.get(node, ()):
+            ordered.append((node, target, rank, counts))
             waiting[target] -= 1
             if waiting[target] == 0:
                 ready.append(target)
-    return earliest[step_col]
+    return tuple(ordered), columns
 
 
-def _order_rows(
-    orders: list[list[Step]], stages: int, m: int, low: float, high: float
-) -> tuple[list[dict[int, float]], int]:
+def _longest_path(edges: _Edges, durations: Sequence[float], step_tail_s: Sequence[float]) -> float:
+    """The latest start of the step column through ``edges`` (:func:`_order_edges`) with each stage column's
+    action lasting ``durations[column]``, an edge into the step from rank ``r``'s last action lengthened by
+    ``step_tail_s[r]``."""
+    ordered, columns = edges
+    earliest = [0.0] * columns
+    for source, target, rank, counts in ordered:
+        length = math.fsum(x * durations[c] for c, x in counts)
+        if 0 <= rank < len(step_tail_s):
+            length += step_tail_s[rank]
+        at = earliest[source] if source >= 0 else 0.0
+        earliest[target] = max(earliest[target], at + length)
+    return earliest[columns - 1]
+
+
+def _order_rows(orders: Sequence[Sequence[Step]], stages: int, m: int) -> tuple[list[dict[int, float]], int]:
     """The programme's ``<= 0`` rows (column -> coefficient) and its column count: the ranks' orders and the
-    dependencies between the first and last micro-batches' actions, and each stage's backward within ``low``
-    and ``high`` times its forward."""
+    dependencies between the first and last micro-batches' actions."""
     kept_mbs = {0, m - 1}
     kept: dict[tuple[int, int, str], int] = {}
     for order in orders:
@@ -317,10 +385,6 @@ def _order_rows(
         row = {start + kept[needed]: 1.0, start + column: -1.0}
         duration(needed, row)
         rows.append(row)
-    for s in range(stages):
-        rows.append({s: low, stages + s: -1.0})  # low * f_s <= b_s
-        if math.isfinite(high):
-            rows.append({stages + s: 1.0, s: -high})  # b_s <= high * f_s
     return rows, step_col + 1
 
 

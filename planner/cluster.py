@@ -403,8 +403,9 @@ def _candidates(
                     settings=settings,
                 )
                 # The likeliest winners first, so that the rest meet a good step to beat: the bound alone puts
-                # the deepest pipelines first (least work per rank), whose bubble then loses.
-                guess = _guess_s(sharded, replica) if bound < math.inf else math.inf
+                # the deepest pipelines first (least work per rank), whose bubble then loses; the guess alone
+                # (one replica's pipeline) leaves out the replicas' gradient sync, which the bound counts.
+                guess = max(_guess_s(sharded, replica), bound) if bound < math.inf else math.inf
                 candidates.append(_Candidate(guess, bound, order, layout, replica))
             order += 1
     return sorted(candidates, key=lambda c: (c.guess_s, c.bound_s, c.order)), profiles

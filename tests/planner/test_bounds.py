@@ -7,7 +7,14 @@ import random
 
 import pytest
 
-from planner.bounds import UnitWork, candidate_floor_s, order_ceiling_s, order_floor_s, partition_floor_s
+from planner.bounds import (
+    UnitWork,
+    candidate_floor_s,
+    order_ceiling_s,
+    order_floor_s,
+    partition_floor_s,
+    partition_order_floor_s,
+)
 from planner.cost import CostSettings, build_problem, unit_costs
 from planner.errors import ScheduleError
 from planner.schedule.orders import Schedule, check_microbatches, stage_to_rank
@@ -52,6 +59,7 @@ def test_floors_lie_under_every_partition_simulated(schedule: Schedule, ranks: i
     stage_rank = stage_to_rank(schedule, num_stages, ranks)
     terms = RuntimeTerms(0.05, tuple(rng.uniform(0, 1) for _ in range(ranks)), rng.choice((0.8, 1.0, 1.3)))
     fastest = float("inf")
+    paths: list[tuple[float, float]] = []
     for bounds in _partitions(num_units, num_stages):
         stages = [range(a, b) for a, b in zip(bounds, (*bounds[1:], num_units), strict=True)]
         f = [sum(forward[u] for u in units) for units in stages]
@@ -78,7 +86,24 @@ def test_floors_lie_under_every_partition_simulated(schedule: Schedule, ranks: i
             step_tail_s=terms.step_tail_s,
         )
         assert with_terms <= timed * (1 + 1e-9)
+        # Fact 4 at this partition: over the programme's optimum, under its simulation (plain and timed).
+        path = partition_order_floor_s(schedule, ranks, m, f, b)
+        timed_path = partition_order_floor_s(
+            schedule,
+            ranks,
+            m,
+            f,
+            b,
+            compute_scale=terms.compute_scale,
+            action_overhead_s=terms.action_overhead_s,
+            step_tail_s=terms.step_tail_s,
+        )
+        assert orders_floor <= path * (1 + 1e-9) and path <= plain * (1 + 1e-9)
+        assert timed_path <= timed * (1 + 1e-9)
+        paths.append((path, plain))
     assert floor <= fastest * (1 + 1e-9)
+    if not split:  # the path at a partition is its simulation but for the actions between the kept ones
+        assert min(plain - path for path, plain in paths) < 0.05 * fastest
     assert orders_floor <= fastest * (1 + 1e-9)
     # The programme's value at equal stages: over its optimum, under the simulation of equal stages (the programme
     # keeps some of the orders' edges, the simulation all of them).

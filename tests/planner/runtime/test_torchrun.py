@@ -177,6 +177,13 @@ def _torchrun(nodes: int, per_node: int, argv: list[str], *, fault: str = "", ti
     return out
 
 
+def _told(runs: list) -> str:
+    """Each agent's exit code and the end of its stderr, for a failed assertion (pytest cuts a long repr short)."""
+    return "\n".join(
+        f"agent {n}: exit {code}\n" + "\n".join(err.splitlines()[-25:]) for n, (code, _, err, _) in enumerate(runs)
+    )
+
+
 def _errors(runs: list) -> list[str]:
     """The ranks' one-line errors (torchrun's own report of the failed ranks around them is not ours)."""
     return [line for _, _, err, _ in runs for line in err.splitlines() if line.startswith("pipeplan verify:")]
@@ -233,9 +240,9 @@ def test_two_nodes_run_the_plan_with_one_report(plans: dict[str, Path], tmp_path
         str(out),
     ]
     runs = _torchrun(2, 2, argv)
-    assert [code for code, *_ in runs] == [0, 0] or [code for code, *_ in runs] == [1, 1], runs
+    assert [code for code, *_ in runs] == [0, 0] or [code for code, *_ in runs] == [1, 1], _told(runs)
     printed = [stdout for _, stdout, _, _ in runs if "verify:" in stdout]
-    assert len(printed) == 1 and "job: 4 ranks on 2 nodes (torchrun)" in printed[0], runs
+    assert len(printed) == 1 and "job: 4 ranks on 2 nodes (torchrun)" in printed[0], _told(runs)
     assert f"wrote {out}" in printed[0] and _errors(runs) == []
     report = json.loads(out.read_text())
     _check_report(report, load_plan(plans[name]))
