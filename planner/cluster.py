@@ -221,20 +221,32 @@ def _first(item: tuple[int, object]) -> int:
     return item[0]
 
 
-def _executor(jobs: int) -> Executor:
+_WORKER_PROFILES: dict[int, Profile] = {}
+"""In a worker process: the profile one device of each tensor-parallel degree computes, given once when the worker
+starts. A profile sent with each layout would arrive as a new object every time, and the caches kept per profile
+(planner/cost.py ``unit_costs``: 0.13 s a micro-batch size on 2,000 units) would miss in every layout."""
+
+
+def _executor(jobs: int, profiles: dict[int, Profile]) -> Executor:
     if jobs <= 1:
         return _Inline()
     # fork: workers start in milliseconds with the profile already in memory (spawn re-imports numpy and
     # networkx in every worker); spawn where fork does not exist.
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_leave_interrupts_to_the_parent)
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_start_worker, initargs=(profiles,))
 
 
-def _leave_interrupts_to_the_parent() -> None:
+def _start_worker(profiles: dict[int, Profile]) -> None:
     # Ctrl-C reaches the whole process group: the parent stops the search with its one-line message and
     # the workers finish the layout at hand, rather than each printing a traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _WORKER_PROFILES.update(profiles)
+
+
+def _search_worker_layout(tp: int, replica: PlanRequest, sha256: str, record_timing: bool, beat_s: float) -> Plan:
+    """:func:`_search_layout` in a worker, of its profile for degree ``tp``."""
+    return _search_layout(_WORKER_PROFILES[tp], replica, sha256, record_timing, beat_s)
 
 
 def tensor_parallel_degrees(
@@ -338,11 +350,13 @@ def plan_cluster(
         raise UsageError(f"--jobs must be >= 1, got {jobs}")
     candidates, profiles = _candidates(profile, request, cluster, mesh, degrees)
     standings = _Standings(cluster, request)
-    with _executor(jobs) as pool:
+    with _executor(jobs, profiles) as pool:
 
         def submit(candidate: _Candidate, beat_s: float) -> Future[Plan]:
             layout, replica = candidate.layout, candidate.replica
-            return pool.submit(_search_layout, profiles[layout.tp], replica, sha256, record_timing, beat_s)
+            if jobs <= 1:
+                return pool.submit(_search_layout, profiles[layout.tp], replica, sha256, record_timing, beat_s)
+            return pool.submit(_search_worker_layout, layout.tp, replica, sha256, record_timing, beat_s)
 
         _branch_and_bound(submit, jobs, candidates, standings)
     if standings.best is None:
