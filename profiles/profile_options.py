@@ -91,8 +91,9 @@ class ProfileOptions:
     )
     no_pipeline_run: bool = option(
         False,
-        help="skip the short run, on a CPU, of the model as a 2-rank 1F1B pipeline (about 10-40 s) that learns what "
-        "its actions cost inside a pipeline; `plan` then uses the calibration shipped for the device",
+        help="skip the run, on a CPU, of the model as a 2-rank pipeline (minutes: 3 to 5 for gpt2-small on 2 cores, "
+        "about half of its profile) that learns what its actions cost inside a pipeline; `plan` then uses the "
+        "calibration shipped for the device",
     )
     no_progress: bool = option(False, help="no progress bar")
     device_model: str | None = option(
