@@ -63,6 +63,9 @@ from solvers.problem import (
 
 __all__ = ["solve_dp", "smallest_plan_bytes"]
 
+PROBE_CELLS = 65_536
+"""Units times band width under which one solve of the DP costs little beyond its Python (:func:`_search`)."""
+
 _Kind = tuple[tuple[Moment, ...], float, bool, bool]
 """What a stage's memory depends on besides its units: its moments, its capacity, and whether its input and its
 output are handed over in memory (no receive buffers there)."""
@@ -297,6 +300,13 @@ class _Model:
         starts = np.searchsorted(prefix, prefix[1:] - cap, side="left")
         return int(min(self.n, np.max(np.arange(1, self.n + 1) - starts) + 1))
 
+    def loosest_bound(self) -> float:
+        """A bound at which every stage that fits in memory is allowed (so a partition exists at it if one exists at
+        all): the most compute of any run of units no wider than :meth:`_memory_width`."""
+        compute = self.pfb + self.pf if self.allow1 else self.pfb
+        width = min(self.width_mem, self.n)
+        return float(np.max(compute[width:] - compute[:-width])) * (1 + 1e-9)
+
     def width_for(self, t_max: float) -> int:
         """Band width that holds every stage with compute <= t_max (plus one for rounding)."""
         if math.isinf(t_max):
@@ -429,6 +439,13 @@ def _search(model: _Model, best: _Incumbents) -> None:
     t_all = float(model.pfb[-1] + (model.pf[-1] if model.allow1 else 0.0))
     if model.m == 1:
         best.add(model.solve(math.inf))
+        return
+    # A small problem (its cost mostly Python's) is asked first whether any partition fits at all: one solve at the
+    # loosest bound memory leaves, where the gallop would solve a dozen bounds on its way there (a plan search meets
+    # many options that no partition fits). A large one is not: that one solve, its band wide open, can cost more
+    # than the whole gallop. Not an incumbent: the candidates are the optima of the bounds examined below.
+    loosest = model.loosest_bound()
+    if model.n * model.width_for(loosest) <= PROBE_CELLS and model.solve(loosest) is None:
         return
     t_min = _least_bottleneck(model, best, c_min, t_all)
     if t_min is None:
