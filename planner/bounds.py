@@ -292,10 +292,9 @@ _Edges = tuple[tuple[tuple[int, int, int, tuple[tuple[int, float], ...]], ...], 
 
 @lru_cache(maxsize=64)
 def _order_edges(schedule: Schedule, ranks: int, stages: int, m: int) -> _Edges:
-    """The orders' rows (:func:`_order_rows`) as edges of the kept actions' graph, in
-    topological order from time 0: each ``(source, target, rank, [(stage column, count), ...])``, source -1 being
-    time 0, the last column the step, ``rank`` the rank whose last action an edge into the step follows (else -1);
-    and the column count."""
+    """The orders' rows (:func:`_order_rows`) as edges of the kept actions' graph, in topological order from time
+    0: each ``(source, target, rank, [(stage column, count), ...])``, source -1 being time 0, the last column the
+    step, ``rank`` the rank whose last action an edge into the step follows (else -1); and the column count."""
     rows, columns = _sequence_rows(schedule, ranks, stages, m)
     start, step_col = 2 * stages, columns - 1
     edges: dict[int, list[tuple[int, int, tuple[tuple[int, float], ...]]]] = {}

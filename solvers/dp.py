@@ -25,7 +25,8 @@ Speed (1,000 units x 64 stages well under a second):
   non-increasing step function of ``t_max``, so an interval of candidates whose ends have equal
   ``g`` holds nothing better than its left end, and an interval ``(a, b]`` cannot beat the incumbent
   when ``g(b) + (M-1) * t_a+1 >= best`` (Alpa's stop rule applied per interval). The smallest
-  feasible bound is found first by galloping + binary search. The result equals the full scan.
+  feasible bound is found first by galloping + binary search (a small problem is first solved once at the
+  loosest bound memory leaves, which says whether any partition fits at all). The result equals the full scan.
 
 ``top_k``: the candidates are the inner-DP optima at the bounds examined (each is the best partition
 whose bottleneck is at most that bound), distinct by boundaries and recompute flags, sorted by
