@@ -33,6 +33,7 @@ A moment counts, for one stage at the start of one backward action (B, I or W, i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -70,9 +71,11 @@ _Fields = tuple[int, int, bool, str, int, int, int]
 """A moment's fields in :class:`MemoryMoment`'s order, as the walk finds them."""
 
 
-def _pareto(found: set[_Fields]) -> tuple[MemoryMoment, ...]:
+@lru_cache(maxsize=1 << 14)
+def _pareto(found: frozenset[_Fields]) -> tuple[MemoryMoment, ...]:
     """The moments no other covers. Fullest first, so that a moment is only held against those kept (one covers
-    another only if it holds at least as much of everything, so none later covers one before)."""
+    another only if it holds at least as much of everything, so none later covers one before). Cached: a plan
+    search walks hundreds of schedules, and two of every three stages' moments are ones met before."""
 
     def fullness(m: MemoryMoment) -> tuple[int, ...]:
         return (
@@ -107,8 +110,8 @@ def _between(p: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool
     the lowest upper one (fractions compared cross-multiplied: the counts are integers)."""
     low_num, low_den = 0, 1  # lam >= low_num / low_den
     high_num, high_den = 1, 1  # lam <= high_num / high_den
-    for x, y, z in zip(p, a, b, strict=True):
-        # x <= z + lam (y - z)
+    for i in range(len(p)):  # indexed, not zipped: the search asks millions of times
+        x, y, z = p[i], a[i], b[i]  # x <= z + lam (y - z)
         if y > z:
             if x > y:
                 return False
@@ -137,7 +140,7 @@ def _hull(group: list[tuple[int, int, int, int, int]]) -> list[tuple[int, int, i
     kept: list[tuple[int, int, int, int, int]] = []
     for counts in sorted(group):
         while len(kept) >= 2 and _between(kept[-1], kept[-2], counts):
-            kept.pop()
+            del kept[-1]
         kept.append(counts)
     return kept
 
@@ -154,43 +157,45 @@ def memory_moments(
     # Plain tuples of MemoryMoment's fields while walking (a walk meets every backward of the step, and most
     # repeat a moment already found): one object per distinct moment, made at the end.
     found: list[set[_Fields]] = [set() for _ in range(num_stages)]
-    multi_stage = sched.multi_stage
+    held = _sends_holding(sched, num_stages, num_microbatches)
+    last = num_stages - 1
     for order in kept_rank_orders(sched, num_stages, num_microbatches, num_ranks):
         for step in order:
-            s = step.stage
-            if step.kind == "F":
+            s, kind = step.stage, step.kind
+            if kind == "F":
                 waiting[s] += 1
                 continue
-            sent_grads, sent_outputs = _held_by_sends(
-                sched, multi_stage, done[s], split[s], s, num_stages, num_microbatches
-            )
+            sent_grads, sent_outputs = held(done[s], split[s], s)
             # Only the last stage holds losses: elsewhere ``done`` would only keep moments the others cover.
-            finished = done[s] if s == num_stages - 1 else 0
-            found[s].add((waiting[s], split[s], grads[s], step.kind, sent_grads, sent_outputs, finished))
-            if step.kind == "B":
+            found[s].add((waiting[s], split[s], grads[s], kind, sent_grads, sent_outputs, done[s] if s == last else 0))
+            if kind == "B":
                 waiting[s] -= 1
                 done[s] += 1
                 grads[s] = True
-            elif step.kind == "I":
+            elif kind == "I":
                 waiting[s] -= 1
                 split[s] += 1
             else:
                 split[s] -= 1
                 done[s] += 1
                 grads[s] = True
-    return tuple(_pareto(f) for f in found)
+    return tuple(_pareto(frozenset(f)) for f in found)
 
 
-def _held_by_sends(
-    sched: Schedule, multi_stage: bool, done: int, split: int, stage: int, num_stages: int, num_microbatches: int
-) -> tuple[int, int]:
-    """``(input gradients, outputs)`` of finished micro-batches that a send still holds at the start of a backward
-    action, ``done`` backward actions (B or W) finished before it (module docstring); ``multi_stage``:
-    ``sched.multi_stage``, asked once by the caller."""
-    if multi_stage:
-        return done + split, done
+def _sends_holding(
+    sched: Schedule, num_stages: int, num_microbatches: int
+) -> Callable[[int, int, int], tuple[int, int]]:
+    """``held(done, split, stage)``: the ``(input gradients, outputs)`` of finished micro-batches that a send still
+    holds at the start of a backward action of ``stage``, ``done`` backward actions (B or W) finished before it and
+    ``split`` micro-batches between their I and W (module docstring). One function per schedule, chosen once: the
+    walk asks at every backward of the step."""
+    if sched.multi_stage:
+        return lambda done, split, stage: (done + split, done)
     if sched is Schedule.ONE_F_ONE_B:
-        warmup = min(num_microbatches, num_stages - stage)
-        steady_output = int(warmup >= 2 and warmup - 2 < done <= num_microbatches - warmup)
-        return int(done >= 1), steady_output
-    return done, done
+
+        def one_f_one_b(done: int, split: int, stage: int) -> tuple[int, int]:
+            warmup = min(num_microbatches, num_stages - stage)
+            return int(done >= 1), int(warmup >= 2 and warmup - 2 < done <= num_microbatches - warmup)
+
+        return one_f_one_b
+    return lambda done, split, stage: (done, done)
