@@ -44,6 +44,8 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -70,6 +72,39 @@ PROBE_CELLS = 65_536
 _Kind = tuple[tuple[Moment, ...], float, bool, bool]
 """What a stage's memory depends on besides its units: its moments, its capacity, and whether its input and its
 output are handed over in memory (no receive buffers there)."""
+
+
+@dataclass(frozen=True)
+class _MomentTerms:
+    """A stage kind's moments as columns along a first axis (shape ``(K, 1, 1)``), for :meth:`_Band._fits`."""
+
+    waiting: np.ndarray
+    split: np.ndarray
+    done: np.ndarray
+    sent_grads: np.ndarray
+    sent_outputs: np.ndarray
+    grads: np.ndarray
+    acting: np.ndarray
+    by_kind: tuple[tuple[str, np.ndarray], ...]
+    """Per acting kind (whose working memory, :func:`acting_kind`), the moments' rows."""
+
+
+@lru_cache(maxsize=4096)
+def _moment_terms(moments: tuple[Moment, ...], recompute: bool) -> _MomentTerms:
+    def column(values: list[float] | list[bool]) -> np.ndarray:
+        return np.asarray(values)[:, None, None]
+
+    kinds = [acting_kind(m, recompute) for m in moments]
+    return _MomentTerms(
+        waiting=column([float(m.waiting) for m in moments]),
+        split=column([float(m.split) for m in moments]),
+        done=column([float(m.done) for m in moments]),
+        sent_grads=column([float(m.sent_grads) for m in moments]),
+        sent_outputs=column([float(m.sent_outputs) for m in moments]),
+        grads=column([bool(m.grads) for m in moments]),
+        acting=column([bool(m.acting) for m in moments]),
+        by_kind=tuple((k, np.asarray([r for r, kk in enumerate(kinds) if kk == k])) for k in dict.fromkeys(kinds)),
+    )
 
 
 @dataclass(frozen=True)
@@ -105,6 +140,7 @@ class _Band:
         self.c1k = self.c1 + comm
         self._ic, self._j = ic, j
         self._terms = False
+        self._stage_terms_by: dict[tuple[bool, bool, bool], tuple[Any, ...]] = {}
         self.fit0: dict[_Kind, np.ndarray] = {}
         self.fit1: dict[_Kind, np.ndarray] = {}
 
@@ -153,29 +189,44 @@ class _Band:
         else:
             self.held1, self.remat1 = stage_input, self.saved
 
+    def _stage_terms(self, recompute: bool, local_in: bool, local_out: bool) -> tuple[Any, ...]:
+        """The terms of a stage's memory that do not depend on its moments, per shape: ``(held, held past its I,
+        re-materialised, per sent gradient, per sent output, base, base with the optimizer step)``. Kept per
+        recomputation and local cuts: every kind of stage with the same three asks again."""
+        key = (recompute, local_in, local_out)
+        if key not in self._stage_terms_by:
+            self._prepare()
+            # A stage handing its output over on its rank holds it no more (solvers.problem.stage_memory_peak).
+            handed = self.sent_output if local_out else 0.0
+            held, remat = (self.held1 - handed, self.remat1) if recompute else (self.saved + self.relayed - handed, 0.0)
+            # Under a split backward a relayed tensor's gradient is the buffer it came in (stage_memory_peak).
+            passed = self.relayed if self.model.problem.split_backward and not recompute else 0.0
+            sent_grad = 0.0 if local_in else self.sent_grad - passed
+            sent_output = 0.0 if local_out else self.sent_output
+            own_grads = self.out_grad - (passed if local_in else 0.0)
+            buffers = self.model.buffer_mb * (self.stage_input + own_grads + self.target)
+            memory = self.state + buffers + self.step
+            base = self.state + buffers
+            held_past = held + self.split_held
+            self._stage_terms_by[key] = (held, held_past, remat, sent_grad, sent_output, base, memory)
+        return self._stage_terms_by[key]
+
     def _fits(self, kind: _Kind, recompute: bool) -> np.ndarray:
         moments, cap, local_in, local_out = kind
         if math.isinf(cap) or self.model.most_bytes(moments) <= cap:
             return self.valid & (self.model.allow1 if recompute else self.model.allow0)
-        self._prepare()
-        # A stage handing its output over on its rank holds it no more (solvers.problem.stage_memory_peak).
-        handed = self.sent_output if local_out else 0.0
-        held, remat = (self.held1 - handed, self.remat1) if recompute else (self.saved + self.relayed - handed, 0.0)
-        # Under a split backward a relayed tensor's gradient is the buffer it came in (stage_memory_peak).
-        passed = self.relayed if self.model.problem.split_backward and not recompute else 0.0
-        sent_grad = 0.0 if local_in else self.sent_grad - passed
-        sent_output = 0.0 if local_out else self.sent_output
-        own_grads = self.out_grad - (passed if local_in else 0.0)
-        buffers = self.model.buffer_mb * (self.stage_input + own_grads + self.target)
-        memory = self.state + buffers + self.step
-        base = self.state + buffers
-        for m in moments:
-            past_input = 0.0 if recompute else m.split * (held + self.split_held)
-            activations = m.waiting * held + past_input + (remat if m.acting else 0.0) + m.done * self.kept_loss
-            sends = m.sent_grads * sent_grad + m.sent_outputs * sent_output
-            here = base - (0.0 if m.grads else self.grads) + activations + sends
-            here = here + self.transient[acting_kind(m, recompute)]
-            memory = np.maximum(memory, here)
+        held, held_past, remat, sent_grad, sent_output, base, memory = self._stage_terms(recompute, local_in, local_out)
+        # Every moment at once, along a first axis: the same operations in the same order as one moment at a time
+        # (so the same sums to the last bit), a dozen numpy calls a kind instead of a dozen a moment.
+        terms = _moment_terms(moments, recompute)
+        past_input = 0.0 if recompute else terms.split * held_past
+        activations = (
+            terms.waiting * held + past_input + np.where(terms.acting, remat, 0.0) + terms.done * self.kept_loss
+        )
+        sends = terms.sent_grads * sent_grad + terms.sent_outputs * sent_output
+        here = base - np.where(terms.grads, 0.0, self.grads) + activations + sends
+        for acting_kind_, rows in terms.by_kind:
+            memory = np.maximum(memory, (here[rows] + self.transient[acting_kind_]).max(axis=0))
         allowed = self.model.allow1 if recompute else self.model.allow0
         return self.valid & allowed & (memory <= cap)
 
