@@ -309,6 +309,7 @@ class _Model:
                 self.end_ceiling[stage - 1] = min(self.end_ceiling[stage - 1], unit - 1)
         self.band: _Band | None = None
         self._most_bytes: dict[tuple[Moment, ...], float] = {}
+        self._largest: tuple[float, ...] | None = None
         self.width_mem = self._memory_width()
         self.cache: dict[float, _Found | None] = {}
 
@@ -321,22 +322,29 @@ class _Model:
         return self._most_bytes[moments]
 
     def _most_bytes_of(self, moments: tuple[Moment, ...]) -> float:
-        p = self.problem
-        held = max(
-            self.ps[-1] + sum(b for _, _, b in p.relays), max(self.out_held, default=0.0), self.stage_input.max()
-        )
-        step = self.pt[-1] if self.step_add else float(self.step.max(initial=0.0))
-        transient = max((float(v.max(initial=0.0)) for v in self.transient.values()), default=0.0)
-        fixed = self.pp[-1] + self.buffer_mb * (self.stage_input.max() + self.out_grad.max() + p.target_bytes)
+        fixed, held, step, transient, in_grad, out_held = self._largest_terms()
         worst = max(
             (m.waiting + m.split + 1) * held
             + m.split * self.pw[-1]
-            + m.sent_grads * self.stage_in_grad.max()
-            + m.sent_outputs * max(self.out_held, default=0.0)
-            + m.done * p.kept_loss_bytes
+            + m.sent_grads * in_grad
+            + m.sent_outputs * out_held
+            + m.done * self.problem.kept_loss_bytes
             for m in moments
         )
         return (fixed + max(step, transient + worst)) * (1 + 1e-9) + 1.0
+
+    def _largest_terms(self) -> tuple[float, ...]:
+        """Each term of :meth:`most_bytes` at its largest over the units, made once: ``(fixed, held, step,
+        transient, per sent gradient, per sent output)``."""
+        if self._largest is None:
+            p = self.problem
+            out_held = float(self.out_held.max()) if self.out_held.size else 0.0
+            held = max(self.ps[-1] + sum(b for _, _, b in p.relays), out_held, self.stage_input.max())
+            step = self.pt[-1] if self.step_add else float(self.step.max(initial=0.0))
+            transient = max((float(v.max(initial=0.0)) for v in self.transient.values()), default=0.0)
+            fixed = self.pp[-1] + self.buffer_mb * (self.stage_input.max() + self.out_grad.max() + p.target_bytes)
+            self._largest = (fixed, held, step, transient, self.stage_in_grad.max(), out_held)
+        return self._largest
 
     def _memory_width(self) -> int:
         """Widest stage (in units) that fits in the largest capacity, ignoring transients and inputs."""
