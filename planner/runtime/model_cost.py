@@ -440,10 +440,12 @@ def learn_model_cost(
     :data:`LEARNING_BUDGET_S` of rounds in all), each plan's ratio to the first the geometric mean of the
     launches'.
 
-    Every other plan's ratio is taken to the first plan's, so the first runs as two copies, one at each end of
-    the launch's order: a plan's copy can measure a few percent from another copy of it in the same launch
+    Where a launch learns schedule ratios (a plan but the first at the first's micro-batch size), every other
+    plan's ratio is taken to the first plan's, so the first runs as two copies, one at each end of the launch's
+    order: a plan's copy can measure a few percent from another copy of it in the same launch
     (:mod:`planner.runtime.interleave`), and one copy caught in a slow spell would set every other schedule's
-    overhead to 0.
+    overhead to 0. A long model's launch (1F1B at each profiled size) learns from compute summed over every action
+    of its rounds, and runs the first plan once.
 
     Raises:
         UsageError: the run was not on real processes.
@@ -459,12 +461,11 @@ def learn_model_cost(
         )
         runs = ((plans[0], report),)
         return ModelRun(learn_from_runs(calibration, profile, runs), runs)
-    launch = [*plans, plans[0]]
-    anchor = [0, len(plans)]
     # A plan at the first's micro-batch size learns its schedule's overhead from its ratio to the first, which
     # one launch can bias; then 1F1B's plans at other sizes learn their co-location factors from their ratios
     # too, and where nothing else runs (a long model), from the first launch's compute.
     learns_ratios = _learns_ratios(plans)
+    launch, anchor = ([*plans, plans[0]], [0, len(plans)]) if learns_ratios else (list(plans), [0])
     launch_count, at_least, budget_s = (
         (LEARNING_LAUNCHES, LEARNING_ROUNDS, LEARNING_BUDGET_S)
         if learns_ratios

@@ -423,3 +423,35 @@ def test_several_plans_learn_in_one_interleaved_launch_on_two_gloo_ranks(tmp_pat
     by_size = run.calibration.colocation_factor_by_micro_batch_size
     assert sorted(by_size) == [2, 4] and by_size[b] == run.calibration.colocation_factor
     assert all(0 < k < 10 for k in by_size.values())
+
+
+def test_a_long_models_launch_runs_each_plan_once_and_a_short_models_its_anchor_twice(monkeypatch) -> None:
+    # A long model's 1F1B plans at two sizes learn from their compute: one launch, each plan once, the first's
+    # units its speed reference. A short model's schedules learn from their ratios to 1F1B: two launches, 1F1B
+    # at both ends of each.
+    from planner.runtime import model_cost
+    from planner.runtime.interleave import InterleavedRun
+
+    launched = []
+
+    def fake_verify_plans(launch, model, **kwargs):
+        launched.append(([(p.schedule, p.micro_batch_size) for p in launch], kwargs["unit_references"]))
+        reports = tuple(_measured(p, 1e-3)[1] for p in launch)
+        return InterleavedRun(reports, tuple((1.0,) * kwargs["rounds"] for _ in launch))
+
+    monkeypatch.setattr(model_cost, "verify_plans", fake_verify_plans)
+    profile = make_profile([0.01] * 4, param_counts=[1000] * 4, sizes=(1, 2))
+    start = calibration(action_overhead_s={"gpipe": 1e-3, "1f1b": 1e-3})
+    long = learning_plans(profile, start, 4, sha256="0" * 64, every_schedule=False)
+    assert [(p.schedule, p.micro_batch_size) for p in long] == [(Schedule.ONE_F_ONE_B, 1), (Schedule.ONE_F_ONE_B, 2)]
+    run = model_cost.learn_model_cost(start, profile, "mlp", long)
+    assert launched == [([(Schedule.ONE_F_ONE_B, 1), (Schedule.ONE_F_ONE_B, 2)], [True, False])]
+    assert [p.micro_batch_size for p, _ in run.runs] == [1, 2]  # each reported once
+
+    launched.clear()
+    plans = _first_of_each(learning_plans(profile, start, 4, sha256="0" * 64, every_schedule=True))
+    one, gpipe = plans[Schedule.ONE_F_ONE_B], plans[Schedule.GPIPE]
+    model_cost.learn_model_cost(start, profile, "mlp", [one, gpipe])
+    b = one.micro_batch_size
+    twice = ([(Schedule.ONE_F_ONE_B, b), (Schedule.GPIPE, b), (Schedule.ONE_F_ONE_B, b)], [True, False, True])
+    assert launched == [twice, twice]
