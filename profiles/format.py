@@ -9,13 +9,14 @@ See docs/profile-format.md.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from planner.errors import ProfileError, shorten
+from planner.errors import PipeplanWarning, ProfileError, shorten
 from planner.fileio import check_document, load_document, write_json_atomic
 from planner.limits import MAX_GLOBAL_BATCH, MAX_PROFILED_SIZES, MAX_SECONDS, MAX_TENSORS, MAX_UNITS
 
@@ -190,6 +191,9 @@ class ThreadScaling:
     threads: tuple[int, ...]
     factor: tuple[tuple[float, ...], ...]
     reference_s: tuple[float, ...]
+    cores: int | None = None
+    """The machine's cores, the threads a single rank gets (profiles/threads.py times a pipeline's ranks' counts
+    and the profiled one); None in profiles made before it, whose ``threads`` begin with it."""
 
 
 def _interpolated(scaling: ThreadScaling, threads: int) -> tuple[tuple[float, ...], float]:
@@ -280,9 +284,19 @@ class Profile:
     def for_ranks(self, num_ranks: int) -> Profile:
         """This profile as each of ``num_ranks`` ranks on the profiled machine computes: a CPU rank gets
         ``cores // num_ranks`` intra-op threads (planner/runtime/launch.py), and :meth:`at_threads` times them."""
-        if self.thread_scaling is None:
+        scaling = self.thread_scaling
+        if scaling is None:
             return self
-        return self.at_threads(max(1, max(self.thread_scaling.threads) // num_ranks))
+        threads = max(1, (scaling.cores or max(scaling.threads)) // num_ranks)
+        if threads > max(scaling.threads):
+            warnings.warn(
+                f"this CPU profile timed the threads each rank of a pipeline gets on its machine, up to "
+                f"{max(scaling.threads)}; {num_ranks} rank(s) get {threads}, which it did not time, so their times "
+                f"are taken as profiled (pipeplan profile --ranks {num_ranks} times them)",
+                PipeplanWarning,
+                stacklevel=2,
+            )
+        return self.at_threads(threads)
 
     def at_threads(self, threads: int) -> Profile:
         """This profile as if timed with ``threads`` intra-op threads: every unit's and the whole model's times
@@ -319,6 +333,8 @@ class Profile:
         for key in ("piece_overhead", "resume", "thread_scaling", "loss", "pipeline_calibration"):
             if data[key] is None:  # an optional field: absent, as in profiles made before it
                 del data[key]
+        if "thread_scaling" in data and data["thread_scaling"]["cores"] is None:
+            del data["thread_scaling"]["cores"]
         for unit in data["units"]:
             for key in _OPTIONAL_PER_SIZE:
                 if unit[key] is None:
@@ -426,6 +442,8 @@ def _check_meaning(data: dict[str, Any]) -> None:
             raise _fail("thread_scaling.factor must hold one value per micro-batch size for each thread count")
         if any(f > 1e6 for row in scaling["factor"] for f in row):
             raise _fail("thread_scaling.factor holds a ratio over 1e6")
+        if scaling.get("cores", max(counts)) < max(counts):
+            raise _fail("thread_scaling.cores must be at least every count in thread_scaling.threads")
 
 
 def _validate(data: Any) -> None:
@@ -510,6 +528,7 @@ def profile_from_dict(data: Any) -> Profile:
             tuple(ts["threads"]),
             tuple(tuple(map(float, row)) for row in ts["factor"]),
             tuple(map(float, ts["reference_s"])),
+            ts.get("cores"),
         ),
         loss=None if lo is None else LossMemory(tuple(map(int, lo["target_bytes"])), tuple(map(int, lo["kept_bytes"]))),
     )

@@ -35,7 +35,7 @@ from profiles.rounds import (
     overhead_piece,
     whole_piece,
 )
-from profiles.threads import measure_reference_at, measure_thread_scaling, rank_thread_counts
+from profiles.threads import measure_reference_at, measure_thread_scaling, profiled_thread_counts
 from profiles.workload import Workload
 
 __all__ = ["measure_loaded", "loss_memory", "SizeRun"]
@@ -263,6 +263,8 @@ def _after_rounds(
         ) from None
     if not thread_counts:
         return resume, ()
+    if set(thread_counts) == {torch.get_num_threads()}:  # every pipeline's rank gets the profiled threads
+        return resume, (1.0,)
     bar.set_description(f"b={run.b} at {', '.join(map(str, thread_counts))} threads")
     factors = measure_thread_scaling(
         whole,
@@ -304,7 +306,8 @@ def measure_loaded(
     reference = SpeedReference(dev)
     reference.warm_up()
     # A CPU rank of a P-rank pipeline gets cores // P threads: the profile carries its times at each such count.
-    counts = rank_thread_counts(os.cpu_count() or 1) if dev.type == "cpu" else ()
+    cores = os.cpu_count() or 1
+    counts = profiled_thread_counts(cores, torch.get_num_threads()) if dev.type == "cpu" else ()
     losses: list[tuple[int, int]] = []
     try:
         for b in sizes:
@@ -351,6 +354,7 @@ def measure_loaded(
         resume=tuple(resume for resume, _ in after),
         thread_factors=tuple(f for _, f in after) if counts else None,
         thread_counts=counts,
+        cores=cores if counts else None,
         thread_reference_s=thread_reference,
         loss_bytes=tuple(losses),
         unit_timing=unit_timing,

@@ -67,7 +67,7 @@ class ProfileOptions:
         parse=int_range(1, 4096),
         exclusive="threads",
         help="CPU intra-op threads while measuring (default: cores // 2, what each rank of a 2-rank pipeline on "
-        "this machine gets; the profile also records the scaling to every other rank count's threads)",
+        "this machine gets; the profile also records the scaling to the threads of every other pipeline's ranks)",
     )
     ranks: int | None = option(
         None,

@@ -441,7 +441,7 @@ def _thread_scaling(measured: Measurements) -> ThreadScaling | None:
     if measured.thread_factors is None:
         return None
     factors = tuple(zip(*measured.thread_factors, strict=True))
-    return ThreadScaling(measured.thread_counts, factors, measured.thread_reference_s)
+    return ThreadScaling(measured.thread_counts, factors, measured.thread_reference_s, measured.cores)
 
 
 def _loss_memory(measured: Measurements) -> LossMemory | None:

@@ -132,6 +132,8 @@ class Measurements:
     thread_counts: tuple[int, ...] = ()
     thread_reference_s: tuple[float, ...] = ()
     """The speed reference at each of ``thread_counts``."""
+    cores: int | None = None
+    """The machine's cores, where ``thread_counts`` were timed (the threads a single rank gets)."""
     unit_timing: dict[str, Any] | None = None
     """How the units' forward and backward times were measured, where not one unit at a time: on CUDA, in
     context (profiles/in_context.py), with the markers' cost per size; None: each unit alone."""

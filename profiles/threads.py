@@ -5,10 +5,11 @@ while a profile is timed with however many threads its process had. A unit's tim
 (with half the cores it can take nearly twice as long), so a profile timed with every core would predict each
 stage of a 2-rank pipeline, whose ranks have half the cores each, too fast.
 
-The profiler therefore also times the whole model, and the speed reference, at every thread count a rank of
-this machine can get (``cores // P`` for P = 1, 2, 4, ...), interleaved with the profiled count in one run
-(a ratio measured in one run holds while the machine's speed moves), and records the ratio per micro-batch
-size. ``Profile.at_threads`` scales the units by it: one factor for every unit, since the units run the same
+The profiler therefore also times the whole model, and the speed reference, at every thread count a rank of a
+pipeline on this machine can get (``cores // P`` for P = 2, 4, ...: a single rank is no pipeline, and on a 2-core
+machine its count would cost the profile a third as long again as its rounds), interleaved with the profiled
+count in one run (a ratio measured in one run holds while the machine's speed moves), and records the ratio per
+micro-batch size. ``Profile.at_threads`` scales the units by it: one factor for every unit, since the units run the same
 kernels as the model they make up.
 """
 
@@ -26,7 +27,15 @@ from profiles.dataflow import Piece
 from profiles.measure import backward_roots, fresh_args, sync_device
 from profiles.reference import SpeedReference
 
-__all__ = ["rank_thread_counts", "measure_thread_scaling", "measure_reference_at", "plausible", "MAX_STEP_S", "SLACK"]
+__all__ = [
+    "rank_thread_counts",
+    "profiled_thread_counts",
+    "measure_thread_scaling",
+    "measure_reference_at",
+    "plausible",
+    "MAX_STEP_S",
+    "SLACK",
+]
 
 MAX_STEP_S = 2.0
 """A whole-model step longer than this is timed fewer times (3 rounds): its ratio needs no more."""
@@ -35,16 +44,22 @@ _MIN_TIME_S = 0.5
 _MAX_ROUNDS = 20
 
 
-def rank_thread_counts(cores: int, max_ranks: int = 64) -> tuple[int, ...]:
-    """The intra-op threads a rank of a P-rank pipeline on ``cores`` cores gets, for P = 1, 2, 4, ...:
-    ``cores // P`` (at least 1), largest first."""
-    counts, ranks = [], 1
+def rank_thread_counts(cores: int, max_ranks: int = 64, *, fewest_ranks: int = 1) -> tuple[int, ...]:
+    """The intra-op threads a rank of a P-rank pipeline on ``cores`` cores gets, for P = ``fewest_ranks``, twice
+    that, ... up to ``max_ranks``: ``cores // P`` (at least 1), largest first."""
+    counts, ranks = [], fewest_ranks
     while ranks <= max_ranks:
         counts.append(max(1, cores // ranks))
         if counts[-1] == 1:
             break
         ranks *= 2
     return tuple(sorted(set(counts), reverse=True))
+
+
+def profiled_thread_counts(cores: int, profiled: int) -> tuple[int, ...]:
+    """The counts a CPU profile times the whole model at: each rank's of a pipeline of 2 ranks or more
+    (:func:`rank_thread_counts`), and the profiled one, largest first."""
+    return tuple(sorted({*rank_thread_counts(cores, fewest_ranks=2), profiled}, reverse=True))
 
 
 @contextmanager

@@ -209,3 +209,27 @@ def test_a_profile_at_the_threads_each_rank_gets() -> None:
     assert profile.for_ranks(64).threads == 1 and profile.for_ranks(64).units[0].backward_s == (2.0 * 3.0, 4.0 * 2.0)
     again = profile_from_dict(json.loads(json.dumps(profile.to_dict())))
     assert again.thread_scaling == scaling and again.for_ranks(2).units == four.units
+
+
+def test_a_profile_that_did_not_time_a_single_ranks_threads_takes_them_as_profiled() -> None:
+    from dataclasses import replace
+
+    from planner.errors import PipeplanWarning
+    from profiles.format import ThreadScaling
+    from synthetic import make_profile
+
+    # 8 cores, timed at 4 threads (2 ranks) and at 2 and 1: one rank's 8 threads were not timed.
+    base = make_profile([1.0, 2.0], sizes=(1, 2))
+    scaling = ThreadScaling((4, 2, 1), ((1.0, 1.0), (1.5, 1.2), (3.0, 2.0)), (1.0, 1.4, 2.0), cores=8)
+    profile = replace(base, thread_scaling=scaling, settings={**base.settings, "threads": 4, "reference_s": 1.0})
+    assert profile.for_ranks(4).threads == 2 and profile.for_ranks(4).units[1].forward_s == (2.0 * 1.5, 4.0 * 1.2)
+    with pytest.warns(PipeplanWarning, match=r"1 rank\(s\) get 8, which it did not time"):
+        one = profile.for_ranks(1)
+    assert one.units == base.units and one.threads == 8  # the profiled times, at the rank's own count
+    again = profile_from_dict(json.loads(json.dumps(profile.to_dict())))
+    assert again.thread_scaling == scaling and again.to_dict()["thread_scaling"]["cores"] == 8
+    assert "cores" not in replace(profile, thread_scaling=replace(scaling, cores=None)).to_dict()["thread_scaling"]
+    data = json.loads(json.dumps(profile.to_dict()))
+    data["thread_scaling"]["cores"] = 3
+    with pytest.raises(ProfileError, match=r"thread_scaling\.cores must be at least every count"):
+        profile_from_dict(data)

@@ -376,18 +376,23 @@ def test_the_speed_reference_is_the_same_layer_and_input_everywhere() -> None:
 
 
 def test_a_cpu_profile_carries_its_times_at_each_ranks_threads() -> None:
-    from profiles.threads import rank_thread_counts
+    from profiles.threads import profiled_thread_counts, rank_thread_counts
 
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
     workload = Workload(model, lambda b: (torch.randn(b, 16), torch.randn(b, 16)), nn.functional.mse_loss)
     profile = profile_model(workload, MeasureSettings(micro_batch_sizes=(1, 2), units=["0", "1", "2"], **FAST))
     scaling = profile.thread_scaling
-    assert scaling is not None and scaling.threads == rank_thread_counts(os.cpu_count() or 1)
+    cores = os.cpu_count() or 1
+    assert scaling is not None and scaling.cores == cores
+    assert scaling.threads == profiled_thread_counts(cores, profile.threads)
     profiled = scaling.threads.index(profile.threads)
     assert scaling.factor[profiled] == (1.0, 1.0) and all(f > 0 for row in scaling.factor for f in row)
     assert len(scaling.reference_s) == len(scaling.threads) and all(r > 0 for r in scaling.reference_s)
     assert rank_thread_counts(16) == (16, 8, 4, 2, 1) and rank_thread_counts(6) == (6, 3, 1)
-    assert rank_thread_counts(1) == (1,)
+    assert rank_thread_counts(1) == (1,) and rank_thread_counts(16, fewest_ranks=2) == (8, 4, 2, 1)
+    # A pipeline's ranks' counts and the profiled one: a single rank's (all the cores) only where it was profiled.
+    assert profiled_thread_counts(16, 8) == (8, 4, 2, 1) and profiled_thread_counts(16, 16) == (16, 8, 4, 2, 1)
+    assert profiled_thread_counts(2, 1) == (1,) and profiled_thread_counts(6, 6) == (6, 3, 1)
 
 
 def test_a_thread_ratio_outside_what_threads_can_do_is_clamped() -> None:
