@@ -9,6 +9,7 @@ It sits above the search, the cluster search and the trainers' rules, and nothin
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 from planner.cluster import Cluster, ClusterResult, MeshSearch, default_cluster, plan_cluster
 from planner.cost import SHARDING
+from planner.errors import PipeplanWarning
 from planner.plan import Plan
 from planner.request import ClusterOptions, PlanOptions, PlanRequest, plan_request, profile_sha256
 from planner.search import fewer_ranks_faster, make_plan
@@ -68,6 +70,14 @@ def plan_profile(
         sha256 = sha256 or profile_sha256(path)
     if cluster is None or cluster.devices is None:
         request = request_for(profile, search)
+        if not profile.timed_for_ranks(request.num_ranks):
+            warnings.warn(
+                f"this CPU profile timed the threads of a pipeline's ranks on its machine; {request.num_ranks} "
+                "rank(s) get more, which it did not time, so their times are taken as profiled (pipeplan profile "
+                f"--ranks {request.num_ranks} times them)",
+                PipeplanWarning,
+                stacklevel=2,
+            )
         plan = make_plan(profile, request, sha256=sha256, record_timing=record_timing)
         if search.trainer:
             _check_trainer(plan, search.trainer, renames)

@@ -632,9 +632,12 @@ FEWER_RANKS_BUBBLE = 0.4
 def fewer_ranks_faster(profile: Profile, request: PlanRequest, plan: Plan) -> tuple[int, float] | None:
     """``(ranks, iteration)`` of half as many ranks when that is faster than ``plan``, else None: more ranks
     than micro-batches or than the work splits into only add bubble. Checked only for a plan idle more than
-    :data:`FEWER_RANKS_BUBBLE` of its step (one more search), without pins (they name stages)."""
+    :data:`FEWER_RANKS_BUBBLE` of its step (one more search), without pins (they name stages), and only where the
+    profile timed the threads those ranks get (a CPU profile times a single rank's only with ``--ranks 1``)."""
     fewer = request.num_ranks // 2
     if fewer < 1 or request.pinned or plan.predicted.bubble_fraction <= FEWER_RANKS_BUBBLE:
+        return None
+    if not profile.timed_for_ranks(fewer):
         return None
     try:
         other = make_plan(profile, replace(request, num_ranks=fewer), sha256=plan.profile_sha256)

@@ -9,14 +9,13 @@ See docs/profile-format.md.
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from planner.errors import PipeplanWarning, ProfileError, shorten
+from planner.errors import ProfileError, shorten
 from planner.fileio import check_document, load_document, write_json_atomic
 from planner.limits import MAX_GLOBAL_BATCH, MAX_PROFILED_SIZES, MAX_SECONDS, MAX_TENSORS, MAX_UNITS
 
@@ -283,20 +282,21 @@ class Profile:
 
     def for_ranks(self, num_ranks: int) -> Profile:
         """This profile as each of ``num_ranks`` ranks on the profiled machine computes: a CPU rank gets
-        ``cores // num_ranks`` intra-op threads (planner/runtime/launch.py), and :meth:`at_threads` times them."""
+        ``cores // num_ranks`` intra-op threads (planner/runtime/launch.py), and :meth:`at_threads` times them (as
+        profiled where the profile did not time that count: :meth:`timed_for_ranks`)."""
         scaling = self.thread_scaling
         if scaling is None:
             return self
         threads = max(1, (scaling.cores or max(scaling.threads)) // num_ranks)
-        if threads > max(scaling.threads):
-            warnings.warn(
-                f"this CPU profile timed the threads each rank of a pipeline gets on its machine, up to "
-                f"{max(scaling.threads)}; {num_ranks} rank(s) get {threads}, which it did not time, so their times "
-                f"are taken as profiled (pipeplan profile --ranks {num_ranks} times them)",
-                PipeplanWarning,
-                stacklevel=2,
-            )
         return self.at_threads(threads)
+
+    def timed_for_ranks(self, num_ranks: int) -> bool:
+        """Whether this profile timed (or lies between counts that timed) the threads each of ``num_ranks`` ranks
+        on its machine gets; always where it records no thread scaling (a GPU profile, one made before it)."""
+        scaling = self.thread_scaling
+        if scaling is None:
+            return True
+        return max(1, (scaling.cores or max(scaling.threads)) // num_ranks) <= max(scaling.threads)
 
     def at_threads(self, threads: int) -> Profile:
         """This profile as if timed with ``threads`` intra-op threads: every unit's and the whole model's times

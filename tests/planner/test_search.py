@@ -1,4 +1,5 @@
 import json
+import warnings
 
 import pytest
 
@@ -455,3 +456,38 @@ def test_the_options_floors_hold_under_a_co_location_slowdown_that_depends_on_th
         for c in candidates
     )
     assert tight < 1.3  # the floors took the slowdown: without it every step is 1.3x or more above them
+
+
+def test_half_the_ranks_is_advised_only_where_the_profile_timed_their_threads() -> None:
+    from dataclasses import replace
+
+    from planner.search import fewer_ranks_faster
+    from profiles.format import ThreadScaling
+
+    # Four equal units, one micro-batch on 2 ranks: half the step idle. One rank of this 2-core machine gets both
+    # cores, 0.6x the profiled time where the profile timed that: 4 x 3 s x 0.6 = 7.2 s against the pair's 12 s.
+    base = make_profile([1.0] * 4, sizes=(1,))
+    timed = replace(
+        base,
+        thread_scaling=ThreadScaling((2, 1), ((0.6,), (1.0,)), (1.0, 1.5), cores=2),
+        settings={**base.settings, "threads": 1},
+    )
+    request = PlanRequest(num_ranks=2, global_batch_size=1)
+    plan = make_plan(timed, request, sha256="0" * 64)
+    assert plan.predicted.bubble_fraction > 0.4 and plan.predicted.iteration_s == pytest.approx(12.0, rel=1e-3)
+    assert fewer_ranks_faster(timed, request, plan) == (1, pytest.approx(7.2))
+    # Timed only at the pipeline's count (a profile made without --ranks 1): no advice, and no warning.
+    untimed = replace(timed, thread_scaling=ThreadScaling((1,), ((1.0,),), (1.5,), cores=2))
+    assert not untimed.timed_for_ranks(1) and untimed.timed_for_ranks(2) and timed.timed_for_ranks(1)
+    assert fewer_ranks_faster(untimed, request, make_plan(untimed, request, sha256="0" * 64)) is None
+    # Planned for that one rank, the plan takes the profiled times and says so; for 2, nothing to say.
+    from planner.errors import PipeplanWarning
+    from planner.planning import plan_profile
+    from planner.request import PlanOptions
+
+    with pytest.warns(PipeplanWarning, match=r"1 rank\(s\) get more, which it did not time"):
+        one = plan_profile(untimed, PlanOptions(ranks=1, global_batch=1), sha256="0" * 64).plan
+    assert one.predicted.iteration_s == pytest.approx(12.0, rel=1e-3)  # 4 x 3 s, as profiled
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PipeplanWarning)
+        plan_profile(untimed, PlanOptions(ranks=2, global_batch=1), sha256="0" * 64)

@@ -214,7 +214,6 @@ def test_a_profile_at_the_threads_each_rank_gets() -> None:
 def test_a_profile_that_did_not_time_a_single_ranks_threads_takes_them_as_profiled() -> None:
     from dataclasses import replace
 
-    from planner.errors import PipeplanWarning
     from profiles.format import ThreadScaling
     from synthetic import make_profile
 
@@ -223,8 +222,8 @@ def test_a_profile_that_did_not_time_a_single_ranks_threads_takes_them_as_profil
     scaling = ThreadScaling((4, 2, 1), ((1.0, 1.0), (1.5, 1.2), (3.0, 2.0)), (1.0, 1.4, 2.0), cores=8)
     profile = replace(base, thread_scaling=scaling, settings={**base.settings, "threads": 4, "reference_s": 1.0})
     assert profile.for_ranks(4).threads == 2 and profile.for_ranks(4).units[1].forward_s == (2.0 * 1.5, 4.0 * 1.2)
-    with pytest.warns(PipeplanWarning, match=r"1 rank\(s\) get 8, which it did not time"):
-        one = profile.for_ranks(1)
+    assert not profile.timed_for_ranks(1) and profile.timed_for_ranks(2) and profile.timed_for_ranks(64)
+    one = profile.for_ranks(1)
     assert one.units == base.units and one.threads == 8  # the profiled times, at the rank's own count
     again = profile_from_dict(json.loads(json.dumps(profile.to_dict())))
     assert again.thread_scaling == scaling and again.to_dict()["thread_scaling"]["cores"] == 8
