@@ -72,9 +72,9 @@ def plan_profile(
         request = request_for(profile, search)
         if not profile.timed_for_ranks(request.num_ranks):
             warnings.warn(
-                f"this CPU profile timed the threads of a pipeline's ranks on its machine; {request.num_ranks} "
-                "rank(s) get more, which it did not time, so their times are taken as profiled (pipeplan profile "
-                f"--ranks {request.num_ranks} times them)",
+                f"this CPU profile timed the threads each rank of a pipeline gets on its machine; {request.num_ranks} "
+                f"rank(s) get {profile.rank_threads(request.num_ranks)}, which it did not time, so their times are "
+                f"taken as profiled (pipeplan profile --ranks {request.num_ranks} times them)",
                 PipeplanWarning,
                 stacklevel=2,
             )

@@ -284,19 +284,22 @@ class Profile:
         """This profile as each of ``num_ranks`` ranks on the profiled machine computes: a CPU rank gets
         ``cores // num_ranks`` intra-op threads (planner/runtime/launch.py), and :meth:`at_threads` times them (as
         profiled where the profile did not time that count: :meth:`timed_for_ranks`)."""
+        threads = self.rank_threads(num_ranks)
+        return self if threads is None else self.at_threads(threads)
+
+    def rank_threads(self, num_ranks: int) -> int | None:
+        """The intra-op threads each of ``num_ranks`` ranks on the profiled machine gets; None where the profile
+        records no thread scaling (a GPU profile)."""
         scaling = self.thread_scaling
         if scaling is None:
-            return self
-        threads = max(1, (scaling.cores or max(scaling.threads)) // num_ranks)
-        return self.at_threads(threads)
+            return None
+        return max(1, (scaling.cores or max(scaling.threads)) // num_ranks)
 
     def timed_for_ranks(self, num_ranks: int) -> bool:
         """Whether this profile timed (or lies between counts that timed) the threads each of ``num_ranks`` ranks
-        on its machine gets; always where it records no thread scaling (a GPU profile, one made before it)."""
-        scaling = self.thread_scaling
-        if scaling is None:
-            return True
-        return max(1, (scaling.cores or max(scaling.threads)) // num_ranks) <= max(scaling.threads)
+        on its machine gets; always where it records no thread scaling (a GPU profile)."""
+        scaling, threads = self.thread_scaling, self.rank_threads(num_ranks)
+        return scaling is None or threads is None or threads <= max(scaling.threads)
 
     def at_threads(self, threads: int) -> Profile:
         """This profile as if timed with ``threads`` intra-op threads: every unit's and the whole model's times

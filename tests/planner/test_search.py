@@ -485,7 +485,7 @@ def test_half_the_ranks_is_advised_only_where_the_profile_timed_their_threads() 
     from planner.planning import plan_profile
     from planner.request import PlanOptions
 
-    with pytest.warns(PipeplanWarning, match=r"1 rank\(s\) get more, which it did not time"):
+    with pytest.warns(PipeplanWarning, match=r"1 rank\(s\) get 2, which it did not time"):
         one = plan_profile(untimed, PlanOptions(ranks=1, global_batch=1), sha256="0" * 64).plan
     assert one.predicted.iteration_s == pytest.approx(12.0, rel=1e-3)  # 4 x 3 s, as profiled
     with warnings.catch_warnings():
