@@ -145,8 +145,8 @@ class Band:
             sent_output = 0.0 if local_out else self.sent_output
             own_grads = self.out_grad - (passed if local_in else 0.0)
             buffers = self.model.buffer_mb * (self.stage_input + own_grads + self.target)
-            memory = self.state + buffers + self.step
             base = self.state + buffers
+            memory = base + self.step
             held_past = held + self.split_held
             self._stage_terms_by[key] = (held, held_past, remat, sent_grad, sent_output, base, memory)
         return self._stage_terms_by[key]

@@ -113,7 +113,6 @@ class _BoundaryMoves:
         self.problem, self.recompute, self.n, self.stages = problem, start.recompute, n, stages
         self.ranks = max(stage_rank) + 1
         self.known: dict[tuple[int, int, int], float] = {}
-        self.fitting: dict[tuple[int, int, int], bool] = {}
         self.bounds = list(start.boundaries)
         ends = (*self.bounds[1:], n)
         self.stage_s = np.array(
@@ -143,11 +142,9 @@ class _BoundaryMoves:
         return self.known[key]
 
     def fits(self, s: int, a: int, b: int) -> bool:
-        """Whether stage ``s`` holding units ``a..b-1`` fits in its memory."""
-        key = (s, a, b)
-        if key not in self.fitting:
-            self.fitting[key] = stage_cost(self.problem, s, a, b - 1, self.recompute[s]).feasible
-        return self.fitting[key]
+        """Whether stage ``s`` holding units ``a..b-1`` fits in its memory (:func:`stage_cost` keeps the answer per
+        problem)."""
+        return stage_cost(self.problem, s, a, b - 1, self.recompute[s]).feasible
 
     def _moved(self, m: int) -> tuple[int, int]:
         """Move ``m``'s boundary ``k`` and where it puts it."""
