@@ -15,7 +15,8 @@ per table: the GPU's constants are the device model's (a GPU not built in is rea
 
 - micro-batch unstated: torchtitan splits a replica's batch into as many micro-batches as there are stages,
   others run micro-batches of 1; virtual stages unstated with an interleaved schedule: 2 a rank;
-- ZeRO unstated: the distributed optimizer (ZeRO-1), Megatron's and NeMo's default; sequence parallelism
+- ZeRO unstated: the framework's default, the distributed optimizer (ZeRO-1) under NeMo's and Megatron-Bridge's
+  recipes, none elsewhere (Megatron-LM's ``--use-distributed-optimizer`` is off by default); sequence parallelism
   unstated: on with tensor parallelism;
 - ``selective`` recomputation is the runtime's: torch's op-level checkpointing under torchtitan, the attention core
   (Korthikanti et al.) elsewhere; flash attention from 2023 on (the row's or the framework's year), not before;
@@ -23,7 +24,7 @@ per table: the GPU's constants are the device model's (a GPU not built in is rea
   kept in fp8) under Megatron's schedules, which keep no receive buffers; torchtitan runs torch's layers under
   ``torch.distributed.pipelining``;
 - the gradients' reduction runs behind the backward (torch's DDP and FSDP, OneFlow, NeMo's and Megatron-Bridge's
-  recipes) except under Megatron-LM, whose ``--overlap-grad-reduce`` is off by default;
+  recipes), all but its last bucket, except under Megatron-LM, whose ``--overlap-grad-reduce`` is off by default;
 - a row fits when each rank's predicted peak is within the device's memory (a published run shows what ran: the
   planner's 10 % headroom is for choosing, not for judging);
 - context parallelism is not modelled: such rows are reported, not predicted.
@@ -229,6 +230,13 @@ class _Workload:
         )
 
 
+def _shards_optimizer_by_default(framework: str) -> bool:
+    """Whether ``framework`` shards the optimizer over data-parallel replicas unless told otherwise: the recipes of
+    NeMo and Megatron-Bridge (on Megatron-Core) turn on its distributed optimizer; Megatron-LM keeps
+    ``--use-distributed-optimizer`` off by default, and frameworks that predate it (OneFlow's GPT of 2021) have none."""
+    return bool(re.search(r"nemo|megatron-bridge|megatron-core", framework, re.IGNORECASE))
+
+
 def _workload(table: dict[str, Any], row: dict[str, Any], shape: TransformerShape) -> _Workload:
     device = device_for(table["hardware"])
     framework = str(table.get("framework") or "")
@@ -240,7 +248,8 @@ def _workload(table: dict[str, Any], row: dict[str, Any], shape: TransformerShap
     )
     year = _year(row, table)
     precision = "fp8" if table.get("precision") == "fp8" and device.fp8_speedup > 1 else "bf16"
-    shard = {0: "none", 1: "optimizer", 2: "optimizer", 3: "full"}.get(row.get("zero"), "optimizer")  # type: ignore[arg-type]
+    stated = {0: "none", 1: "optimizer", 2: "optimizer", 3: "full"}.get(row.get("zero"))  # type: ignore[arg-type]
+    shard = stated or ("optimizer" if _shards_optimizer_by_default(framework) else "none")
     flash = year is None or year >= FLASH_FROM_YEAR
     # Megatron-LM reduces gradients after the backward unless told to overlap (--overlap-grad-reduce, off by
     # default); torch's DDP and FSDP, OneFlow and NeMo's / Megatron-Bridge's recipes overlap them.

@@ -10,7 +10,11 @@ from __future__ import annotations
 from planner.cost import CostSettings, DataParallel, UnitCosts, bytes_per_param, tie_owner
 from profiles.format import Profile
 
-__all__ = ["step_tails", "tail_groups"]
+__all__ = ["step_tails", "tail_groups", "LAST_BUCKET_BYTES"]
+
+LAST_BUCKET_BYTES = 25 * 2**20
+"""The gradients reduced after a rank's last backward when the reduction overlaps the backward: a bucket of DDP's
+default size (``bucket_cap_mb=25``), whose reduction can start only once its last gradient is computed."""
 
 
 def _gradient_sync_s(dp: DataParallel | None, weight_bytes: float, grad_bytes: float, backward_s: float = 0.0) -> float:
@@ -19,7 +23,7 @@ def _gradient_sync_s(dp: DataParallel | None, weight_bytes: float, grad_bytes: f
     FSDP has reduce-scattered them after every backward already (``planner.cost._with_gathers``), unless it
     keeps the stage gathered all step (``gathered_all_step``): then the step gathers the weights once and
     reduce-scatters the gradients once, ZeRO-1's volume. Overlapped (``overlaps_backward``), the gradients'
-    part runs behind the rank's last backward of ``backward_s``."""
+    part runs behind the rank's last backward of ``backward_s``, all but the last bucket (:data:`LAST_BUCKET_BYTES`)."""
     if dp is None or (dp.shard == "full" and not dp.gathered_all_step):
         return 0.0
     if dp.shard != "none":
@@ -27,8 +31,11 @@ def _gradient_sync_s(dp: DataParallel | None, weight_bytes: float, grad_bytes: f
     else:
         grads_s, weights_s = dp.allreduce_s(grad_bytes), 0.0
     if dp.overlaps_backward:
-        # Behind the rank's last backward (``backward_s``): what outlasts it is left.
-        grads_s = max(0.0, grads_s - backward_s)
+        # Behind the rank's last backward (``backward_s``): what outlasts it is left, and never less than the last
+        # bucket, whose gradients are ready only when the backward ends.
+        last = min(grad_bytes, LAST_BUCKET_BYTES)
+        last_s = dp.gather_s(last) if dp.shard != "none" else dp.allreduce_s(last)
+        grads_s = max(min(grads_s, last_s), grads_s - backward_s)
     return grads_s + weights_s
 
 

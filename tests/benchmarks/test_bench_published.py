@@ -131,3 +131,21 @@ def test_best_searches_the_best_published_rows_cluster_and_holds_its_plan_to_it(
     big = dict(table, rows=[dict(_row(2, 4, "none", 1.0), gpus=4096, dp=2048, gbs=4096)])
     (skipped,) = bench_published.best_plans(big, [bench_published.predict_row(big, 0)])
     assert skipped["pipeplan"] is None and "not searched: 4096 devices" in skipped["note"]
+
+
+def test_an_unstated_zero_is_the_frameworks_default() -> None:
+    # NeMo's and Megatron-Bridge's recipes turn on the distributed optimizer; Megatron-LM leaves it off, and OneFlow's
+    # GPT of 2021 had none. A stated stage is taken as stated.
+    shape, _ = bench_published.shape_for("m", MODEL)
+    row = dict(_row(1, 8, "none", 1.0), zero=None)
+
+    def shard(framework: str, zero: int | None = None) -> str:
+        return bench_published._workload(_table([]) | {"framework": framework}, row | {"zero": zero}, shape).shard
+
+    assert [shard(f) for f in ("NeMo 24.07", "Megatron-Bridge 25.09", "Megatron-LM", "OneFlow")] == [
+        "optimizer",
+        "optimizer",
+        "none",
+        "none",
+    ]
+    assert shard("OneFlow", 1) == "optimizer" and shard("NeMo", 0) == "none" and shard("torchtitan", 3) == "full"

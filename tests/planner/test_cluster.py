@@ -18,7 +18,7 @@ from planner.errors import PlanFormatError, PlanInfeasibleError, UsageError
 from planner.plan import load_plan, plan_from_dict, save_plan
 from planner.request import PlanRequest
 from planner.search import make_plan, plan_key
-from planner.step_tails import step_tails
+from planner.step_tails import LAST_BUCKET_BYTES, step_tails
 from planner.tensor_parallel import TensorParallel, sharded_profile
 from profiles.format import Profile, save_profile
 from synthetic import make_profile, transformer_profile
@@ -335,25 +335,30 @@ def test_export_gives_torchtitan_the_replicas() -> None:
 
 
 def test_a_reduction_overlapped_with_the_backward_leaves_only_what_outlasts_it() -> None:
-    # DDP's buckets reduce behind the last backward: a rank's tail is the all-reduce less that backward, never
-    # below nothing; ZeRO-1 overlaps its reduce-scatter only, the updated weights' all-gather follows.
-    profile = make_profile([1e-3, 1e-3], param_counts=[10**6, 10**6])
+    # DDP's buckets reduce behind the last backward: a rank's tail is the all-reduce less that backward, and never
+    # less than its last bucket's (ready only when the backward ends); ZeRO-1 overlaps its reduce-scatter only, the
+    # updated weights' all-gather follows.
+    profile = make_profile([1e-3, 1e-3], param_counts=[10**7, 10**7])
     request = PlanRequest(num_ranks=2, global_batch_size=2)
 
-    def tails(dp: DataParallel) -> tuple[float, ...]:
+    def tails(dp: DataParallel, model: Profile = profile) -> tuple[float, ...]:
         settings = CostSettings(data_parallel=dp)
-        return make_plan(profile, replace(request, settings=settings), sha256=SHA).predicted.runtime.step_tail_s
+        return make_plan(model, replace(request, settings=settings), sha256=SHA).predicted.runtime.step_tail_s
 
     slow = DataParallel(replicas=4, bytes_per_s=1e8, latency_s=0.0)
     per_param = bytes_per_param(profile.device.dtype, "adam")
     backward_s = 2e-3  # one unit's backward (twice its forward) a rank
-    grads = 10**6 * per_param[1]
+    grads = 10**7 * per_param[1]
+    assert grads > LAST_BUCKET_BYTES
     assert tails(slow) == pytest.approx((slow.allreduce_s(grads),) * 2)
     assert tails(replace(slow, overlaps_backward=True)) == pytest.approx((slow.allreduce_s(grads) - backward_s,) * 2)
     fast = replace(slow, bytes_per_s=1e12, overlaps_backward=True)
-    assert tails(fast) == (0.0, 0.0)
+    assert fast.allreduce_s(grads) < backward_s
+    assert tails(fast) == pytest.approx((fast.allreduce_s(LAST_BUCKET_BYTES),) * 2)
+    small = make_profile([1e-3, 1e-3], param_counts=[10**5, 10**5])  # a bucket holds it all: nothing overlaps
+    assert tails(fast, small) == pytest.approx((fast.allreduce_s(10**5 * per_param[1]),) * 2)
     zero1 = replace(slow, shard="optimizer", overlaps_backward=True)
-    weights = 10**6 * per_param[0]
+    weights = 10**7 * per_param[0]
     expected = slow.gather_s(grads) - backward_s + slow.gather_s(weights)
     assert tails(zero1) == pytest.approx((expected,) * 2)
 
