@@ -317,6 +317,7 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
         device.inter_node_bytes_per_s,
         device.link_latency_s,
         work.shard,
+        device.group_link_shares,
     )
     request = PlanRequest(num_ranks=pp, global_batch_size=gbs, settings=work.settings(profile))
     layout = Layout(pp=pp, dp=dp, placement="replicas-in-node", tp=tp, shard=work.shard)
@@ -394,6 +395,7 @@ def best_plans(table: dict[str, Any], rows: list[RowResult]) -> list[dict[str, A
             device.inter_node_bytes_per_s,
             device.link_latency_s,
             work.shard,
+            device.group_link_shares,
         )
         # Costed as the row is (its framework's collectives and shardings, Megatron's tensor-parallel layout), but
         # chosen with the planner's headroom.

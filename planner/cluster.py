@@ -121,7 +121,7 @@ def _mesh(cluster: Cluster, layout: Layout, request: PlanRequest, settings: Cost
 def sharded_for(profile: Profile, cluster: Cluster, tp: int, sequence_parallel: bool, vocab_parallel: bool) -> Profile:
     """The profile as one device of a tensor-parallel group of ``tp`` in a node of ``cluster`` computes it; a group
     wider than a node (a trainer's layout) rings across nodes on every NIC of a node (NCCL: a NIC a channel)."""
-    bytes_per_s = cluster.intra_node_bytes_per_s
+    bytes_per_s = cluster.group_bytes_per_s(tp)
     if tp > cluster.devices_per_node:
         bytes_per_s = min(bytes_per_s, cluster.inter_node_bytes_per_s * cluster.devices_per_node)
     group = TensorParallel(tp, bytes_per_s, cluster.latency_s, sequence_parallel, vocab_parallel)
@@ -527,6 +527,8 @@ def _cluster_constraints(
         "devices_per_node": cluster.devices_per_node,
         "intra_node_bytes_per_s": cluster.intra_node_bytes_per_s,
         "inter_node_bytes_per_s": cluster.inter_node_bytes_per_s,
+        # Absent for a switched node, so its plans stay as they were written.
+        **({"group_link_shares": [list(p) for p in cluster.group_link_shares]} if cluster.group_link_shares else {}),
         "shard": "auto" if mesh.shards else cluster.shard,
         "global_batch_size": request.global_batch_size,
         "layouts_tried": len(tried),

@@ -38,6 +38,9 @@ class Cluster:
     latency_s: float
     shard: str = "none"
     """One of :data:`planner.plan.SHARDING`."""
+    group_link_shares: tuple[tuple[int, float], ...] = ()
+    """Per size of a group of consecutive devices in a node, the share of ``intra_node_bytes_per_s`` a ring of them
+    gets where the node has no switch (:attr:`profiles.device_model.DeviceModel.group_link_shares`)."""
 
     def __post_init__(self) -> None:
         if self.num_devices < 1 or self.devices_per_node < 1:
@@ -49,6 +52,10 @@ class Cluster:
             raise UsageError("bandwidths must be positive and latency >= 0")
         if self.shard not in SHARDING:
             raise UsageError(f"--shard must be one of {', '.join(SHARDING)}, got {self.shard!r}")
+
+    def group_bytes_per_s(self, size: int) -> float:
+        """A ring of ``size`` consecutive devices of one node: each device's bandwidth to the next, one way."""
+        return self.intra_node_bytes_per_s * dict(self.group_link_shares).get(size, 1.0)
 
     def link(self, a: int, b: int) -> float:
         """Bandwidth between devices ``a`` and ``b`` (global ranks, ``devices_per_node`` to a node)."""
@@ -116,6 +123,7 @@ def default_cluster(
     inter_node_bytes_per_s: float | None = None,
     latency_s: float | None = None,
     shard: str = "none",
+    group_link_shares: tuple[tuple[int, float], ...] = (),
 ) -> Cluster:
     """A cluster of ``num_devices`` with the links of :data:`DEFAULT_CLUSTER_LINKS` for ``device_kind`` where
     none is given (all devices on one node unless ``devices_per_node``)."""
@@ -127,6 +135,7 @@ def default_cluster(
         inter_node_bytes_per_s=inter_node_bytes_per_s or inter,
         latency_s=latency_s if latency_s is not None else latency,
         shard=shard,
+        group_link_shares=group_link_shares,
     )
 
 

@@ -100,6 +100,8 @@ def cluster_devices(profile: Profile, cluster: ClusterOptions, latency_s: float 
     assert cluster.devices is not None
     modelled = profile.settings.get("modelled")
     device = modelled.get("device_model", {}) if isinstance(modelled, dict) else {}
+    # The device model's node layout goes with its own bandwidth, not with one given on the command line.
+    shares = () if cluster.intra_node_bytes_per_s else tuple(map(tuple, device.get("group_link_shares", ())))
     return default_cluster(
         profile.device.kind,
         cluster.devices,
@@ -108,6 +110,7 @@ def cluster_devices(profile: Profile, cluster: ClusterOptions, latency_s: float 
         inter_node_bytes_per_s=cluster.inter_node_bytes_per_s or device.get("inter_node_bytes_per_s"),
         latency_s=latency_s,
         shard="none" if cluster.shard == "auto" else cluster.shard,
+        group_link_shares=shares,
     )
 
 

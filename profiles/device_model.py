@@ -56,8 +56,17 @@ class DeviceModel:
     """The network per GPU, one direction."""
     devices_per_node: int = 8
     link_latency_s: float = 1e-5
+    group_link_shares: tuple[tuple[int, float], ...] = ()
+    """Where a node's GPUs are not all joined through a switch: per size of a group of consecutive GPUs, the share
+    of ``intra_node_bytes_per_s`` a ring of them gets (the links its worst-joined member has to the others, over
+    all its links); a size not listed gets all of it (every NVSwitch node)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "group_link_shares", tuple((int(g), float(s)) for g, s in self.group_link_shares))
+        if any(g < 2 or not 0 < s <= 1 for g, s in self.group_link_shares):
+            raise UsageError(
+                f"device model {self.name!r}: group_link_shares are [group size >= 2, share in (0, 1]] pairs"
+            )
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and f.name != "kernel_s":
@@ -94,6 +103,9 @@ DEVICE_MODELS: dict[str, DeviceModel] = {
             flash_attention=False,
             intra_node_bytes_per_s=150e9,
             inter_node_bytes_per_s=12.5e9,
+            # DGX-1's hybrid cube-mesh: six NVLinks a GPU, no switch; GPUs 0 and 1 share one link, and a GPU of the
+            # first four has four links to the other three (docs/cost-model.md, "Device models").
+            group_link_shares=((2, 1 / 6), (4, 4 / 6)),
             **_SHARED,
         ),
         DeviceModel(

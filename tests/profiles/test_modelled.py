@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from planner.cluster import sharded_for
 from planner.errors import UsageError
-from planner.request import MODELLED_LABEL, calibration_settings
+from planner.mesh_layouts import Cluster
+from planner.planning import cluster_devices
+from planner.request import MODELLED_LABEL, ClusterOptions, calibration_settings
 from profiles.device_model import DEVICE_MODELS, device_model
 from profiles.format import load_profile
 from profiles.modelled import TransformerShape, model_flops, modelled_profile, shape_from_hf_config
@@ -101,6 +104,30 @@ def test_device_files_read_and_refuse(tmp_path: Path) -> None:
         device_model(str(path))
     with pytest.raises(UsageError, match="unknown device model 'tpu'"):
         device_model("tpu")
+
+
+def test_a_v100_node_rings_a_group_over_the_links_its_members_share(tmp_path: Path) -> None:
+    # DGX-1's hybrid cube-mesh has no switch: a tensor-parallel pair rings over one of a GPU's six NVLinks, four GPUs
+    # over four, eight over all six; a switched node gives every group all of it.
+    v100 = DEVICE_MODELS["v100-16gb"]
+    path = tmp_path / "v100.json"
+    path.write_text(json.dumps(v100.as_dict()))  # the shares as JSON lists, read back as the built-in's
+    assert device_model(str(path)) == v100
+    with pytest.raises(UsageError, match="group_link_shares"):
+        replace(v100, group_link_shares=((2, 1.5),))
+    profile = modelled_profile(GPT, v100, (1,))
+    cube = cluster_devices(profile, ClusterOptions(devices=16), None)
+    assert [cube.group_bytes_per_s(g) for g in (2, 4, 8)] == pytest.approx([25e9, 100e9, 150e9])
+    given = cluster_devices(profile, ClusterOptions(devices=16, intra_node_bytes_per_s=100e9), None)
+    assert given.group_bytes_per_s(2) == 100e9  # links given on the command line are the whole node's
+    switched = replace(cube, group_link_shares=())
+    assert switched.group_bytes_per_s(2) == 150e9
+
+    def tensor_parallel_s(cluster: Cluster) -> float:
+        sharded = sharded_for(profile, cluster, 2, sequence_parallel=True, vocab_parallel=True)
+        return sum(u.forward_s[0] + u.backward_s[0] for u in sharded.units)
+
+    assert tensor_parallel_s(cube) > tensor_parallel_s(switched)
 
 
 def test_the_cli_models_a_profile_without_torch(tmp_path: Path) -> None:
