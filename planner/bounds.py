@@ -227,7 +227,11 @@ def _order_programme(
     """The programme of fact 4 for work 1 (forwards ``forward_share`` of it): its optimum, or 0 when HiGHS
     finds none (no floor). Cached: a cluster search meets the same (schedule, P, S, M, shares) per placement."""
     rows, columns = _programme_rows(schedule, ranks, stages, m, low, high)
-    return _solve_programme(rows, stages, columns, forward_share)
+    # The equal-stage point is feasible (the totals' ratio lies within the units'), and the primal simplex started
+    # there takes a fraction of the iterations the dual takes from nothing.
+    durations = _equal_stages(stages, forward_share)
+    starts = _earliest(_order_edges(schedule, ranks, stages, m), durations, ())
+    return _solve_programme(rows, stages, columns, forward_share, [*durations, *starts[2 * stages :]])
 
 
 def _programme_rows(
@@ -254,8 +258,12 @@ def _sequence_rows(schedule: Schedule, ranks: int, stages: int, m: int) -> tuple
 def _order_at_equal_stages(schedule: Schedule, ranks: int, stages: int, m: int, forward_share: float) -> float:
     """The programme's least step for work 1 with every ``f_s = forward_share / S`` and ``b_s`` the rest over
     ``S`` (a point within the units' ratios, as their totals are): the longest path through its order rows."""
-    forward, backward = forward_share / stages, (1.0 - forward_share) / stages
-    return _longest_path(_order_edges(schedule, ranks, stages, m), [forward] * stages + [backward] * stages, ())
+    return _longest_path(_order_edges(schedule, ranks, stages, m), _equal_stages(stages, forward_share), ())
+
+
+def _equal_stages(stages: int, forward_share: float) -> list[float]:
+    """Every stage's forward and backward at an equal share of work 1 (the programme's stage columns)."""
+    return [forward_share / stages] * stages + [(1.0 - forward_share) / stages] * stages
 
 
 def partition_order_floor_s(
@@ -324,6 +332,11 @@ def _longest_path(edges: _Edges, durations: Sequence[float], step_tail_s: Sequen
     """The latest start of the step column through ``edges`` (:func:`_order_edges`) with each stage column's
     action lasting ``durations[column]``, an edge into the step from rank ``r``'s last action lengthened by
     ``step_tail_s[r]``."""
+    return _earliest(edges, durations, step_tail_s)[-1]
+
+
+def _earliest(edges: _Edges, durations: Sequence[float], step_tail_s: Sequence[float]) -> list[float]:
+    """Per column, the earliest start through ``edges`` (:func:`_longest_path`; 0 for the stage columns)."""
     ordered, columns = edges
     earliest = [0.0] * columns
     for source, target, rank, counts in ordered:
@@ -332,7 +345,7 @@ def _longest_path(edges: _Edges, durations: Sequence[float], step_tail_s: Sequen
             length += step_tail_s[rank]
         at = earliest[source] if source >= 0 else 0.0
         earliest[target] = max(earliest[target], at + length)
-    return earliest[columns - 1]
+    return earliest
 
 
 def _order_rows(orders: Sequence[Sequence[Step]], stages: int, m: int) -> tuple[list[dict[int, float]], int]:
@@ -387,9 +400,12 @@ def _order_rows(orders: Sequence[Sequence[Step]], stages: int, m: int) -> tuple[
     return rows, step_col + 1
 
 
-def _solve_programme(rows: list[dict[int, float]], stages: int, columns: int, forward_share: float) -> float:
+def _solve_programme(
+    rows: list[dict[int, float]], stages: int, columns: int, forward_share: float, start: Sequence[float]
+) -> float:
     """Minimise the step (the last column) under ``rows`` with the stages' forwards summing to ``forward_share``
-    and their backwards to the rest: its optimum, or 0 when HiGHS finds none."""
+    and their backwards to the rest, by the primal simplex from the feasible point ``start`` (a value a column):
+    its optimum, or 0 when HiGHS finds none."""
     import highspy  # here, not at the top: commands that plan nothing start without HiGHS and numpy
     import numpy as np
 
@@ -421,7 +437,13 @@ def _solve_programme(rows: list[dict[int, float]], stages: int, columns: int, fo
     # One thread, as the ILP solver asks (solvers/ilp.py): HiGHS keeps one thread pool a process, and a run
     # asking another size than the pool's first fails.
     solver.setOptionValue("threads", 1)
+    solver.setOptionValue("presolve", "off")  # presolve would set the starting point aside
+    solver.setOptionValue("simplex_strategy", 4)  # primal
     solver.passModel(lp)
+    solution = highspy.HighsSolution()
+    solution.col_value = list(start)
+    solution.value_valid = True
+    solver.setSolution(solution)
     solver.run()
     if solver.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return 0.0
