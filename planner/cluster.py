@@ -148,10 +148,11 @@ def _lower_bound_s(profile: Profile, request: PlanRequest, settings: CostSetting
     """No step of the layout is shorter (inf: no plan of it fits in memory).
 
     Every rank's step ends after its own compute and its gradient sync, so the step is at least their
-    average over the ``pp`` ranks: one replica's compute (and FSDP's gathers) spread evenly at the
-    fastest device speed, no bubble, no recomputation, no latency, plus the bandwidth part of the
-    replicas' synchronisation of all parameters, spread likewise; and at least the longest unit times
-    the micro-batches. Memory: the ranks together hold every parameter's state at least once.
+    average over the ``pp`` ranks: one replica's compute (and FSDP's gathers, or the longer of the two where
+    they are prefetched behind it) spread evenly at the fastest device speed, no bubble, no recomputation, no
+    latency, plus the bandwidth part of the replicas' synchronisation of all parameters that no backward hides,
+    spread likewise; and at least the longest unit times the micro-batches. Memory: the ranks together hold
+    every parameter's state at least once.
     """
     dp = settings.data_parallel
     held = sum(unit_costs(profile, profile.micro_batch_sizes[0]).param_count)
@@ -163,12 +164,13 @@ def _lower_bound_s(profile: Profile, request: PlanRequest, settings: CostSetting
     gathers = sync = 0.0
     if dp is not None and dp.replicas > 1:
         per_byte = (dp.replicas - 1) / dp.replicas / dp.bytes_per_s
-        if dp.shard == "full":
+        if dp.shard == "full" and not dp.gathered_all_step:
             gathers = held * (2 * weights + grads) * per_byte  # per micro-batch
-        elif dp.shard == "optimizer":
-            sync = held * (grads + weights) * per_byte
         else:
-            sync = 2 * held * grads * per_byte
+            # Once a step (planner/step_tails.py): the gradients' reduction, which may run behind the backward,
+            # and under ZeRO-1 or FSDP gathered all step the updated weights' all-gather, which follows it.
+            reduced = 0.0 if dp.overlaps_backward else (2 if dp.shard == "none" else 1) * held * grads
+            sync = (reduced + (0 if dp.shard == "none" else held * weights)) * per_byte
     speed = max(settings.device_speeds, default=1.0)
     cal = settings.calibration
     # The simulator scales a pipeline's compute by the co-location factor at its micro-batch size.
@@ -178,7 +180,12 @@ def _lower_bound_s(profile: Profile, request: PlanRequest, settings: CostSetting
         if batch % b:
             continue
         work = unit_costs(profile, b).work
-        spread = (batch / b * (work.total_s + gathers) * scale / speed + sync) / layout.pp
+        # FSDP resharding unit by unit prefetches each unit's gathers behind its neighbour's compute (cost.py
+        # _with_gathers): a micro-batch takes at least the longer of the two, else both.
+        per_micro_batch = (
+            max(work.total_s, gathers) if dp is not None and dp.reshards_per_unit else work.total_s + gathers
+        )
+        spread = (batch / b * per_micro_batch * scale / speed + sync) / layout.pp
         # Whichever rank holds the longest unit runs it for every micro-batch.
         longest = batch / b * work.longest_s * scale / speed
         bounds.append(max(spread, longest))

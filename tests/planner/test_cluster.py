@@ -12,7 +12,16 @@ import pytest
 
 from cli import main
 from cli_checks import assert_fails
-from planner.cluster import Cluster, Layout, MeshSearch, layouts, plan_cluster, sharded_for
+from planner.cluster import (
+    Cluster,
+    Layout,
+    MeshSearch,
+    _lower_bound_s,
+    layout_settings,
+    layouts,
+    plan_cluster,
+    sharded_for,
+)
 from planner.cost import CostSettings, DataParallel, bytes_per_param, unit_costs
 from planner.errors import PlanFormatError, PlanInfeasibleError, UsageError
 from planner.plan import load_plan, plan_from_dict, save_plan
@@ -221,6 +230,32 @@ def test_the_choice_with_tensor_parallelism_searched_is_the_exhaustive_searchs(s
     step, devices, _ = _exhaustive(profile, request, cluster, degrees=(1, 2, 4))
     assert result.plan.predicted.iteration_s == pytest.approx(step, rel=1e-12, abs=1e-12)  # step: to 12 places
     assert mesh.used_devices == devices
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_layouts_bound_holds_under_a_trainers_collectives(seed: int) -> None:
+    # The bound that prunes a layout is below its best plan whatever hides the collectives: FSDP's gathers
+    # prefetched behind compute (pp 1), the stage gathered all step (pp > 1), a reduction behind the backward.
+    rng = random.Random(seed)
+    profile = _random_profile(rng, (2**30, 2**36))
+    cluster = Cluster(8, 4, intra_node_bytes_per_s=rng.choice([1e9, 1e11]), inter_node_bytes_per_s=1e8, latency_s=1e-5)
+    request = _request(8, link_bytes_per_s=1e9)
+    mesh = MeshSearch(trainer_collectives=True, overlap_grad_reduce=rng.random() < 0.5)
+    checked = 0
+    for shard in ("none", "optimizer", "full"):
+        for layout in layouts(replace(cluster, shard=shard), profile.num_units, request.global_batch_size):
+            if layout.dp == 1:
+                continue
+            settings = layout_settings(request, cluster, layout, mesh)
+            replica = replace(request, num_ranks=layout.pp, global_batch_size=8 // layout.dp, settings=settings)
+            try:
+                plan = make_plan(profile, replica, sha256=SHA)
+            except PlanInfeasibleError:
+                continue
+            bound = _lower_bound_s(profile, request, settings, layout)
+            assert bound <= plan.predicted.iteration_s * (1 + 1e-9), (layout, bound, plan.predicted.iteration_s)
+            checked += 1
+    assert checked >= 3
 
 
 @pytest.mark.parametrize("seed", range(4))
