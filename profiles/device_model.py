@@ -77,7 +77,10 @@ class DeviceModel:
             raise UsageError(f"device model {self.name!r}: attention_efficiency is a fraction in (0, 1]")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"format": DEVICE_MODEL_FORMAT, "version": 1, **asdict(self)}
+        fields_ = asdict(self)
+        if not self.group_link_shares:  # a switched node's file and profile stay as they were written before it
+            del fields_["group_link_shares"]
+        return {"format": DEVICE_MODEL_FORMAT, "version": 1, **fields_}
 
 
 # One set of constants per GPU. Peaks, capacities and bandwidths are the datasheets'; matmul_efficiency is the
