@@ -58,6 +58,7 @@ __all__ = [
     "default_cluster",
     "DEFAULT_CLUSTER_LINKS",
     "layout_settings",
+    "replica_request",
     "sharded_for",
     "on_mesh",
     "cluster_plan",
@@ -97,6 +98,18 @@ def layout_settings(
             gathered_all_step=layout.pp > 1,
         )
     return replace(settings, data_parallel=dp)
+
+
+def replica_request(request: PlanRequest, cluster: Cluster, layout: Layout, settings: CostSettings) -> PlanRequest:
+    """One replica's pipeline of ``layout``: its ranks, its share of the batch, ``settings``, and the processes that
+    share a machine's cores with each of its ranks (a node's devices of the layout, every group's member)."""
+    return replace(
+        request,
+        num_ranks=layout.pp,
+        global_batch_size=request.global_batch_size // layout.dp,
+        settings=settings,
+        ranks_per_machine=min(cluster.devices_per_node, layout.used_devices),
+    )
 
 
 def _mesh(cluster: Cluster, layout: Layout, request: PlanRequest, settings: CostSettings) -> Mesh:
@@ -373,7 +386,7 @@ def plan_cluster(
             f"no {mesh_kind} layout of {cluster.num_devices} devices gives a plan ({standings.last_error})"
         )
     _, plan, layout, replica = standings.best
-    sharded = profiles[layout.tp].for_ranks(layout.pp)
+    sharded = profiles[layout.tp].for_ranks(replica.threads_ranks)
     plan = replace(plan, baselines=tuple(baselines_for(sharded, plan, replica)))
     constraints = _cluster_constraints(plan, cluster, request, mesh, [t for _, t in standings.tried])
     tried = tuple(t for _, t in sorted(standings.tried, key=_first))
@@ -412,17 +425,17 @@ def _candidates(
     order = 0
     for tp in degrees:
         profiles[tp] = sharded = sharded_for(profile, cluster, tp, mesh.sequence_parallel, mesh.vocab_parallel)
+        # A CPU profile as each rank computes beside the others on its machine: the bound is of those times.
+        at_threads: dict[int, Profile] = {}
         batch = request.global_batch_size
         for layout in layouts(cluster, profile.num_units, batch, mesh.pipeline_degree, tp, mesh.shards):
             if mesh.pipeline_degree is None or layout.used_devices == cluster.num_devices:
                 settings = layout_settings(request, cluster, layout, mesh)
-                bound = _lower_bound_s(sharded, request, settings, layout)
-                replica = replace(
-                    request,
-                    num_ranks=layout.pp,
-                    global_batch_size=request.global_batch_size // layout.dp,
-                    settings=settings,
-                )
+                replica = replica_request(request, cluster, layout, settings)
+                ranks = replica.threads_ranks
+                if ranks not in at_threads:
+                    at_threads[ranks] = sharded.for_ranks(ranks)
+                bound = _lower_bound_s(at_threads[ranks], request, settings, layout)
                 # The likeliest winners first, so that the rest meet a good step to beat: the bound alone puts
                 # the deepest pipelines first (least work per rank), whose bubble then loses; the guess alone
                 # (one replica's pipeline) leaves out the replicas' gradient sync, which the bound counts.
@@ -463,7 +476,7 @@ class _Standings:
         """The last error said in full, where it was left unexplained (``profiles``: the sharded one per degree)."""
         if self.unexplained is not None:
             layout, replica = self.unexplained
-            why = explain_infeasible(profiles[layout.tp].for_ranks(replica.num_ranks), replica)
+            why = explain_infeasible(profiles[layout.tp].for_ranks(replica.threads_ranks), replica)
             self.last_error = f"{_named(layout)}: {why}"
 
     def take(self, order: int, layout: Layout, replica: PlanRequest, plan: Plan) -> None:

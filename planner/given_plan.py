@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from planner.assemble import Candidate, build_plan
-from planner.cluster import Cluster, Layout, MeshSearch, cluster_plan, layout_settings, sharded_for
+from planner.cluster import Cluster, Layout, MeshSearch, cluster_plan, layout_settings, replica_request, sharded_for
 from planner.cost import build_problem, unit_costs
 from planner.errors import UsageError, shorten
 from planner.plan import Plan, SolverInfo
@@ -148,7 +148,7 @@ def given_plan(
         raise UsageError(f"{num_stages} stages do not divide among {p} ranks")
     virtual_stages(layout.schedule, num_stages, p)
     check_microbatches(layout.schedule, p, num_stages // p, m)
-    profile = profile.for_ranks(p)
+    profile = profile.for_ranks(request.threads_ranks)
     if b not in profile.micro_batch_sizes:
         raise UsageError(
             f"micro-batch size {b} was not profiled (sizes: {', '.join(map(str, profile.micro_batch_sizes))}): "
@@ -206,9 +206,7 @@ def given_mesh_plan(
     collectives (its degrees are the layout's)."""
     sharded = sharded_for(profile, cluster, layout.tp, mesh.sequence_parallel, mesh.vocab_parallel)
     settings = layout_settings(request, cluster, layout, mesh)
-    replica = replace(
-        request, num_ranks=layout.pp, global_batch_size=request.global_batch_size // layout.dp, settings=settings
-    )
+    replica = replica_request(request, cluster, layout, settings)
     plan, memory = given_plan(sharded, replica, given, sha256=sha256)
     mesh = replace(mesh, pipeline_degree=layout.pp, tensor_parallel=layout.tp)
     return cluster_plan(plan, cluster, layout, request, replica, mesh), memory

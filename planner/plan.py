@@ -282,6 +282,13 @@ class Plan:
         return tuple(s for s in self.stages if s.rank == rank)
 
     @property
+    def threads_ranks(self) -> int:
+        """The processes that share one machine's cores when the plan runs: a node's devices of its mesh, else its
+        ranks (:attr:`planner.request.PlanRequest.threads_ranks`)."""
+        mesh = self.mesh
+        return self.num_ranks if mesh is None else min(mesh.devices_per_node, mesh.used_devices)
+
+    @property
     def profile_threads(self) -> int | None:
         """CPU intra-op threads the plan's profile was timed with (``device.threads``); None if not recorded."""
         threads = self.device.get("threads")

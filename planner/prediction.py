@@ -195,7 +195,7 @@ def _plan_problem(
 ) -> tuple[UnitCosts, PartitionProblem, tuple[int, ...]]:
     """An existing plan's partition problem under ``settings``, and its boundaries (a CPU profile at the
     threads each of the plan's ranks has)."""
-    profile = profile.for_ranks(plan.num_ranks)
+    profile = profile.for_ranks(plan.threads_ranks)
     names = [u.name for u in profile.units]
     try:
         boundaries = tuple(names.index(s.units[0]) for s in plan.stages)

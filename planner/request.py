@@ -343,6 +343,14 @@ class PlanRequest:
     top_k: int = 4
     """Partitions per candidate handed from the solver to the simulator."""
     ilp_time_limit_s: float = 60.0
+    ranks_per_machine: int | None = None
+    """The processes that share one machine's cores (a cluster plan's: a node's devices of its layout); None: the
+    pipeline's ranks. A CPU profile is taken at the threads each of them gets (:meth:`threads_ranks`)."""
+
+    @property
+    def threads_ranks(self) -> int:
+        """The processes a CPU profile divides the machine's cores among for this request."""
+        return self.ranks_per_machine or self.num_ranks
 
     def __post_init__(self) -> None:
         if self.num_ranks < 1:

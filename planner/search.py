@@ -583,7 +583,7 @@ def make_plans(
             f"{profile.num_units} stages, or profile finer units (--units)"
         )
     started = time.perf_counter()
-    profile = profile.for_ranks(request.num_ranks)  # a CPU profile: the threads each rank will have
+    profile = profile.for_ranks(request.threads_ranks)  # a CPU profile: the threads each rank will have
     # Only the best plan survives pruning unchanged: the runners-up of `tune` need every candidate.
     found = _search(profile, request, beat_s if count == 1 else None)
     candidates = found.candidates

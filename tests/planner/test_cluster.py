@@ -232,6 +232,30 @@ def test_the_choice_with_tensor_parallelism_searched_is_the_exhaustive_searchs(s
     assert mesh.used_devices == devices
 
 
+def test_a_cpu_profile_is_planned_at_the_threads_of_every_process_on_the_machine() -> None:
+    # Profiled on 4 cores at 2 threads. pp 2 x dp 2 on one machine runs 4 processes of 1 thread each (the launcher's
+    # cores // world size), 1.8x the profiled time; two machines of 2 give each process 2 threads, as profiled.
+    from planner.prediction import plan_pipeline
+    from profiles.format import ThreadScaling
+
+    base = make_profile([1.0] * 4, sizes=(1,))
+    profile = replace(
+        base,
+        thread_scaling=ThreadScaling((4, 2, 1), ((0.6,), (1.0,), (1.8,)), (0.5, 1.0, 1.8), cores=4),
+        settings={**base.settings, "threads": 2},
+    )
+    request = _request(4, link_bytes_per_s=1e12)
+    forward = {}
+    for per_node in (4, 2):
+        cluster = Cluster(4, per_node, intra_node_bytes_per_s=1e12, inter_node_bytes_per_s=1e12, latency_s=0.0)
+        plan = plan_cluster(profile, request, cluster, MeshSearch(pipeline_degree=2), sha256=SHA).plan
+        assert plan.mesh is not None and (plan.mesh.pp, plan.mesh.dp) == (2, 2) and plan.threads_ranks == per_node
+        forward[per_node] = sum(s.forward_s for s in plan.stages)
+        # What verify and tune predict the plan again with takes the same threads.
+        assert sum(plan_pipeline(profile, plan, CostSettings()).forward_s) == pytest.approx(forward[per_node])
+    assert forward[2] == pytest.approx(4 * 1.0 * 1.0) and forward[4] == pytest.approx(4 * 1.0 * 1.8)
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_a_layouts_bound_holds_under_a_trainers_collectives(seed: int) -> None:
     # The bound that prunes a layout is below its best plan whatever hides the collectives: FSDP's gathers
