@@ -371,10 +371,11 @@ def _order_rows(orders: Sequence[Sequence[Step]], stages: int, m: int) -> tuple[
         row: dict[int, float] = {}
         previous: tuple[int, int, str] | None = None
         for step in order:
-            key = (step.stage, step.microbatch, step.kind)
-            if key not in kept:
-                duration(key, row)
+            if step.microbatch not in kept_mbs:  # its duration only (up to 65,536 steps: inlined)
+                column = step.stage if step.kind == "F" else stages + step.stage
+                row[column] = row.get(column, 0.0) + 1.0
                 continue
+            key = (step.stage, step.microbatch, step.kind)
             if previous is not None:
                 row[start + kept[previous]] = 1.0
                 duration(previous, row)
