@@ -22,7 +22,10 @@ Timed, wall clock, in a scratch folder:
   ``plan_s``, ``simulate_s``, ``verify_s``, ``wall_s`` all of them, and the accuracy they printed).
 
 Every step's command, exit code and seconds go to the record (``benchmarks/results/own_speed/<date>.json``);
-the README's stated times are this record's. Run it with nothing else on the machine::
+the README's stated times are this record's. Each of the three records also holds its times beside the
+benchmark's previous record (table ``against``; ``previous_record``, and ``slower_than_previous``: the steps 20 %
+or more slower, printed as well; benchmarks/speed_history.py), which the page shows. Run it with nothing else on
+the machine::
 
     python benchmarks/bench_own_speed.py [--main-job] [--quick]
     python benchmarks/bench_own_speed.py --main-job --fresh
@@ -47,7 +50,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_planner_scale import synthetic_profile  # noqa: E402
-from common import ROOT, run_started, tables_in, tee_stdout, write_record  # noqa: E402
+from common import ROOT, RunStart, run_started, tables_in, tee_stdout, write_record  # noqa: E402
+from speed_history import against_previous, previous_record  # noqa: E402
 
 from profiles.format import save_profile  # noqa: E402
 
@@ -84,6 +88,42 @@ def _accuracy(steps: list[Step]) -> dict[str, object]:
     """:func:`_printed_accuracy` of the main job's steps."""
     output = {step.name: step.output for step in steps}
     return _printed_accuracy(output.get("profile gpt2-small"), output.get("verify gpt2-small"))
+
+
+def _own_speed_times(numbers: dict) -> dict[str, float]:
+    return {"start-up": numbers["start_up_s"], **{s["name"]: s["wall_s"] for s in numbers.get("steps", [])}}
+
+
+def _main_job_times(numbers: dict) -> dict[str, float]:
+    named = {"all": "wall_s", **{k: f"{k}_s" for k in ("install", "profile", "plan", "simulate", "verify")}}
+    return {step: numbers[key] for step, key in named.items() if key in numbers}
+
+
+def _suite_times(numbers: dict) -> dict[str, float]:
+    return {step: numbers[f"{step}_s"] for step in ("install", "pytest", "total") if f"{step}_s" in numbers}
+
+
+TIMES = {"own_speed": _own_speed_times, "main_job": _main_job_times, "suite": _suite_times}
+"""Per record written here, its times by step (from its numbers), to hold beside the previous record's."""
+
+
+def beside_previous(benchmark: str, numbers: dict, date: str) -> tuple[dict, dict[str, dict[str, list]]]:
+    """``numbers`` with the previous record's name and the steps 20 % slower than there, and the table of every
+    time beside it (:mod:`speed_history`); unchanged, and no table, where the benchmark has no earlier record."""
+    previous = previous_record(benchmark, date)
+    if previous is None:
+        return numbers, {}
+    name, record = previous
+    times = TIMES[benchmark]
+    table, slower = against_previous(times(numbers), times(record["numbers"]), name)
+    return {**numbers, "previous_record": name, "slower_than_previous": slower}, {"against": table}
+
+
+def _with_previous(benchmark: str, numbers: dict, started: RunStart) -> tuple[dict, dict[str, dict[str, list]]]:
+    numbers, table = beside_previous(benchmark, numbers, started.started_utc[:10])
+    for step in numbers.get("slower_than_previous", []):
+        print(f"{benchmark}: {step} is 20 % or more slower than in {numbers['previous_record']}")
+    return numbers, table
 
 
 def _pipeplan() -> str:
@@ -177,6 +217,7 @@ def _main_job_fresh() -> None:
         **({"stage_memory_within_pct": max(errors)} if errors else {}),
     }
     print(f"main job: exit {exit_code} in {total_s:.0f} s")
+    numbers, against = _with_previous("main_job", numbers, started)
     write_record(
         "main_job",
         numbers,
@@ -187,7 +228,7 @@ def _main_job_fresh() -> None:
             "profile_check": "\n".join(ln for ln in printed.get("profile", []) if " unit sum " in ln),
             "verify_verdict": "\n".join(ln for ln in printed.get("verify", []) if ln.startswith("verdict")),
         },
-        tables={"steps": {"columns": ["step", "wall"], "rows": rows}},
+        tables={"steps": {"columns": ["step", "wall"], "rows": rows}, **against},
     )
 
 
@@ -226,7 +267,8 @@ def _suite(fresh: bool) -> None:
     if install_s is not None:
         numbers = {"install_s": round(install_s, 1), **numbers, "total_s": round(install_s + seconds, 1)}
     print(f"suite: {summary} ({seconds:.0f} s" + (f", after an install of {install_s:.0f} s)" if fresh else ")"))
-    write_record("suite", numbers, started=started)
+    numbers, against = _with_previous("suite", numbers, started)
+    write_record("suite", numbers, started=started, tables=against)
 
 
 def main() -> None:
@@ -293,7 +335,8 @@ def main() -> None:
         "cluster_search_s": next((round(s.wall_s, 1) for s in steps if s.name == "cluster search"), None),
         **_accuracy(steps),
     }
-    tables = tables_in(printed.getvalue(), ("step",))
+    numbers, against = _with_previous("own_speed", numbers, started)
+    tables = {**tables_in(printed.getvalue(), ("step",)), **against}
     # What a step that ran a verdict printed of it, so that an exit 1 says by how much.
     verdicts = {
         s.name: "\n".join(ln for ln in s.output.splitlines() if ln.startswith(("iteration:", "verdict", "result:")))
