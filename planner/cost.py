@@ -463,9 +463,12 @@ def schedule_moments(
                 m.sent_grads,
                 m.sent_outputs,
                 m.done,
+                m.held_output,
             )
             if first_split
-            else Moment(m.waiting, m.split, m.grads, m.kind in "BI", m.kind, m.sent_grads, m.sent_outputs, m.done)
+            else Moment(
+                m.waiting, m.split, m.grads, m.kind in "BI", m.kind, m.sent_grads, m.sent_outputs, m.done, m.held_output
+            )
             for m in moments
         }
         out.append(tuple(sorted(converted)))
@@ -615,6 +618,7 @@ def build_problem(
         final_output_bytes=min(activations[-1], 2 * costs.output_bytes),
         target_bytes=costs.target_bytes,
         kept_loss_bytes=costs.kept_loss_bytes,
+        latest_output_bytes=costs.output_bytes,
         unit_output_bytes=costs.unit_output_bytes,
         split_backward=all_split,
     )

@@ -279,6 +279,7 @@ def _holds_no_more(theirs: _Held, mine: _Held) -> bool:
             and a.sent_grads >= b.sent_grads
             and a.sent_outputs >= b.sent_outputs
             and a.done >= b.done
+            and a.held_output >= b.held_output
         )
 
     return all(all(any(covers(a, b) for a in ours) for b in them) for them, ours in zip(theirs, mine, strict=True))

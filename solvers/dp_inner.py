@@ -34,6 +34,7 @@ class _MomentTerms:
     waiting: np.ndarray
     split: np.ndarray
     done: np.ndarray
+    held_output: np.ndarray
     sent_grads: np.ndarray
     sent_outputs: np.ndarray
     grads: np.ndarray
@@ -52,6 +53,7 @@ def _moment_terms(moments: tuple[Moment, ...], recompute: bool) -> _MomentTerms:
         waiting=column([float(m.waiting) for m in moments]),
         split=column([float(m.split) for m in moments]),
         done=column([float(m.done) for m in moments]),
+        held_output=column([float(m.held_output) for m in moments]),
         sent_grads=column([float(m.sent_grads) for m in moments]),
         sent_outputs=column([float(m.sent_outputs) for m in moments]),
         grads=column([bool(m.grads) for m in moments]),
@@ -121,6 +123,7 @@ class Band:
         last = np.broadcast_to(np.where(j == n - 1, 1.0, 0.0), stage_input.shape)
         self.target = last * float(model.problem.target_bytes)
         self.kept_loss = last * float(model.problem.kept_loss_bytes)
+        self.latest_output = last * float(model.problem.latest_output_bytes)
         if model.buffer_mb:
             self.held1 = np.broadcast_to(model.out_held[:, None], stage_input.shape)
             # The last unit's loss runs after the checkpointed stage: not re-materialised.
@@ -161,7 +164,11 @@ class Band:
         terms = _moment_terms(moments, recompute)
         past_input = 0.0 if recompute else terms.split * held_past
         activations = (
-            terms.waiting * held + past_input + np.where(terms.acting, remat, 0.0) + terms.done * self.kept_loss
+            terms.waiting * held
+            + past_input
+            + np.where(terms.acting, remat, 0.0)
+            + terms.done * self.kept_loss
+            + terms.held_output * self.latest_output
         )
         sends = terms.sent_grads * sent_grad + terms.sent_outputs * sent_output
         here = base - np.where(terms.grads, 0.0, self.grads) + activations + sends
@@ -284,6 +291,7 @@ class InnerDP:
             + m.sent_grads * in_grad
             + m.sent_outputs * out_held
             + m.done * self.problem.kept_loss_bytes
+            + m.held_output * self.problem.latest_output_bytes
             for m in moments
         )
         return (fixed + max(step, transient + worst)) * (1 + 1e-9) + 1.0

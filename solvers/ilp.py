@@ -228,13 +228,16 @@ def _memory_rows(problem: PartitionProblem, assign: _Assignment, s: int, r: _Ter
     else:
         _add_row(prob, r, steady, None, terms.top)
     max_grads, max_bytes = max(ends.cut_grads, default=0), max(ends.cut_bytes, default=0)
+    # The last stage's latest output, which the schedule's loop still references at some moments past I.
+    latest = problem.latest_output_bytes / scale if ends.last else 0.0
     for m in stage_moments(problem, s):
         sends = [(m.sent_grads * c, t) for c, t in terms.sent_grad] + [
             (m.sent_outputs * c, t) for c, t in terms.sent_output
         ]
         sends += [(m.done * terms.kept_loss, 1)] if terms.kept_loss else []
+        sends += [(m.held_output * latest, 1)] if m.held_output and latest else []
         most_sent = (m.sent_grads * max_grads + m.sent_outputs * max_bytes) / scale
-        most_sent += m.done * terms.kept_loss
+        most_sent += m.done * terms.kept_loss + m.held_output * latest
         if False in choices:
             _add_row(prob, r, *_kept_row(problem, terms, m, sends, most_sent))
         if True in choices:

@@ -157,6 +157,9 @@ class PartitionProblem:
     kept_loss_bytes: int = 0
     """What the loss's output keeps per micro-batch once its backward is done: torch's schedules keep every
     micro-batch's loss until the step ends (the last stage's, ``Moment.done`` of them)."""
+    latest_output_bytes: int = 0
+    """The model's output of one micro-batch, which torch's schedule loop references from the rank's latest forward
+    until its next: the last stage holds it past I where ``Moment.held_output`` says so."""
     unit_output_bytes: tuple[int, ...] = ()
     """Per unit: bytes of the tensors it makes that later units read. A recomputing stage's re-run forward keeps
     only what backward saves; its last unit's outputs, read after the stage, are let go by the time its backward
@@ -257,6 +260,9 @@ class Moment(NamedTuple):
     """Outputs of micro-batches past their backward that a send still holds (the stage's output's size each)."""
     done: int = 0
     """Micro-batches whose backward is done: the last stage holds each one's loss (``kept_loss_bytes``)."""
+    held_output: int = 0
+    """The last stage: 1 where the schedule's loop still references the rank's latest forward's output, its
+    micro-batch past the start of its backward (``latest_output_bytes``)."""
 
 
 @dataclass(frozen=True)
@@ -367,6 +373,7 @@ def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: i
     # (set_local_fwd_input / set_local_bwd_input): as many, held by the stage that receives them.
     buffers = problem.buffer_microbatches * (stage_input + out_grad + (problem.target_bytes if last_unit else 0))
     kept_loss = problem.kept_loss_bytes if last_unit else 0
+    latest_output = problem.latest_output_bytes if last_unit else 0
     # A relayed tensor's gradient, under a split backward, is the receive buffer it came in: the send holds no
     # more for it, and across a V's turn the stage before keeps that buffer as its own (counted there).
     passed = relayed_bytes(problem, first, last) if problem.split_backward and not recompute else 0
@@ -401,7 +408,13 @@ def stage_memory_peak(problem: PartitionProblem, stage: int, first: int, last: i
     for m in stage_moments(problem, stage):
         # A recomputing stage runs its whole backward in I (nothing is left for W to hold).
         past_input = 0 if recompute else m.split * (held + split_held)
-        activations = m.waiting * held + past_input + (remat if m.acting else 0) + m.done * kept_loss
+        activations = (
+            m.waiting * held
+            + past_input
+            + (remat if m.acting else 0)
+            + m.done * kept_loss
+            + m.held_output * latest_output
+        )
         kept = grads if m.grads else 0
         sends = m.sent_grads * sent_grad + m.sent_outputs * sent_output
         working = transient["B" if recompute and m.acting else m.kind]  # acting_kind, inlined: a hot loop

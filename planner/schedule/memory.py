@@ -18,6 +18,10 @@ A moment counts, for one stage at the start of one backward action (B, I or W, i
 - ``kind``: the acting action's kind (a recomputing stage re-runs its forward inside B and I);
 - ``done``: on the last stage, micro-batches whose backward is done (B, or W after I): torch's schedules keep
   each one's loss (``_internal_losses``) until the step ends (0 on the other stages, which hold no loss);
+- ``held_output``: on the last stage, 1 where the rank's latest forward is this stage's and its micro-batch's
+  backward (B or I) has begun before this action: torch 2.13's schedule loops keep that forward's output in a
+  local (``output``) until the rank's next forward, so it outlives what the stage lets go at I (the model's
+  output; the last stage sends none);
 - ``sent_grads``, ``sent_outputs``: input gradients and outputs of micro-batches past their backward that a
   send still holds. A gloo send's work keeps its tensor for as long as the work lives ("the work captures the
   tensor to prevent it being deallocated", ProcessGroupGloo.cpp ``SendWork``), and torch 2.13's schedules keep
@@ -52,6 +56,9 @@ class MemoryMoment:
     sent_outputs: int = 0
     done: int = 0
     """Micro-batches whose backward is done (B, or W after I): the last stage still holds their losses."""
+    held_output: int = 0
+    """The last stage: 1 where the schedule's loop still references the output of the rank's latest forward, whose
+    micro-batch is past the start of its backward (module docstring)."""
 
     def covers(self, other: MemoryMoment) -> bool:
         """Whether this moment holds at least as much as ``other`` whatever the sizes: as many micro-batches of
@@ -63,11 +70,12 @@ class MemoryMoment:
             and self.sent_grads >= other.sent_grads
             and self.sent_outputs >= other.sent_outputs
             and self.done >= other.done
+            and self.held_output >= other.held_output
             and self.kind == other.kind
         )
 
 
-_Fields = tuple[int, int, bool, str, int, int, int]
+_Fields = tuple[int, int, bool, str, int, int, int, int]
 """A moment's fields in :class:`MemoryMoment`'s order, as the walk finds them."""
 
 
@@ -80,7 +88,7 @@ def _pareto(found: frozenset[_Fields]) -> tuple[MemoryMoment, ...]:
 
     def fullness(m: MemoryMoment) -> tuple[int, ...]:
         return (
-            m.waiting + m.split + m.sent_grads + m.sent_outputs + m.done + int(m.grads),
+            m.waiting + m.split + m.sent_grads + m.sent_outputs + m.done + m.held_output + int(m.grads),
             m.waiting,
             m.split,
             m.sent_grads,
@@ -88,20 +96,23 @@ def _pareto(found: frozenset[_Fields]) -> tuple[MemoryMoment, ...]:
 
     # A convex mix first (cheap, and it leaves few; on the counts alone, an object made only for what it keeps),
     # then single moments across gradient states.
-    groups: dict[tuple[bool, str], list[tuple[int, int, int, int, int]]] = {}
-    for waiting, split, grads, kind, sent_grads, sent_outputs, done in found:
-        groups.setdefault((grads, kind), []).append((waiting, split, sent_grads, sent_outputs, done))
+    groups: dict[tuple[bool, str], list[tuple[int, int, int, int, int, int]]] = {}
+    for waiting, split, grads, kind, sent_grads, sent_outputs, done, held_output in found:
+        groups.setdefault((grads, kind), []).append((waiting, split, sent_grads, sent_outputs, done, held_output))
     candidates = [
-        MemoryMoment(waiting, split, grads, kind, sent_grads, sent_outputs, done)
+        MemoryMoment(waiting, split, grads, kind, sent_grads, sent_outputs, done, held_output)
         for (grads, kind), group in groups.items()
-        for waiting, split, sent_grads, sent_outputs, done in _hull(group)
+        for waiting, split, sent_grads, sent_outputs, done, held_output in _hull(group)
     ]
     kept: list[MemoryMoment] = []
     for m in sorted(candidates, key=fullness, reverse=True):
         if not any(o.covers(m) for o in kept):
             kept.append(m)
     return tuple(
-        sorted(kept, key=lambda m: (m.waiting, m.split, m.grads, m.kind, m.sent_grads, m.sent_outputs, m.done))
+        sorted(
+            kept,
+            key=lambda m: (m.waiting, m.split, m.grads, m.kind, m.sent_grads, m.sent_outputs, m.done, m.held_output),
+        )
     )
 
 
@@ -128,9 +139,9 @@ def _between(p: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool
     return low_num * high_den <= high_num * low_den
 
 
-def _hull(group: list[tuple[int, int, int, int, int]]) -> list[tuple[int, int, int, int, int]]:
-    """The counts (``waiting, split, sent_grads, sent_outputs, done``) of one action kind and gradient state's
-    moments that a mix of two others does not cover.
+def _hull(group: list[tuple[int, int, int, int, int, int]]) -> list[tuple[int, int, int, int, int, int]]:
+    """The counts (``waiting, split, sent_grads, sent_outputs, done, held_output``) of one action kind and gradient
+    state's moments that a mix of two others does not cover.
 
     A stage's memory at a moment is a sum of its counts, each times bytes that do not depend on the moment
     (solvers/problem.py ``stage_memory_peak``), so the largest over the moments is never at one that is covered
@@ -138,7 +149,7 @@ def _hull(group: list[tuple[int, int, int, int, int]]) -> list[tuple[int, int, i
     micro-batch waiting, one fewer send held) and only its ends can peak. A monotone chain in the order of the
     counts: each moment drops the last ones kept while they lie between it and the one before them.
     """
-    kept: list[tuple[int, int, int, int, int]] = []
+    kept: list[tuple[int, int, int, int, int, int]] = []
     for counts in sorted(group):
         while len(kept) >= 2 and _between(kept[-1], kept[-2], counts):
             del kept[-1]
@@ -161,14 +172,24 @@ def memory_moments(
     held = _sends_holding(sched, num_stages, num_microbatches)
     last = num_stages - 1
     for order in kept_rank_orders(sched, num_stages, num_microbatches, num_ranks):
+        latest: tuple[int, int] | None = None  # the rank's latest forward: (stage, micro-batch)
+        begun: set[int] = set()  # the last stage's micro-batches whose B or I has run
         for step in order:
             s, kind = step.stage, step.kind
             if kind == "F":
                 waiting[s] += 1
+                latest = (s, step.microbatch)
                 continue
             sent_grads, sent_outputs = held(done[s], split[s], s)
-            # Only the last stage holds losses: elsewhere ``done`` would only keep moments the others cover.
-            found[s].add((waiting[s], split[s], grads[s], kind, sent_grads, sent_outputs, done[s] if s == last else 0))
+            if s == last:
+                # Only the last stage holds losses (elsewhere ``done`` would only keep moments the others cover), and
+                # only its output, never sent, is held by nothing but the schedule's loop past I.
+                output = int(latest is not None and latest[0] == s and latest[1] in begun)
+                found[s].add((waiting[s], split[s], grads[s], kind, sent_grads, sent_outputs, done[s], output))
+                if kind in "BI":
+                    begun.add(step.microbatch)
+            else:
+                found[s].add((waiting[s], split[s], grads[s], kind, sent_grads, sent_outputs, 0, 0))
             if kind == "B":
                 waiting[s] -= 1
                 done[s] += 1

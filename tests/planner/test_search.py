@@ -210,7 +210,8 @@ def test_near_best_prefers_evenly_used_ranks():
 
 def test_split_schedules_count_the_gradients_kept_for_w():
     # Past I a micro-batch holds its activations and the 64 bytes of gradients I keeps for W, until W (the last
-    # stage no longer its output and the loss's): at each backward action's start, the stage holds its waiting
+    # stage no longer its output and the loss's, but for the output of the rank's latest forward, which torch's
+    # schedule loop keeps until the next): at each backward action's start, the stage holds its waiting
     # micro-batches and those past I.
     from planner.cost import schedule_moments
 
@@ -240,6 +241,7 @@ def test_split_schedules_count_the_gradients_kept_for_w():
             + received
             + m.sent_grads * sent_grad
             + m.sent_outputs * sent_out
+            + (m.held_output * 1024 if z.index == last else 0)
             for m in moments[z.index]
         )
         assert z.memory_bytes.peak == expected
