@@ -52,6 +52,20 @@ def test_the_multi_stage_runtime_holds_every_send_until_the_step_ends() -> None:
     assert (last_backward.waiting, last_backward.sent_grads, last_backward.sent_outputs) == (1, 3, 3)
 
 
+def test_the_last_stage_holds_its_latest_output_where_the_schedule_loop_still_references_it() -> None:
+    # torch's loop keeps the latest forward's output in a local until the rank's next forward. Under zero-bubble the
+    # last stage runs F k, I k, then a deferred W: k is past I, its output referenced there; under 1F1B and GPipe
+    # every backward is of the latest forward's micro-batch or of one before it that is still waiting.
+    zero_bubble = memory_moments(Schedule.ZERO_BUBBLE, 4, 8, 4)
+    assert {(m.kind, m.held_output) for m in zero_bubble[-1]} == {("W", 1), ("I", 0)}
+    assert all(m.held_output == 0 for stage in zero_bubble[:-1] for m in stage)
+    for schedule, stages in ((Schedule.ONE_F_ONE_B, 4), (Schedule.GPIPE, 4), (Schedule.INTERLEAVED_1F1B, 8)):
+        assert all(m.held_output == 0 for stage in memory_moments(schedule, stages, 8, 4) for m in stage)
+    # A V's last stage shares rank 0 with stage 0: only where the rank's latest forward is the last stage's.
+    zbv = memory_moments(Schedule.ZBV, 8, 8, 4)[-1]
+    assert any(m.held_output for m in zbv) and all(m.kind == "W" for m in zbv if m.held_output)
+
+
 @pytest.mark.parametrize(
     ("schedule", "stages", "ranks", "microbatches"),
     [
