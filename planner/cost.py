@@ -453,24 +453,13 @@ def schedule_moments(
     for s, moments in enumerate(memory_moments(schedule, num_stages, num_microbatches, num_ranks)):
         first_split = s == 0 and schedule.splits_backward
         # A recomputing stage's I runs its whole backward; the first stage's I is empty and its W the whole one.
-        converted = {
-            Moment(
-                m.waiting + m.split,
-                0,
-                m.grads,
-                m.kind in "BI",
-                {"I": "W", "W": "B"}.get(m.kind, m.kind),
-                m.sent_grads,
-                m.sent_outputs,
-                m.done,
-                m.held_output,
-            )
-            if first_split
-            else Moment(
-                m.waiting, m.split, m.grads, m.kind in "BI", m.kind, m.sent_grads, m.sent_outputs, m.done, m.held_output
-            )
-            for m in moments
-        }
+        converted = set()
+        for m in moments:
+            waiting, split, kind = (m.waiting, m.split, m.kind)
+            if first_split:
+                waiting, split, kind = m.waiting + m.split, 0, {"I": "W", "W": "B"}.get(m.kind, m.kind)
+            held = (m.sent_grads, m.sent_outputs, m.done, m.held_output)  # by sends, losses, the loop
+            converted.add(Moment(waiting, split, m.grads, m.kind in "BI", kind, *held))
         out.append(tuple(sorted(converted)))
     return tuple(out)
 
