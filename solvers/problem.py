@@ -39,7 +39,9 @@ and chooses recomputation ``r_s`` (activation checkpointing). With ``M`` micro-b
   stage before it holds its output no more) and sends nothing across it; ``T_s`` is the acting action's
   largest working memory of a unit less what the units after it saved, freed by then (B, I or W:
   ``transient_bytes``, ``input_transient_bytes``, ``weight_transient_bytes``); past I the last stage no
-  longer holds the model's output and the loss's saved tensors (``final_output_bytes``); a send holds
+  longer holds the model's output and the loss's saved tensors (``final_output_bytes``), but for the output of
+  the rank's latest forward, which torch's schedule loop references until the next (``held_output`` of
+  ``latest_output_bytes``); a send holds
   ``sent_grads`` input gradients and ``sent_outputs`` outputs of earlier micro-batches
   (planner/schedule/memory.py); a non-recomputing stage that passes on tensors made before it and read after it
   holds a copy of each (``relays``); the last stage holds
