@@ -602,8 +602,8 @@ def build_problem(
         weight_transient_bytes=costs.weight_transient_bytes,
         # Past I the last stage lets go of the model's output and of what only the loss saved: torch's
         # stage_backward_input detaches the loss, freeing its graph (cross-entropy's log-probabilities, MSE's
-        # difference: one tensor of the output's size). For gpt2-small's LM head (b = 4) that is 98 MiB per
-        # micro-batch past I, which the zero-bubble last stage was charged three times over (-20.5 % measured).
+        # difference: one tensor of the output's size), but for the output of the rank's latest forward, which
+        # the schedule's loop still references.
         final_output_bytes=min(activations[-1], 2 * costs.output_bytes),
         target_bytes=costs.target_bytes,
         kept_loss_bytes=costs.kept_loss_bytes,
