@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -44,7 +45,8 @@ def random_problem(
         chosen = rng.sample(range(n), rng.randint(1, min(3, n)))
         extra["pinned"] = tuple((u, rng.randint(max(0, p - n + u), min(u, p - 1))) for u in sorted(chosen))
     if runtime_memory:
-        extra.update(_runtime_memory(random.Random(seed + 7919), n, p, m, params, random.Random(seed + 104729)))
+        streams = (random.Random(seed + 104729), random.Random(seed + 15485863))
+        extra.update(_runtime_memory(random.Random(seed + 7919), n, p, m, params, *streams))
     return PartitionProblem(
         forward_s=fwd,
         backward_s=bwd,
@@ -64,14 +66,17 @@ def random_problem(
     )
 
 
-def _runtime_memory(rng: random.Random, n: int, p: int, m: int, params: tuple[int, ...], loss: random.Random) -> dict:
+def _runtime_memory(
+    rng: random.Random, n: int, p: int, m: int, params: tuple[int, ...], loss: random.Random, latest: random.Random
+) -> dict:
     """The runtime's memory terms, drawn (solvers/problem.py ``stage_memory_peak``); the loss's (target, kept
-    losses, finished micro-batches) from ``loss``, so that the other terms are drawn as before they existed."""
+    losses, finished micro-batches) from ``loss`` and the latest output the schedule's loop holds from ``latest``,
+    so that the other terms are drawn as before they existed."""
 
     def moment() -> Moment:
         counts = (rng.randint(0, m), rng.randint(0, 2))
         flags = (rng.random() < 0.6, rng.random() < 0.7, rng.choice("BIW"))
-        return Moment(*counts, *flags, rng.randint(0, 3), rng.randint(0, 2), loss.randint(0, m))
+        return Moment(*counts, *flags, rng.randint(0, 3), rng.randint(0, 2), loss.randint(0, m), latest.randint(0, 1))
 
     def relay() -> tuple[int, int, int]:
         producer = rng.randrange(n)
@@ -96,6 +101,7 @@ def _runtime_memory(rng: random.Random, n: int, p: int, m: int, params: tuple[in
         "relays": tuple(relay() for _ in range(rng.randint(0, 3))) if n > 1 else (),
         "target_bytes": loss.randint(0, 40),
         "kept_loss_bytes": loss.randint(0, 30),
+        "latest_output_bytes": latest.randint(0, 30),
         "split_backward": loss.random() < 0.5,
         "unit_output_bytes": tuple(loss.randint(0, 20) for _ in range(n)) if loss.random() < 0.7 else (),
     }
@@ -171,6 +177,23 @@ def test_ilp_matches_brute_force_with_the_runtime_memory_terms():
         problem = random_problem(seed, runtime_memory=True)
         found = solve_or_none(lambda p: solve_ilp(p, backend="highs"), problem)
         assert_same_optimum(problem, solve_or_none(solve_brute, problem), found)
+
+
+def test_ilp_counts_the_latest_output_where_it_binds():
+    # The instances whose optimum moves with the last stage's latest output (held by the schedule's loop): the
+    # ILP's optimum moves with it.
+    binding = 0
+    for seed in range(4000, 4400):
+        problem = random_problem(seed, runtime_memory=True)
+        reference = solve_or_none(solve_brute, problem)
+        without = solve_or_none(solve_brute, replace(problem, latest_output_bytes=0))
+        if (reference is None) == (without is None) and (
+            reference is None or reference.objective_s == without.objective_s
+        ):
+            continue
+        binding += 1
+        assert_same_optimum(problem, reference, solve_or_none(lambda p: solve_ilp(p, backend="highs"), problem))
+    assert binding >= 2
 
 
 def test_ilp_highs_matches_brute_force_on_100_random_instances():
