@@ -301,14 +301,18 @@ def _relayed(problem: PartitionProblem, assign: _Assignment, s: int, scale: floa
     prob, y = assign.prob, assign.y
     relayed: list[tuple[float, _Term]] = []
     for k, (producer, consumer, nbytes) in enumerate(problem.relays):
-        if s == 0 or consumer >= problem.num_units:
+        if s == 0:
             continue
+        # Read by no unit (its consumer past the last): relayed by every stage after its maker's, as
+        # solvers.problem.relayed_bytes has it.
+        read = [] if consumer >= problem.num_units else [(1.0, y[consumer, s])]
         z = _var(prob, f"z_{k}_{s}", lowBound=0)
-        prob.addConstraint(_expr([(1.0, z), (-1.0, y[producer, s - 1]), (1.0, y[consumer, s])]) >= 0)
+        prob.addConstraint(_expr([(1.0, z), (-1.0, y[producer, s - 1]), *read]) >= 0)
         if problem.split_backward:
             # It also enters with negative coefficients below: exactly the product, not only a lower bound.
             prob.addConstraint(_expr([(1.0, z), (-1.0, y[producer, s - 1])]) <= 0)
-            prob.addConstraint(_expr([(1.0, z), (1.0, y[consumer, s])]) <= 1)
+            if read:
+                prob.addConstraint(_expr([(1.0, z), *read]) <= 1)
         relayed.append((nbytes / scale, z))
     return relayed
 

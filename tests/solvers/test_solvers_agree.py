@@ -173,7 +173,7 @@ def test_dp_matches_brute_force_with_the_runtime_memory_terms():
 
 
 def test_ilp_matches_brute_force_with_the_runtime_memory_terms():
-    for seed in range(4000, 4100):
+    for seed in range(4000, 4300):
         problem = random_problem(seed, runtime_memory=True)
         found = solve_or_none(lambda p: solve_ilp(p, backend="highs"), problem)
         assert_same_optimum(problem, solve_or_none(solve_brute, problem), found)
