@@ -62,11 +62,14 @@ class DeviceModel:
     all its links); a size not listed gets all of it (every NVSwitch node)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "group_link_shares", tuple((int(g), float(s)) for g, s in self.group_link_shares))
-        if any(g < 2 or not 0 < s <= 1 for g, s in self.group_link_shares):
-            raise UsageError(
-                f"device model {self.name!r}: group_link_shares are [group size >= 2, share in (0, 1]] pairs"
-            )
+        wrong = f"device model {self.name!r}: group_link_shares are [group size >= 2, share in (0, 1]] pairs"
+        try:
+            shares = tuple((int(g), float(s), g) for g, s in self.group_link_shares)
+        except (TypeError, ValueError):  # not a list of pairs of numbers, as a file may give
+            raise UsageError(wrong) from None
+        if any(g != given or g < 2 or not 0 < s <= 1 for g, s, given in shares):
+            raise UsageError(wrong)
+        object.__setattr__(self, "group_link_shares", tuple((g, s) for g, s, _ in shares))
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and f.name != "kernel_s":

@@ -115,6 +115,10 @@ def test_a_v100_node_rings_a_group_over_the_links_its_members_share(tmp_path: Pa
     assert device_model(str(path)) == v100
     with pytest.raises(UsageError, match="group_link_shares"):
         replace(v100, group_link_shares=((2, 1.5),))
+    for bad in (5, [[2]], [["a", 0.5]], [[2, "x"]], [[2.5, 0.5]]):  # a file's wrong shapes: one line, no traceback
+        path.write_text(json.dumps({**v100.as_dict(), "group_link_shares": bad}))
+        with pytest.raises(UsageError, match="group_link_shares are"):
+            device_model(str(path))
     profile = modelled_profile(GPT, v100, (1,))
     cube = cluster_devices(profile, ClusterOptions(devices=16), None)
     assert [cube.group_bytes_per_s(g) for g in (2, 4, 8)] == pytest.approx([25e9, 100e9, 150e9])
