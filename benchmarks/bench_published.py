@@ -27,7 +27,13 @@ per table: the GPU's constants are the device model's (a GPU not built in is rea
   recipes), all but its last bucket, except under Megatron-LM, whose ``--overlap-grad-reduce`` is off by default;
 - a row fits when each rank's predicted peak is within the device's memory (a published run shows what ran: the
   planner's 10 % headroom is for choosing, not for judging);
-- context parallelism is not modelled: such rows are reported, not predicted.
+- context parallelism is not modelled: such rows are reported, not predicted;
+- a GPU is read by its name as the device models spell it (``NVIDIA A100 SXM4 80GB`` is ``a100-80gb``); one with no
+  device model of its own but of its family's (``h100-94gb``) takes the family's constants with the memory and peak
+  the table states, and the row's note says so; MFU is over the table's stated peak, else the device model's;
+- a fact that cannot be read, or that names what pipeplan does not model (a GPU of no modelled family, layers other
+  than gpt- or llama-like, tf32, recomputation other than none, selective or full), leaves its row reported with a
+  note that names it (``published_facts.py``), and the other rows and tables go on.
 
 Per table: Spearman's rank correlation of predicted and measured iteration time within each comparable group (the
 rows of one model), the median error of the predicted ratio of every pair of timed rows in a group, the agreement
@@ -52,22 +58,30 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import run_started, tee_stdout, write_record  # noqa: E402
+from published_facts import (  # noqa: E402
+    device_for,
+    measured_iteration_s,
+    precision_for,
+    recompute_for,
+    schedule_for,
+    shape_for,
+    stated_number,
+    year_of,
+)
 
 from planner.cluster import Cluster, Layout, MeshSearch, plan_cluster  # noqa: E402
 from planner.cost import CostSettings  # noqa: E402
-from planner.errors import PipeplanError  # noqa: E402
+from planner.errors import PipeplanError, shorten  # noqa: E402
 from planner.export import Trainer  # noqa: E402
 from planner.fileio import write_json_atomic  # noqa: E402
 from planner.given_plan import GivenLayout, given_mesh_plan  # noqa: E402
 from planner.request import PlanRequest, calibration_settings  # noqa: E402
-from planner.schedule.orders import Schedule  # noqa: E402
 from planner.trainer_rules import TRAINER_SHARDING  # noqa: E402
-from profiles.device_model import DEVICE_MODELS, DeviceModel, device_model  # noqa: E402
+from profiles.device_model import DeviceModel  # noqa: E402
 from profiles.modelled import TransformerShape, model_flops, modelled_profile  # noqa: E402
 
 __all__ = ["RowResult", "predict_row", "table_result", "spearman", "pair_errors", "device_for"]
 
-DEVICE_FILES = Path(__file__).resolve().parent / "device_models"
 FLASH_FROM_YEAR = 2023
 
 
@@ -108,56 +122,6 @@ class RowResult:
         }
 
 
-def device_for(hardware: dict[str, Any]) -> DeviceModel:
-    """The table's GPU as a device model, with the links and node size the table states."""
-    gpu = str(hardware.get("gpu") or "")
-    if gpu in DEVICE_MODELS:
-        base = DEVICE_MODELS[gpu]
-    elif (DEVICE_FILES / f"{gpu}.json").is_file():
-        base = device_model(str(DEVICE_FILES / f"{gpu}.json"))
-    else:
-        raise PipeplanError(f"GPU {gpu!r} has no device model (built-ins: {', '.join(DEVICE_MODELS)})")
-    changes: dict[str, Any] = {}
-    if hardware.get("intra_node_GBps_per_gpu"):  # tables give NVLink's both directions together
-        changes["intra_node_bytes_per_s"] = hardware["intra_node_GBps_per_gpu"] * 1e9 / 2
-    if hardware.get("inter_node_Gbps_per_gpu"):
-        changes["inter_node_bytes_per_s"] = hardware["inter_node_Gbps_per_gpu"] * 1e9 / 8
-    if hardware.get("gpus_per_node"):
-        changes["devices_per_node"] = int(hardware["gpus_per_node"])
-    return replace(base, **changes)
-
-
-def shape_for(name: str, entry: dict[str, Any]) -> tuple[TransformerShape, list[str]]:
-    notes = []
-    arch = "gpt" if entry.get("arch") == "gpt" else "llama"
-    vocab = entry.get("vocab")
-    if not vocab:
-        vocab = 51200
-        notes.append("vocabulary not published: 51,200 assumed")
-    tied = entry.get("tied_embeddings")
-    shape = TransformerShape(
-        name,
-        arch,
-        int(entry["layers"]),
-        int(entry["hidden"]),
-        int(entry["heads"]),
-        int(entry.get("kv_heads") or entry["heads"]),
-        int(entry.get("ffn_hidden") or 4 * entry["hidden"]),
-        int(vocab),
-        int(entry["seq_len"]),
-        bool(arch == "gpt" if tied is None else tied),
-    )
-    return shape, notes
-
-
-def _year(row: dict[str, Any], table: dict[str, Any]) -> int | None:
-    for text in (str(row.get("date") or ""), str(table.get("framework") or "")):
-        found = re.search(r"\b(20\d\d)\b", text)
-        if found:
-            return int(found.group(1))
-    return None
-
-
 def _stages(shape: TransformerShape, profile_names: list[str], num_stages: int) -> tuple[tuple[str, ...], ...]:
     """The layers split evenly over the stages, the extra ones to the middle stages; the embedding(s) on the
     first stage, the final norm and head on the last."""
@@ -177,24 +141,6 @@ def _stages(shape: TransformerShape, profile_names: list[str], num_stages: int) 
     return tuple(stages)
 
 
-def measured_iteration_s(row: dict[str, Any], shape: TransformerShape, peak: float | None) -> float | None:
-    measured, gbs, gpus = row["measured"], row.get("gbs"), row.get("gpus")
-    if measured.get("iteration_s"):
-        return float(measured["iteration_s"])
-    if not gbs or not gpus:
-        return None
-    if measured.get("tokens_per_s_per_gpu"):
-        return gbs * shape.seq_len / (measured["tokens_per_s_per_gpu"] * gpus)
-    if measured.get("samples_per_s"):
-        return gbs / measured["samples_per_s"]
-    flops = model_flops(shape) * gbs
-    if measured.get("tflops_per_gpu"):
-        return flops / (measured["tflops_per_gpu"] * 1e12 * gpus)
-    if measured.get("mfu") and peak:
-        return flops / (measured["mfu"] * peak * gpus)
-    return None
-
-
 @dataclass(frozen=True)
 class _Workload:
     """What a row runs, by the rules of the module docstring: the model on its GPU, in its precision, with its
@@ -209,6 +155,8 @@ class _Workload:
     torchtitan: bool
     shard: str
     overlap_grad_reduce: bool
+    device_note: str = ""
+    """Where the GPU is taken as another of its family (:func:`published_facts.device_for`)."""
 
     def profile(self, micro_batch_sizes: tuple[int, ...]) -> Any:
         return modelled_profile(
@@ -237,75 +185,134 @@ def _shards_optimizer_by_default(framework: str) -> bool:
     return bool(re.search(r"nemo|megatron-bridge|megatron-core", framework, re.IGNORECASE))
 
 
+ZERO_SHARDS = {0: "none", 1: "optimizer", 2: "optimizer", 3: "full"}
+"""A published ZeRO stage as pipeplan shards (FSDP is 3; ZeRO-2's sharded gradients are costed as ZeRO-1)."""
+
+
 def _workload(table: dict[str, Any], row: dict[str, Any], shape: TransformerShape) -> _Workload:
-    device = device_for(table["hardware"])
+    device, device_note = device_for(table.get("hardware") or {})
     framework = str(table.get("framework") or "")
     torchtitan = framework.lower().startswith("torchtitan")
     megatron = bool(re.search(r"megatron|nemo", framework, re.IGNORECASE))
-    recompute = row.get("recompute") or "none"
     within = (
-        "none" if recompute in ("none", "full") else ("op" if torchtitan and shape.arch == "llama" else "selective")
+        "none"
+        if recompute_for(row) in ("none", "full")
+        else ("op" if torchtitan and shape.arch == "llama" else "selective")
     )
-    year = _year(row, table)
-    precision = "fp8" if table.get("precision") == "fp8" and device.fp8_speedup > 1 else "bf16"
-    stated = {0: "none", 1: "optimizer", 2: "optimizer", 3: "full"}.get(row.get("zero"))  # type: ignore[arg-type]
-    shard = stated or ("optimizer" if _shards_optimizer_by_default(framework) else "none")
+    year = year_of(row, table)
+    zero = row.get("zero")
+    if zero is not None and zero not in ZERO_SHARDS:
+        raise PipeplanError(f"ZeRO stage {zero!r} is not one of 0-3")
+    default = "optimizer" if _shards_optimizer_by_default(framework) else "none"
+    shard = ZERO_SHARDS[zero] if zero is not None else default
     flash = year is None or year >= FLASH_FROM_YEAR
     # Megatron-LM reduces gradients after the backward unless told to overlap (--overlap-grad-reduce, off by
     # default); torch's DDP and FSDP, OneFlow and NeMo's / Megatron-Bridge's recipes overlap them.
     overlap = not framework.lower().startswith("megatron-lm")
-    return _Workload(shape, device, precision, within, flash, megatron, torchtitan, shard, overlap)
+    precision = precision_for(table, device)
+    return _Workload(shape, device, precision, within, flash, megatron, torchtitan, shard, overlap, device_note)
+
+
+def _whole(row: dict[str, Any], key: str, default: int | None = 1) -> int | None:
+    """``row[key]`` as a positive whole number; ``default`` where it is not stated."""
+    value = row.get(key)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise PipeplanError(f"{key} {value!r} is not a whole number") from None
+    if number != value and str(number) != str(value).strip() or number < 1:
+        raise PipeplanError(f"{key} {value!r} is not a positive whole number")
+    return number
+
+
+def _gpus(row: dict[str, Any]) -> int:
+    """The row's GPUs, as published or as its mesh multiplies out (context parallelism included)."""
+    return _whole(row, "gpus", None) or math.prod(_whole(row, k) or 1 for k in ("dp", "tp", "pp", "cp"))
+
+
+def _config_text(row: dict[str, Any], vp: int | None = None, mbs: int | None = None) -> str:
+    """``pp x tp x dp``, the virtual stages, the micro-batch and recomputation, as far as they are known."""
+    mesh = "x".join(str(row.get(k) or 1) for k in ("pp", "tp", "dp"))
+    vp = vp if vp is not None else row.get("vp")
+    mbs = mbs if mbs is not None else row.get("mbs")
+    return mesh + (f" v{vp}" if vp and vp > 1 else "") + f" b{mbs or '?'} {row.get('recompute') or 'none'}"
 
 
 def predict_row(table: dict[str, Any], index: int) -> RowResult:
-    """One published row, configured as published, predicted."""
+    """One published row, configured as published, predicted. A row whose facts cannot be read, or that names what
+    pipeplan does not model, is reported with a note saying which (:mod:`published_facts`), not predicted."""
     row = table["rows"][index]
-    hardware = table["hardware"]
-    shape, notes = shape_for(row["model"], table["models"][row["model"]])
-    peak = hardware.get("peak_tflops_16bit") and hardware["peak_tflops_16bit"] * 1e12
-    measured = row["measured"]
-    published_mfu = measured.get("mfu")
-    if published_mfu is None and measured.get("tflops_per_gpu") and peak:
-        published_mfu = measured["tflops_per_gpu"] * 1e12 / peak
-    dp, tp, pp = (int(row.get(k) or 1) for k in ("dp", "tp", "pp"))
-    work = _workload(table, row, shape)
-    device, torchtitan, megatron = work.device, work.torchtitan, work.megatron
-    schedule_name = row.get("schedule") or ("interleaved-1f1b" if (row.get("vp") or 1) > 1 else "1f1b")
-    schedule = Schedule.parse(schedule_name)
-    vp = int(row.get("vp") or (2 if schedule is Schedule.INTERLEAVED_1F1B else 1))
-    if schedule is Schedule.INTERLEAVED_1F1B and vp == 1:
-        schedule = Schedule.ONE_F_ONE_B
-    gbs = int(row["gbs"])
-    per_replica = gbs // dp
-    mbs = row.get("mbs") or (max(1, per_replica // (pp * vp)) if torchtitan else 1)
-    config = f"{pp}x{tp}x{dp}" + (f" v{vp}" if vp > 1 else "") + f" b{mbs} {row.get('recompute') or 'none'}"
+    row = row if isinstance(row, dict) else {}
+    measured = row.get("measured") or {}
     base = RowResult(
         index,
-        row["model"],
-        config,
+        str(row.get("model")),
+        _config_text(row),
         None,
         None,
         None,
-        measured_iteration_s(row, shape, peak),
+        None,
         measured.get("memory_gib"),
         measured.get("oom"),
         None,
-        published_mfu,
+        measured.get("mfu"),
     )
-    if (row.get("cp") or 1) > 1:
-        return replace(base, note="context parallelism is not modelled")
-    recompute = row.get("recompute") or "none"
+    try:
+        shape, notes = shape_for(base.model, (table.get("models") or {}).get(base.model))
+        work = _workload(table, row, shape)
+        # MFU over the table's stated 16-bit peak, else the device model's (the datasheet's).
+        stated_peak = stated_number(table.get("hardware") or {}, "peak_tflops_16bit")
+        peak = stated_peak * 1e12 if stated_peak else work.device.matmul_flops_per_s
+        published_mfu = measured.get("mfu")
+        if published_mfu is None and measured.get("tflops_per_gpu"):
+            published_mfu = measured["tflops_per_gpu"] * 1e12 / peak
+        base = replace(
+            base,
+            measured_iteration_s=measured_iteration_s(row, shape, peak, _gpus(row)),
+            mfu_published=published_mfu,
+            note="; ".join(filter(None, [work.device_note, *notes])),
+        )
+        return _predicted(row, base, shape, work, peak)
+    except PipeplanError as exc:
+        return _noted(base, shorten(str(exc), 120))
+
+
+def _noted(row: RowResult, note: str) -> RowResult:
+    """``row`` with ``note`` first among its notes."""
+    return replace(row, note="; ".join(filter(None, [note, row.note])))
+
+
+def _predicted(
+    row: dict[str, Any], base: RowResult, shape: TransformerShape, work: _Workload, peak: float
+) -> RowResult:
+    """``base`` with the row's plan's predicted time, memory and MFU (:func:`predict_row`)."""
+    device, torchtitan, megatron = work.device, work.torchtitan, work.megatron
+    dp, tp, pp, cp = (_whole(row, k) or 1 for k in ("dp", "tp", "pp", "cp"))
+    schedule, vp = schedule_for(row)
+    recompute = recompute_for(row)
+    gbs = _whole(row, "gbs", None)
+    if gbs is None:
+        raise PipeplanError("global batch not published")
+    per_replica = gbs // dp
+    mbs = _whole(row, "mbs", max(1, per_replica // (pp * vp)) if torchtitan else 1) or 1
+    base = replace(base, config=_config_text(row, vp, mbs))
+    if cp > 1:
+        return _noted(base, "context parallelism is not modelled")
     sequence_parallel = row.get("sequence_parallel")
     sequence_parallel = tp > 1 if sequence_parallel is None else bool(sequence_parallel)
     num_stages = pp * vp
-    if per_replica % mbs or shape.layers < num_stages:
-        return replace(base, note=f"{per_replica} samples a replica in micro-batches of {mbs}: not a whole number")
-    profile = work.profile((int(mbs),))
+    if gbs % dp or per_replica % mbs:
+        return _noted(base, f"{gbs} samples over {dp} replicas in micro-batches of {mbs}: not a whole number")
+    if shape.layers < num_stages:
+        return _noted(base, f"{shape.layers} layers cannot fill {num_stages} stages")
+    profile = work.profile((mbs,))
     given = GivenLayout(
         stages=_stages(shape, [u.name for u in profile.units], num_stages),
         schedule=schedule,
-        micro_batch_size=int(mbs),
-        num_microbatches=per_replica // int(mbs),
+        micro_batch_size=mbs,
+        num_microbatches=per_replica // mbs,
         recompute=(recompute == "full",) * num_stages,
         recompute_unit_wise=True,
         receive_buffers=not megatron,
@@ -330,17 +337,15 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
         )
         plan, memory = given_mesh_plan(profile, request, cluster, layout, given, mesh, sha256=None)
     except PipeplanError as exc:
-        return replace(base, note=str(exc)[:120])
+        return _noted(base, str(exc)[:120])
     iteration = plan.predicted.iteration_s
     peak_bytes = max(r.peak_bytes for r in memory)
-    mfu = model_flops(shape) * gbs / (iteration * pp * tp * dp * peak) if peak else None
     return replace(
         base,
         iteration_s=iteration,
         memory_gib=peak_bytes / 2**30,
         fits=all(r.fits for r in memory),
-        mfu_predicted=mfu,
-        note="; ".join(notes),
+        mfu_predicted=model_flops(shape) * gbs / (iteration * pp * tp * dp * peak),
     )
 
 
@@ -375,21 +380,21 @@ def best_plans(table: dict[str, Any], rows: list[RowResult]) -> list[dict[str, A
 
         def per_gpu_s(r: RowResult) -> float:
             row = table["rows"][r.index]
-            return r.measured_iteration_s * row["gpus"] / row["gbs"]  # type: ignore[operator]
+            return r.measured_iteration_s * _gpus(row) / row["gbs"]  # type: ignore[operator]
 
         best = min(timed, key=per_gpu_s)
         row = table["rows"][best.index]
         entry: dict[str, Any] = {"model": model, "published": best.as_dict(), "pipeplan": None, "speedup": None}
         found.append(entry)
-        if row["gpus"] > BEST_MAX_DEVICES:
-            entry["note"] = f"not searched: {row['gpus']} devices (--best searches up to {BEST_MAX_DEVICES:,})"
+        if _gpus(row) > BEST_MAX_DEVICES:
+            entry["note"] = f"not searched: {_gpus(row)} devices (--best searches up to {BEST_MAX_DEVICES:,})"
             continue
         shape, _ = shape_for(model, table["models"][model])
         work = _workload(table, row, shape)
         profile = work.profile((1, 2, 4))
         device = work.device
         cluster = Cluster(
-            int(row["gpus"]),
+            _gpus(row),
             device.devices_per_node,
             device.intra_node_bytes_per_s,
             device.inter_node_bytes_per_s,
@@ -451,7 +456,7 @@ def pair_errors(pairs: list[tuple[float, float]]) -> list[float]:
 
 
 def table_result(table: dict[str, Any], *, best: bool = False) -> dict[str, Any]:
-    rows = [predict_row(table, i) for i in range(len(table["rows"]))]
+    rows = [predict_row(table, i) for i in range(len(table.get("rows") or ()))]
     groups: dict[str, list[RowResult]] = {}
     for r in rows:
         if r.iteration_s is not None and r.measured_iteration_s is not None:
@@ -469,7 +474,7 @@ def table_result(table: dict[str, Any], *, best: bool = False) -> dict[str, Any]
     agree = [r.fits == (not r.measured_oom) for r in judged if r.measured_oom is not None]
     timed = [c for c in correlations.values() if c is not None]
     return {
-        "id": table["id"],
+        "id": str(table.get("id")),
         "spearman": statistics.median(timed) if timed else None,
         "spearman_by_model": correlations,
         "pair_ratio_median_error_pct": statistics.median(errors) if errors else None,
@@ -513,7 +518,7 @@ def main(argv: list[str] | None = None) -> None:
         results.append(result)
         summary.append(
             [
-                table["id"],
+                result["id"],
                 _fmt(result["spearman"], ".2f"),
                 _fmt(result["pair_ratio_median_error_pct"], ".1f"),
                 result["pairs"],
@@ -524,7 +529,7 @@ def main(argv: list[str] | None = None) -> None:
             m = r["measured"]
             detail.append(
                 [
-                    table["id"][:28],
+                    result["id"][:28],
                     r["model"][:22],
                     r["config"],
                     _fmt(r["iteration_s"], ".3g"),

@@ -115,6 +115,22 @@ DEVICE_MODELS: dict[str, DeviceModel] = {
             **_SHARED,
         ),
         DeviceModel(
+            "v100-32gb",
+            125e12,
+            1.0,
+            32 * GIB,
+            900e9,
+            0.85,
+            attention_efficiency=0.4,
+            flash_attention=False,
+            intra_node_bytes_per_s=150e9,
+            # DGX-2, where the 32 GB V100's large runs were measured: sixteen GPUs on NVSwitch, eight 100 Gb/s
+            # InfiniBand ports a node (docs/cost-model.md, "Device models").
+            inter_node_bytes_per_s=6.25e9,
+            devices_per_node=16,
+            **_SHARED,
+        ),
+        DeviceModel(
             "a100-40gb",
             312e12,
             1.0,
@@ -141,6 +157,19 @@ DEVICE_MODELS: dict[str, DeviceModel] = {
             **_SHARED,
         ),
         DeviceModel(
+            "a800-80gb",
+            312e12,
+            1.0,
+            80 * GIB,
+            2039e9,
+            0.859,
+            attention_efficiency=0.6,
+            flash_attention=True,
+            intra_node_bytes_per_s=200e9,  # the A100's chip with NVLink cut to 400 GB/s, both ways together
+            inter_node_bytes_per_s=25e9,
+            **_SHARED,
+        ),
+        DeviceModel(
             "h100-80gb",
             989.4e12,
             2.0,
@@ -150,6 +179,19 @@ DEVICE_MODELS: dict[str, DeviceModel] = {
             attention_efficiency=0.5,
             flash_attention=True,
             intra_node_bytes_per_s=450e9,
+            inter_node_bytes_per_s=50e9,
+            **_SHARED,
+        ),
+        DeviceModel(
+            "h800",
+            989.4e12,
+            2.0,
+            80 * GIB,
+            3350e9,
+            0.801,
+            attention_efficiency=0.5,
+            flash_attention=True,
+            intra_node_bytes_per_s=200e9,  # the H100's chip with NVLink cut to 400 GB/s, both ways together
             inter_node_bytes_per_s=50e9,
             **_SHARED,
         ),

@@ -101,8 +101,8 @@ class ProfileOptions:
         metavar="GPU|FILE.json",
         help="model the GPU instead of measuring: each unit's times from its FLOPs and bytes through the GPU's "
         "roofline, its memory by the trainers' accounting, for an hf:CONFIG.json gpt2 or llama-like model "
-        "(h100-80gb, h200, b200, a100-80gb, a100-40gb, v100-16gb, or a device file: docs/cost-model.md, "
-        "'Device models'); seconds, no torch, no GPU",
+        "(h100-80gb, h800, h200, b200, a100-80gb, a800-80gb, a100-40gb, v100-32gb, v100-16gb, or a device "
+        "file: docs/cost-model.md, 'Device models'); seconds, no torch, no GPU",
     )
     precision: str = option(
         "bf16",

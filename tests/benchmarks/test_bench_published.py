@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from planner.errors import PipeplanError
+from profiles.device_model import DEVICE_MODELS
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bench_published  # noqa: E402
+import published_facts  # noqa: E402
 
 HARDWARE = {
     "gpu": "h100-80gb",
@@ -149,3 +153,75 @@ def test_an_unstated_zero_is_the_frameworks_default() -> None:
         "none",
     ]
     assert shard("OneFlow", 1) == "optimizer" and shard("NeMo", 0) == "none" and shard("torchtitan", 3) == "full"
+
+
+def test_a_gpu_is_read_by_its_name_as_the_device_models_spell_it_or_as_its_familys() -> None:
+    facts = published_facts
+    assert facts.gpu_key("NVIDIA A100 SXM4 80GB") == "a100-80gb"
+    assert facts.gpu_key("H100_SXM5_80_GB") == "h100-80gb"
+    assert facts.gpu_key("h800") == "h800"
+    device, note = facts.device_for(dict(HARDWARE, gpu="NVIDIA H100 SXM5 80GB"))
+    assert device.name == "h100-80gb" and note == ""
+    # A GPU of a family with a device model takes the family's constants, with the memory and peak the table states.
+    device, note = facts.device_for(dict(HARDWARE, gpu="h100-94gb", hbm_gib=94, peak_tflops_16bit=835))
+    assert device.memory_bytes == 94 * 2**30 and device.matmul_flops_per_s == 835e12
+    assert device.memory_bytes_per_s == DEVICE_MODELS["h100-80gb"].memory_bytes_per_s
+    assert "h100-80gb's constants" in note
+    with pytest.raises(PipeplanError, match="'mi300x' has no device model"):
+        facts.device_for(dict(HARDWARE, gpu="mi300x"))
+
+
+def test_a_row_pipeplan_cannot_read_or_does_not_model_is_reported_with_why_and_the_others_are_predicted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    good = _row(2, 4, "none", 1.1)
+    rows = [
+        good,
+        dict(good, gbs=None),
+        dict(good, model="not in the table"),
+        dict(good, schedule="chimera"),
+        dict(good, recompute="block"),
+        dict(good, mbs=2.5),
+        dict(good, zero=5),
+        None,
+    ]
+    table = _table(rows)
+    results = [bench_published.predict_row(table, i) for i in range(len(rows))]
+    assert results[0].iteration_s is not None and results[0].note == ""
+    notes = [r.note for r in results[1:]]
+    assert [r.iteration_s for r in results[1:]] == [None] * 7
+    assert notes[0] == "global batch not published"
+    assert notes[1] == "model 'not in the table' has no shape in the table"
+    assert notes[2].startswith("unknown schedule 'chimera'")
+    assert notes[3].startswith("recomputation 'block' is not modelled")
+    assert notes[4] == "mbs 2.5 is not a positive whole number"
+    assert notes[5] == "ZeRO stage 5 is not one of 0-3"
+    assert notes[6] == "model 'None' has no shape in the table"
+    # What was published is kept beside the note: the row's own measured time.
+    assert results[3].measured_iteration_s == pytest.approx(1.1)
+    # Facts of the whole table: a shape, a precision, an architecture, a GPU with no device model of its family.
+    for changed, why in [
+        ({"models": {"m": dict(MODEL, layers=None)}}, "m: layers not published"),
+        ({"models": {"m": dict(MODEL, arch="mixtral")}}, "m: architecture 'mixtral' is not modelled"),
+        ({"precision": "tf32"}, "precision 'tf32' is not modelled"),
+        ({"hardware": dict(HARDWARE, gpu="mi300x")}, "GPU 'mi300x' has no device model"),
+    ]:
+        assert bench_published.predict_row(_table([good]) | changed, 0).note.startswith(why), changed
+    # The benchmark goes on past a table none of whose rows it can predict, and writes every table's result.
+    monkeypatch.setenv("PIPEPLAN_RESULTS_DIR", str(tmp_path / "records"))
+    monkeypatch.setattr(sys, "stdout", sys.stdout)
+    path = tmp_path / "tables.json"
+    path.write_text(json.dumps([_table([good]) | {"hardware": dict(HARDWARE, gpu="mi300x")}, _table(rows)]))
+    bench_published.main([str(path), "--out", str(tmp_path / "out"), "--trial"])
+    unknown, mixed = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert unknown["rows"][0]["iteration_s"] is None and mixed["rows"][0]["iteration_s"] is not None
+    assert len(mixed["rows"]) == len(rows)
+
+
+def test_an_h800_node_runs_tensor_parallelism_over_less_nvlink_than_an_h100_node() -> None:
+    row = dict(_row(1, 1, "none", 1.0), tp=8, gpus=8, sequence_parallel=True)
+    hardware = {"gpu": "h100-80gb", "gpus_per_node": 8}
+    h100 = bench_published.predict_row(_table([row]) | {"hardware": hardware}, 0)
+    h800 = bench_published.predict_row(_table([row]) | {"hardware": dict(hardware, gpu="h800")}, 0)
+    assert h100.iteration_s is not None and h800.iteration_s is not None
+    assert h800.iteration_s > h100.iteration_s * 1.02  # the same chip; its collectives over 200 GB/s, not 450

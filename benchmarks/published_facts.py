@@ -1,0 +1,210 @@
+"""What a published table states, read into pipeplan's terms (``../shared/published/README.md`` has the schema).
+
+The GPU as a device model, the model as a :class:`~profiles.modelled.TransformerShape`, the row's schedule,
+recomputation and precision, and the iteration its throughput implies. A fact that cannot be read, or names what
+pipeplan does not model (a GPU with no device model of its family, a mixture of experts, tf32), is a
+:class:`~planner.errors.PipeplanError` that names it: the row is reported with it as its note, not predicted, and the
+other rows go on. Nothing here depends on which table is read.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from planner.errors import PipeplanError
+from planner.schedule.orders import Schedule
+from profiles.device_model import DEVICE_MODELS, GIB, DeviceModel, device_model
+from profiles.modelled import TransformerShape, model_flops
+
+__all__ = [
+    "DEVICE_FILES",
+    "stated_number",
+    "gpu_key",
+    "device_for",
+    "shape_for",
+    "schedule_for",
+    "recompute_for",
+    "precision_for",
+    "year_of",
+    "measured_iteration_s",
+]
+
+DEVICE_FILES = Path(__file__).resolve().parent / "device_models"
+
+GPT_LIKE = ("gpt", "gpt2", "gpt3", "gpt-neox", "megatron-gpt", "bloom", "opt", "falcon")
+"""Architectures of ``gpt``'s layer (LayerNorm, a GELU MLP); their position encodings differ, not their costs."""
+LLAMA_LIKE = ("llama", "llama2", "llama3", "mistral", "qwen", "qwen2", "qwen3")
+"""Architectures of ``llama``'s layer (RMSNorm, SwiGLU, grouped-query attention)."""
+
+SCHEDULE_NAMES = {"interleaved": "interleaved-1f1b", "vpp": "interleaved-1f1b"}
+"""Other names tables give pipeplan's schedules."""
+
+
+def gpu_key(name: str) -> str:
+    """A GPU's name as the device models spell it: ``NVIDIA A100 SXM4 80GB`` -> ``a100-80gb``."""
+    key = re.sub(r"[\s_/]+", "-", name.strip().lower())
+    key = re.sub(r"^nvidia-", "", key)
+    key = re.sub(r"-(sxm\d*|hbm\w*)(?=-|$)", "", key)
+    return re.sub(r"(\d+)-gb\b", r"\1gb", key)
+
+
+def stated_number(facts: dict[str, Any], key: str) -> float | None:
+    """``facts[key]`` as a positive number; None where it is not stated."""
+    value = facts.get(key)
+    if value is None or value == 0:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise PipeplanError(f"{key} {value!r} is not a number") from None
+    if not number > 0 or number == float("inf"):
+        raise PipeplanError(f"{key} {value!r} is not a positive number")
+    return number
+
+
+def _stated_memory_gib(key: str, hardware: dict[str, Any]) -> float | None:
+    if stated_number(hardware, "hbm_gib"):
+        return stated_number(hardware, "hbm_gib")
+    named = re.search(r"(\d+)gb\b", key)
+    return float(named.group(1)) if named else None
+
+
+def device_for(hardware: dict[str, Any]) -> tuple[DeviceModel, str]:
+    """The table's GPU as a device model, with the links and node size the table states, and a note where the GPU
+    is not a device model of its own: a GPU of a family that has one (``h100-94gb``) takes that family's constants,
+    with the memory and 16-bit peak the table states."""
+    given = str(hardware.get("gpu") or "")
+    key = gpu_key(given)
+    note = ""
+    if key in DEVICE_MODELS:
+        base = DEVICE_MODELS[key]
+    elif (DEVICE_FILES / f"{key}.json").is_file():
+        base = device_model(str(DEVICE_FILES / f"{key}.json"))
+    else:
+        family = [m for name, m in DEVICE_MODELS.items() if key and name.split("-")[0] == key.split("-")[0]]
+        if not family:
+            raise PipeplanError(f"GPU {given!r} has no device model (built-ins: {', '.join(DEVICE_MODELS)})")
+        memory_gib = _stated_memory_gib(key, hardware)
+        same = [m for m in family if memory_gib and round(m.memory_bytes / GIB) == round(memory_gib)]
+        base = (same or family)[0]
+        changes: dict[str, Any] = {"name": key}
+        if memory_gib:
+            changes["memory_bytes"] = int(memory_gib * GIB)
+        peak = stated_number(hardware, "peak_tflops_16bit")
+        if peak:
+            changes["matmul_flops_per_s"] = peak * 1e12
+        base = replace(base, **changes)
+        note = f"GPU {given!r}: {(same or family)[0].name}'s constants with the table's memory and peak"
+    links: dict[str, Any] = {}
+    nvlink = stated_number(hardware, "intra_node_GBps_per_gpu")
+    network = stated_number(hardware, "inter_node_Gbps_per_gpu")
+    if nvlink:  # tables give NVLink's both directions together
+        links["intra_node_bytes_per_s"] = nvlink * 1e9 / 2
+    if network:
+        links["inter_node_bytes_per_s"] = network * 1e9 / 8
+    node = stated_number(hardware, "gpus_per_node")
+    if node:
+        links["devices_per_node"] = int(node)
+    return replace(base, **links), note
+
+
+def _arch(name: str, stated: Any) -> str:
+    arch = str(stated or "").strip().lower()
+    if arch in GPT_LIKE:
+        return "gpt"
+    if arch in LLAMA_LIKE or not arch:
+        return "llama"
+    raise PipeplanError(f"{name}: architecture {stated!r} is not modelled (gpt- or llama-like layers)")
+
+
+def shape_for(name: str, entry: dict[str, Any] | None) -> tuple[TransformerShape, list[str]]:
+    """The model's shape, and notes on what was assumed (an unpublished vocabulary)."""
+    if not isinstance(entry, dict):
+        raise PipeplanError(f"model {name!r} has no shape in the table")
+    missing = [k for k in ("layers", "hidden", "heads", "seq_len") if not entry.get(k)]
+    if missing:
+        raise PipeplanError(f"{name}: {', '.join(missing)} not published")
+    notes = []
+    arch = _arch(name, entry.get("arch"))
+    vocab = entry.get("vocab")
+    if not vocab:
+        vocab = 51200
+        notes.append("vocabulary not published: 51,200 assumed")
+    tied = entry.get("tied_embeddings")
+    try:
+        shape = TransformerShape(
+            name,
+            arch,
+            int(entry["layers"]),
+            int(entry["hidden"]),
+            int(entry["heads"]),
+            int(entry.get("kv_heads") or entry["heads"]),
+            int(entry.get("ffn_hidden") or 4 * entry["hidden"]),
+            int(vocab),
+            int(entry["seq_len"]),
+            bool(arch == "gpt" if tied is None else tied),
+        )
+    except (TypeError, ValueError):
+        raise PipeplanError(f"{name}: its shape is not numbers") from None
+    return shape, notes
+
+
+def schedule_for(row: dict[str, Any]) -> tuple[Schedule, int]:
+    """The row's schedule and virtual stages a rank: unstated, 1F1B (interleaved where ``vp`` > 1); virtual stages
+    unstated with an interleaved schedule, 2; an interleaved schedule of one virtual stage is 1F1B."""
+    vp_given = row.get("vp")
+    name = row.get("schedule") or ("interleaved-1f1b" if (vp_given or 1) > 1 else "1f1b")
+    schedule = Schedule.parse(SCHEDULE_NAMES.get(str(name).strip().lower(), name))
+    vp = int(vp_given or (2 if schedule is Schedule.INTERLEAVED_1F1B else 1))
+    if schedule is Schedule.INTERLEAVED_1F1B and vp == 1:
+        schedule = Schedule.ONE_F_ONE_B
+    return schedule, vp
+
+
+def recompute_for(row: dict[str, Any]) -> str:
+    """``none``, ``selective`` or ``full`` (unstated: none)."""
+    recompute = str(row.get("recompute") or "none").strip().lower()
+    if recompute not in ("none", "selective", "full"):
+        raise PipeplanError(f"recomputation {row.get('recompute')!r} is not modelled (none, selective, full)")
+    return recompute
+
+
+def precision_for(table: dict[str, Any], device: DeviceModel) -> str:
+    """``fp8`` where the table ran Float8 products on a GPU that has them, else 16-bit (``bf16``)."""
+    precision = str(table.get("precision") or "bf16").strip().lower()
+    if precision in ("fp32", "tf32", "float32"):
+        raise PipeplanError(f"precision {table.get('precision')!r} is not modelled (16-bit and fp8 products)")
+    return "fp8" if precision == "fp8" and device.fp8_speedup > 1 else "bf16"
+
+
+def year_of(row: dict[str, Any], table: dict[str, Any]) -> int | None:
+    for text in (str(row.get("date") or ""), str(table.get("framework") or "")):
+        found = re.search(r"\b(20\d\d)\b", text)
+        if found:
+            return int(found.group(1))
+    return None
+
+
+def measured_iteration_s(
+    row: dict[str, Any], shape: TransformerShape, peak_flops_per_s: float | None, gpus: int
+) -> float | None:
+    """The published iteration, or the one its throughput implies (tokens or samples a second, TFLOP/s or MFU a
+    GPU); None where none was published."""
+    measured, gbs = row.get("measured") or {}, row.get("gbs")
+    if measured.get("iteration_s"):
+        return float(measured["iteration_s"])
+    if not gbs or not gpus:
+        return None
+    if measured.get("tokens_per_s_per_gpu"):
+        return gbs * shape.seq_len / (measured["tokens_per_s_per_gpu"] * gpus)
+    if measured.get("samples_per_s"):
+        return gbs / measured["samples_per_s"]
+    flops = model_flops(shape) * gbs
+    if measured.get("tflops_per_gpu"):
+        return flops / (measured["tflops_per_gpu"] * 1e12 * gpus)
+    if measured.get("mfu") and peak_flops_per_s:
+        return flops / (measured["mfu"] * peak_flops_per_s * gpus)
+    return None
