@@ -227,6 +227,8 @@ def _main_job_fresh() -> None:
             # The lines the numbers were read from: the unit sum check, verify's verdict.
             "profile_check": "\n".join(ln for ln in printed.get("profile", []) if " unit sum " in ln),
             "verify_verdict": "\n".join(ln for ln in printed.get("verify", []) if ln.startswith("verdict")),
+            # What the README shows of the job: the plan as printed.
+            "plan_output": "\n".join(printed.get("plan", [])),
         },
         tables={"steps": {"columns": ["step", "wall"], "rows": rows}, **against},
     )
