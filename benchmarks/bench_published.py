@@ -201,7 +201,7 @@ def _workload(table: dict[str, Any], row: dict[str, Any], shape: TransformerShap
     )
     year = year_of(row, table)
     zero = row.get("zero")
-    if zero is not None and zero not in ZERO_SHARDS:
+    if zero is not None and (not isinstance(zero, int) or zero not in ZERO_SHARDS):
         raise PipeplanError(f"ZeRO stage {zero!r} is not one of 0-3")
     default = "optimizer" if _shards_optimizer_by_default(framework) else "none"
     shard = ZERO_SHARDS[zero] if zero is not None else default
@@ -232,12 +232,23 @@ def _gpus(row: dict[str, Any]) -> int:
     return _whole(row, "gpus", None) or math.prod(_whole(row, k) or 1 for k in ("dp", "tp", "pp", "cp"))
 
 
-def _config_text(row: dict[str, Any], vp: int | None = None, mbs: int | None = None) -> str:
+def _data_parallel(row: dict[str, Any], model_parallel: int) -> int:
+    """An unstated data-parallel degree: the GPUs over the model-parallel ones, else 1."""
+    gpus = _whole(row, "gpus", None)
+    if gpus is None:
+        return 1
+    if gpus % model_parallel:
+        raise PipeplanError(f"{gpus} GPUs are not a whole number of tp x pp x cp = {model_parallel}")
+    return gpus // model_parallel
+
+
+def _config_text(row: dict[str, Any], vp: int | None = None, mbs: int | None = None, dp: int | None = None) -> str:
     """``pp x tp x dp``, the virtual stages, the micro-batch and recomputation, as far as they are known."""
-    mesh = "x".join(str(row.get(k) or 1) for k in ("pp", "tp", "dp"))
+    mesh = "x".join(str(row.get(k) or 1) for k in ("pp", "tp")) + f"x{dp or row.get('dp') or 1}"
     vp = vp if vp is not None else row.get("vp")
     mbs = mbs if mbs is not None else row.get("mbs")
-    return mesh + (f" v{vp}" if vp and vp > 1 else "") + f" b{mbs or '?'} {row.get('recompute') or 'none'}"
+    virtual = "" if vp in (None, 1, "1") else f" v{vp}"
+    return f"{mesh}{virtual} b{mbs or '?'} {row.get('recompute') or 'none'}"
 
 
 def predict_row(table: dict[str, Any], index: int) -> RowResult:
@@ -245,7 +256,8 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
     pipeplan does not model, is reported with a note saying which (:mod:`published_facts`), not predicted."""
     row = table["rows"][index]
     row = row if isinstance(row, dict) else {}
-    measured = row.get("measured") or {}
+    measured = row.get("measured") if isinstance(row.get("measured"), dict) else {}
+    oom = measured.get("oom")
     base = RowResult(
         index,
         str(row.get("model")),
@@ -254,10 +266,10 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
         None,
         None,
         None,
-        measured.get("memory_gib"),
-        measured.get("oom"),
+        _readable(measured, "memory_gib"),
+        oom if isinstance(oom, bool) else None,
         None,
-        measured.get("mfu"),
+        _readable(measured, "mfu"),
     )
     try:
         shape, notes = shape_for(base.model, (table.get("models") or {}).get(base.model))
@@ -265,18 +277,26 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
         # MFU over the table's stated 16-bit peak, else the device model's (the datasheet's).
         stated_peak = stated_number(table.get("hardware") or {}, "peak_tflops_16bit")
         peak = stated_peak * 1e12 if stated_peak else work.device.matmul_flops_per_s
-        published_mfu = measured.get("mfu")
-        if published_mfu is None and measured.get("tflops_per_gpu"):
-            published_mfu = measured["tflops_per_gpu"] * 1e12 / peak
+        published_mfu = stated_number(measured, "mfu")
+        if published_mfu is None and stated_number(measured, "tflops_per_gpu"):
+            published_mfu = stated_number(measured, "tflops_per_gpu") * 1e12 / peak  # type: ignore[operator]
         base = replace(
             base,
-            measured_iteration_s=measured_iteration_s(row, shape, peak, _gpus(row)),
+            measured_iteration_s=measured_iteration_s(row, shape, peak, _gpus(row), _whole(row, "gbs", None)),
             mfu_published=published_mfu,
             note="; ".join(filter(None, [work.device_note, *notes])),
         )
         return _predicted(row, base, shape, work, peak)
     except PipeplanError as exc:
         return _noted(base, shorten(str(exc), 120))
+
+
+def _readable(measured: dict[str, Any], key: str) -> float | None:
+    """A published number as a number; None where it is not stated or not one (the row's note says which)."""
+    try:
+        return stated_number(measured, key)
+    except PipeplanError:
+        return None
 
 
 def _noted(row: RowResult, note: str) -> RowResult:
@@ -289,7 +309,8 @@ def _predicted(
 ) -> RowResult:
     """``base`` with the row's plan's predicted time, memory and MFU (:func:`predict_row`)."""
     device, torchtitan, megatron = work.device, work.torchtitan, work.megatron
-    dp, tp, pp, cp = (_whole(row, k) or 1 for k in ("dp", "tp", "pp", "cp"))
+    tp, pp, cp = (_whole(row, k) or 1 for k in ("tp", "pp", "cp"))
+    dp = _whole(row, "dp", None) or _data_parallel(row, tp * pp * cp)
     schedule, vp = schedule_for(row)
     recompute = recompute_for(row)
     gbs = _whole(row, "gbs", None)
@@ -297,7 +318,7 @@ def _predicted(
         raise PipeplanError("global batch not published")
     per_replica = gbs // dp
     mbs = _whole(row, "mbs", max(1, per_replica // (pp * vp)) if torchtitan else 1) or 1
-    base = replace(base, config=_config_text(row, vp, mbs))
+    base = replace(base, config=_config_text(row, vp, mbs, dp))
     if cp > 1:
         return _noted(base, "context parallelism is not modelled")
     sequence_parallel = row.get("sequence_parallel")

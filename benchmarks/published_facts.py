@@ -153,12 +153,21 @@ def shape_for(name: str, entry: dict[str, Any] | None) -> tuple[TransformerShape
 
 
 def schedule_for(row: dict[str, Any]) -> tuple[Schedule, int]:
-    """The row's schedule and virtual stages a rank: unstated, 1F1B (interleaved where ``vp`` > 1); virtual stages
-    unstated with an interleaved schedule, 2; an interleaved schedule of one virtual stage is 1F1B."""
+    """The row's schedule and virtual stages a rank: unstated, 1F1B; 1F1B with several virtual stages a rank is
+    interleaved 1F1B (Megatron's virtual pipeline), and interleaved 1F1B of one is 1F1B; virtual stages unstated
+    with an interleaved schedule, 2."""
     vp_given = row.get("vp")
-    name = row.get("schedule") or ("interleaved-1f1b" if (vp_given or 1) > 1 else "1f1b")
+    try:
+        vp_stated = int(vp_given) if vp_given is not None else None
+    except (TypeError, ValueError):
+        raise PipeplanError(f"vp {vp_given!r} is not a whole number") from None
+    name = row.get("schedule") or "1f1b"
     schedule = Schedule.parse(SCHEDULE_NAMES.get(str(name).strip().lower(), name))
-    vp = int(vp_given or (2 if schedule is Schedule.INTERLEAVED_1F1B else 1))
+    if schedule is Schedule.ONE_F_ONE_B and (vp_stated or 1) > 1:
+        schedule = Schedule.INTERLEAVED_1F1B
+    if vp_stated is not None and vp_stated < 1:
+        raise PipeplanError(f"vp {vp_given!r} is not a positive whole number")
+    vp = vp_stated or (2 if schedule is Schedule.INTERLEAVED_1F1B else 1)
     if schedule is Schedule.INTERLEAVED_1F1B and vp == 1:
         schedule = Schedule.ONE_F_ONE_B
     return schedule, vp
@@ -189,22 +198,24 @@ def year_of(row: dict[str, Any], table: dict[str, Any]) -> int | None:
 
 
 def measured_iteration_s(
-    row: dict[str, Any], shape: TransformerShape, peak_flops_per_s: float | None, gpus: int
+    row: dict[str, Any], shape: TransformerShape, peak_flops_per_s: float | None, gpus: int, gbs: int | None
 ) -> float | None:
     """The published iteration, or the one its throughput implies (tokens or samples a second, TFLOP/s or MFU a
-    GPU); None where none was published."""
-    measured, gbs = row.get("measured") or {}, row.get("gbs")
-    if measured.get("iteration_s"):
-        return float(measured["iteration_s"])
+    GPU, over ``gbs`` samples a step); None where none was published."""
+    measured = row.get("measured") or {}
+    if not isinstance(measured, dict):
+        raise PipeplanError("measured is not an object of the schema's fields")
+    if stated_number(measured, "iteration_s"):
+        return stated_number(measured, "iteration_s")
     if not gbs or not gpus:
         return None
-    if measured.get("tokens_per_s_per_gpu"):
-        return gbs * shape.seq_len / (measured["tokens_per_s_per_gpu"] * gpus)
-    if measured.get("samples_per_s"):
-        return gbs / measured["samples_per_s"]
+    if tokens := stated_number(measured, "tokens_per_s_per_gpu"):
+        return gbs * shape.seq_len / (tokens * gpus)
+    if samples := stated_number(measured, "samples_per_s"):
+        return gbs / samples
     flops = model_flops(shape) * gbs
-    if measured.get("tflops_per_gpu"):
-        return flops / (measured["tflops_per_gpu"] * 1e12 * gpus)
-    if measured.get("mfu") and peak_flops_per_s:
-        return flops / (measured["mfu"] * peak_flops_per_s * gpus)
+    if tflops := stated_number(measured, "tflops_per_gpu"):
+        return flops / (tflops * 1e12 * gpus)
+    if (mfu := stated_number(measured, "mfu")) and peak_flops_per_s:
+        return flops / (mfu * peak_flops_per_s * gpus)
     return None

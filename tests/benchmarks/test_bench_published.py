@@ -199,6 +199,16 @@ def test_a_row_pipeplan_cannot_read_or_does_not_model_is_reported_with_why_and_t
     assert notes[6] == "model 'None' has no shape in the table"
     # What was published is kept beside the note: the row's own measured time.
     assert results[3].measured_iteration_s == pytest.approx(1.1)
+    # What a row leaves out is read as the schema's rules say: an unstated dp is the GPUs over tp x pp x cp, and
+    # Megatron's 1F1B with virtual stages is interleaved 1F1B.
+    derived = bench_published.predict_row(_table([dict(good, dp=None, gpus=8)]), 0)
+    assert derived.config == "2x1x4 b1 none" and derived.iteration_s == pytest.approx(results[0].iteration_s)
+    virtual = bench_published.predict_row(_table([dict(good, vp=2)]), 0)
+    assert virtual.config == "2x1x4 v2 b1 none" and virtual.iteration_s is not None
+    assert virtual.iteration_s < results[0].iteration_s  # the interleaved schedule's smaller bubble
+    junk = bench_published.predict_row(_table([dict(good, measured={"iteration_s": "fast", "memory_gib": "a lot"})]), 0)
+    assert junk.iteration_s is None and junk.measured_memory_gib is None
+    assert junk.note == "iteration_s 'fast' is not a number"
     # Facts of the whole table: a shape, a precision, an architecture, a GPU with no device model of its family.
     for changed, why in [
         ({"models": {"m": dict(MODEL, layers=None)}}, "m: layers not published"),
