@@ -179,6 +179,16 @@ def _check_tree(data: Any) -> None:
             )
 
 
+def check_tree(data: Any, error: type[PipeplanError], what: str) -> None:
+    """What :func:`read_json` holds a file's content to, for a document about to be written (depth, finite numbers,
+    integers within :data:`MAX_JSON_INT`, text): a failure is one line naming ``what``, so that nothing is written that
+    pipeplan would not read back."""
+    try:
+        _check_tree(data)
+    except _ContentError as exc:
+        raise error(f"{what}: {exc}") from None
+
+
 def _check_text(text: str) -> None:
     try:
         text.encode("utf-8")

@@ -7,6 +7,7 @@ the same fields (``pipeplan.device_model``, version 1) describes any other. Unit
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,9 @@ __all__ = ["DeviceModel", "DEVICE_MODELS", "device_model", "device_model_from_di
 DEVICE_MODEL_FORMAT = "pipeplan.device_model"
 
 GIB = 2**30
+
+WHOLE_FIELDS = ("memory_bytes", "matmul_half_size", "devices_per_node")
+"""The fields that count things (bytes, a tile's width, GPUs): whole numbers."""
 
 
 @dataclass(frozen=True)
@@ -70,10 +74,25 @@ class DeviceModel:
         if any(g != given or g < 2 or not 0 < s <= 1 for g, s, given in shares):
             raise UsageError(wrong)
         object.__setattr__(self, "group_link_shares", tuple((g, s) for g, s, _ in shares))
+        if not isinstance(self.name, str) or not self.name:
+            raise UsageError(f"a device model's name is a string, got {shorten(repr(self.name), 40)}")
+        if not isinstance(self.flash_attention, bool):
+            raise UsageError(f"device model {self.name!r}: flash_attention is true or false")
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and f.name != "kernel_s":
-                raise UsageError(f"device model {self.name!r}: {f.name} must be positive, got {value}")
+            if f.name in ("name", "flash_attention", "group_link_shares"):
+                continue
+            where = f"device model {self.name!r}: {f.name}"
+            # A file's field of the wrong kind (a string, a list, null) is refused here, not met mid-roofline.
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise UsageError(f"{where} must be a number, got {shorten(repr(value), 40)}")
+            if f.name in WHOLE_FIELDS:
+                if value != int(value):
+                    raise UsageError(f"{where} must be a whole number, got {value}")
+                object.__setattr__(self, f.name, int(value))
+            least_ok = 0.0 if f.name == "kernel_s" else math.nextafter(0.0, 1.0)
+            if value < least_ok:
+                raise UsageError(f"{where} must be positive, got {value}")
         if not 0 < self.matmul_efficiency <= 1 or not 0 < self.memory_efficiency <= 1:
             raise UsageError(f"device model {self.name!r}: efficiencies are fractions in (0, 1]")
         if not 0 < self.attention_efficiency <= 1:

@@ -28,9 +28,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from planner.errors import UsageError, shorten
+from planner.errors import PipeplanError, UsageError, shorten
+from planner.fileio import check_tree
+from planner.limits import MAX_UNITS
 from profiles.device_model import DeviceModel, device_model_from_dict
-from profiles.format import DeviceInfo, ModelInfo, Profile, TensorFlow, UnitProfile, WholeModel
+from profiles.format import DeviceInfo, ModelInfo, Profile, TensorFlow, UnitProfile, WholeModel, profile_from_dict
 from profiles.models.hf_spec import PREFIX, resolve_hf_spec
 
 __all__ = [
@@ -46,6 +48,8 @@ __all__ = [
 
 RECOMPUTE_MODES = ("none", "selective", "op")
 PRECISIONS = ("bf16", "fp16", "fp8")
+EXTRA_UNITS = 4
+"""Units beside the layers, at most: gpt's two embeddings, final norm and head."""
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 
 
@@ -69,8 +73,11 @@ class TransformerShape:
         if self.arch not in ("gpt", "llama"):
             raise UsageError(f"{self.name}: a modelled profile needs a gpt or llama architecture, got {self.arch!r}")
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"):
-            if getattr(self, name) <= 0:
-                raise UsageError(f"{self.name}: {name} must be positive, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise UsageError(f"{self.name}: {name} must be a positive whole number, got {shorten(repr(value), 40)}")
+        if self.layers + EXTRA_UNITS > MAX_UNITS:
+            raise UsageError(f"{self.name}: {self.layers:,} layers make more units than pipeplan plans ({MAX_UNITS:,})")
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise UsageError(f"{self.name}: heads must divide hidden, and key-value heads divide heads")
 
@@ -89,10 +96,14 @@ def shape_from_hf_config(config: dict[str, Any], name: str, seq_len: int | None 
     """The shape of a transformers config (``model_type`` gpt2, or llama and its kin)."""
     kind = str(config.get("model_type", ""))
 
-    def need(*keys: str, default: Any = None) -> Any:
+    def need(*keys: str, default: int | None = None) -> int:
         for key in keys:
-            if config.get(key) is not None:
-                return config[key]
+            value = config.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+                raise UsageError(f"{name}: {key} must be a whole number, got {shorten(repr(value), 40)}")
+            return int(value)
         if default is not None:
             return default
         raise UsageError(f"{name}: the config has no {keys[0]!r}, which a modelled profile needs")
@@ -462,7 +473,7 @@ def modelled_profile(
     dtype = "float16" if precision == "fp16" else "bfloat16"
     # The fingerprint names what was modelled: the shape (a model's fingerprint is its structure's).
     fingerprint = hashlib.sha256(json.dumps(asdict(shape), sort_keys=True).encode()).hexdigest()
-    return Profile(
+    profile = Profile(
         model=ModelInfo(shape.name, fingerprint, params, 2 * params),
         device=DeviceInfo("cuda", f"{device.name} (modelled)", device.memory_bytes, dtype, "modelled"),
         micro_batch_sizes=sizes,
@@ -485,6 +496,19 @@ def modelled_profile(
         },
         pipeline_calibration=modelled_calibration(device),
     )
+    _check_readable(profile, f"{shape.name} on {device.name}")
+    return profile
+
+
+def _check_readable(profile: Profile, what: str) -> None:
+    """Refuse, in one line, a modelled profile that pipeplan's own reader would refuse (a shape or device of
+    numbers so large that its bytes or seconds pass the readers' limits), before it is written."""
+    data = json.loads(json.dumps(profile.to_dict()))  # as the file will hold it: lists, not tuples
+    check_tree(data, UsageError, f"{what}: the modelled profile is beyond what pipeplan reads")
+    try:
+        profile_from_dict(data)
+    except PipeplanError as exc:
+        raise UsageError(f"{what}: the modelled profile is beyond what pipeplan reads: {exc}") from None
 
 
 # Bytes an optimizer step moves per parameter in mixed precision: Adam reads the fp32 gradient, master weight,

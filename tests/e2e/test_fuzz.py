@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cli import main
 from planner.plan import load_plan
+from profiles.device_model import DEVICE_MODELS
 from profiles.format import save_profile
 from synthetic import make_profile
 
@@ -132,3 +134,34 @@ def test_mutated_plans(originals, tmp_path, capsys):
         else:
             refused += 1
     assert refused > MUTATIONS // 3
+
+
+def test_mutated_device_models_and_model_configs(tmp_path, capsys):
+    # What `profile --device-model` reads: a device-model file and an hf: config. Either refused in one line with
+    # exit 2 or modelled into a profile that `plan` reads back (a file's field of the wrong kind, or a shape whose
+    # bytes pass the readers' limits, once crashed mid-roofline or wrote a profile that plan refused).
+    rng = random.Random(SEED + 2)
+    device = DEVICE_MODELS["v100-16gb"].as_dict()
+    config = json.loads((Path(__file__).resolve().parents[2] / "examples" / "llama-8b.json").read_text())
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(config))
+    refused = {"device": 0, "config": 0}
+    for i in range(MUTATIONS):
+        kind = "device" if i % 2 else "config"
+        data = json.loads(json.dumps(device if kind == "device" else config))
+        text = _mutate(data, rng)
+        path = tmp_path / f"{kind}{i}.json"
+        path.write_text(text)
+        model, gpu = (f"hf:{path}", "h100-80gb") if kind == "config" else (f"hf:{base}", str(path))
+        out = tmp_path / f"profile{i}.json"
+        argv = ["profile", model, "--device-model", gpu, "--micro-batch-sizes", "1", "--out", str(out)]
+        code, err = _run(capsys, argv)
+        _check(code, err, f"{kind} mutation {i} ({text[:80]})")
+        if code == 2:
+            refused[kind] += 1
+            assert not out.exists()
+            continue
+        plan = ["plan", str(out), "--devices", "16", "--global-batch", "32", "--out", f"{out}.plan"]
+        code, err = _run(capsys, plan)
+        _check(code, err, f"plan of {kind} mutation {i}")
+    assert min(refused.values()) > MUTATIONS // 10  # the mutations do reach the checks

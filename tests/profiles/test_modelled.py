@@ -104,6 +104,28 @@ def test_device_files_read_and_refuse(tmp_path: Path) -> None:
         device_model(str(path))
     with pytest.raises(UsageError, match="unknown device model 'tpu'"):
         device_model("tpu")
+    # A field of the wrong kind is refused where it is read, in one line (not met mid-roofline as a TypeError).
+    for field, value, why in [
+        ("memory_bytes", "80GB", "memory_bytes must be a number, got '80GB'"),
+        ("kernel_s", None, "kernel_s must be a number, got None"),
+        ("devices_per_node", 7.5, "devices_per_node must be a whole number, got 7.5"),
+        ("flash_attention", 1, "flash_attention is true or false"),
+        ("name", ["a"], "a device model's name is a string"),
+    ]:
+        path.write_text(json.dumps({**A100.as_dict(), field: value}))
+        with pytest.raises(UsageError, match=why):
+            device_model(str(path))
+
+
+def test_a_shape_is_refused_where_pipeplan_could_not_read_its_profile_back() -> None:
+    # Layers beyond the units a plan holds, or numbers whose bytes pass the readers' 2**53: refused before writing.
+    with pytest.raises(UsageError, match="3,000 layers make more units than pipeplan plans"):
+        replace(LLAMA, layers=3000)
+    with pytest.raises(UsageError, match="beyond what pipeplan reads: .*param_bytes is"):
+        modelled_profile(replace(LLAMA, vocab=10**15), A100, (1,))
+    config = {"model_type": "llama", "num_attention_heads": 16, "num_hidden_layers": "32", "hidden_size": 2048}
+    with pytest.raises(UsageError, match="num_hidden_layers must be a whole number, got '32'"):
+        shape_from_hf_config(config, "m")
 
 
 def test_a_v100_node_rings_a_group_over_the_links_its_members_share(tmp_path: Path) -> None:
