@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -142,7 +141,18 @@ def test_mutated_device_models_and_model_configs(tmp_path, capsys):
     # bytes pass the readers' limits, once crashed mid-roofline or wrote a profile that plan refused).
     rng = random.Random(SEED + 2)
     device = DEVICE_MODELS["v100-16gb"].as_dict()
-    config = json.loads((Path(__file__).resolve().parents[2] / "examples" / "llama-8b.json").read_text())
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 256,
+        "intermediate_size": 688,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "vocab_size": 1024,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+    }
     base = tmp_path / "base.json"
     base.write_text(json.dumps(config))
     refused = {"device": 0, "config": 0}
@@ -161,7 +171,7 @@ def test_mutated_device_models_and_model_configs(tmp_path, capsys):
             refused[kind] += 1
             assert not out.exists()
             continue
-        plan = ["plan", str(out), "--devices", "16", "--global-batch", "32", "--out", f"{out}.plan"]
+        plan = ["plan", str(out), "--devices", "4", "--global-batch", "8", "--jobs", "1", "--out", f"{out}.plan"]
         code, err = _run(capsys, plan)
         _check(code, err, f"plan of {kind} mutation {i}")
     assert min(refused.values()) > MUTATIONS // 10  # the mutations do reach the checks
