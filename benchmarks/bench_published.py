@@ -222,7 +222,8 @@ def _whole(row: dict[str, Any], key: str, default: int | None = 1) -> int | None
         number = int(value)
     except (TypeError, ValueError):
         raise PipeplanError(f"{key} {value!r} is not a whole number") from None
-    if number != value and str(number) != str(value).strip() or number < 1:
+    exact = number == value or str(number) == str(value).strip()  # 8, 8.0 and "8", not 2.5
+    if not exact or number < 1:
         raise PipeplanError(f"{key} {value!r} is not a positive whole number")
     return number
 
@@ -277,9 +278,9 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
         # MFU over the table's stated 16-bit peak, else the device model's (the datasheet's).
         stated_peak = stated_number(table.get("hardware") or {}, "peak_tflops_16bit")
         peak = stated_peak * 1e12 if stated_peak else work.device.matmul_flops_per_s
-        published_mfu = stated_number(measured, "mfu")
-        if published_mfu is None and stated_number(measured, "tflops_per_gpu"):
-            published_mfu = stated_number(measured, "tflops_per_gpu") * 1e12 / peak  # type: ignore[operator]
+        published_mfu, tflops = stated_number(measured, "mfu"), stated_number(measured, "tflops_per_gpu")
+        if published_mfu is None and tflops:
+            published_mfu = tflops * 1e12 / peak
         base = replace(
             base,
             measured_iteration_s=measured_iteration_s(row, shape, peak, _gpus(row), _whole(row, "gbs", None)),
@@ -292,7 +293,7 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
 
 
 def _readable(measured: dict[str, Any], key: str) -> float | None:
-    """A published number as a number; None where it is not stated or not one (the row's note says which)."""
+    """A published number as a number; None where it is not stated or is not a number."""
     try:
         return stated_number(measured, key)
     except PipeplanError:

@@ -52,7 +52,7 @@ def gpu_key(name: str) -> str:
 
 
 def stated_number(facts: dict[str, Any], key: str) -> float | None:
-    """``facts[key]`` as a positive number; None where it is not stated."""
+    """``facts[key]`` as a positive number; None where it is not stated (null or 0, as the tables leave a blank)."""
     value = facts.get(key)
     if value is None or value == 0:
         return None
@@ -66,10 +66,10 @@ def stated_number(facts: dict[str, Any], key: str) -> float | None:
 
 
 def _stated_memory_gib(key: str, hardware: dict[str, Any]) -> float | None:
-    if stated_number(hardware, "hbm_gib"):
-        return stated_number(hardware, "hbm_gib")
+    """The memory the table states, else the one the GPU's name gives (``h100-94gb``: 94)."""
+    stated = stated_number(hardware, "hbm_gib")
     named = re.search(r"(\d+)gb\b", key)
-    return float(named.group(1)) if named else None
+    return stated or (float(named.group(1)) if named else None)
 
 
 def device_for(hardware: dict[str, Any]) -> tuple[DeviceModel, str]:
