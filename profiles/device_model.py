@@ -90,8 +90,7 @@ class DeviceModel:
                 if value != int(value):
                     raise UsageError(f"{where} must be a whole number, got {value}")
                 object.__setattr__(self, f.name, int(value))
-            least_ok = 0.0 if f.name == "kernel_s" else math.nextafter(0.0, 1.0)
-            if value < least_ok:
+            if value < 0 or (value == 0 and f.name != "kernel_s"):  # a kernel may cost nothing beyond its work
                 raise UsageError(f"{where} must be positive, got {value}")
         if not 0 < self.matmul_efficiency <= 1 or not 0 < self.memory_efficiency <= 1:
             raise UsageError(f"device model {self.name!r}: efficiencies are fractions in (0, 1]")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -101,7 +102,8 @@ def shape_from_hf_config(config: dict[str, Any], name: str, seq_len: int | None 
             value = config.get(key)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not number or value != int(value):
                 raise UsageError(f"{name}: {key} must be a whole number, got {shorten(repr(value), 40)}")
             return int(value)
         if default is not None:
