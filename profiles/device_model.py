@@ -8,7 +8,7 @@ the same fields (``pipeplan.device_model``, version 1) describes any other. Unit
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +113,7 @@ _SHARED = {
     "memory_efficiency": 0.9,  # a copy reaches ~90 % of HBM bandwidth (STREAM-like measurements)
     "kernel_s": 5e-6,  # a kernel's launch and tail on a busy stream
 }
-DEVICE_MODELS: dict[str, DeviceModel] = {
+_CHIPS: dict[str, DeviceModel] = {
     m.name: m
     for m in (
         DeviceModel(
@@ -130,22 +130,6 @@ DEVICE_MODELS: dict[str, DeviceModel] = {
             # DGX-1's hybrid cube-mesh: six NVLinks a GPU, no switch; GPUs 0 and 1 share one link, and a GPU of the
             # first four has four links to the other three (docs/cost-model.md, "Device models").
             group_link_shares=((2, 1 / 6), (4, 4 / 6)),
-            **_SHARED,
-        ),
-        DeviceModel(
-            "v100-32gb",
-            125e12,
-            1.0,
-            32 * GIB,
-            900e9,
-            0.85,
-            attention_efficiency=0.4,
-            flash_attention=False,
-            intra_node_bytes_per_s=150e9,
-            # DGX-2, where the 32 GB V100's large runs were measured: sixteen GPUs on NVSwitch, eight 100 Gb/s
-            # InfiniBand ports a node (docs/cost-model.md, "Device models").
-            inter_node_bytes_per_s=6.25e9,
-            devices_per_node=16,
             **_SHARED,
         ),
         DeviceModel(
@@ -175,19 +159,6 @@ DEVICE_MODELS: dict[str, DeviceModel] = {
             **_SHARED,
         ),
         DeviceModel(
-            "a800-80gb",
-            312e12,
-            1.0,
-            80 * GIB,
-            2039e9,
-            0.859,
-            attention_efficiency=0.6,
-            flash_attention=True,
-            intra_node_bytes_per_s=200e9,  # the A100's chip with NVLink cut to 400 GB/s, both ways together
-            inter_node_bytes_per_s=25e9,
-            **_SHARED,
-        ),
-        DeviceModel(
             "h100-80gb",
             989.4e12,
             2.0,
@@ -197,19 +168,6 @@ DEVICE_MODELS: dict[str, DeviceModel] = {
             attention_efficiency=0.5,
             flash_attention=True,
             intra_node_bytes_per_s=450e9,
-            inter_node_bytes_per_s=50e9,
-            **_SHARED,
-        ),
-        DeviceModel(
-            "h800",
-            989.4e12,
-            2.0,
-            80 * GIB,
-            3350e9,
-            0.801,
-            attention_efficiency=0.5,
-            flash_attention=True,
-            intra_node_bytes_per_s=200e9,  # the H100's chip with NVLink cut to 400 GB/s, both ways together
             inter_node_bytes_per_s=50e9,
             **_SHARED,
         ),
@@ -241,6 +199,24 @@ DEVICE_MODELS: dict[str, DeviceModel] = {
         ),
     )
 }
+
+# Variants of those chips, as their datasheets describe them: the A800 and H800 are the A100's and H100's with NVLink
+# cut to 400 GB/s (both ways together); the 32 GB V100 is modelled in the node its large runs were measured in,
+# DGX-2: sixteen GPUs on NVSwitch (no cube-mesh), eight 100 Gb/s InfiniBand ports a node.
+_VARIANTS = {
+    "v100-32gb": replace(
+        _CHIPS["v100-16gb"],
+        name="v100-32gb",
+        memory_bytes=32 * GIB,
+        inter_node_bytes_per_s=6.25e9,
+        devices_per_node=16,
+        group_link_shares=(),
+    ),
+    "a800-80gb": replace(_CHIPS["a100-80gb"], name="a800-80gb", intra_node_bytes_per_s=200e9),
+    "h800": replace(_CHIPS["h100-80gb"], name="h800", intra_node_bytes_per_s=200e9),
+}
+_ORDER = ("v100-16gb", "v100-32gb", "a100-40gb", "a100-80gb", "a800-80gb", "h100-80gb", "h800", "h200", "b200")
+DEVICE_MODELS: dict[str, DeviceModel] = {name: {**_CHIPS, **_VARIANTS}[name] for name in _ORDER}
 
 
 def device_model_from_dict(data: dict[str, Any], origin: str) -> DeviceModel:
