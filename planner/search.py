@@ -265,24 +265,8 @@ def _held(problem: PartitionProblem) -> _Held:
 
 
 def _holds_no_more(theirs: _Held, mine: _Held) -> bool:
-    """Whether every stage's every moment of ``theirs`` is covered by one of ``mine`` (holds at most as much
-    whatever the sizes: no more micro-batches waiting, split or sent, no gradients or re-materialisation extra,
-    the same action)."""
-
-    def covers(a: Moment, b: Moment) -> bool:
-        return (
-            a.waiting >= b.waiting
-            and a.split >= b.split
-            and a.grads >= b.grads
-            and a.acting >= b.acting
-            and a.kind == b.kind
-            and a.sent_grads >= b.sent_grads
-            and a.sent_outputs >= b.sent_outputs
-            and a.done >= b.done
-            and a.held_output >= b.held_output
-        )
-
-    return all(all(any(covers(a, b) for a in ours) for b in them) for them, ours in zip(theirs, mine, strict=True))
+    """Whether every stage's every moment of ``theirs`` is covered by one of ``mine`` (:meth:`Moment.covers`)."""
+    return all(all(any(a.covers(b) for a in ours) for b in them) for them, ours in zip(theirs, mine, strict=True))
 
 
 def _reused(

@@ -266,6 +266,21 @@ class Moment(NamedTuple):
     """The last stage: 1 where the schedule's loop still references the rank's latest forward's output, its
     micro-batch past the start of its backward (``latest_output_bytes``)."""
 
+    def covers(self, other: Moment) -> bool:
+        """Whether this moment holds at least as much as ``other`` whatever the sizes: no fewer micro-batches
+        waiting, split or sent, gradients and re-materialisation wherever ``other`` has them, the same action."""
+        return (
+            self.waiting >= other.waiting
+            and self.split >= other.split
+            and self.grads >= other.grads
+            and self.acting >= other.acting
+            and self.kind == other.kind
+            and self.sent_grads >= other.sent_grads
+            and self.sent_outputs >= other.sent_outputs
+            and self.done >= other.done
+            and self.held_output >= other.held_output
+        )
+
 
 @dataclass(frozen=True)
 class StageMemory:
