@@ -66,6 +66,7 @@ from published_facts import (  # noqa: E402
     schedule_for,
     shape_for,
     stated_number,
+    stated_whole,
     year_of,
 )
 
@@ -213,29 +214,14 @@ def _workload(table: dict[str, Any], row: dict[str, Any], shape: TransformerShap
     return _Workload(shape, device, precision, within, flash, megatron, torchtitan, shard, overlap, device_note)
 
 
-def _whole(row: dict[str, Any], key: str, default: int | None = 1) -> int | None:
-    """``row[key]`` as a positive whole number; ``default`` where it is not stated."""
-    value = row.get(key)
-    if value is None:
-        return default
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise PipeplanError(f"{key} {value!r} is not a whole number") from None
-    exact = number == value or str(number) == str(value).strip()  # 8, 8.0 and "8", not 2.5
-    if not exact or number < 1:
-        raise PipeplanError(f"{key} {value!r} is not a positive whole number")
-    return number
-
-
 def _gpus(row: dict[str, Any]) -> int:
     """The row's GPUs, as published or as its mesh multiplies out (context parallelism included)."""
-    return _whole(row, "gpus", None) or math.prod(_whole(row, k) or 1 for k in ("dp", "tp", "pp", "cp"))
+    return stated_whole(row, "gpus", None) or math.prod(stated_whole(row, k) or 1 for k in ("dp", "tp", "pp", "cp"))
 
 
 def _data_parallel(row: dict[str, Any], model_parallel: int) -> int:
     """An unstated data-parallel degree: the GPUs over the model-parallel ones, else 1."""
-    gpus = _whole(row, "gpus", None)
+    gpus = stated_whole(row, "gpus", None)
     if gpus is None:
         return 1
     if gpus % model_parallel:
@@ -283,7 +269,7 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
             published_mfu = tflops * 1e12 / peak
         base = replace(
             base,
-            measured_iteration_s=measured_iteration_s(row, shape, peak, _gpus(row), _whole(row, "gbs", None)),
+            measured_iteration_s=measured_iteration_s(row, shape, peak, _gpus(row), stated_whole(row, "gbs", None)),
             mfu_published=published_mfu,
             note="; ".join(filter(None, [work.device_note, *notes])),
         )
@@ -310,15 +296,15 @@ def _predicted(
 ) -> RowResult:
     """``base`` with the row's plan's predicted time, memory and MFU (:func:`predict_row`)."""
     device, torchtitan, megatron = work.device, work.torchtitan, work.megatron
-    tp, pp, cp = (_whole(row, k) or 1 for k in ("tp", "pp", "cp"))
-    dp = _whole(row, "dp", None) or _data_parallel(row, tp * pp * cp)
+    tp, pp, cp = (stated_whole(row, k) or 1 for k in ("tp", "pp", "cp"))
+    dp = stated_whole(row, "dp", None) or _data_parallel(row, tp * pp * cp)
     schedule, vp = schedule_for(row)
     recompute = recompute_for(row)
-    gbs = _whole(row, "gbs", None)
+    gbs = stated_whole(row, "gbs", None)
     if gbs is None:
         raise PipeplanError("global batch not published")
     per_replica = gbs // dp
-    mbs = _whole(row, "mbs", max(1, per_replica // (pp * vp)) if torchtitan else 1) or 1
+    mbs = stated_whole(row, "mbs", max(1, per_replica // (pp * vp)) if torchtitan else 1) or 1
     base = replace(base, config=_config_text(row, vp, mbs, dp))
     if cp > 1:
         return _noted(base, "context parallelism is not modelled")

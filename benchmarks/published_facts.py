@@ -22,6 +22,7 @@ from profiles.modelled import TransformerShape, model_flops
 __all__ = [
     "DEVICE_FILES",
     "stated_number",
+    "stated_whole",
     "gpu_key",
     "device_for",
     "shape_for",
@@ -62,6 +63,21 @@ def stated_number(facts: dict[str, Any], key: str) -> float | None:
         raise PipeplanError(f"{key} {value!r} is not a number") from None
     if not number > 0 or number == float("inf"):
         raise PipeplanError(f"{key} {value!r} is not a positive number")
+    return number
+
+
+def stated_whole(row: dict[str, Any], key: str, default: int | None = 1) -> int | None:
+    """``row[key]`` as a positive whole number; ``default`` where it is not stated."""
+    value = row.get(key)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise PipeplanError(f"{key} {value!r} is not a whole number") from None
+    exact = number == value or str(number) == str(value).strip()  # 8, 8.0 and "8", not 2.5
+    if not exact or number < 1:
+        raise PipeplanError(f"{key} {value!r} is not a positive whole number")
     return number
 
 
@@ -156,17 +172,11 @@ def schedule_for(row: dict[str, Any]) -> tuple[Schedule, int]:
     """The row's schedule and virtual stages a rank: unstated, 1F1B; 1F1B with several virtual stages a rank is
     interleaved 1F1B (Megatron's virtual pipeline), and interleaved 1F1B of one is 1F1B; virtual stages unstated
     with an interleaved schedule, 2."""
-    vp_given = row.get("vp")
-    try:
-        vp_stated = int(vp_given) if vp_given is not None else None
-    except (TypeError, ValueError):
-        raise PipeplanError(f"vp {vp_given!r} is not a whole number") from None
+    vp_stated = stated_whole(row, "vp", None)
     name = row.get("schedule") or "1f1b"
     schedule = Schedule.parse(SCHEDULE_NAMES.get(str(name).strip().lower(), name))
     if schedule is Schedule.ONE_F_ONE_B and (vp_stated or 1) > 1:
         schedule = Schedule.INTERLEAVED_1F1B
-    if vp_stated is not None and vp_stated < 1:
-        raise PipeplanError(f"vp {vp_given!r} is not a positive whole number")
     vp = vp_stated or (2 if schedule is Schedule.INTERLEAVED_1F1B else 1)
     if schedule is Schedule.INTERLEAVED_1F1B and vp == 1:
         schedule = Schedule.ONE_F_ONE_B
