@@ -328,7 +328,7 @@ def _predicted(
     cluster = Cluster(
         pp * tp * dp,
         device.devices_per_node,
-        device.intra_node_bytes_per_s,
+        device.intra_node_ring_bytes_per_s,
         device.inter_node_bytes_per_s,
         device.link_latency_s,
         work.shard,
@@ -407,7 +407,7 @@ def best_plans(table: dict[str, Any], rows: list[RowResult]) -> list[dict[str, A
         cluster = Cluster(
             _gpus(row),
             device.devices_per_node,
-            device.intra_node_bytes_per_s,
+            device.intra_node_ring_bytes_per_s,
             device.inter_node_bytes_per_s,
             device.link_latency_s,
             work.shard,

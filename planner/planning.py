@@ -106,12 +106,19 @@ def cluster_devices(profile: Profile, cluster: ClusterOptions, latency_s: float 
         profile.device.kind,
         cluster.devices,
         devices_per_node=cluster.devices_per_node or device.get("devices_per_node"),
-        intra_node_bytes_per_s=cluster.intra_node_bytes_per_s or device.get("intra_node_bytes_per_s"),
+        intra_node_bytes_per_s=cluster.intra_node_bytes_per_s or _ring_bytes_per_s(device),
         inter_node_bytes_per_s=cluster.inter_node_bytes_per_s or device.get("inter_node_bytes_per_s"),
         latency_s=latency_s,
         shard="none" if cluster.shard == "auto" else cluster.shard,
         group_link_shares=shares,
     )
+
+
+def _ring_bytes_per_s(device: dict[str, Any]) -> float | None:
+    """A device model's NVLink as NCCL's rings get it (its datasheet rate times ``nvlink_efficiency``); a
+    bandwidth given on the command line is taken as what the collectives get, as nccl-tests measures it."""
+    given = device.get("intra_node_bytes_per_s")
+    return given * device.get("nvlink_efficiency", 1.0) if given else None
 
 
 def trainer_collectives(trainer: str | None) -> dict[str, Any]:

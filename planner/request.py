@@ -240,7 +240,8 @@ class ClusterOptions:
         parse=bandwidth,
         unit="bytes/s",
         metavar="450GB/s",
-        help="per device, each way, inside a node (default: cuda 450GB/s, cpu 1.1GB/s)",
+        help="per device, each way, inside a node, as collectives get it (default: cuda 450GB/s, cpu 1.1GB/s; a "
+        "device model's NVLink at NCCL's rate)",
     )
     inter_node_bytes_per_s: float | None = option(
         None,

@@ -55,7 +55,7 @@ class DeviceModel:
     kernel_s: float
     """The least time of one kernel (launch and tail), added to every modelled operation."""
     intra_node_bytes_per_s: float
-    """NVLink per GPU, one direction."""
+    """NVLink per GPU, one direction (datasheet)."""
     inter_node_bytes_per_s: float
     """The network per GPU, one direction."""
     devices_per_node: int = 8
@@ -64,6 +64,14 @@ class DeviceModel:
     """Where a node's GPUs are not all joined through a switch: per size of a group of consecutive GPUs, the share
     of ``intra_node_bytes_per_s`` a ring of them gets (the links its worst-joined member has to the others, over
     all its links); a size not listed gets all of it (every NVSwitch node)."""
+    nvlink_efficiency: float = 1.0
+    """The share of ``intra_node_bytes_per_s`` NCCL's collectives get: NCCL's own topology model credits each
+    NVLink with less than its datasheet rate (src/graph/topo.h, ``SMxx_NVLINK_BW``), and plans its rings by it."""
+
+    @property
+    def intra_node_ring_bytes_per_s(self) -> float:
+        """NVLink per GPU, one direction, as a collective's ring gets it."""
+        return self.intra_node_bytes_per_s * self.nvlink_efficiency
 
     def __post_init__(self) -> None:
         wrong = f"device model {self.name!r}: group_link_shares are [group size >= 2, share in (0, 1]] pairs"
@@ -94,20 +102,26 @@ class DeviceModel:
                 raise UsageError(f"{where} must be positive, got {value}")
         if not 0 < self.matmul_efficiency <= 1 or not 0 < self.memory_efficiency <= 1:
             raise UsageError(f"device model {self.name!r}: efficiencies are fractions in (0, 1]")
-        if not 0 < self.attention_efficiency <= 1:
-            raise UsageError(f"device model {self.name!r}: attention_efficiency is a fraction in (0, 1]")
+        for name in ("attention_efficiency", "nvlink_efficiency"):
+            if not 0 < getattr(self, name) <= 1:
+                raise UsageError(f"device model {self.name!r}: {name} is a fraction in (0, 1]")
 
     def as_dict(self) -> dict[str, Any]:
         fields_ = asdict(self)
-        if not self.group_link_shares:  # a switched node's file and profile stay as they were written before it
+        # A switched node's, or links taken at their datasheet rate: the file and profile stay as written before.
+        if not self.group_link_shares:
             del fields_["group_link_shares"]
+        if self.nvlink_efficiency == 1.0:
+            del fields_["nvlink_efficiency"]
         return {"format": DEVICE_MODEL_FORMAT, "version": 1, **fields_}
 
 
 # One set of constants per GPU. Peaks, capacities and bandwidths are the datasheets'; matmul_efficiency is the
 # measured maximum achievable matmul FLOPS over peak (stas00/ml-engineering, compute/accelerator, "Maximum
 # Achievable Matmul FLOPS comparison table": A100 SXM 85.9 %, H100 SXM 80.1 %, GH200 83.0 %; GPUs it does not
-# list take their architecture's neighbour, said in docs/cost-model.md); the rest is shared by all.
+# list take their architecture's neighbour, said in docs/cost-model.md); nvlink_efficiency is NCCL's per-link
+# bandwidth over the link's datasheet 25 GB/s each way (50 for NVLink5): SM70 and SM80 20.0, SM90 20.6, SM100 40.1
+# (NCCL, src/graph/topo.h); the rest is shared by all.
 _SHARED = {
     "matmul_half_size": 128,  # one 128-wide tile of the tensor-core GEMMs cuBLAS picks for large products
     "memory_efficiency": 0.9,  # a copy reaches ~90 % of HBM bandwidth (STREAM-like measurements)
@@ -130,6 +144,7 @@ _CHIPS: dict[str, DeviceModel] = {
             # DGX-1's hybrid cube-mesh: six NVLinks a GPU, no switch; GPUs 0 and 1 share one link, and a GPU of the
             # first four has four links to the other three (docs/cost-model.md, "Device models").
             group_link_shares=((2, 1 / 6), (4, 4 / 6)),
+            nvlink_efficiency=0.8,
             **_SHARED,
         ),
         DeviceModel(
@@ -143,6 +158,7 @@ _CHIPS: dict[str, DeviceModel] = {
             flash_attention=True,
             intra_node_bytes_per_s=300e9,
             inter_node_bytes_per_s=25e9,
+            nvlink_efficiency=0.8,
             **_SHARED,
         ),
         DeviceModel(
@@ -156,6 +172,7 @@ _CHIPS: dict[str, DeviceModel] = {
             flash_attention=True,
             intra_node_bytes_per_s=300e9,
             inter_node_bytes_per_s=25e9,
+            nvlink_efficiency=0.8,
             **_SHARED,
         ),
         DeviceModel(
@@ -169,6 +186,7 @@ _CHIPS: dict[str, DeviceModel] = {
             flash_attention=True,
             intra_node_bytes_per_s=450e9,
             inter_node_bytes_per_s=50e9,
+            nvlink_efficiency=0.824,
             **_SHARED,
         ),
         DeviceModel(
@@ -182,6 +200,7 @@ _CHIPS: dict[str, DeviceModel] = {
             flash_attention=True,
             intra_node_bytes_per_s=450e9,
             inter_node_bytes_per_s=50e9,
+            nvlink_efficiency=0.824,
             **_SHARED,
         ),
         DeviceModel(
@@ -195,6 +214,7 @@ _CHIPS: dict[str, DeviceModel] = {
             flash_attention=True,
             intra_node_bytes_per_s=900e9,
             inter_node_bytes_per_s=50e9,
+            nvlink_efficiency=0.802,
             **_SHARED,
         ),
     )

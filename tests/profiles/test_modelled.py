@@ -99,6 +99,9 @@ def test_device_files_read_and_refuse(tmp_path: Path) -> None:
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps(replace(A100, name="mine", memory_bytes=2**30).as_dict()))
     assert device_model(str(path)) == replace(A100, name="mine", memory_bytes=2**30)
+    # A file without nvlink_efficiency takes its NVLink at the datasheet rate.
+    path.write_text(json.dumps({k: v for k, v in A100.as_dict().items() if k != "nvlink_efficiency"}))
+    assert A100.nvlink_efficiency == 0.8 and device_model(str(path)).intra_node_ring_bytes_per_s == 300e9
     path.write_text(json.dumps({**A100.as_dict(), "clock_hz": 1}))
     with pytest.raises(UsageError, match="unknown field 'clock_hz'"):
         device_model(str(path))
@@ -111,6 +114,7 @@ def test_device_files_read_and_refuse(tmp_path: Path) -> None:
         ("devices_per_node", 7.5, "devices_per_node must be a whole number, got 7.5"),
         ("flash_attention", 1, "flash_attention is true or false"),
         ("name", ["a"], "a device model's name is a string"),
+        ("nvlink_efficiency", 1.5, "nvlink_efficiency is a fraction in"),
     ]:
         path.write_text(json.dumps({**A100.as_dict(), field: value}))
         with pytest.raises(UsageError, match=why):
@@ -143,11 +147,12 @@ def test_a_v100_node_rings_a_group_over_the_links_its_members_share(tmp_path: Pa
             device_model(str(path))
     profile = modelled_profile(GPT, v100, (1,))
     cube = cluster_devices(profile, ClusterOptions(devices=16), None)
-    assert [cube.group_bytes_per_s(g) for g in (2, 4, 8)] == pytest.approx([25e9, 100e9, 150e9])
+    # Each NVLink2 at NCCL's 20 of its 25 GB/s.
+    assert [cube.group_bytes_per_s(g) for g in (2, 4, 8)] == pytest.approx([20e9, 80e9, 120e9])
     given = cluster_devices(profile, ClusterOptions(devices=16, intra_node_bytes_per_s=100e9), None)
-    assert given.group_bytes_per_s(2) == 100e9  # links given on the command line are the whole node's
+    assert given.group_bytes_per_s(2) == 100e9  # links given on the command line are the whole node's, as given
     switched = replace(cube, group_link_shares=())
-    assert switched.group_bytes_per_s(2) == 150e9
+    assert switched.group_bytes_per_s(2) == pytest.approx(120e9)
 
     def tensor_parallel_s(cluster: Cluster) -> float:
         sharded = sharded_for(profile, cluster, 2, sequence_parallel=True, vocab_parallel=True)
