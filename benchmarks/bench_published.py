@@ -30,7 +30,8 @@ per table: the GPU's constants are the device model's (a GPU not built in is rea
 - context parallelism is not modelled: such rows are reported, not predicted;
 - a GPU is read by its name as the device models spell it (``NVIDIA A100 SXM4 80GB`` is ``a100-80gb``); one with no
   device model of its own but of its family's (``h100-94gb``) takes the family's constants with the memory and peak
-  the table states, and the row's note says so; MFU is over the table's stated peak, else the device model's;
+  the table states, and the row's note says so; MFU is over the table's stated peak, else the device model's,
+  and counts the FLOPs the publication counts where it gives both an MFU and a time (the two imply its count);
 - a fact that cannot be read, or that names what pipeplan does not model (a GPU of no modelled family, layers other
   than gpt- or llama-like, tf32, recomputation other than none, selective or full), leaves its row reported with a
   note that names it (``published_facts.py``), and the other rows and tables go on.
@@ -353,8 +354,17 @@ def _predicted(
         iteration_s=iteration,
         memory_gib=peak_bytes / 2**30,
         fits=all(r.fits for r in memory),
-        mfu_predicted=model_flops(shape) * gbs / (iteration * pp * tp * dp * peak),
+        mfu_predicted=_predicted_mfu(base, model_flops(shape) * gbs / (iteration * pp * tp * dp * peak), iteration),
     )
+
+
+def _predicted_mfu(base: RowResult, own_count: float, iteration_s: float) -> float:
+    """The row's MFU at the predicted time in the FLOPs the publication counts: where it gives both its MFU and
+    its time, their product is its count (publications differ on attention's causal half and the head), and the
+    predicted MFU is its MFU scaled by measured over predicted time; else pipeplan's count (``own_count``)."""
+    if base.mfu_published and base.measured_iteration_s:
+        return base.mfu_published * base.measured_iteration_s / iteration_s
+    return own_count
 
 
 PER_TABLE_COLUMNS = ["table", "Spearman", "pair error %", "pairs", "fits agree", "MFU error %", "MFU within 15 %"]

@@ -235,3 +235,19 @@ def test_an_h800_node_runs_tensor_parallelism_over_less_nvlink_than_an_h100_node
     h800 = bench_published.predict_row(_table([row]) | {"hardware": dict(hardware, gpu="h800")}, 0)
     assert h100.iteration_s is not None and h800.iteration_s is not None
     assert h800.iteration_s > h100.iteration_s * 1.02  # the same chip; its collectives over 200 GB/s, not 450
+
+
+def test_predicted_mfu_counts_the_flops_the_publication_counts() -> None:
+    # A row that publishes its MFU and its time implies its FLOP count; the predicted MFU is in that count, so a
+    # publication counting other FLOPs than pipeplan's (attention's causal half, the head) does not move it.
+    row = _row(1, 8, "none", 2.0)
+    own = bench_published.predict_row(_table([row]), 0)
+    assert own.iteration_s is not None and own.mfu_predicted is not None and own.mfu_published is None
+    published = dict(row, measured=dict(row["measured"], mfu=0.3))  # type: ignore[arg-type]
+    theirs = bench_published.predict_row(_table([published]), 0)
+    assert theirs.iteration_s == own.iteration_s
+    assert theirs.mfu_predicted == pytest.approx(0.3 * 2.0 / own.iteration_s)
+    # Without a published time, the time is the one its MFU implies in pipeplan's count: the same MFU either way.
+    untimed = dict(row, measured=dict(row["measured"], iteration_s=None, mfu=0.3))  # type: ignore[arg-type]
+    derived = bench_published.predict_row(_table([untimed]), 0)
+    assert derived.mfu_predicted == pytest.approx(own.mfu_predicted)
