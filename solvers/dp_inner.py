@@ -228,6 +228,8 @@ class InnerDP:
                 raise UsageError(f"{name} must be >= 0 for the DP solver, got {min(getattr(problem, name))}")
         self.pf = np.concatenate(([0.0], np.cumsum(fwd)))
         self.pfb = np.concatenate(([0.0], np.cumsum(fwd + bwd)))
+        # A stage's least compute: its forward and backward, with its forward again where it must recompute.
+        self.c_min = self.pfb if False in problem.recompute_choices else self.pfb + self.pf
 
         def per_cut(values: tuple[float, ...] | tuple[int, ...]) -> np.ndarray:
             return np.asarray(values, dtype=np.float64) if values else np.zeros(n - 1)
@@ -357,6 +359,30 @@ class InnerDP:
             found.append(c[fits & (c >= low) & (c <= high)])
         return np.unique(np.concatenate(found))
 
+    def _reach(self, t_max: float, width: int) -> list[tuple[int, int]]:
+        """Per stage, the earliest and latest unit it can end at on a partition whose every stage is at most
+        ``width`` units and ``t_max`` of compute (its least: recomputation only where the plain stage is not
+        allowed), memory aside: the latest is where the stages so far reach taking each as far as it can go, the
+        earliest where the stages left reach back from the end likewise (a greedy run's reach is the farthest any
+        partition's is, as every sub-run of an allowed stage is allowed). With the bisection's bounds near the
+        optimum the two close in, and the DP fills only the rows between them."""
+        n, p, prefix = self.n, self.p, self.c_min
+        slack = t_max * (1 + 1e-9) + 1e-300  # a superset of the shapes allowed, as width_for's
+        cuts = np.arange(n + 1)
+        # Per start, the end (exclusive) of the longest stage from it; per end, the start of the longest stage to it.
+        ends = np.minimum(np.searchsorted(prefix, prefix + slack, side="right") - 1, cuts + width).tolist()
+        starts = np.maximum(np.searchsorted(prefix, prefix - slack, side="left"), cuts - width).tolist()
+        latest, start = [], 0
+        for _ in range(p):
+            end = min(ends[start], n)
+            latest.append(end - 1)
+            start = max(end, start)
+        earliest, stop = [n - 1] * p, n
+        for s in range(p - 1, 0, -1):
+            stop = max(starts[stop], 0)
+            earliest[s - 1] = stop - 1
+        return list(zip(earliest, latest, strict=True))
+
     def solve(self, t_max: float) -> Found | None:
         """Inner DP: minimal sum of (compute + comm in) with every stage compute <= t_max."""
         if t_max in self.cache:
@@ -376,7 +402,10 @@ class InnerDP:
             for s in range(p)
         ]
         spans = [
-            (max(lo, f), min(hi, c)) for (lo, hi), f, c in zip(spans, self.end_floor, self.end_ceiling, strict=True)
+            (max(lo, f, early), min(hi, c, late))
+            for (lo, hi), f, c, (early, late) in zip(
+                spans, self.end_floor, self.end_ceiling, self._reach(t_max, width), strict=True
+            )
         ]
         if any(lo > hi for lo, hi in spans):
             self.cache[t_max] = None
@@ -400,20 +429,23 @@ class InnerDP:
         padded[width - 1] = 0.0
         windows = sliding_window_view(padded, width)
         args = np.zeros((p, n), dtype=np.int64)
-        f = np.full(n, np.inf)
         index = np.arange(n)
+        last = math.inf
         for s, (lo, hi) in enumerate(spans):
             first, cost = costs[self.stage_kind[s]]
-            rows = slice(lo, hi + 1)
-            total = cost[lo - first : hi - first + 1] + windows[rows]
-            best = np.argmin(total, axis=1)
-            f.fill(np.inf)
-            f[rows] = total[index[: hi - lo + 1], best]
-            args[s, rows] = best
-            padded[width - 1] = np.inf
-            padded[width:] = f[:-1]
+            total = cost[lo - first : hi - first + 1] + windows[lo : hi + 1]
+            best = total.argmin(axis=1)
+            args[s, lo : hi + 1] = best
+            least = total[index[: hi - lo + 1], best]
+            # The stage's least sums become the next stage's "ends just before unit j + 1" (padded[width + j]):
+            # written straight into padded, the rows off this stage's span infinite; the last unit's is the answer.
+            padded[width - 1 :] = np.inf
+            end = min(hi, n - 2)
+            if end >= lo:
+                padded[width + lo : width + end + 1] = least[: end - lo + 1]
+            last = float(least[-1]) if hi == n - 1 else math.inf
         result: Found | None = None
-        if math.isfinite(f[n - 1]):
+        if math.isfinite(last):
             starts, flags, bottleneck = [], [], 0.0
             j = n - 1
             for s in range(p - 1, -1, -1):
@@ -423,6 +455,6 @@ class InnerDP:
                 starts.append(j - width + 1 + w)
                 flags.append(recompute)
                 j = starts[-1] - 1
-            result = Found(float(f[n - 1]), bottleneck, tuple(reversed(starts)), tuple(reversed(flags)))
+            result = Found(last, bottleneck, tuple(reversed(starts)), tuple(reversed(flags)))
         self.cache[t_max] = result
         return result
