@@ -459,3 +459,20 @@ def test_balance_ranks_ends_where_no_move_that_fits_is_better_even_when_memory_b
                 assert (busiest, squares) >= (key[0] * (1 - 1e-12), key[1] * (1 - 1e-12)), (seed, k, step)
         checked += 1
     assert checked > 50 and binding > 10
+
+
+def test_the_inner_dp_fills_only_the_rows_a_partition_under_the_bound_ends_on():
+    # Six units of 3 s on 3 stages: under a bound of 6 s each stage is exactly two units, so each stage's end is
+    # pinned (1, 3, 5); under 9 s three units a stage reach stage 0's end to unit 2 and stage 1's to 5, and the
+    # stages after reach back to before unit 0 and to unit 2 (a stage's one unit at least is solve's own limit).
+    from solvers.dp_inner import InnerDP
+
+    problem = PartitionProblem(forward_s=(1.0,) * 6, backward_s=(2.0,) * 6, num_stages=3, num_microbatches=4)
+    model = InnerDP(problem)
+    assert model._reach(6.0, 6) == [(1, 1), (3, 3), (5, 5)]
+    assert model._reach(9.0, 6) == [(-1, 2), (2, 5), (5, 5)]
+    assert model._reach(9.0, 2) == [(1, 1), (3, 3), (5, 5)]  # two units a stage at most: the width pins them too
+    found = model.solve(6.0)
+    assert found is not None and found.boundaries == (0, 2, 4) and found.sum_s == 18.0
+    assert model.solve(5.9) is None
+    assert solve_dp(problem)[0].boundaries == solve_brute(problem).boundaries == (0, 2, 4)
