@@ -21,6 +21,7 @@ from planner.errors import PipeplanWarning
 from planner.plan import Plan
 from planner.request import ClusterOptions, PlanOptions, PlanRequest, plan_request, profile_sha256
 from planner.search import fewer_ranks_faster, make_plan
+from profiles.device_model import recorded_device_model
 from profiles.format import Profile, load_profile
 
 __all__ = ["Planned", "plan_profile", "request_for", "cluster_devices"]
@@ -98,27 +99,21 @@ def cluster_devices(profile: Profile, cluster: ClusterOptions, latency_s: float 
     """``cluster``'s devices, with the links of the profile's device kind where none is given (a modelled
     profile's: its device model's node and links)."""
     assert cluster.devices is not None
-    modelled = profile.settings.get("modelled")
-    device = modelled.get("device_model", {}) if isinstance(modelled, dict) else {}
-    # The device model's node layout goes with its own bandwidth, not with one given on the command line.
-    shares = () if cluster.intra_node_bytes_per_s else tuple(map(tuple, device.get("group_link_shares", ())))
+    device = recorded_device_model(profile.settings)
+    # The device model's node layout goes with its own bandwidth, not with one given on the command line; its
+    # NVLink is taken at NCCL's rate, a bandwidth given as what the collectives get (nccl-tests' bus bandwidth).
+    shares = () if cluster.intra_node_bytes_per_s or device is None else device.group_link_shares
     return default_cluster(
         profile.device.kind,
         cluster.devices,
-        devices_per_node=cluster.devices_per_node or device.get("devices_per_node"),
-        intra_node_bytes_per_s=cluster.intra_node_bytes_per_s or _ring_bytes_per_s(device),
-        inter_node_bytes_per_s=cluster.inter_node_bytes_per_s or device.get("inter_node_bytes_per_s"),
+        devices_per_node=cluster.devices_per_node or (device.devices_per_node if device else None),
+        intra_node_bytes_per_s=cluster.intra_node_bytes_per_s
+        or (device.intra_node_ring_bytes_per_s if device else None),
+        inter_node_bytes_per_s=cluster.inter_node_bytes_per_s or (device.inter_node_bytes_per_s if device else None),
         latency_s=latency_s,
         shard="none" if cluster.shard == "auto" else cluster.shard,
         group_link_shares=shares,
     )
-
-
-def _ring_bytes_per_s(device: dict[str, Any]) -> float | None:
-    """A device model's NVLink as NCCL's rings get it (its datasheet rate times ``nvlink_efficiency``); a
-    bandwidth given on the command line is taken as what the collectives get, as nccl-tests measures it."""
-    given = device.get("intra_node_bytes_per_s")
-    return given * device.get("nvlink_efficiency", 1.0) if given else None
 
 
 def trainer_collectives(trainer: str | None) -> dict[str, Any]:

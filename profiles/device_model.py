@@ -15,7 +15,14 @@ from typing import Any
 from planner.errors import UsageError, shorten
 from planner.fileio import read_json
 
-__all__ = ["DeviceModel", "DEVICE_MODELS", "device_model", "device_model_from_dict", "DEVICE_MODEL_FORMAT"]
+__all__ = [
+    "DeviceModel",
+    "DEVICE_MODELS",
+    "device_model",
+    "device_model_from_dict",
+    "recorded_device_model",
+    "DEVICE_MODEL_FORMAT",
+]
 
 DEVICE_MODEL_FORMAT = "pipeplan.device_model"
 
@@ -252,6 +259,18 @@ def device_model_from_dict(data: dict[str, Any], origin: str) -> DeviceModel:
         return DeviceModel(**given)
     except TypeError as exc:
         raise UsageError(f"{origin}: {shorten(str(exc), 160)}") from None
+
+
+def recorded_device_model(settings: dict[str, Any]) -> DeviceModel | None:
+    """The device model a modelled profile was made for (its ``settings["modelled"]["device_model"]``), read and
+    checked as a device file is; None for a measured profile."""
+    modelled = settings.get("modelled")
+    if not isinstance(modelled, dict):
+        return None
+    data = modelled.get("device_model")
+    if not isinstance(data, dict):
+        raise UsageError("the profile's device model (settings.modelled.device_model) is not a JSON object")
+    return device_model_from_dict(data, "the profile's device model")
 
 
 def device_model(name_or_path: str) -> DeviceModel:

@@ -32,7 +32,7 @@ from typing import Any
 from planner.errors import PipeplanError, UsageError, shorten
 from planner.fileio import check_tree
 from planner.limits import MAX_UNITS
-from profiles.device_model import DeviceModel, device_model_from_dict
+from profiles.device_model import DeviceModel, recorded_device_model
 from profiles.format import DeviceInfo, ModelInfo, Profile, TensorFlow, UnitProfile, WholeModel, profile_from_dict
 from profiles.models.hf_spec import PREFIX, resolve_hf_spec
 
@@ -538,11 +538,11 @@ def tensor_parallel_times(
     product on its slice (its columns or rows over ``degree``, at that shape's efficiency), the attention core on
     its heads, the norms and residuals on a sequence slice with ``sequence_parallel`` and whole without. Empty for
     a measured profile. Collectives are not in them (:mod:`planner.tensor_parallel` adds its own)."""
-    modelled = profile.settings.get("modelled")
-    if not isinstance(modelled, dict):
+    device = recorded_device_model(profile.settings)
+    if device is None:
         return {}
+    modelled = profile.settings["modelled"]
     shape = TransformerShape(**modelled["shape"])
-    device = device_model_from_dict(modelled["device_model"], "the profile's device model")
     per_size = [
         _units(
             shape,

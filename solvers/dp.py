@@ -89,7 +89,7 @@ class _Incumbents:
 def _search(model: InnerDP, best: _Incumbents) -> None:
     """Examine the bottleneck bounds that can matter (see the module docstring): the least feasible one, an
     upper bound past which none can win, and the candidates between them by branch and bound."""
-    c_min = model.pfb if model.allow0 else model.pfb + model.pf
+    c_min = model.c_min
     total = float(c_min[-1])
     cut_comm = np.sort(model.comm[1:])
     sum_low = total + float(np.sum(cut_comm[: model.p - 1]))

@@ -154,6 +154,12 @@ def test_a_v100_node_rings_a_group_over_the_links_its_members_share(tmp_path: Pa
     switched = replace(cube, group_link_shares=())
     assert switched.group_bytes_per_s(2) == pytest.approx(120e9)
 
+    # The device model a profile carries is read as a device file is: a field of the wrong kind is one line.
+    settings = {**profile.settings, "modelled": {**profile.settings["modelled"]}}
+    settings["modelled"]["device_model"] = {**v100.as_dict(), "nvlink_efficiency": "x"}
+    with pytest.raises(UsageError, match="nvlink_efficiency must be a number, got 'x'"):
+        cluster_devices(replace(profile, settings=settings), ClusterOptions(devices=16), None)
+
     def tensor_parallel_s(cluster: Cluster) -> float:
         sharded = sharded_for(profile, cluster, 2, sequence_parallel=True, vocab_parallel=True)
         return sum(u.forward_s[0] + u.backward_s[0] for u in sharded.units)

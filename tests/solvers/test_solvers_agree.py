@@ -11,6 +11,7 @@ import pytest
 from planner.errors import PlanInfeasibleError, UsageError
 from solvers.brute import solve_brute
 from solvers.dp import solve_dp
+from solvers.dp_inner import InnerDP
 from solvers.ilp import solve_ilp
 from solvers.problem import Moment, PartitionProblem, PartitionSolution, evaluate
 
@@ -465,8 +466,6 @@ def test_the_inner_dp_fills_only_the_rows_a_partition_under_the_bound_ends_on():
     # Six units of 3 s on 3 stages: under a bound of 6 s each stage is exactly two units, so each stage's end is
     # pinned (1, 3, 5); under 9 s three units a stage reach stage 0's end to unit 2 and stage 1's to 5, and the
     # stages after reach back to before unit 0 and to unit 2 (a stage's one unit at least is solve's own limit).
-    from solvers.dp_inner import InnerDP
-
     problem = PartitionProblem(forward_s=(1.0,) * 6, backward_s=(2.0,) * 6, num_stages=3, num_microbatches=4)
     model = InnerDP(problem)
     assert model._reach(6.0, 6) == [(1, 1), (3, 3), (5, 5)]
