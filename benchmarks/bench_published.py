@@ -53,6 +53,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -446,29 +447,33 @@ def best_plans(table: dict[str, Any], rows: list[RowResult]) -> list[dict[str, A
 
 
 def spearman(xs: list[float], ys: list[float]) -> float | None:
-    """Spearman's rank correlation (average ranks for ties); None under 3 values or without variation."""
+    """Spearman's rank correlation (average ranks for ties); None under 3 values or without variation. Exact in
+    rationals where neither side ties (then both rank spreads are equal and it is their covariance over one), so
+    that a bar of 0.9 reads 0.9 and not 0.8999999999999998."""
     if len(xs) < 3:
         return None
 
-    def ranks(values: list[float]) -> list[float]:
+    def ranks(values: list[float]) -> list[Fraction]:
         order = sorted(range(len(values)), key=lambda i: values[i])
-        found = [0.0] * len(values)
+        found = [Fraction(0)] * len(values)
         i = 0
         while i < len(order):
             j = i
             while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
                 j += 1
             for k in range(i, j + 1):
-                found[order[k]] = (i + j) / 2
+                found[order[k]] = Fraction(i + j, 2)
             i = j + 1
         return found
 
     rx, ry = ranks(xs), ranks(ys)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
     sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
-    sy = math.sqrt(sum((b - my) ** 2 for b in ry))
-    return None if sx == 0 or sy == 0 else sxy / (sx * sy)
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    if sxx == 0 or syy == 0:
+        return None
+    return float(sxy / sxx) if sxx == syy else float(sxy) / math.sqrt(float(sxx * syy))
 
 
 def pair_errors(pairs: list[tuple[float, float]]) -> list[float]:

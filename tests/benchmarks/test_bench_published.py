@@ -85,6 +85,9 @@ def test_spearman_and_pair_errors_by_hand() -> None:
     assert bench_published.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
     assert bench_published.spearman([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
     assert bench_published.spearman([1, 2], [1, 2]) is None
+    # Five rows, one pair swapped: 1 - 6 * 2 / (5 * 24) = 0.9 exactly, which a bar of >= 0.9 must read as met.
+    assert bench_published.spearman([1, 2, 3, 4, 5], [1, 2, 3, 5, 4]) == 0.9
+    assert bench_published.spearman([1, 1, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)  # ties
     # predicted 2:1 where 4:1 was measured: the ratio is off by half.
     assert bench_published.pair_errors([(2.0, 4.0), (1.0, 1.0)]) == [pytest.approx(50.0)]
 
