@@ -67,7 +67,11 @@ class VerifyCommand:
 
 @dataclass(frozen=True, kw_only=True)
 class ShowOptions:
-    file: str = option(positional=True, metavar="FILE.json", help="a profile, a plan or a verify report")
+    file: str = option(
+        positional=True,
+        metavar="FILE.json|GPU",
+        help="a profile, a plan, a verify report or a device model (a file, or a built-in's name: h100-80gb, ...)",
+    )
     micro_batch_size: str | None = option(
         None,
         metavar="N|all",

@@ -116,9 +116,12 @@ COMMANDS: dict[str, tuple[type, dict[str, str]]] = {
     "show": (
         ShowOptions,
         dict(
-            help="print a profile, plan or verify report file as a table",
-            description="Reprint the table of a profile, a plan or a verify report (verify --out) file.\n\nexamples:\n"
-            "  pipeplan show gpt2.profile.json --micro-batch-size all\n  pipeplan show report.json",
+            help="print a profile, plan, verify report or device model (a file, or a GPU: h100-80gb) as a table",
+            description="Reprint the table of a profile, a plan or a verify report (verify --out) file, or print "
+            "what a device model assumes of a GPU (a built-in's name or a device file: docs/cost-model.md)."
+            "\n\nexamples:\n"
+            "  pipeplan show gpt2.profile.json --micro-batch-size all\n  pipeplan show report.json\n"
+            "  pipeplan show h100-80gb",
         ),
     ),
     "plan": (

@@ -1,6 +1,7 @@
 """Every bad input: one line on stderr, exit code 2, nothing on disk touched."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -143,7 +144,22 @@ def test_simulate_rejects_a_profile_given_as_plan(profile_file, capsys):
 def test_show_rejects_other_json(tmp_path, capsys):
     other = tmp_path / "other.json"
     other.write_text('{"format": "x"}')
-    assert_fails(capsys, ["show", other], "neither a pipeplan profile, a plan nor a verify report")
+    assert_fails(capsys, ["show", other], "neither a pipeplan profile, a plan, a verify report nor a device model")
+
+
+def test_show_prints_a_device_models_constants(tmp_path, capsys):
+    # A built-in by name, a device file by path: what `profile --device-model` assumes, NVLink at NCCL's rate.
+    assert main(["show", "h100-80gb"]) == 0
+    out = capsys.readouterr().out
+    assert "989.4 TFLOP/s dense 16-bit, fp8 2x" in out and "450 GB/s each way, 371 GB/s as NCCL's rings get it" in out
+    assert main(["show", "v100-16gb"]) == 0
+    out = capsys.readouterr().out
+    assert "no flash kernels" in out and "a ring of 2    17% of the NVLink (no switch)" in out
+    device_file = Path(__file__).resolve().parents[2] / "benchmarks" / "device_models" / "h100-96gb.json"
+    assert main(["show", str(device_file)]) == 0
+    assert f"device model h100-96gb ({device_file};" in capsys.readouterr().out
+    assert_fails(capsys, ["show", "tpu"], "tpu: no such file, nor a built-in device model (v100-16gb,")
+    assert_fails(capsys, ["show", "h100-80gb", "--micro-batch-size", "2"], "a device model has none")
 
 
 def _compared(out: str) -> dict[str, str]:
