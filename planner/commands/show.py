@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.errors import UsageError
+from planner.errors import UsageError, shorten
 from planner.fileio import read_json
 from planner.formatting import format_table, human_bytes, human_rate, human_seconds
 from planner.plan import PLAN_FORMAT, load_plan
@@ -25,7 +25,9 @@ def format_file(path: str, micro_batch_size: str | None = None) -> str:
         if path in DEVICE_MODELS:
             return _device_model_table(DEVICE_MODELS[path], micro_batch_size, "built in")
         if not path.endswith(".json"):
-            raise UsageError(f"{path}: no such file, nor a built-in device model ({', '.join(DEVICE_MODELS)})")
+            raise UsageError(
+                f"JSON file not found: {shorten(path)}, nor is it a built-in device model ({', '.join(DEVICE_MODELS)})"
+            )
     data = read_json(path, UsageError, "JSON")
     kind = data.get("format") if isinstance(data, dict) else None
     if kind == DEVICE_MODEL_FORMAT:

@@ -158,7 +158,7 @@ def test_show_prints_a_device_models_constants(tmp_path, capsys):
     device_file = Path(__file__).resolve().parents[2] / "benchmarks" / "device_models" / "h100-96gb.json"
     assert main(["show", str(device_file)]) == 0
     assert f"device model h100-96gb ({device_file};" in capsys.readouterr().out
-    assert_fails(capsys, ["show", "tpu"], "tpu: no such file, nor a built-in device model (v100-16gb,")
+    assert_fails(capsys, ["show", "tpu"], "JSON file not found: tpu, nor is it a built-in device model (v100-16gb,")
     assert_fails(capsys, ["show", "h100-80gb", "--micro-batch-size", "2"], "a device model has none")
 
 
