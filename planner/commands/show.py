@@ -3,7 +3,7 @@ device model's name), as its table."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 from planner.errors import UsageError, shorten
 from planner.fileio import read_json
@@ -21,7 +21,7 @@ __all__ = ["format_file", "format_device_model"]
 def format_file(path: str, micro_batch_size: str | None = None) -> str:
     """A profile, a plan, a verify report or a device model file (or a built-in device model's name) as its table
     (``pipeplan show``); anything else is refused."""
-    if not Path(path).exists():
+    if not os.path.exists(path):  # False, not an error, for a name the system cannot hold
         if path in DEVICE_MODELS:
             return _device_model_table(DEVICE_MODELS[path], micro_batch_size, "built in")
         if not path.endswith(".json"):

@@ -160,6 +160,7 @@ def test_show_prints_a_device_models_constants(tmp_path, capsys):
     assert f"device model h100-96gb ({device_file};" in capsys.readouterr().out
     assert_fails(capsys, ["show", "tpu"], "JSON file not found: tpu, nor is it a built-in device model (v100-16gb,")
     assert_fails(capsys, ["show", "h100-80gb", "--micro-batch-size", "2"], "a device model has none")
+    assert_fails(capsys, ["show", "y" * 300], "JSON file not found: yyy")  # a name longer than a file's may be
 
 
 def _compared(out: str) -> dict[str, str]:
