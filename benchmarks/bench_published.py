@@ -172,6 +172,19 @@ class _Workload:
             transformer_engine=self.megatron,
         )
 
+    def cluster(self, num_devices: int) -> Cluster:
+        """``num_devices`` of the row's GPU in its nodes, NVLink at NCCL's rate (``intra_node_ring_bytes_per_s``)."""
+        device = self.device
+        return Cluster(
+            num_devices,
+            device.devices_per_node,
+            device.intra_node_ring_bytes_per_s,
+            device.inter_node_bytes_per_s,
+            device.link_latency_s,
+            self.shard,
+            device.group_link_shares,
+        )
+
     def settings(self, profile: Any) -> CostSettings:
         return CostSettings(
             link_bytes_per_s=self.device.inter_node_bytes_per_s,
@@ -297,7 +310,7 @@ def _predicted(
     row: dict[str, Any], base: RowResult, shape: TransformerShape, work: _Workload, peak: float
 ) -> RowResult:
     """``base`` with the row's plan's predicted time, memory and MFU (:func:`predict_row`)."""
-    device, torchtitan, megatron = work.device, work.torchtitan, work.megatron
+    torchtitan, megatron = work.torchtitan, work.megatron
     tp, pp, cp = (stated_whole(row, k) or 1 for k in ("tp", "pp", "cp"))
     dp = stated_whole(row, "dp", None) or _data_parallel(row, tp * pp * cp)
     schedule, vp = schedule_for(row)
@@ -327,15 +340,7 @@ def _predicted(
         recompute_unit_wise=True,
         receive_buffers=not megatron,
     )
-    cluster = Cluster(
-        pp * tp * dp,
-        device.devices_per_node,
-        device.intra_node_ring_bytes_per_s,
-        device.inter_node_bytes_per_s,
-        device.link_latency_s,
-        work.shard,
-        device.group_link_shares,
-    )
+    cluster = work.cluster(pp * tp * dp)
     request = PlanRequest(num_ranks=pp, global_batch_size=gbs, settings=work.settings(profile))
     layout = Layout(pp=pp, dp=dp, placement="replicas-in-node", tp=tp, shard=work.shard)
     try:
@@ -414,16 +419,7 @@ def best_plans(table: dict[str, Any], rows: list[RowResult]) -> list[dict[str, A
         shape, _ = shape_for(model, table["models"][model])
         work = _workload(table, row, shape)
         profile = work.profile((1, 2, 4))
-        device = work.device
-        cluster = Cluster(
-            _gpus(row),
-            device.devices_per_node,
-            device.intra_node_ring_bytes_per_s,
-            device.inter_node_bytes_per_s,
-            device.link_latency_s,
-            work.shard,
-            device.group_link_shares,
-        )
+        cluster = work.cluster(_gpus(row))
         # Costed as the row is (its framework's collectives and shardings, Megatron's tensor-parallel layout), but
         # chosen with the planner's headroom.
         settings = replace(work.settings(profile), headroom_fraction=CostSettings().headroom_fraction)

@@ -228,8 +228,6 @@ class InnerDP:
                 raise UsageError(f"{name} must be >= 0 for the DP solver, got {min(getattr(problem, name))}")
         self.pf = np.concatenate(([0.0], np.cumsum(fwd)))
         self.pfb = np.concatenate(([0.0], np.cumsum(fwd + bwd)))
-        # A stage's least compute: its forward and backward, with its forward again where it must recompute.
-        self.c_min = self.pfb if False in problem.recompute_choices else self.pfb + self.pf
 
         def per_cut(values: tuple[float, ...] | tuple[int, ...]) -> np.ndarray:
             return np.asarray(values, dtype=np.float64) if values else np.zeros(n - 1)
@@ -258,6 +256,8 @@ class InnerDP:
         self.out_held = np.concatenate((per_cut(problem.cut_bytes), [float(problem.output_held_bytes)]))
         self.allow0 = False in problem.recompute_choices
         self.allow1 = True in problem.recompute_choices
+        # A stage's least compute: its forward and backward, with its forward again where it must recompute.
+        self.c_min = self.pfb if self.allow0 else self.pfb + self.pf
         self.moments = tuple(stage_moments(problem, s) for s in range(p))
         self.capacity = tuple(float(c) for c in problem.capacity_bytes) if problem.capacity_bytes else (math.inf,) * p
         # Stages that share (moments, capacity) share their cost array.
