@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from planner.errors import PipeplanError, UsageError, shorten
 from planner.limits import MAX_FILE_BYTES, MAX_JSON_DEPTH, MAX_JSON_INT
+from planner.schema_check import compile_check
 
 __all__ = [
     "load_document",
@@ -266,7 +267,7 @@ def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
     return node
 
 
-def _strict_validator(schema: dict[str, Any]) -> Any:
+def _strict_validator_class() -> Any:
     """Draft 2020-12, except that ``integer`` means a JSON integer: ``2.0`` is not a count."""
     import jsonschema
 
@@ -274,15 +275,35 @@ def _strict_validator(schema: dict[str, Any]) -> Any:
     checker = base.TYPE_CHECKER.redefine(
         "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool)
     )
-    return jsonschema.validators.extend(base, type_checker=checker)(_inline_refs(schema, schema.get("$defs", {})))
+    return jsonschema.validators.extend(base, type_checker=checker)
+
+
+def _strict_validator(schema: dict[str, Any]) -> Any:
+    return _strict_validator_class()(_inline_refs(schema, schema.get("$defs", {})))
+
+
+_COMPILED: dict[int, tuple[dict[str, Any], Callable[[Any], bool]]] = {}
+"""Each schema's predicate (planner/schema_check.py), by the schema's identity; the schema is kept beside it, so
+that its identity is not reused."""
+
+
+def _valid_at_once(data: Any, schema: dict[str, Any]) -> bool:
+    """Whether ``data`` is valid, by the schema's compiled predicate (False sends it to jsonschema for the message)."""
+    entry = _COMPILED.get(id(schema))
+    if entry is None:
+        defs = schema.get("$defs", {})
+
+        def by_jsonschema(node: Any) -> Callable[[Any], bool]:  # a node checked as jsonschema checks it
+            return _strict_validator({"$defs": defs, **node} if isinstance(node, dict) else node).is_valid
+
+        entry = _COMPILED[id(schema)] = (schema, compile_check(_inline_refs(schema, defs), by_jsonschema))
+    return entry[1](data)
 
 
 def check_document(
     data: Any, schema: dict[str, Any], *, error: type[PipeplanError], kind: str, fmt: str, version: int
 ) -> None:
     """Check a parsed document's ``format`` and ``version``, then its JSON Schema, as one-line ``error``s."""
-    import jsonschema
-
     if not isinstance(data, dict):
         raise error(f"not a pipeplan {kind}: the top level is not a JSON object")
     if data.get("format") != fmt:
@@ -295,6 +316,10 @@ def check_document(
         _check_tree(data)
     except _ContentError as exc:
         raise error(f"invalid {kind}: {exc}") from None
+    if _valid_at_once(data, schema):
+        return
+    import jsonschema
+
     found = jsonschema.exceptions.best_match(_strict_validator(schema).iter_errors(data))
     if found is not None:
         where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in found.absolute_path)

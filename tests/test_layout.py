@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PARTS = {
     "planner.errors": "planner base",
     "planner.fileio": "planner base",
+    "planner.schema_check": "planner base",
     "planner.limits": "planner base",
     "planner.formatting": "planner base",
     "planner.options": "planner base",
