@@ -13,8 +13,10 @@ row's GPU at the row's micro-batch, precision and recomputation, with the links 
 per table: the GPU's constants are the device model's (a GPU not built in is read from
 ``benchmarks/device_models/GPU.json``), and the rules for what a table leaves out are these, the same for all:
 
-- micro-batch unstated: torchtitan splits a replica's batch into as many micro-batches as there are stages,
-  others run micro-batches of 1; virtual stages unstated with an interleaved schedule: 2 a rank;
+- micro-batch unstated: torchtitan's default at the row's date (a replica's batch in as many micro-batches as
+  pipeline ranks before 2025, as stages from January 2025, micro-batches of 1 from April 2025:
+  ``published_facts.torchtitan_microbatch_size``), others run micro-batches of 1; virtual stages unstated with an
+  interleaved schedule: 2 a rank;
 - ZeRO unstated: the framework's default, the distributed optimizer (ZeRO-1) under NeMo's and Megatron-Bridge's
   recipes, none elsewhere (Megatron-LM's ``--use-distributed-optimizer`` is off by default); sequence parallelism
   unstated: on with tensor parallelism;
@@ -69,6 +71,7 @@ from published_facts import (  # noqa: E402
     shape_for,
     stated_number,
     stated_whole,
+    torchtitan_microbatch_size,
     year_of,
 )
 
@@ -288,7 +291,7 @@ def predict_row(table: dict[str, Any], index: int) -> RowResult:
             mfu_published=published_mfu,
             note="; ".join(filter(None, [work.device_note, *notes])),
         )
-        return _predicted(row, base, shape, work, peak)
+        return _predicted(table, row, base, shape, work, peak)
     except PipeplanError as exc:
         return _noted(base, shorten(str(exc), 120))
 
@@ -307,7 +310,7 @@ def _noted(row: RowResult, note: str) -> RowResult:
 
 
 def _predicted(
-    row: dict[str, Any], base: RowResult, shape: TransformerShape, work: _Workload, peak: float
+    table: dict[str, Any], row: dict[str, Any], base: RowResult, shape: TransformerShape, work: _Workload, peak: float
 ) -> RowResult:
     """``base`` with the row's plan's predicted time, memory and MFU (:func:`predict_row`)."""
     torchtitan, megatron = work.torchtitan, work.megatron
@@ -319,7 +322,8 @@ def _predicted(
     if gbs is None:
         raise PipeplanError("global batch not published")
     per_replica = gbs // dp
-    mbs = stated_whole(row, "mbs", max(1, per_replica // (pp * vp)) if torchtitan else 1) or 1
+    unstated = torchtitan_microbatch_size(row, table, per_replica, pp, vp) if torchtitan else 1
+    mbs = stated_whole(row, "mbs", unstated) or 1
     base = replace(base, config=_config_text(row, vp, mbs, dp))
     if cp > 1:
         return _noted(base, "context parallelism is not modelled")

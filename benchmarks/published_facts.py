@@ -30,6 +30,7 @@ __all__ = [
     "recompute_for",
     "precision_for",
     "year_of",
+    "torchtitan_microbatch_size",
     "measured_iteration_s",
 ]
 
@@ -205,6 +206,37 @@ def year_of(row: dict[str, Any], table: dict[str, Any]) -> int | None:
         if found:
             return int(found.group(1))
     return None
+
+
+def _month_of(row: dict[str, Any], table: dict[str, Any]) -> tuple[int, int] | None:
+    """``(year, month)`` of the row's date, else of its framework's; a year alone is taken as its December."""
+    for text in (str(row.get("date") or ""), str(table.get("framework") or "")):
+        found = re.search(r"\b(20\d\d)(?:-(0[1-9]|1[0-2]))?\b", text)
+        if found:
+            return int(found.group(1)), int(found.group(2) or 12)
+    return None
+
+
+TORCHTITAN_STAGES_FROM = (2025, 1)
+"""torchtitan pull request #781 (2025-01-07): an unset ``experimental.pipeline_parallel_microbatches`` became the
+number of stages, ``pipeline_parallel_degree`` times the stages a rank, where it had been the degree alone."""
+TORCHTITAN_SIZE_FROM = (2025, 4)
+"""torchtitan pull request #1073 (2025-04-08): ``parallelism.pipeline_parallel_microbatch_size`` (default 1) replaced
+the count of micro-batches."""
+
+
+def torchtitan_microbatch_size(row: dict[str, Any], table: dict[str, Any], per_replica: int, pp: int, vp: int) -> int:
+    """The micro-batch torchtitan runs a row at that does not state it: its default at the row's date (else its
+    framework's; neither: today's). Under a pipeline, a replica's batch of ``per_replica`` samples in as many
+    micro-batches as pipeline ranks before :data:`TORCHTITAN_STAGES_FROM`, as stages until
+    :data:`TORCHTITAN_SIZE_FROM`, in micro-batches of 1 since; without one, in one micro-batch."""
+    if pp == 1:
+        return per_replica
+    when = _month_of(row, table) or TORCHTITAN_SIZE_FROM
+    if when >= TORCHTITAN_SIZE_FROM:
+        return 1
+    count = pp if when < TORCHTITAN_STAGES_FROM else pp * vp
+    return max(1, per_replica // count)
 
 
 def measured_iteration_s(

@@ -158,6 +158,26 @@ def test_an_unstated_zero_is_the_frameworks_default() -> None:
     assert shard("OneFlow", 1) == "optimizer" and shard("NeMo", 0) == "none" and shard("torchtitan", 3) == "full"
 
 
+def test_an_unstated_torchtitan_micro_batch_is_its_default_at_the_rows_date() -> None:
+    # 32 samples a replica over 4 pipeline ranks, 2 stages a rank: torchtitan split them into as many micro-batches
+    # as ranks until its pull request #781 (2025-01-07), as stages until #1073 (2025-04-08), micro-batches of 1 since.
+    def size(date: str | None, framework: str = "torchtitan", pp: int = 4) -> int:
+        row = {"date": date} if date else {}
+        return published_facts.torchtitan_microbatch_size(row, {"framework": framework}, 32, pp, 2)
+
+    assert [size(d) for d in ("2024-12", "2025-01", "2025-03", "2025-04", "2026-02")] == [8, 4, 4, 1, 1]
+    assert size(None) == 1 and size(None, "torchtitan 2024") == 8  # a year alone is its December
+    assert size("2024-12", pp=1) == 32  # no pipeline: the replica's batch in one micro-batch
+    rows = [
+        dict(_row(4, 2, "none", 1.0), mbs=None, gbs=64, schedule=s, vp=v)
+        for s, v in (("1f1b", 1), ("interleaved-1f1b", 2))
+    ]
+    for row in rows:
+        row["date"] = "2024-12"
+    table = _table(rows) | {"framework": "torchtitan"}
+    assert [bench_published.predict_row(table, i).config for i in range(2)] == ["4x1x2 b8 none", "4x1x2 v2 b8 none"]
+
+
 def test_a_gpu_is_read_by_its_name_as_the_device_models_spell_it_or_as_its_familys() -> None:
     facts = published_facts
     assert facts.gpu_key("NVIDIA A100 SXM4 80GB") == "a100-80gb"
