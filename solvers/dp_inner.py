@@ -29,15 +29,17 @@ output are handed over in memory (no receive buffers there)."""
 
 @dataclass(frozen=True)
 class _MomentTerms:
-    """A stage kind's moments as columns along a first axis (shape ``(K, 1, 1)``), for :meth:`Band._fits`."""
+    """A stage kind's moments as columns along a first axis (shape ``(K, 1, 1)``), for :meth:`Band._fits`. A count
+    that is 0 at every moment is None, and so are the gradients where every moment holds them: each term they would
+    add is exactly 0, and most stages' moments hold no split backward, no loss and every gradient."""
 
     waiting: np.ndarray
-    split: np.ndarray
-    done: np.ndarray
-    held_output: np.ndarray
+    split: np.ndarray | None
+    done: np.ndarray | None
+    held_output: np.ndarray | None
     sent_grads: np.ndarray
     sent_outputs: np.ndarray
-    grads: np.ndarray
+    grads: np.ndarray | None
     acting: np.ndarray
     by_kind: tuple[tuple[str, np.ndarray], ...]
     """Per acting kind (whose working memory, :func:`acting_kind`), the moments' rows."""
@@ -48,15 +50,18 @@ def _moment_terms(moments: tuple[Moment, ...], recompute: bool) -> _MomentTerms:
     def column(values: list[float] | list[bool]) -> np.ndarray:
         return np.asarray(values)[:, None, None]
 
+    def counts(values: list[float]) -> np.ndarray | None:
+        return column(values) if any(values) else None
+
     kinds = [acting_kind(m, recompute) for m in moments]
     return _MomentTerms(
         waiting=column([float(m.waiting) for m in moments]),
-        split=column([float(m.split) for m in moments]),
-        done=column([float(m.done) for m in moments]),
-        held_output=column([float(m.held_output) for m in moments]),
+        split=counts([float(m.split) for m in moments]),
+        done=counts([float(m.done) for m in moments]),
+        held_output=counts([float(m.held_output) for m in moments]),
         sent_grads=column([float(m.sent_grads) for m in moments]),
         sent_outputs=column([float(m.sent_outputs) for m in moments]),
-        grads=column([bool(m.grads) for m in moments]),
+        grads=None if all(m.grads for m in moments) else column([bool(m.grads) for m in moments]),
         acting=column([bool(m.acting) for m in moments]),
         by_kind=tuple((k, np.asarray([r for r, kk in enumerate(kinds) if kk == k])) for k in dict.fromkeys(kinds)),
     )
@@ -162,16 +167,20 @@ class Band:
         # Every moment at once, along a first axis: the same operations in the same order as one moment at a time
         # (so the same sums to the last bit), a dozen numpy calls a kind instead of a dozen a moment.
         terms = _moment_terms(moments, recompute)
-        past_input = 0.0 if recompute else terms.split * held_past
-        activations = (
-            terms.waiting * held
-            + past_input
-            + np.where(terms.acting, remat, 0.0)
-            + terms.done * self.kept_loss
-            + terms.held_output * self.latest_output
-        )
+        # The terms in the order of solvers.problem.stage_memory_peak's sum; one that is 0 everywhere is left out (x + 0
+        # is x), so the sums are the same to the last bit.
+        activations = terms.waiting * held
+        if terms.split is not None and not recompute:
+            activations = activations + terms.split * held_past
+        activations = activations + np.where(terms.acting, remat, 0.0)
+        if terms.done is not None:
+            activations = activations + terms.done * self.kept_loss
+        if terms.held_output is not None:
+            activations = activations + terms.held_output * self.latest_output
         sends = terms.sent_grads * sent_grad + terms.sent_outputs * sent_output
-        here = base - np.where(terms.grads, 0.0, self.grads) + activations + sends
+        if terms.grads is not None:
+            base = base - np.where(terms.grads, 0.0, self.grads)
+        here = base + activations + sends
         for acting_kind_, rows in terms.by_kind:
             memory = np.maximum(memory, (here[rows] + self.transient[acting_kind_]).max(axis=0))
         allowed = self.model.allow1 if recompute else self.model.allow0
