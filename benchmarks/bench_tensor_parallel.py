@@ -21,7 +21,8 @@ Two models, each on the kind of cluster its published configuration ran on, 8 GP
 The profiles are not measured: ``pipeplan profile --device-model`` builds them (profiles/modelled.py: each
 operation through the GPU's roofline, memory by the trainers' accounting, bf16 weights and fp32 Adam state), and
 the links are the device model's, NVLink at NCCL's rate (docs/cost-model.md, "Device models"). Every row is
-pipeplan's search: "pipeplan" searches every pp, tp and dp; a published row fixes its pp and tp (dp is what the
+pipeplan's search, costed with the collectives of the trainer that ran the published configuration (``plan --for
+megatron|torchtitan``): "pipeplan" searches every pp, tp and dp; a published row fixes its pp and tp (dp is what the
 devices leave) and lets pipeplan pick the micro-batch size, schedule and recomputation. Throughput is predicted
 (the simulated step), never measured here: docs/BENCHMARKS.md section 16 holds the device models against what
 such clusters published.
@@ -43,6 +44,7 @@ from planner.cluster import Cluster, ClusterResult, MeshSearch, plan_cluster  # 
 from planner.cost import CostSettings  # noqa: E402
 from planner.errors import PipeplanError  # noqa: E402
 from planner.formatting import format_table  # noqa: E402
+from planner.planning import trainer_collectives  # noqa: E402
 from planner.request import PlanRequest, calibration_settings  # noqa: E402
 from profiles.device_model import DeviceModel, device_model  # noqa: E402
 from profiles.format import Profile  # noqa: E402
@@ -73,17 +75,21 @@ class Case:
     published: tuple[int, int] | None
     """(pp, tp) of the published configuration, None where none was published at this size."""
     source: str
+    trainer: str
+    """Whose collectives both rows are costed with (``plan --for TRAINER``): the published configuration's."""
 
 
 CASES = (  # smallest first, the two models in turn
-    Case(GPT3_175B, "a100-80gb", 64, 512, "none", None, "-"),
-    Case(LLAMA3_70B, "h100-80gb", 64, 256, "full", (4, 4), "Megatron-Bridge recipe (CP 2 as DP)"),
-    # Megatron's data parallelism is a distributed optimizer (ZeRO-1), not FSDP: the same case planned so.
-    Case(LLAMA3_70B, "h100-80gb", 64, 256, "optimizer", (4, 4), "Megatron-Bridge recipe, --shard optimizer (ZeRO-1)"),
-    Case(GPT3_175B, "a100-80gb", 384, 1536, "none", (12, 8), "Megatron SC21, Table 2"),
-    Case(LLAMA3_70B, "h100-80gb", 256, 512, "full", (1, 8), "torchtitan, Llama 3.1 70B Table 4"),
-    Case(GPT3_175B, "a100-80gb", 768, 1536, "none", (12, 8), "Megatron SC21, Table 2"),
-    Case(LLAMA3_70B, "h100-80gb", 1024, 2048, "full", None, "-"),
+    Case(GPT3_175B, "a100-80gb", 64, 512, "none", None, "-", "megatron"),
+    # The recipe's layout with FSDP, as torchtitan runs it, and with Megatron's distributed optimizer (ZeRO-1).
+    Case(LLAMA3_70B, "h100-80gb", 64, 256, "full", (4, 4), "Megatron-Bridge recipe (CP 2 as DP), FSDP", "torchtitan"),
+    Case(
+        LLAMA3_70B, "h100-80gb", 64, 256, "optimizer", (4, 4), "Megatron-Bridge recipe (CP 2 as DP), ZeRO-1", "megatron"
+    ),
+    Case(GPT3_175B, "a100-80gb", 384, 1536, "none", (12, 8), "Megatron SC21, Table 2", "megatron"),
+    Case(LLAMA3_70B, "h100-80gb", 256, 512, "full", (1, 8), "torchtitan, Llama 3.1 70B Table 4", "torchtitan"),
+    Case(GPT3_175B, "a100-80gb", 768, 1536, "none", (12, 8), "Megatron SC21, Table 2", "megatron"),
+    Case(LLAMA3_70B, "h100-80gb", 1024, 2048, "full", None, "-", "torchtitan"),
 )
 
 
@@ -112,10 +118,11 @@ def run_case(case: Case, jobs: int) -> list[list[object]]:
         case.shard,
         gpu.group_link_shares,
     )
+    layout = {**MEGATRON, **trainer_collectives(case.trainer)}
     runs: list[tuple[str, ClusterResult | str, float]] = []
     started = time.perf_counter()
     chosen = plan_cluster(
-        profile, request, cluster, MeshSearch(tensor_parallel=None, **MEGATRON), sha256="0" * 64, jobs=jobs
+        profile, request, cluster, MeshSearch(tensor_parallel=None, **layout), sha256="0" * 64, jobs=jobs
     )
     runs.append(("pipeplan", chosen, time.perf_counter() - started))
     if case.published is not None:
@@ -126,7 +133,7 @@ def run_case(case: Case, jobs: int) -> list[list[object]]:
                 profile,
                 request,
                 cluster,
-                MeshSearch(pipeline_degree=pp, tensor_parallel=tp, **MEGATRON),
+                MeshSearch(pipeline_degree=pp, tensor_parallel=tp, **layout),
                 sha256="0" * 64,
                 jobs=jobs,
             )
