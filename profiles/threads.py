@@ -32,6 +32,7 @@ __all__ = [
     "profiled_thread_counts",
     "measure_thread_scaling",
     "measure_reference_at",
+    "intra_op_threads",
     "plausible",
     "MAX_STEP_S",
     "SLACK",
@@ -63,7 +64,8 @@ def profiled_thread_counts(cores: int, profiled: int) -> tuple[int, ...]:
 
 
 @contextmanager
-def _threads(count: int) -> Iterator[None]:
+def intra_op_threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``count``, restored after."""
     before = torch.get_num_threads()
     torch.set_num_threads(count)
     try:
@@ -101,13 +103,13 @@ def measure_thread_scaling(
     long = step_s > MAX_STEP_S
     for count in counts if not long else ():
         # One untimed step at each count: thread pools resize on first use, which a long step does not notice.
-        with _threads(count):
+        with intra_op_threads(count):
             step()
     enough = _MIN_ROUNDS if long else _MAX_ROUNDS
     started, rounds = time.perf_counter(), 0
     while rounds < enough and (rounds < _MIN_ROUNDS or time.perf_counter() - started < min_time_s):
         for count in counts:
-            with _threads(count):
+            with intra_op_threads(count):
                 samples[count].append(step())
         rounds += 1
     base = statistics.median(samples[profiled])
@@ -137,11 +139,11 @@ def measure_reference_at(device: torch.device, thread_counts: Sequence[int], rou
     with those threads compares with the profile at equal threads."""
     references = {c: SpeedReference(device) for c in thread_counts}
     for count, reference in references.items():
-        with _threads(count):
+        with intra_op_threads(count):
             reference.warm_up()
     for _ in range(rounds):
         for count, reference in references.items():
-            with _threads(count):
+            with intra_op_threads(count):
                 reference.time_once()
     medians = [references[c].median_s for c in thread_counts]
     return tuple(float(m) if m is not None else 0.0 for m in medians)

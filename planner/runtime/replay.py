@@ -15,6 +15,7 @@ the simulator.
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +36,7 @@ from planner.schedule.orders import Schedule, Step, rank_orders
 from profiles.memory import LiveBytes, MemorySample
 from profiles.model_reference import UnitReference
 from profiles.reference import SpeedReference
+from profiles.threads import intra_op_threads
 from profiles.workload import Workload, as_tuple
 
 __all__ = ["ReplayResult", "replay_plan", "merged_order", "profiled_threads"]
@@ -282,7 +284,10 @@ def _replay(
         _, dt = _timed(lambda: replayer.step(times), dev)
         step_s.append(dt)
         reference.time_once()
-    stage_memory = replayer.tracked_step()
+    # Untimed: on a CPU the memory step runs on every core, where the timed steps ran at the profile's threads.
+    # What it measures, the tensors each stage holds, is the same at any thread count.
+    with intra_op_threads(os.cpu_count() or 1) if dev.type == "cpu" else contextlib.nullcontext():
+        stage_memory = replayer.tracked_step()
     return ReplayResult(
         forward_s=tuple(statistics.median(t) for t in times["F"]),
         backward_s=tuple(statistics.median(t) for t in times["B"]),
