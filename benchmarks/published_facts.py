@@ -200,14 +200,6 @@ def precision_for(table: dict[str, Any], device: DeviceModel) -> str:
     return "fp8" if precision == "fp8" and device.fp8_speedup > 1 else "bf16"
 
 
-def year_of(row: dict[str, Any], table: dict[str, Any]) -> int | None:
-    for text in (str(row.get("date") or ""), str(table.get("framework") or "")):
-        found = re.search(r"\b(20\d\d)\b", text)
-        if found:
-            return int(found.group(1))
-    return None
-
-
 def _month_of(row: dict[str, Any], table: dict[str, Any]) -> tuple[int, int] | None:
     """``(year, month)`` of the row's date, else of its framework's; a year alone is taken as its December."""
     for text in (str(row.get("date") or ""), str(table.get("framework") or "")):
@@ -215,6 +207,11 @@ def _month_of(row: dict[str, Any], table: dict[str, Any]) -> tuple[int, int] | N
         if found:
             return int(found.group(1)), int(found.group(2) or 12)
     return None
+
+
+def year_of(row: dict[str, Any], table: dict[str, Any]) -> int | None:
+    when = _month_of(row, table)
+    return when[0] if when else None
 
 
 TORCHTITAN_STAGES_FROM = (2025, 1)
