@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from profiles.cores import intra_op_threads
 from profiles.dataflow import Piece
 from profiles.measure import backward_roots, fresh_args, sync_device
 from profiles.reference import SpeedReference
@@ -32,7 +32,6 @@ __all__ = [
     "profiled_thread_counts",
     "measure_thread_scaling",
     "measure_reference_at",
-    "intra_op_threads",
     "plausible",
     "MAX_STEP_S",
     "SLACK",
@@ -61,17 +60,6 @@ def profiled_thread_counts(cores: int, profiled: int) -> tuple[int, ...]:
     """The counts a CPU profile times the whole model at: each rank's of a pipeline of 2 ranks or more
     (:func:`rank_thread_counts`), and the profiled one, largest first."""
     return tuple(sorted({*rank_thread_counts(cores, fewest_ranks=2), profiled}, reverse=True))
-
-
-@contextmanager
-def intra_op_threads(count: int) -> Iterator[None]:
-    """torch's intra-op threads set to ``count``, restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def measure_thread_scaling(

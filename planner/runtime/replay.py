@@ -15,7 +15,6 @@ the simulator.
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -33,10 +32,10 @@ from planner.runtime.apply import microbatch_inputs, schedule_microbatches, tied
 from planner.runtime.run_setup import captured_units, make_optimizer
 from planner.runtime.stages import split_stages
 from planner.schedule.orders import Schedule, Step, rank_orders
+from profiles.cores import untimed_on_every_core
 from profiles.memory import LiveBytes, MemorySample
 from profiles.model_reference import UnitReference
 from profiles.reference import SpeedReference
-from profiles.threads import intra_op_threads
 from profiles.workload import Workload, as_tuple
 
 __all__ = ["ReplayResult", "replay_plan", "merged_order", "profiled_threads"]
@@ -284,9 +283,7 @@ def _replay(
         _, dt = _timed(lambda: replayer.step(times), dev)
         step_s.append(dt)
         reference.time_once()
-    # Untimed: on a CPU the memory step runs on every core, where the timed steps ran at the profile's threads.
-    # What it measures, the tensors each stage holds, is the same at any thread count.
-    with intra_op_threads(os.cpu_count() or 1) if dev.type == "cpu" else contextlib.nullcontext():
+    with untimed_on_every_core(dev.type):  # the timed steps ran at the profile's threads
         stage_memory = replayer.tracked_step()
     return ReplayResult(
         forward_s=tuple(statistics.median(t) for t in times["F"]),
