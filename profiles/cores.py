@@ -1,4 +1,5 @@
-"""The cores a machine shares out among its local ranks (no torch: the launcher and the CLI need it to start)."""
+"""The cores a machine shares out among its local ranks, and torch's threads set around a piece of work (torch is
+imported only there: the launcher and the CLI import this module to start)."""
 
 from __future__ import annotations
 
