@@ -28,7 +28,6 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from profiles.cores import untimed_on_every_core
 from profiles.dataflow import Piece, needs_grad, tensor_bytes
 from profiles.memory import tensor_storages
 
@@ -375,10 +374,7 @@ def measure_piece(
     output_bytes, saved_bytes, peak = run.probe() if probe else (0, 0, None)
     run.warm_up(max(warmup - 1, 0) if probe else warmup)  # the probe was the first warm-up iteration
     forward_times, backward_times, input_times, weight_times, kept_bytes, has_backward = run.timed(repeats, split)
-    memory = None
-    if track_memory:
-        with untimed_on_every_core(device.type):  # the timed iterations ran at the caller's threads
-            memory = run.tracked()
+    memory = run.tracked() if track_memory else None
     run.clear_input_grads()
     piece.module.zero_grad(set_to_none=True)
     return PieceMeasurement(
