@@ -32,7 +32,7 @@ from planner.runtime.apply import microbatch_inputs, schedule_microbatches, tied
 from planner.runtime.run_setup import captured_units, make_optimizer
 from planner.runtime.stages import split_stages
 from planner.schedule.orders import Schedule, Step, rank_orders
-from profiles.cores import untimed_on_every_core
+from profiles.cores import intra_op_threads, untimed_on_every_core
 from profiles.memory import LiveBytes, MemorySample
 from profiles.model_reference import UnitReference
 from profiles.reference import SpeedReference
@@ -135,12 +135,8 @@ def profiled_threads(plan: Plan, dev: torch.device) -> Iterator[None]:
     if dev.type != "cpu" or threads is None:
         yield
         return
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with intra_op_threads(threads):
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 class _Stages:
