@@ -296,7 +296,7 @@ def _valid_at_once(data: Any, schema: dict[str, Any]) -> bool:
         def by_jsonschema(node: Any) -> Callable[[Any], bool]:  # a node checked as jsonschema checks it
             return _strict_validator({"$defs": defs, **node} if isinstance(node, dict) else node).is_valid
 
-        entry = _COMPILED[id(schema)] = (schema, compile_check(_inline_refs(schema, defs), by_jsonschema))
+        entry = _COMPILED[id(schema)] = (schema, compile_check(schema, by_jsonschema))
     return entry[1](data)
 
 

@@ -71,6 +71,12 @@ def compile_check(schema: Any, fallback: Callable[[Any], Check]) -> Check:
     return _Compiler(fallback, defs).node(schema)
 
 
+def _ref_name(schema: dict[str, Any]) -> str | None:
+    """The definition a node's ``$ref`` names, where it is ``#/$defs/NAME``; else None."""
+    ref = schema.get("$ref")
+    return ref[len("#/$defs/") :] if isinstance(ref, str) and ref.startswith("#/$defs/") else None
+
+
 def _equals(constant: str | int) -> Check:
     """Equality as jsonschema's ``equal`` has it for a string or a whole number: ``1.0`` equals 1, ``True`` does
     not, nor does a container."""
@@ -93,8 +99,8 @@ class _Compiler:
         if not isinstance(schema, dict) or not self._compilable(schema):
             return self.fallback(schema)
         checks = [c for key in schema if key in COMPILED for c in self._keyword(key, schema[key], schema)]
-        if "$ref" in schema:
-            name = schema["$ref"][len("#/$defs/") :]
+        name = _ref_name(schema)
+        if name is not None:
             self.following.add(name)
             checks.append(self.node(self.defs[name]))
             self.following.discard(name)
@@ -112,13 +118,8 @@ class _Compiler:
     def _compilable(self, schema: dict[str, Any]) -> bool:
         if any(key not in COMPILED and key not in IGNORED and key != "$ref" for key in schema):
             return False
-        ref = schema.get("$ref")
-        if ref is not None and not (
-            isinstance(ref, str)
-            and ref.startswith("#/$defs/")
-            and ref[len("#/$defs/") :] in self.defs
-            and ref[len("#/$defs/") :] not in self.following
-        ):
+        name = _ref_name(schema)
+        if "$ref" in schema and (name is None or name not in self.defs or name in self.following):
             return False
         if "additionalProperties" in schema and not isinstance(schema["additionalProperties"], (bool, dict)):
             return False
