@@ -40,12 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import run_started, tables_in, tee_stdout, write_record  # noqa: E402
 
-from planner.cluster import Cluster, ClusterResult, MeshSearch, plan_cluster  # noqa: E402
+from planner.cluster import ClusterResult, MeshSearch, plan_cluster  # noqa: E402
 from planner.cost import CostSettings  # noqa: E402
 from planner.errors import PipeplanError  # noqa: E402
 from planner.formatting import format_table  # noqa: E402
-from planner.planning import trainer_collectives  # noqa: E402
-from planner.request import PlanRequest, calibration_settings  # noqa: E402
+from planner.planning import cluster_devices, trainer_collectives  # noqa: E402
+from planner.request import ClusterOptions, PlanRequest, calibration_settings  # noqa: E402
 from profiles.device_model import DeviceModel, device_model  # noqa: E402
 from profiles.format import Profile  # noqa: E402
 from profiles.modelled import TransformerShape, modelled_profile  # noqa: E402
@@ -109,15 +109,7 @@ def run_case(case: Case, jobs: int) -> list[list[object]]:
         **calibration_settings("auto", "cuda", profile),  # type: ignore[arg-type]
     )
     request = PlanRequest(num_ranks=1, global_batch_size=case.global_batch, settings=settings)
-    cluster = Cluster(
-        case.devices,
-        gpu.devices_per_node,
-        gpu.intra_node_ring_bytes_per_s,
-        gpu.inter_node_bytes_per_s,
-        gpu.link_latency_s,
-        case.shard,
-        gpu.group_link_shares,
-    )
+    cluster = cluster_devices(profile, ClusterOptions(devices=case.devices, shard=case.shard), None)  # as `plan`
     layout = {**MEGATRON, **trainer_collectives(case.trainer)}
     runs: list[tuple[str, ClusterResult | str, float]] = []
     started = time.perf_counter()
