@@ -24,6 +24,7 @@ would.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -159,11 +160,13 @@ def _worker(
     backend: str | None,
     threads: int,
     conn: Connection,
+    lifeline: Connection,
 ) -> None:
     # ``callers`` did its work as the process was unpickled, before the rest of its arguments (_adopt_environment).
     del callers
     # A process group of its own: stopping the rank stops what user code started inside it too.
     os.setpgid(0, 0)
+    _stop_with_caller(lifeline)
     if os.environ.get(PIN_ENV) == "1":
         pin_rank_cpus(rank, world_size, threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
@@ -188,6 +191,22 @@ def _worker(
         _send(conn, ("error", f"{type(exc).__name__}: {exc}", time.time(), traceback.format_exc(), place))
     finally:
         conn.close()
+
+
+def _stop_with_caller(lifeline: Connection) -> None:
+    """Stop this rank's process group once the launching process is gone, however it went.
+
+    A caller stopped by a signal it does not handle (a script calling the API, SIGKILL) runs no ``finally`` that
+    stops its ranks, and the fork server they came from outlives it, so a rank's parent does not change: the
+    caller holds the only write end of ``lifeline``, and its end of file is the caller's exit. A thread blocked on
+    the read costs the rank nothing while it runs."""
+
+    def watch() -> None:
+        with contextlib.suppress(OSError, EOFError):
+            lifeline.poll(None)
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="pipeplan-lifeline", daemon=True).start()
 
 
 def prepare_rank(threads: int) -> None:
@@ -336,13 +355,14 @@ def run_ranks(
     """
     port = free_port()
     threads = threads or rank_threads(world_size)
-    procs, conns = _start_ranks(fn, args, world_size, port, backend, threads)
+    procs, conns, lifeline = _start_ranks(fn, args, world_size, port, backend, threads)
     try:
         results, failures = _collect(procs, conns, timeout_s)
     finally:
         _stop(procs)
         for c in conns:
             c.close()
+        lifeline.close()  # after _stop: a rank that sees its end of file stops at once
     if failures:
         rank = min(failures, key=lambda r: failures[r][:2])
         error = ExecutionError(failures[rank][2])
@@ -356,15 +376,17 @@ def run_ranks(
 
 def _start_ranks(
     fn: Callable[..., Any], args: Sequence[Any], world_size: int, port: int, backend: str | None, threads: int
-) -> tuple[list[mp.process.BaseProcess], list[Connection]]:
-    """Start one process per rank; the processes and the read ends of the pipes their results come back on."""
+) -> tuple[list[mp.process.BaseProcess], list[Connection], Connection]:
+    """Start one process per rank; the processes, the read ends of the pipes their results come back on, and the
+    write end of the ranks' lifeline (:func:`_stop_with_caller`), to close once they are stopped."""
     ctx = rank_context(fn)
     procs, conns = [], []
+    watched, lifeline = ctx.Pipe(duplex=False)
     for rank in range(world_size):
         parent, child = ctx.Pipe(duplex=False)
         p = ctx.Process(
             target=_worker,
-            args=(_CallersEnvironment(), fn, args, rank, world_size, port, backend, threads, child),
+            args=(_CallersEnvironment(), fn, args, rank, world_size, port, backend, threads, child, watched),
             daemon=True,
             name=f"pipeplan-rank-{rank}",
         )
@@ -372,7 +394,8 @@ def _start_ranks(
         child.close()
         procs.append(p)
         conns.append(parent)
-    return procs, conns
+    watched.close()
+    return procs, conns, lifeline
 
 
 _ALWAYS_PRELOADED = ("torch", "torch.distributed", "torch.distributed.pipelining")

@@ -3,6 +3,7 @@ orphans; and --timeout holds in replay mode."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -106,3 +107,37 @@ def test_sighup_is_handled_like_sigterm() -> None:
         time.sleep(5)
     assert caught.value.signum == signal.SIGHUP and str(caught.value) == "SIGHUP"
     assert {sig: signal.getsignal(sig) for sig in before} == before  # restored after verify
+
+
+def test_ranks_stop_when_a_library_caller_is_killed(mlp_plan: Path) -> None:
+    """A script calling verify_plan has no handler of pipeplan's: SIGKILL leaves it no ``finally``, and its ranks,
+    hung here as a rank in a collective would be, must still go (the fork server they came from outlives it)."""
+    env = {**os.environ, FAULT_ENV: "0:hang", "PYTHONPATH": str(ROOT)}
+    script = (
+        "import sys; from planner.plan import load_plan; from planner.runtime.verify import verify_plan; "
+        "from planner.runtime.run_options import VerifyOptions; "
+        "verify_plan(load_plan(sys.argv[1]), 'mlp', VerifyOptions(mode='processes', timeout_s=300))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script, str(mlp_plan)], cwd=ROOT, env=env)
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        ranks: set[int] = set()
+        while time.monotonic() < deadline and len(ranks) < 2:
+            time.sleep(0.5)
+            ranks = {p for p in _descendants(proc.pid) if os.getpgid(p) == p} if proc.poll() is None else set()
+        assert len(ranks) == 2, "the two ranks (each leading its own process group) did not start"
+        time.sleep(2)  # the ranks are in the fault hook now
+        seen = ranks | {p for r in ranks for p in _descendants(r)}
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(_alive(p) for p in seen):
+            time.sleep(0.25)
+        assert [p for p in seen if _alive(p)] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in seen:  # nothing left behind by the test, whatever it found
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
