@@ -115,7 +115,7 @@ class DeviceModel:
 
     def as_dict(self) -> dict[str, Any]:
         fields_ = asdict(self)
-        # A switched node's, or links taken at their datasheet rate: the file and profile stay as written before.
+        # A switched node's, or links taken at their datasheet rate: the field is left out of the file and profile.
         if not self.group_link_shares:
             del fields_["group_link_shares"]
         if self.nvlink_efficiency == 1.0:

@@ -83,7 +83,7 @@ class UnitProfile:
     tied_param_count: int = 0
     param_tensor_count: int = 0
     """Parameter tensors the unit's stage holds (tied copies included): the optimizer pays per tensor.
-    Optional (0 in profiles written before it was recorded)."""
+    Optional: 0 where a profile does not record it."""
     """Parameters this unit uses that an earlier unit already counts; a pipeline stage holds a copy."""
     backward_input_s: tuple[float, ...] | None = None
     """The backward split as zero-bubble schedules run it: I, torch's ``stage_backward_input`` (input

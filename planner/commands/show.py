@@ -48,7 +48,7 @@ def format_file(path: str, micro_batch_size: str | None = None) -> str:
                 f"micro-batch size {size} was not profiled (sizes: {', '.join(map(str, profile.micro_batch_sizes))})"
             )
         return format_profile_table(profile, size)
-    # Reports written before they named their format are known by their fields.
+    # A report that does not name its format is known by its fields.
     if kind == VERIFY_REPORT_FORMAT or (kind is None and isinstance(data, dict) and {"mode", "stages"} <= set(data)):
         if micro_batch_size is not None:
             raise UsageError("--micro-batch-size picks a profile's table; a verify report has one micro-batch size")

@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 VERIFY_REPORT_FORMAT = "pipeplan.verify-report"
-"""The ``format`` a report's JSON names (reports written before carry none)."""
+"""The ``format`` a report's JSON names (a report without it is known by its fields)."""
 
 NUMERICS_ATOL = 1e-5
 NUMERICS_RTOL = 1e-4
@@ -61,7 +61,7 @@ class StageReport:
     """The plan's memory of the stage at its peak, by part (``StagePlan.memory_bytes``)."""
     measured_memory: MemoryBreakdown | None = None
     """The stage's peak of live tensor bytes in one training step, by the same parts, at the moment of the peak
-    (:mod:`planner.runtime.stage_memory`); None where not measured (reports written before)."""
+    (:mod:`planner.runtime.stage_memory`); None where the report does not hold it."""
     capacity_bytes: float | None = None
     """The memory the plan was made for, the stage's share: its rank's device memory (``--memory``) over the
     stages the rank holds; None if unknown."""
@@ -158,7 +158,7 @@ class VerifyReport:
     stages: tuple[StageReport, ...]
     memory_kind: str
     """How memory was measured: ``live-tensors`` (every stage's peak of live tensor bytes, by torch's dispatcher:
-    planner/runtime/stage_memory.py), or in reports written before, ``cuda``, ``rss`` or ``rss-process``."""
+    planner/runtime/stage_memory.py); a report read from a file may also name ``cuda``, ``rss`` or ``rss-process``."""
     numerics: NumericsReport | None = None
     optimizer: str = "adam"
     """The optimizer stepped inside each timed iteration."""
@@ -193,7 +193,7 @@ class VerifyReport:
     """Per rank, CUDA: the allocator's peak of reserved bytes (``max_memory_reserved``)."""
     world_size: int | None = None
     """The processes that ran the plan: the job's under ``torchrun``, those started under ``processes``, 1 in a
-    replay; None in reports written before."""
+    replay; None where the report does not record it."""
     job: JobReport | None = None
     """``torchrun`` only: each rank's node and local rank, each replica's slowest rank, each node's links and the
     gradient all-reduce per mesh dimension (planner/runtime/job_report.py)."""
