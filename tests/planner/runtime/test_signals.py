@@ -49,6 +49,18 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _two_ranks_hung(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> set[int]:
+    """The two ranks ``proc`` started (each leading its own process group), once they hang in the fault hook."""
+    deadline = time.monotonic() + 120
+    ranks: set[int] = set()
+    while time.monotonic() < deadline and len(ranks) < 2:
+        time.sleep(0.5)
+        ranks = {p for p in _descendants(proc.pid) if os.getpgid(p) == p} if proc.poll() is None else set()
+    assert len(ranks) == 2, "the two ranks (each leading its own process group) did not start"
+    time.sleep(2)  # past the process group's start: the ranks are in the fault hook now
+    return ranks
+
+
 @pytest.fixture(scope="module")
 def mlp_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("signals") / "mlp.plan.json"
@@ -63,13 +75,7 @@ def test_sigterm_stops_every_rank_and_its_group(mlp_plan: Path) -> None:
     argv += ["verify", str(mlp_plan), "--model", "mlp", "--mode", "processes", "--timeout", "300"]
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        ranks: set[int] = set()
-        while time.monotonic() < deadline and len(ranks) < 2:
-            time.sleep(0.5)
-            ranks = {p for p in _descendants(proc.pid) if os.getpgid(p) == p} if proc.poll() is None else set()
-        assert len(ranks) == 2, "the two ranks (each leading its own process group) did not start"
-        time.sleep(2)  # past the process group's start: the ranks are in the fault hook now
+        _two_ranks_hung(proc)
         seen = _descendants(proc.pid)
         os.kill(proc.pid, sig)
         _, err = proc.communicate(timeout=60)
@@ -121,13 +127,7 @@ def test_ranks_stop_when_a_library_caller_is_killed(mlp_plan: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-c", script, str(mlp_plan)], cwd=ROOT, env=env)
     seen: set[int] = set()
     try:
-        deadline = time.monotonic() + 120
-        ranks: set[int] = set()
-        while time.monotonic() < deadline and len(ranks) < 2:
-            time.sleep(0.5)
-            ranks = {p for p in _descendants(proc.pid) if os.getpgid(p) == p} if proc.poll() is None else set()
-        assert len(ranks) == 2, "the two ranks (each leading its own process group) did not start"
-        time.sleep(2)  # the ranks are in the fault hook now
+        ranks = _two_ranks_hung(proc)
         seen = ranks | {p for r in ranks for p in _descendants(r)}
         proc.kill()
         proc.wait(timeout=30)
