@@ -135,9 +135,8 @@ def _time_sizes(
     else at once, as a stage runs each unit after the one before.
     """
     # The most rounds from the start, shrunk as each size ends sooner: a total that only grows would make an ETA
-    # that only lengthens.
-    bar.total = sum(len(run.pieces) for run in runs) * timing.max_repeats
-    bar.refresh()
+    # that only lengthens. Its clock starts here: the splits before took seconds no round step costs.
+    bar.reset(total=sum(len(run.pieces) for run in runs) * timing.max_repeats)
     order = [_whole_in_the_middle(run, f) for run, f in zip(runs, flops, strict=True)]
     first_s: dict[tuple[int, int], float] = {}  # each piece's forward+backward in the first round
 
@@ -296,7 +295,9 @@ def measure_loaded(
     """
     from tqdm import tqdm
 
-    bar = tqdm(total=0, disable=not progress, file=sys.stderr, unit="step", leave=False)
+    # The ETA from the average rate since the rounds began (smoothing 0): a round visits pieces from a few
+    # milliseconds to seconds long in turn, so a recent-rate average would swing with whichever came last.
+    bar = tqdm(total=0, disable=not progress, file=sys.stderr, unit="step", leave=False, smoothing=0)
     flops: list[tuple[int, ...]] = []
     edges_by_size: list[tuple[Edge, ...]] = []
     runs: list[SizeRun] = []

@@ -426,3 +426,36 @@ def test_a_long_step_is_timed_at_each_count_without_an_untimed_one_first() -> No
         piece, device=torch.device("cpu"), loss_fn=None, target=None, step_s=0.0, thread_counts=(2, 1), min_time_s=0
     )
     assert Counted.calls == 2 + 2 * _MIN_ROUNDS  # a short step: one untimed at each count first
+
+
+def test_the_progress_bar_times_the_rounds_from_their_start(monkeypatch) -> None:
+    """The ETA is the rounds' rate over the steps left: the seconds spent splitting the model before the first
+    round (a clock that only the splits move, here) must not count as time the first step took."""
+    import tqdm as tqdm_package
+
+    import profiles.loaded_profile as loaded_profile
+
+    clock = [1000.0]
+    elapsed_at_steps: list[float] = []
+
+    class Bar(tqdm_package.tqdm):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self._time = lambda: clock[0]
+            self.start_t = self.last_print_t = clock[0]
+
+        def update(self, n: float | None = 1) -> bool | None:
+            elapsed_at_steps.append(self.format_dict["elapsed"])
+            return super().update(n)
+
+    split = loaded_profile._capture
+
+    def slow_split(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the function's own signature
+        clock[0] += 100.0
+        return split(*args, **kwargs)
+
+    monkeypatch.setattr(tqdm_package, "tqdm", Bar)
+    monkeypatch.setattr(loaded_profile, "_capture", slow_split)
+    settings = MeasureSettings(micro_batch_sizes=(1, 2), repeats=1, max_repeats=1, warmup=0, min_time_s=0.0)
+    profile_model(BUILTIN_MODELS["mlp"](), settings)
+    assert elapsed_at_steps and max(elapsed_at_steps) == 0.0, elapsed_at_steps[:3]
