@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import ExecutionError
+from planner.runtime.progress import ProgressBar, report_to
 from profiles.cores import rank_threads
 
 __all__ = [
@@ -167,6 +168,8 @@ def _worker(
     # A process group of its own: stopping the rank stops what user code started inside it too.
     os.setpgid(0, 0)
     _stop_with_caller(lifeline)
+    if rank == 0:  # one rank's steps stand for the launch's
+        report_to(lambda message: _send(conn, message))
     if os.environ.get(PIN_ENV) == "1":
         pin_rank_cpus(rank, world_size, threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
@@ -356,9 +359,11 @@ def run_ranks(
     port = free_port()
     threads = threads or rank_threads(world_size)
     procs, conns, lifeline = _start_ranks(fn, args, world_size, port, backend, threads)
+    bar = ProgressBar()
     try:
-        results, failures = _collect(procs, conns, timeout_s)
+        results, failures = _collect(procs, conns, timeout_s, bar)
     finally:
+        bar.close()
         _stop(procs)
         for c in conns:
             c.close()
@@ -429,15 +434,24 @@ _Failure = tuple[int, float, str, str]
 """How a rank failed: (priority, time, message, traceback); the least (priority, time) is reported."""
 
 
-def _receive(rank: int, conn: Connection, proc: mp.process.BaseProcess) -> tuple[bool, Any]:
-    """What a rank that is done sent: ``(True, result)``, or ``(False, failure)`` (:data:`_Failure`) when it
-    raised or died."""
-    message = None
-    if conn.poll():
+def _receive(
+    rank: int, conn: Connection, proc: mp.process.BaseProcess, progress: Callable[[int, int, str], None]
+) -> tuple[bool, Any] | None:
+    """What a rank sent: ``(True, result)``, or ``(False, failure)`` (:data:`_Failure`) when it raised or died;
+    None while it has only reported its progress (handed to ``progress``) and runs on."""
+    message, ended = None, False
+    while message is None and conn.poll():
         try:
-            message = pickle.loads(conn.recv_bytes())
+            sent = pickle.loads(conn.recv_bytes())
         except EOFError:
-            message = None
+            ended = True
+            break
+        if sent[0] == "progress":
+            progress(*sent[1:])
+        else:
+            message = sent
+    if message is None and not ended and proc.is_alive():
+        return None
     if message is not None and message[0] == "ok":
         return True, message[1]
     if message is not None:
@@ -453,10 +467,13 @@ def _receive(rank: int, conn: Connection, proc: mp.process.BaseProcess) -> tuple
 
 
 def _collect(
-    procs: Sequence[mp.process.BaseProcess], conns: Sequence[Connection], timeout_s: float
+    procs: Sequence[mp.process.BaseProcess],
+    conns: Sequence[Connection],
+    timeout_s: float,
+    progress: Callable[[int, int, str], None],
 ) -> tuple[dict[int, Any], dict[int, _Failure]]:
     """Every rank's result or failure, as they come, until all are in, the time-out passes, or :data:`_GRACE_S`
-    after the first failure."""
+    after the first failure; the ranks' progress reports meanwhile to ``progress``."""
     world_size = len(procs)
     results: dict[int, Any] = {}
     failures: dict[int, _Failure] = {}
@@ -474,7 +491,10 @@ def _collect(
             rank = waiting.get(obj, sentinels.get(obj))  # type: ignore[arg-type]
             if rank is None or rank in results or rank in failures:
                 continue
-            ok, value = _receive(rank, conns[rank], procs[rank])
+            received = _receive(rank, conns[rank], procs[rank], progress)
+            if received is None:
+                continue
+            ok, value = received
             if ok:
                 results[rank] = value
                 continue

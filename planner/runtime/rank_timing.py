@@ -27,6 +27,7 @@ import torch
 from planner.plan import Plan
 from planner.runtime.apply import apply_plan
 from planner.runtime.launch import each_rank_in_turn, every_rank_at_once
+from planner.runtime.progress import Phases
 from planner.runtime.run_options import MIN_TIME_S, MIN_WARMUP_S
 from planner.runtime.run_setup import captured_units, make_optimizer
 from planner.runtime.stage_memory import track_rank_memory
@@ -396,12 +397,15 @@ def rank_main(
     gpu = rank if local_rank is None else local_rank
     dev = torch.device(f"cuda:{gpu}") if device.startswith("cuda") else torch.device("cpu")
     steps_of = _PlanSteps(spec, plan, dev, _WaitTimer(), numerics)
+    phases = Phases(1 + steps + 1, "verify")  # the warm-up, the timed steps, the memory step
     steps_of.warm_up(warmup, min_warmup_s)
     reference = steps_of.reference or SpeedReference(dev)
     reference.warm_up()
+    phases.end(left=steps + 1)
 
     def timed_step() -> None:
         steps_of.timed_step()
+        phases.end(left=max(steps - len(steps_of.iteration), 0) + 1)
         # After the step's closing barrier (outside every timed interval), each rank alone: the machine's
         # speed now; then every rank at once: the ranks' contention now, against the co-location factor's.
         each_rank_in_turn(rank, world_size, f"verify-reference-{len(steps_of.iteration)}", reference.time_once)
@@ -415,6 +419,7 @@ def rank_main(
     if dev.type == "cuda":
         allocated, reserved = int(torch.cuda.max_memory_allocated(dev)), int(torch.cuda.max_memory_reserved(dev))
     result = steps_of.result(reference)
+    phases.end(left=0)
     return replace(result, device_allocated_bytes=allocated, device_reserved_bytes=reserved)
 
 
@@ -448,10 +453,13 @@ def rank_main_interleaved(
         _PlanSteps(spec, plan, dev, waits, numerics=False, captured=captured, loaded=loaded, unit_reference=w)
         for plan, w in zip(plans, wanted, strict=True)
     ]
+    # A warm-up and a block a round of each plan, and each plan's memory step where tracked.
+    phases = Phases(len(runs) * (1 + rounds + int(track_memory)), f"{len(runs)} plans in {rounds} rounds")
     # The process warms up once, for ``min_warmup_s`` (gloo's pairs, the heap's growth), on the first plan; each
     # other plan its ``warmup`` steps: its ratios are medians over rounds, which a slow first block moves little.
     for k, r in enumerate(runs):
         r.warm_up(warmup, min_warmup_s if k == 0 else 0.0)
+        phases.end()
     shared: dict[tuple[int, tuple[str, ...]], SpeedReference | UnitReference] = {}
     references = []
     for r in runs:
@@ -477,8 +485,14 @@ def rank_main_interleaved(
         for k in range(len(runs)):
             r = runs[(index + k) % len(runs)]
             _repeat(lambda r=r, i=index: r.timed_step(i), 1, min_block_s, MAX_TIMED_STEPS, dev)
+            phases.end()
         each_rank_in_turn(rank, world_size, f"interleaved-reference-{index}", time_all)
         units = [r for r in shared.values() if isinstance(r, UnitReference)]
         if units:
             time_units_together(rank, world_size, f"interleaved-{index}", units)
-    return [r.result(reference, track_memory) for r, reference in zip(runs, references, strict=True)]
+    results = []
+    for r, reference in zip(runs, references, strict=True):
+        results.append(r.result(reference, track_memory))
+        if track_memory:
+            phases.end()
+    return results

@@ -29,6 +29,7 @@ from torch import nn
 from planner.errors import ExecutionError
 from planner.plan import Plan
 from planner.runtime.apply import microbatch_inputs, schedule_microbatches, tied_parameter_groups
+from planner.runtime.progress import Phases, ProgressBar
 from planner.runtime.run_setup import captured_units, make_optimizer
 from planner.runtime.stages import split_stages
 from planner.schedule.orders import Schedule, Step, rank_orders
@@ -265,22 +266,30 @@ def _replay(
     # Before the model is split into stages: its units are captured as the profile captured them.
     reference: SpeedReference | UnitReference = _unit_reference(plan, workload, dev) or SpeedReference(dev)
     replayer = _Replayer(plan, workload, dev)
-    loss = grads = None
-    if keep_grads:  # before the warm-up, without the step's tail: the weights stay those of a fresh model
-        loss = replayer.step(None, tail=False).item()
-        grads = _gathered_grads(workload.model, replayer.modules)
-        replayer.optimizer.zero_grad(set_to_none=True)
-    for _ in range(warmup):
-        replayer.step(None)
-    times: dict[str, list[list[float]]] = {k: [[] for _ in range(plan.num_stages)] for k in "FB"}
-    step_s = []
-    reference.warm_up()
-    for _ in range(steps):
-        _, dt = _timed(lambda: replayer.step(times), dev)
-        step_s.append(dt)
-        reference.time_once()
-    with untimed_on_every_core(dev.type):  # the timed steps ran at the profile's threads
-        stage_memory = replayer.tracked_step()
+    bar = ProgressBar()
+    try:
+        phases = Phases(int(keep_grads) + warmup + steps + 1, "verify (replay)", bar)
+        loss = grads = None
+        if keep_grads:  # before the warm-up, without the step's tail: the weights stay those of a fresh model
+            loss = replayer.step(None, tail=False).item()
+            grads = _gathered_grads(workload.model, replayer.modules)
+            replayer.optimizer.zero_grad(set_to_none=True)
+            phases.end()
+        for _ in range(warmup):
+            replayer.step(None)
+            phases.end()
+        times: dict[str, list[list[float]]] = {k: [[] for _ in range(plan.num_stages)] for k in "FB"}
+        step_s = []
+        reference.warm_up()
+        for _ in range(steps):
+            _, dt = _timed(lambda: replayer.step(times), dev)
+            step_s.append(dt)
+            reference.time_once()
+            phases.end()
+        with untimed_on_every_core(dev.type):  # the timed steps ran at the profile's threads
+            stage_memory = replayer.tracked_step()
+    finally:
+        bar.close()
     return ReplayResult(
         forward_s=tuple(statistics.median(t) for t in times["F"]),
         backward_s=tuple(statistics.median(t) for t in times["B"]),
