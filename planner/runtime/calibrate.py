@@ -51,6 +51,7 @@ from planner.calibration import BACKEND_OF_DEVICE, Calibration, shipped_calibrat
 from planner.errors import UsageError
 from planner.runtime.launch import each_rank_in_turn, run_ranks
 from planner.runtime.optimizer_probe import fit_optimizers, time_optimizers
+from planner.runtime.progress import Phases
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule, stage_to_rank
 from planner.schedule.pipeline import Pipeline
 from planner.schedule.simulate import RuntimeTerms, simulate
@@ -430,14 +431,22 @@ def _rank_main(
             torch.cuda.synchronize(dev)
 
     counts = (max(world, 2), 2 * world, 4 * world)
+    transfer = dev.type == "cpu" and world > 1
+    phases = Phases(5 + int(transfer), "calibrate")
     result: dict[str, Any] = {"p2p": _p2p(rank, dev, sync, repeats, min_measure_s)}
+    phases.end()
     result["colocation"] = _colocation(rank, world, dev, steps)
-    if dev.type == "cpu" and world > 1:
+    phases.end()
+    if transfer:
         # A quick calibration (tests: no least time) takes one round; a real one, the rounds a ratio needs.
         result["transfer"] = transfer_run_times(rank, world, _TRANSFER_ROUNDS if min_measure_s > 0 else 1)
+        phases.end()
     result["optimizer"] = time_optimizers(dev, sync, repeats, min_measure_s)
+    phases.end()
     result["compute"] = _tiny_compute(dev)
+    phases.end()
     result["schedules"] = _schedule_runs(rank, world, dev, steps, counts, min_measure_s)
+    phases.end()
     result["threads"] = torch.get_num_threads()
     return result
 
