@@ -27,7 +27,7 @@ def report_to(channel: Any) -> None:
 
 
 def report_progress(done: int, total: int, what: str) -> None:
-    """``done`` of ``total`` steps of ``what`` (``"verify"``, ``"learning round 2 of 3"``) are done; a no-op where
+    """``done`` of ``total`` phases of ``what`` (``"verify"``, ``"18 plans in 24 rounds"``) are done; a no-op where
     nobody shows it (:func:`report_to`)."""
     if _channel is not None:
         _channel(("progress", done, total, what))
@@ -35,7 +35,7 @@ def report_progress(done: int, total: int, what: str) -> None:
 
 class ProgressBar:
     """A bar on stderr, on a terminal only, made at the first report: the average rate since then gives its ETA
-    (the steps of a run take alike)."""
+    (a run's phases take about alike)."""
 
     def __init__(self) -> None:
         self._bar: Any = None
