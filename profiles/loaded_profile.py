@@ -136,6 +136,7 @@ def _time_sizes(
     """
     # The most rounds from the start, shrunk as each size ends sooner: a total that only grows would make an ETA
     # that only lengthens. Its clock starts here: the splits before took seconds no round step costs.
+    bar.bar_format = None  # a bar with its count and ETA from here on
     bar.reset(total=sum(len(run.pieces) for run in runs) * timing.max_repeats)
     order = [_whole_in_the_middle(run, f) for run, f in zip(runs, flops, strict=True)]
     first_s: dict[tuple[int, int], float] = {}  # each piece's forward+backward in the first round
@@ -297,7 +298,16 @@ def measure_loaded(
 
     # The ETA from the average rate since the rounds began (smoothing 0): a round visits pieces from a few
     # milliseconds to seconds long in turn, so a recent-rate average would swing with whichever came last.
-    bar = tqdm(total=0, disable=not progress, file=sys.stderr, unit="step", leave=False, smoothing=0)
+    # Until the rounds, a status line (what is being split, for how long): no step count to show yet.
+    bar = tqdm(
+        total=0,
+        disable=not progress,
+        file=sys.stderr,
+        unit="step",
+        leave=False,
+        smoothing=0,
+        bar_format="{desc}[{elapsed}]",
+    )
     flops: list[tuple[int, ...]] = []
     edges_by_size: list[tuple[Edge, ...]] = []
     runs: list[SizeRun] = []
@@ -314,7 +324,7 @@ def measure_loaded(
         for b in sizes:
             inputs, target = batch(b)
             losses.append(loss_memory(model, workload, inputs, target))
-            bar.set_description(f"split b={b}")
+            bar.set_description(f"splitting the model at b={b}")
             cap, reason = _capture(model, inputs, unit_names, mode)
             mode, fallback_reason = cap.mode, fallback_reason or reason
             if ownership is None:
