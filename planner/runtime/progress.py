@@ -3,8 +3,9 @@
 
 A rank started by :func:`planner.runtime.launch.run_ranks` reports through :func:`report_progress` (rank 0's
 reports are sent to the launching process on the pipe its result later takes); the launching process shows them
-as a bar (:class:`ProgressBar`). A run in this process (replay mode) shows its own bar. The bar is drawn on a
-terminal only: where stderr is a file or a pipe (CI, a script, a torchrun job's logs), the report is the output.
+as a bar (:class:`ProgressBar`). A run in this process (replay mode) shows its own bar, and so does a torchrun
+job's rank 0. The bar is drawn on a terminal only: where stderr is a file or a pipe (CI, a script, a torchrun
+job's logs redirected), the report is the output.
 """
 
 from __future__ import annotations

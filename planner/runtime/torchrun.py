@@ -35,6 +35,7 @@ from planner.errors import ExecutionError, PipeplanWarning, TensorParallelError,
 from planner.plan import Plan
 from planner.runtime.job_report import AllReduceTime, JobReport, LinkTime, NodeReport, RankPlace, ReplicaTime
 from planner.runtime.job_watch import JobWatch, is_peer_reaction
+from planner.runtime.progress import ProgressBar, report_to
 from planner.runtime.run_options import VerifyOptions
 from planner.runtime.verify_report import VerifyReport
 
@@ -218,10 +219,17 @@ def run_in_job(
         timeout_s=options.timeout_s,
     )
     _open_group(job, options, watch)
+    # The job's rank 0 shows its own progress, as a local launch's does (on a terminal only: torchrun's logs
+    # redirected to files show none).
+    bar = ProgressBar() if job.rank == 0 else None
+    report_to(None if bar is None else lambda message: bar(*message[1:]))
     try:
         with watch.counting_barriers():
             made = _guarded(watch, job, host, lambda: _run_rank(plan, spec, options, job, host, report))
     finally:
+        report_to(None)
+        if bar is not None:
+            bar.close()
         watch.stop()
     dist.destroy_process_group()
     return made
