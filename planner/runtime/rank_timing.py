@@ -405,6 +405,8 @@ def rank_main(
 
     def timed_step() -> None:
         steps_of.timed_step()
+        # Before the references, which rank 0 times first while the others wait without a core: the launching
+        # process wakes to draw the report on a core no timed work is using.
         phases.end(left=max(steps - len(steps_of.iteration), 0) + 1)
         # After the step's closing barrier (outside every timed interval), each rank alone: the machine's
         # speed now; then every rank at once: the ranks' contention now, against the co-location factor's.
@@ -453,8 +455,8 @@ def rank_main_interleaved(
         _PlanSteps(spec, plan, dev, waits, numerics=False, captured=captured, loaded=loaded, unit_reference=w)
         for plan, w in zip(plans, wanted, strict=True)
     ]
-    # A warm-up and a block a round of each plan, and each plan's memory step where tracked.
-    phases = Phases(len(runs) * (1 + rounds + int(track_memory)), f"{len(runs)} plans in {rounds} rounds")
+    # Each plan's warm-up, each round, and each plan's memory step where tracked.
+    phases = Phases(len(runs) * (1 + int(track_memory)) + rounds, f"{len(runs)} plans in {rounds} rounds")
     # The process warms up once, for ``min_warmup_s`` (gloo's pairs, the heap's growth), on the first plan; each
     # other plan its ``warmup`` steps: its ratios are medians over rounds, which a slow first block moves little.
     for k, r in enumerate(runs):
@@ -485,7 +487,9 @@ def rank_main_interleaved(
         for k in range(len(runs)):
             r = runs[(index + k) % len(runs)]
             _repeat(lambda r=r, i=index: r.timed_step(i), 1, min_block_s, MAX_TIMED_STEPS, dev)
-            phases.end()
+        # Reported between the round's blocks and its references, where every other rank waits for rank 0 to time
+        # alone: the launching process wakes to draw it on a core no timed work is using.
+        phases.end()
         each_rank_in_turn(rank, world_size, f"interleaved-reference-{index}", time_all)
         units = [r for r in shared.values() if isinstance(r, UnitReference)]
         if units:
