@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import ExecutionError
-from planner.runtime.progress import ProgressBar, report_to
+from planner.runtime.progress import ProgressBar, Show, report_to
 from profiles.cores import rank_threads
 
 __all__ = [
@@ -169,7 +169,7 @@ def _worker(
     os.setpgid(0, 0)
     _stop_with_caller(lifeline)
     if rank == 0:  # one rank's steps stand for the launch's
-        report_to(lambda message: _send(conn, message))
+        report_to(lambda done, total, what: _send(conn, ("progress", done, total, what)))
     if os.environ.get(PIN_ENV) == "1":
         pin_rank_cpus(rank, world_size, threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
@@ -434,9 +434,7 @@ _Failure = tuple[int, float, str, str]
 """How a rank failed: (priority, time, message, traceback); the least (priority, time) is reported."""
 
 
-def _receive(
-    rank: int, conn: Connection, proc: mp.process.BaseProcess, progress: Callable[[int, int, str], None]
-) -> tuple[bool, Any] | None:
+def _receive(rank: int, conn: Connection, proc: mp.process.BaseProcess, progress: Show) -> tuple[bool, Any] | None:
     """What a rank sent: ``(True, result)``, or ``(False, failure)`` (:data:`_Failure`) when it raised or died;
     None while it has only reported its progress (handed to ``progress``) and runs on."""
     message, ended = None, False
@@ -470,7 +468,7 @@ def _collect(
     procs: Sequence[mp.process.BaseProcess],
     conns: Sequence[Connection],
     timeout_s: float,
-    progress: Callable[[int, int, str], None],
+    progress: Show,
 ) -> tuple[dict[int, Any], dict[int, _Failure]]:
     """Every rank's result or failure, as they come, until all are in, the time-out passes, or :data:`_GRACE_S`
     after the first failure; the ranks' progress reports meanwhile to ``progress``."""

@@ -14,15 +14,18 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Phases", "ProgressBar", "report_progress", "report_to"]
+__all__ = ["Phases", "ProgressBar", "Show", "report_progress", "report_to"]
 
-_channel: Any = None
-"""Where this process's reports go: rank 0's result pipe in a rank of a local launch; None elsewhere."""
+Show = Callable[[int, int, str], None]
+"""What shows a report: ``show(done, total, what)``."""
+
+_channel: Show | None = None
+"""Where this process's reports go: rank 0's result pipe in a rank of a local launch, a torchrun job's rank 0's own
+bar; None elsewhere."""
 
 
-def report_to(channel: Any) -> None:
-    """Send this process's later :func:`report_progress` calls to ``channel`` (a callable taking the report's
-    tuple), or nowhere (None)."""
+def report_to(channel: Show | None) -> None:
+    """Hand this process's later :func:`report_progress` calls to ``channel``, or to nobody (None)."""
     global _channel
     _channel = channel
 
@@ -31,7 +34,7 @@ def report_progress(done: int, total: int, what: str) -> None:
     """``done`` of ``total`` phases of ``what`` (``"verify"``, ``"18 plans in 24 rounds"``) are done; a no-op where
     nobody shows it (:func:`report_to`)."""
     if _channel is not None:
-        _channel(("progress", done, total, what))
+        _channel(done, total, what)
 
 
 class ProgressBar:
@@ -67,10 +70,10 @@ class ProgressBar:
 
 
 class Phases:
-    """A run's phases done of those it will run (a warm-up, a timed step, a block of a round, a memory step),
-    shown as each ends: by ``show``, :func:`report_progress` unless given (a rank's, for its launching process)."""
+    """A run's phases done of those it will run (a warm-up, a timed step, a round, a memory step), shown as each
+    ends: by ``show``, :func:`report_progress` unless given (a rank's, for its launching process)."""
 
-    def __init__(self, total: int, what: str, show: Callable[[int, int, str], None] = report_progress) -> None:
+    def __init__(self, total: int, what: str, show: Show = report_progress) -> None:
         self.done, self.total, self.what, self.show = 0, total, what, show
         show(0, total, what)
 

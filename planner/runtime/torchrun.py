@@ -222,7 +222,7 @@ def run_in_job(
     # The job's rank 0 shows its own progress, as a local launch's does (on a terminal only: torchrun's logs
     # redirected to files show none).
     bar = ProgressBar() if job.rank == 0 else None
-    report_to(None if bar is None else lambda message: bar(*message[1:]))
+    report_to(bar)
     try:
         with watch.counting_barriers():
             made = _guarded(watch, job, host, lambda: _run_rank(plan, spec, options, job, host, report))
