@@ -7,7 +7,7 @@ run on real tensors handed from stage to stage; actions follow each rank's order
 split backward runs as torch's does, ``I`` then ``W`` (``stage_backward_input``, ``stage_backward_weight``),
 and a micro-batch's backward time is the two added. Each step ends as training does: tied copies summed,
 the plan's optimizer stepped, the gradients let go (untimed). What each stage holds follows torch's
-``PipelineStage`` (:class:`_Stages`), and one more step after the timed ones measures each stage's memory
+``PipelineStage`` (:class:`_Stages`), and a warm-up step measures each stage's memory
 (:class:`profiles.memory.LiveBytes`). The caller turns the measured per-stage times into an iteration with
 the simulator.
 """
@@ -50,6 +50,8 @@ class ReplayResult:
     """Per stage: median backward time of one micro-batch (re-run forward included under recompute)."""
     step_s: tuple[float, ...]
     """Wall time of each timed step, all stages back to back (not an iteration of the pipeline)."""
+    warmup_steps: int = 1
+    """Untimed steps before the timed ones, the memory step among them."""
     loss: float | None = None
     """Loss of the first step (mean over micro-batches), when ``keep_grads`` was asked."""
     grads: dict[str, torch.Tensor] | None = None
@@ -112,7 +114,8 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
 def replay_plan(
     plan: Plan, workload: Workload, *, steps: int = 5, warmup: int = 2, device: str = "cpu", keep_grads: bool = False
 ) -> ReplayResult:
-    """Run ``warmup + steps`` iterations of ``plan`` in this process and time every stage's actions.
+    """Run ``plan`` in this process: untimed steps, one of which measures each stage's memory (at least
+    ``warmup``: :meth:`_Replayer.warmup_steps`), then ``steps`` steps timing every stage's actions.
 
     With ``keep_grads`` an extra first step (not timed) records the loss and every gradient, for a
     numerics check against a single-process run.
@@ -172,6 +175,22 @@ class _Stages:
         self.one_pending = plan.schedule is Schedule.ONE_F_ONE_B
         self.handed: Callable[[Any, int], None] = lambda tensors, owner: None
         """Told of tensors handed to a stage across a cut on one rank (the memory tracker makes them its buffers)."""
+
+    def make_buffers(self) -> None:
+        """Every receive buffer of a cut between ranks, made before the first step's actions as torch makes them,
+        so that a first step holds what a later one does: their shapes from one micro-batch's forward through the
+        stages."""
+        if any(self.recv) or any(self.grad_recv):
+            return
+        args = self.mb_inputs[0]
+        for s in range(self.n - 1):
+            sent = tuple(v for v in as_tuple(self.modules[s](*args)) if isinstance(v, torch.Tensor))
+            args = tuple(v.detach().requires_grad_(v.requires_grad) for v in sent)
+            if self.local[s + 1]:  # the tensors handed over themselves, which only a step leaves behind
+                continue
+            for mb in range(self.m):
+                self.recv[s + 1][mb] = tuple(torch.empty_like(v) for v in sent)
+                self.grad_recv[s][mb] = [torch.empty_like(v) if v.requires_grad else None for v in sent]
 
     def buffers(self) -> list[torch.Tensor]:
         """Every receive buffer (for the memory tracker)."""
@@ -262,22 +281,21 @@ def _backward_pairs(stages: _Stages, s: int, mb: int, out: Any) -> tuple[list[to
 def _replay(
     plan: Plan, workload: Workload, steps: int, warmup: int, dev: torch.device, keep_grads: bool
 ) -> ReplayResult:
-    """Warm up, time ``steps`` steps and the speed reference after each, then one more step for memory."""
+    """Measure memory on a first step, warm up, then time ``steps`` steps and the speed reference after each."""
     # Before the model is split into stages: its units are captured as the profile captured them.
     reference: SpeedReference | UnitReference = _unit_reference(plan, workload, dev) or SpeedReference(dev)
     replayer = _Replayer(plan, workload, dev)
     bar = ProgressBar()
     try:
-        phases = Phases(int(keep_grads) + warmup + steps + 1, "verify (replay)", bar)
+        warmup_steps = replayer.warmup_steps(warmup)
+        phases = Phases(int(keep_grads) + warmup_steps + steps, "verify (replay)", bar)
         loss = grads = None
         if keep_grads:  # before the warm-up, without the step's tail: the weights stay those of a fresh model
             loss = replayer.step(None, tail=False).item()
             grads = _gathered_grads(workload.model, replayer.modules)
             replayer.optimizer.zero_grad(set_to_none=True)
             phases.end()
-        for _ in range(warmup):
-            replayer.step(None)
-            phases.end()
+        stage_memory = replayer.warm_up(warmup_steps, phases.end)
         times: dict[str, list[list[float]]] = {k: [[] for _ in range(plan.num_stages)] for k in "FB"}
         step_s = []
         reference.warm_up()
@@ -286,14 +304,13 @@ def _replay(
             step_s.append(dt)
             reference.time_once()
             phases.end()
-        with untimed_on_every_core(dev.type):  # the timed steps ran at the profile's threads
-            stage_memory = replayer.tracked_step()
     finally:
         bar.close()
     return ReplayResult(
         forward_s=tuple(statistics.median(t) for t in times["F"]),
         backward_s=tuple(statistics.median(t) for t in times["B"]),
         step_s=tuple(step_s),
+        warmup_steps=warmup_steps,
         loss=loss,
         grads=grads,
         reference_s=reference.median_s,
@@ -367,14 +384,39 @@ class _Replayer:
         self.last_raw_loss = self.last_loss = None
         return mean
 
+    def warmup_steps(self, warmup: int) -> int:
+        """How many untimed steps :meth:`warm_up` runs for ``warmup`` asked: the memory step is one of them, and
+        where tensors cross a cut on one rank, a step before it leaves them as a later step finds them."""
+        return max(warmup, 1 + int(any(self.stages.local)))
+
+    def warm_up(self, count: int, ended: Callable[[], None]) -> tuple[MemorySample, ...]:
+        """``count`` untimed steps (:meth:`warmup_steps`), one of them under the memory tracker, as early as it
+        holds what a later step holds; ``ended()`` after each. Returns :meth:`tracked_step`'s memory."""
+        tracked_at = int(any(self.stages.local))
+        memory: tuple[MemorySample, ...] = ()
+        for k in range(count):
+            if k == tracked_at:
+                with untimed_on_every_core(self.dev.type):  # the timed steps run at the profile's threads
+                    memory = self.tracked_step()
+            else:
+                self.step(None)
+            ended()
+        return memory
+
     def tracked_step(self) -> tuple[MemorySample, ...]:
-        """One more step under the memory tracker (after the timed ones: its bookkeeping would slow them): each
-        stage's peak of live tensor bytes."""
+        """One step under the memory tracker, untimed (its bookkeeping slows it): each stage's peak of live tensor
+        bytes. The optimizer's state is made first where no step has made it, as a later step finds it."""
+        _make_optimizer_state(self.optimizer)
+        self.stages.make_buffers()
         tracker = _tracker(self.plan, self.modules, self.stages, self.optimizer, self.batch, self.target)
+        act, handed = self.act, self.stages.handed
         self.act = tracker.acting
         self.stages.handed = lambda tensors, owner: [tracker.classify(t, "buffers", owner) for t in tensors]
-        with tracker:
-            self.step(None)
+        try:
+            with tracker:
+                self.step(None)
+        finally:
+            self.act, self.stages.handed = act, handed
         return tuple(tracker.peak(s) for s in range(self.n))
 
     def _forward(self, s: int, mb: int, losses: list[torch.Tensor]) -> float:
@@ -505,6 +547,19 @@ def _tracker(
     tracker.watch_grads(params, lambda p: owner.get(id(p)))
     tracker.watch_optimizer(optimizer, lambda p: owner.get(id(p)))
     return tracker
+
+
+def _make_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give ``optimizer`` the state a step makes (Adam's moments, SGD's momentum) without moving a weight: one
+    step on zero gradients, which both optimizers as :func:`make_optimizer` builds them (no weight decay) leave
+    every parameter unchanged by."""
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    if all(p in optimizer.state for p in params):
+        return
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def _gathered_grads(model: nn.Module, modules: list[Any]) -> dict[str, torch.Tensor]:

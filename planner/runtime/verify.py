@@ -328,7 +328,7 @@ def _run_replay(
         sim.iteration_s,
         tuple(sim.busy_s),
         (),
-        warmup,
+        result.warmup_steps,
         steps,
         result.reference_s,
         (),

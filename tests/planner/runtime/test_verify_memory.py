@@ -264,3 +264,47 @@ def test_a_pp2_x_tp2_plan_runs_within_the_tolerance_of_its_predicted_memory() ->
         # model halves a block's norms too, which both runtimes replicate: 2 x hidden numbers, 0.4 % here).
         assert stage.measured_memory.params == pytest.approx(stage.predicted_memory.params, rel=0.01)
         assert abs(stage.memory_error_pct) <= 10.0, format_report(report)
+
+
+@pytest.mark.parametrize(
+    ("model", "schedule", "splits"),
+    [
+        ("gpt2-tiny", "1f1b", SPLITS["1f1b"]),
+        ("gpt2-tiny", "zero-bubble", SPLITS["1f1b"]),
+        ("gpt2-tiny", "zbv", SPLITS["zbv"]),
+        ("unet-small", "gpipe", ["dec.1"]),
+    ],
+)
+def test_replays_first_step_holds_the_memory_of_a_later_step(model: str, schedule: str, splits: list[str]) -> None:
+    """Replay measures memory in its warm-up (planner/runtime/replay.py), on the first step where no cut is on one
+    rank: with the receive buffers and the optimizer's state made before it, as torch and a previous step leave
+    them, each stage's peak is a later step's, part by part."""
+    from planner.runtime.replay import _Replayer
+
+    workload = BUILTIN_MODELS[model]()
+    plan = make_plan(workload, splits, schedule, num_microbatches=4, micro_batch_size=2)
+    replayer = _Replayer(plan, workload, torch.device("cpu"))
+    steps = replayer.warmup_steps(1)
+    assert steps == (2 if schedule == "zbv" else 1)  # ZBV's V hands tensors across a cut on one rank
+    first = replayer.warm_up(steps, lambda: None)
+    replayer.step(None)
+    later = replayer.tracked_step()
+    assert first == later
+    assert all(sample.optimizer_bytes > 0 for sample in first)
+    assert sum(sample.buffers_bytes for sample in first[1:]) > 0
+
+
+@pytest.mark.parametrize("name", ["adam", "sgd"])
+def test_the_optimizers_state_is_made_without_moving_a_weight(name: str) -> None:
+    from planner.runtime.replay import _make_optimizer_state
+    from planner.runtime.run_setup import make_optimizer
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = make_optimizer(name, list(model.parameters()))
+    _make_optimizer_state(optimizer)
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+    assert all(p.grad is None for p in model.parameters())
+    keys = {"adam": {"step", "exp_avg", "exp_avg_sq"}, "sgd": {"momentum_buffer"}}[name]
+    assert all(set(optimizer.state[p]) == keys for p in model.parameters())
