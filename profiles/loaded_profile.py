@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from planner.errors import ProfilingError
+from profiles.cores import untimed_on_every_core
 from profiles.dataflow import Capture, Edge, Piece, capture_export, capture_hooks, param_ownership
 from profiles.in_context import time_in_context
 from profiles.measure import WARM_BELOW_S, PieceMeasurement, count_flops, measure_piece
@@ -322,22 +323,24 @@ def measure_loaded(
     losses: list[tuple[int, int]] = []
     try:
         for b in sizes:
-            inputs, target = batch(b)
-            losses.append(loss_memory(model, workload, inputs, target))
             bar.set_description(f"splitting the model at b={b}")
-            cap, reason = _capture(model, inputs, unit_names, mode)
-            mode, fallback_reason = cap.mode, fallback_reason or reason
-            if ownership is None:
-                ownership = param_ownership(model, cap)
-            try:
-                counted = tuple(count_flops(piece.module, piece.args, piece.kwargs) for piece in cap.pieces)
-            except Exception as exc:
-                raise ProfilingError(
-                    f"counting FLOPs at micro-batch size {b} failed: {type(exc).__name__}: {exc}"
-                ) from None
-            flops.append(counted)
-            edges_by_size.append(cap.edges)
-            runs.append(_size_run(cap, model, inputs, target, b, dev))
+            # Nothing here is timed (the splits, the forwards that record and count them): on every core.
+            with untimed_on_every_core(dev.type):
+                inputs, target = batch(b)
+                losses.append(loss_memory(model, workload, inputs, target))
+                cap, reason = _capture(model, inputs, unit_names, mode)
+                mode, fallback_reason = cap.mode, fallback_reason or reason
+                if ownership is None:
+                    ownership = param_ownership(model, cap)
+                try:
+                    counted = tuple(count_flops(piece.module, piece.args, piece.kwargs) for piece in cap.pieces)
+                except Exception as exc:
+                    raise ProfilingError(
+                        f"counting FLOPs at micro-batch size {b} failed: {type(exc).__name__}: {exc}"
+                    ) from None
+                flops.append(counted)
+                edges_by_size.append(cap.edges)
+                runs.append(_size_run(cap, model, inputs, target, b, dev))
         timed = _time_sizes(runs, workload, dev, bar, timing, reference, flops)
         rounds_s = max(t.seconds for t in timed)
         unit_timing = None

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from profiles.cores import untimed_on_every_core
 from profiles.dataflow import Piece, needs_grad, tensor_bytes
 from profiles.memory import tensor_storages
 
@@ -363,8 +364,8 @@ def measure_piece(
 
     With ``loss_fn`` the backward starts from ``loss_fn(output, target)`` (the last pipeline stage
     computes the loss); otherwise from fixed random gradients on the float outputs that need grad.
-    With ``track_memory`` one more iteration, untimed, measures :attr:`PieceMeasurement.memory`
-    (:func:`tracked_memory`).
+    With ``track_memory`` one more iteration, untimed (on every core of a CPU), measures
+    :attr:`PieceMeasurement.memory` (:func:`tracked_memory`).
 
     With ``probe`` an untimed first iteration measures the bytes (and counts as the first of ``warmup``);
     without it the bytes are 0, for a piece whose bytes were measured already (a profiling round after the
@@ -374,7 +375,10 @@ def measure_piece(
     output_bytes, saved_bytes, peak = run.probe() if probe else (0, 0, None)
     run.warm_up(max(warmup - 1, 0) if probe else warmup)  # the probe was the first warm-up iteration
     forward_times, backward_times, input_times, weight_times, kept_bytes, has_backward = run.timed(repeats, split)
-    memory = run.tracked() if track_memory else None
+    memory = None
+    if track_memory:
+        with untimed_on_every_core(device.type):  # bytes, not time: what it counts is the same at any thread count
+            memory = run.tracked()
     run.clear_input_grads()
     piece.module.zero_grad(set_to_none=True)
     return PieceMeasurement(

@@ -154,3 +154,26 @@ def test_without_the_probe_nothing_runs_untimed_and_no_bytes_are_read() -> None:
     cold = measure_piece(piece, device=CPU, repeats=1, warmup=0, track_memory=False, split=False, probe=False)
     assert (_Counted.calls, cold.output_bytes, cold.saved_bytes) == (1, 0, 0)
     assert cold.forward_s > 0 and cold.backward_s > 0
+
+
+def test_a_pieces_tracked_memory_is_the_same_at_one_thread_and_at_every_core() -> None:
+    """measure_piece tracks memory on every core (its time is not measured): the bytes must not depend on it.
+    A gpt2-tiny block, attention and all, forward, backward and the backward split into I and W."""
+    from profiles.cores import intra_op_threads
+    from profiles.measure import _PieceRun
+    from profiles.models import BUILTIN_MODELS
+
+    workload = BUILTIN_MODELS["gpt2-tiny"]()
+    block = workload.model.transformer.h[0]
+    hidden = torch.randn(4, 128, block.ln_1.normalized_shape[0], requires_grad=True)
+    piece = Piece("block", block, (hidden.detach(),), (True,))
+    measured = []
+    for threads in (1, 2):
+        with intra_op_threads(threads):
+            run = _PieceRun(piece, CPU, None, None)
+            run.warm_up(1)
+            measured.append(run.tracked())
+            run.clear_input_grads()
+            block.zero_grad(set_to_none=True)
+    assert measured[0] == measured[1]
+    assert measured[0].held_bytes > 0 and measured[0].transient_bytes > 0
