@@ -63,7 +63,7 @@ class ReplayResult:
     reference: str = "layer"
     """Which reference: ``units`` or ``layer``."""
     stage_memory: tuple[MemorySample, ...] = ()
-    """Per stage: its peak of live tensor bytes in one more step, by category (as verify measures a rank's)."""
+    """Per stage: its peak of live tensor bytes in a step of the warm-up, by category (as verify measures a rank's)."""
 
 
 def merged_order(orders: list[list[Step]], num_stages: int) -> list[Step]:
