@@ -30,6 +30,12 @@ def intra_op_threads(count: int) -> Iterator[None]:
 
 
 def untimed_on_every_core(device_type: str) -> AbstractContextManager[None]:
-    """Around work whose time is not measured (a memory-tracking step): on a CPU, every core's threads; elsewhere
-    nothing. What such a step counts, the tensors held, is the same at any thread count."""
-    return intra_op_threads(os.cpu_count() or 1) if device_type == "cpu" else contextlib.nullcontext()
+    """Around work whose time is not measured (a memory-tracking step, a model's splits): on a CPU, every core's
+    threads; elsewhere nothing. What such work counts, the tensors held, is the same at any thread count.
+
+    Not where other work keeps the cores busy (the 1-minute load average, this process's own work included, within
+    half a core of every core): more threads than cores would slow that work, timed or not, and this alike."""
+    cores = os.cpu_count() or 1
+    if device_type != "cpu" or os.getloadavg()[0] > cores - 0.5:
+        return contextlib.nullcontext()
+    return intra_op_threads(cores)
