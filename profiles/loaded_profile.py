@@ -324,7 +324,7 @@ def measure_loaded(
     try:
         for b in sizes:
             bar.set_description(f"splitting the model at b={b}")
-            # Nothing here is timed (the splits, the forwards that record and count them): on every core.
+            # Nothing here is timed (the splits, the forwards that record and count them): on every idle core.
             with untimed_on_every_core(dev.type):
                 inputs, target = batch(b)
                 losses.append(loss_memory(model, workload, inputs, target))

@@ -364,7 +364,7 @@ def measure_piece(
 
     With ``loss_fn`` the backward starts from ``loss_fn(output, target)`` (the last pipeline stage
     computes the loss); otherwise from fixed random gradients on the float outputs that need grad.
-    With ``track_memory`` one more iteration, untimed (on every core of a CPU), measures
+    With ``track_memory`` one more iteration, untimed (on every core of an otherwise idle CPU), measures
     :attr:`PieceMeasurement.memory` (:func:`tracked_memory`).
 
     With ``probe`` an untimed first iteration measures the bytes (and counts as the first of ``warmup``);

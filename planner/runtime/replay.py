@@ -281,7 +281,7 @@ def _backward_pairs(stages: _Stages, s: int, mb: int, out: Any) -> tuple[list[to
 def _replay(
     plan: Plan, workload: Workload, steps: int, warmup: int, dev: torch.device, keep_grads: bool
 ) -> ReplayResult:
-    """Measure memory on a first step, warm up, then time ``steps`` steps and the speed reference after each."""
+    """Warm up, measuring memory on one of its steps, then time ``steps`` steps and the speed reference after each."""
     # Before the model is split into stages: its units are captured as the profile captured them.
     reference: SpeedReference | UnitReference = _unit_reference(plan, workload, dev) or SpeedReference(dev)
     replayer = _Replayer(plan, workload, dev)
