@@ -21,6 +21,7 @@ from planner.runtime.launch import run_ranks
 from planner.runtime.rank_timing import rank_main
 from planner.runtime.run_options import VerifyOptions
 from planner.runtime.verify import _merge_rank_grads, compare_numerics, reference_step, verify_plan
+from planner.schedule.orders import Schedule
 from planner.search import make_plan
 from profiles.measure_settings import MeasureSettings
 from profiles.profiler import profile_model
@@ -77,10 +78,21 @@ def profiles():
     }
 
 
+# T5 under a split backward fails in torch's own W (test_t5_under_a_split_backward_matches_one_process): its plans
+# keep to the other schedules, so that which schedule its timings favour does not decide whether the matrix passes.
+WHOLE_BACKWARD = tuple(s for s in Schedule if s is not Schedule.NAIVE and not s.splits_backward)
+
+
 @pytest.fixture(scope="module")
 def plans(profiles):
     return {
-        (name, p): make_plan(profiles[name], PlanRequest(num_ranks=p, global_batch_size=GLOBAL_BATCH), sha256="0" * 64)
+        (name, p): make_plan(
+            profiles[name],
+            PlanRequest(
+                num_ranks=p, global_batch_size=GLOBAL_BATCH, auto_schedules=WHOLE_BACKWARD if name == "t5" else ()
+            ),
+            sha256="0" * 64,
+        )
         for name in MODELS
         for p in (2, 4)
     }
@@ -152,5 +164,24 @@ def test_four_stages_replay_matches_one_process(plans, name: str) -> None:
         plans[(name, 4)],
         spec(name),
         VerifyOptions(mode="replay", steps=1, warmup=0, check_numerics=True, tolerance=0.25, timeout_s=300.0),
+    )
+    assert report.numerics is not None and report.numerics.ok, report.numerics
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RuntimeError,
+    reason="torch 2.13's stage_backward_weight frees the graph after one parameter group",
+)
+def test_t5_under_a_split_backward_matches_one_process() -> None:
+    """A known failure, held here until it is fixed: T5's position bias, made from block 0's
+    relative_attention_bias and passed on to every later block, puts one graph under several of the parameter
+    groups torch's W takes in turn, each with retain_graph off, so the second W backs through a freed graph."""
+    workload = replace(load_workload(spec("t5")), units=tuple(UNITS["t5"]))
+    plan = make_hand_plan(workload, ["encoder.block.0"], "zero-bubble", num_microbatches=4, micro_batch_size=2)
+    report = verify_plan(
+        plan,
+        spec("t5"),
+        VerifyOptions(mode="replay", steps=1, warmup=0, check_numerics=True, tolerance=10.0, timeout_s=300.0),
     )
     assert report.numerics is not None and report.numerics.ok, report.numerics
