@@ -384,18 +384,22 @@ class _Replayer:
         self.last_raw_loss = self.last_loss = None
         return mean
 
+    @property
+    def memory_step(self) -> int:
+        """Which warm-up step runs under the memory tracker: the first, as early as it holds what a later step
+        holds; the second where tensors cross a cut on one rank, which only a step before it leaves behind."""
+        return int(any(self.stages.local))
+
     def warmup_steps(self, warmup: int) -> int:
-        """How many untimed steps :meth:`warm_up` runs for ``warmup`` asked: the memory step is one of them, and
-        where tensors cross a cut on one rank, a step before it leaves them as a later step finds them."""
-        return max(warmup, 1 + int(any(self.stages.local)))
+        """How many untimed steps :meth:`warm_up` runs for ``warmup`` asked: the memory step among them."""
+        return max(warmup, self.memory_step + 1)
 
     def warm_up(self, count: int, ended: Callable[[], None]) -> tuple[MemorySample, ...]:
-        """``count`` untimed steps (:meth:`warmup_steps`), one of them under the memory tracker, as early as it
-        holds what a later step holds; ``ended()`` after each. Returns :meth:`tracked_step`'s memory."""
-        tracked_at = int(any(self.stages.local))
+        """``count`` untimed steps (:meth:`warmup_steps`), step :attr:`memory_step` under the memory tracker;
+        ``ended()`` after each. Returns :meth:`tracked_step`'s memory."""
         memory: tuple[MemorySample, ...] = ()
         for k in range(count):
-            if k == tracked_at:
+            if k == self.memory_step:
                 with untimed_on_every_core(self.dev.type):  # the timed steps run at the profile's threads
                     memory = self.tracked_step()
             else:
