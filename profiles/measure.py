@@ -31,6 +31,7 @@ from torch.utils._pytree import tree_leaves
 from profiles.cores import untimed_on_every_core
 from profiles.dataflow import Piece, needs_grad, tensor_bytes
 from profiles.memory import tensor_storages
+from profiles.weight_groups import weight_groups
 
 __all__ = [
     "WARM_BELOW_S",
@@ -237,7 +238,7 @@ class _PieceRun:
             return None
         # stage_backward_input detaches its outputs in place, which torch refuses for a view.
         roots = [r.clone() if r._is_view() else r for r in roots]
-        return stage_backward_input(roots, root_grads, self.grad_inputs, self.module.parameters())[1]
+        return weight_groups(stage_backward_input(roots, root_grads, self.grad_inputs, self.module.parameters())[1])
 
     def weight_backward(self, roots: list[torch.Tensor], root_grads: list[torch.Tensor | None], groups: Any) -> None:
         """W: torch's ``stage_backward_weight`` from I's groups, or the whole backward without them."""

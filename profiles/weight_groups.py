@@ -1,0 +1,93 @@
+"""The parameter groups of a split backward, mended so that torch's W computes every weight's gradient once.
+
+torch 2.13's split backward (``torch.distributed.pipelining._backward``) has I (``stage_backward_input``) group a
+stage's parameters by the nodes where their gradients join the path from the stage's output to its inputs, keep
+the gradients reaching those nodes, and has W (``stage_backward_weight``) run one autograd call per group, each
+freeing the graph it backs through. Two things go wrong where a tensor made from weights is used at several depths
+of a stage, as T5's position bias is (made from block 0's ``relative_attention_bias``, added in every block):
+
+- ``get_param_groups`` merges a parameter's group into an existing one but leaves it under the nodes it was filed
+  under before, so a parameter can sit in two groups and have its gradient added twice (T5: off by up to 1e-2);
+- a group whose nodes lie one below another backs through the graph between them, which other groups' calls
+  free or need: "Trying to backward through the graph a second time".
+
+:func:`weight_groups` merges the groups that share a parameter or a node, and where a group's nodes still lie one
+below another makes every group one (a single call backs through each node once). A stage without such a tensor,
+GPT-2's for one, keeps torch's groups unchanged, and so W's time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["mend_split_backward", "weight_groups"]
+
+
+def weight_groups(groups: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """``groups`` (what I returns, its gradients kept) as groups W can run one after another; None stays None."""
+    if not groups:
+        return groups
+    merged = _merge_sharing(groups)
+    if any(_nested(g["intermediates"]) for g in merged if len(g["intermediates"]) > 1):
+        return _merge_sharing(merged, everything=True)
+    return merged
+
+
+def mend_split_backward(stage: Any) -> None:
+    """Have torch's ``PipelineStage`` keep mended groups (:func:`weight_groups`) for its W.
+
+    Wrapped on the instance, as the schedules call ``backward_one_chunk`` by name; W reads what I left in
+    ``backward_state``, ``(inputs, groups, outputs, output gradients)``."""
+    original = stage.backward_one_chunk
+
+    def backward_one_chunk(bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        result = original(bwd_chunk_id, *args, **kwargs)
+        state = stage.backward_state.get(bwd_chunk_id)
+        if state is not None and state[1]:
+            stage.backward_state[bwd_chunk_id] = (state[0], weight_groups(state[1]), *state[2:])
+        return result
+
+    stage.backward_one_chunk = backward_one_chunk
+
+
+def _merge_sharing(groups: list[dict[str, Any]], everything: bool = False) -> list[dict[str, Any]]:
+    """Groups sharing a parameter or a node made one (union-find), or all of them made one."""
+    parent = list(range(len(groups)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict[Any, int] = {}
+    for i, group in enumerate(groups):
+        for node in (*group["params"], *group["intermediates"]):
+            j = 0 if everything else owner.setdefault(node, i)
+            parent[root(i)] = root(j)
+    out: dict[int, dict[str, Any]] = {}
+    for i, group in enumerate(groups):
+        into = out.setdefault(root(i), {"params": set(), "intermediates": [], "grads": []})
+        into["params"] |= set(group["params"])
+        kept = group.get("grads") or [None] * len(group["intermediates"])  # I's hooks fill it as gradients arrive
+        for node, grads in zip(group["intermediates"], kept, strict=True):
+            if node not in into["intermediates"]:
+                into["intermediates"].append(node)
+                into["grads"].append(grads)
+    return list(out.values())
+
+
+def _nested(nodes: list[Any]) -> bool:
+    """Whether one of ``nodes`` lies below another in the autograd graph."""
+    targets = set(nodes)
+    seen: set[Any] = set()
+    stack = [child for node in nodes for child, _ in node.next_functions if child is not None]
+    while stack:
+        node = stack.pop()
+        if node in targets:
+            return True
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.extend(child for child, _ in node.next_functions if child is not None)
+    return False

@@ -1,0 +1,85 @@
+"""profiles/weight_groups.py: torch's split backward with a weight-made tensor used at several depths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+from profiles.weight_groups import weight_groups
+
+
+class SharedBias(nn.Module):
+    """A bias made from a weight and added in every layer, as T5's position bias is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(4, 8)
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.table(torch.arange(4)).sum(0)
+        for layer in self.layers:
+            x = torch.tanh(layer(x) + bias)
+        return x
+
+
+class Plain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.LayerNorm(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def _full_grads(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    model(x.clone().requires_grad_()).square().sum().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _split(model: nn.Module, x: torch.Tensor, mend: bool) -> tuple[dict[str, torch.Tensor], list, list]:
+    model.zero_grad(set_to_none=True)
+    leaf = x.clone().requires_grad_()
+    loss = model(leaf).square().sum()
+    _, groups = stage_backward_input([loss], None, [leaf], model.parameters())
+    mended = weight_groups(groups) if mend else groups
+    stage_backward_weight(model.parameters(), mended)
+    return {n: p.grad.clone() for n, p in model.named_parameters()}, groups, mended
+
+
+@pytest.mark.parametrize("repeat", range(4))  # torch files groups in sets: their order changes from run to run
+def test_a_shared_weight_made_tensor_gets_every_gradient_once(repeat: int) -> None:
+    torch.manual_seed(repeat)
+    model, x = SharedBias(), torch.randn(2, 8)
+    want = _full_grads(model, x)
+    got, groups, mended = _split(model, x, mend=True)
+    assert len(groups) > 1 and len(mended) == 1  # the table's nodes lie one below another: one call backs through
+    for name, grad in want.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_torch_s_own_groups_fail_on_it() -> None:
+    """What the mending is for: torch 2.13's W, given its own groups, backs through a graph it freed."""
+    torch.manual_seed(0)
+    model, x = SharedBias(), torch.randn(2, 8)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _split(model, x, mend=False)
+
+
+def test_a_stage_without_one_keeps_torch_s_groups() -> None:
+    torch.manual_seed(0)
+    model, x = Plain(), torch.randn(2, 8)
+    want = _full_grads(model, x)
+    got, groups, mended = _split(model, x, mend=True)
+    assert [sorted(map(id, g["params"])) for g in mended] == [sorted(map(id, g["params"])) for g in groups]
+    assert len(mended) == 3  # each Linear's weight and bias, the LayerNorm's: W runs as torch splits it
+    for name, grad in want.items():
+        torch.testing.assert_close(got[name], grad, msg=name)
+
+
+def test_nothing_to_mend_stays_nothing() -> None:
+    assert weight_groups(None) is None
+    assert weight_groups([]) == []
