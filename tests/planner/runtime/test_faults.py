@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import multiprocessing
 import os
 import time
@@ -24,10 +25,6 @@ def _all_reduce(rank: int, world_size: int) -> float:
     return t.item()
 
 
-def _no_collective(rank: int, world_size: int) -> int:
-    return rank * 10
-
-
 def _rank0_raises_after_barrier(rank: int, world_size: int) -> None:
     import torch.distributed as dist
 
@@ -35,6 +32,15 @@ def _rank0_raises_after_barrier(rank: int, world_size: int) -> None:
     if rank == 0:
         raise ValueError("bad batch")
     dist.all_reduce(torch.ones(1))  # blocks until rank 0's death breaks the connection
+
+
+def _rank0_lingers(rank: int, world_size: int) -> int:
+    """No collective, rank 0 returning after a second: one that returns at once tears down its end of the process
+    group while the other rank may still be joining it (gloo's connectFullMesh then fails there, "Connection closed
+    by peer", before that rank reaches its fault: seen under load)."""
+    if rank == 0:
+        time.sleep(1.0)
+    return rank * 10
 
 
 def _spawned_children() -> list[int]:
@@ -74,7 +80,9 @@ def test_a_raising_rank_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_root_cause_wins_over_the_peer_error() -> None:
     # Rank 1 also fails (its all_reduce loses its peer), later: rank 0's error is the one reported.
     # The message leads with where the user's code raised (planner/runtime/failure.py).
-    where = r"at test_faults\.py:36 in _rank0_raises_after_barrier"
+    lines, first = inspect.getsourcelines(_rank0_raises_after_barrier)
+    line = first + next(k for k, text in enumerate(lines) if "raise ValueError" in text)
+    where = rf"at test_faults\.py:{line} in _rank0_raises_after_barrier"
     with pytest.raises(ExecutionError, match=rf"^rank 0 failed {where}: ValueError: bad batch$"):
         run_ranks(_rank0_raises_after_barrier, (), 2, timeout_s=60)
 
@@ -83,7 +91,7 @@ def test_a_hanging_rank_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FAULT_ENV, "1:hang")
     t0 = time.monotonic()
     with pytest.raises(ExecutionError, match=r"^rank 1 did not finish within 15 s$"):
-        run_ranks(_no_collective, (), 2, timeout_s=15)
+        run_ranks(_rank0_lingers, (), 2, timeout_s=15)
     # Not before the time-out; within the bound every fault test holds (the hung process terminated, no hang).
     elapsed = time.monotonic() - t0
     assert 15 <= elapsed < 60
