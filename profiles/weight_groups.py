@@ -25,7 +25,7 @@ __all__ = ["mend_split_backward", "weight_groups"]
 
 def weight_groups(groups: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     """``groups`` (what I returns, its gradients kept) as groups W can run one after another; None stays None."""
-    if not groups:
+    if not groups or _apart(groups):
         return groups
     merged = _merge_sharing(groups)
     if any(_nested(g["intermediates"]) for g in merged if len(g["intermediates"]) > 1):
@@ -48,6 +48,19 @@ def mend_split_backward(stage: Any) -> None:
         return result
 
     stage.backward_one_chunk = backward_one_chunk
+
+
+def _apart(groups: list[dict[str, Any]]) -> bool:
+    """Whether no two groups share a parameter or a node and each group has one node: torch's groups as they are,
+    the common case, checked in one pass."""
+    seen: set[Any] = set()
+    count = 0
+    for group in groups:
+        if len(group["intermediates"]) > 1:
+            return False
+        seen.update(group["params"], group["intermediates"])
+        count += len(group["params"]) + len(group["intermediates"])
+    return len(seen) == count
 
 
 def _merge_sharing(groups: list[dict[str, Any]], everything: bool = False) -> list[dict[str, Any]]:
