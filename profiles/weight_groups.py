@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["mend_split_backward", "weight_groups"]
+__all__ = ["made_from_weights_alone", "mend_split_backward", "weight_groups"]
 
 
 def weight_groups(groups: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -48,6 +48,39 @@ def mend_split_backward(stage: Any) -> None:
         return result
 
     stage.backward_one_chunk = backward_one_chunk
+
+
+def made_from_weights_alone(outputs: Any, inputs: Any) -> bool:
+    """Whether some output of a stage that needs a gradient is reached from none of its inputs that need one (T5's
+    decoder embeddings, made from token ids by a stage that holds the embedding; a position bias passed on).
+
+    torch's I backs from the outputs to the inputs and files each weight under the nodes where its gradient joins
+    that path; a weight whose gradient reaches an output by another path is in no group, and W never gives it
+    that output's gradient (torch's first stage, whose inputs need none, runs its whole backward for this reason).
+    Such a stage runs its whole backward in I."""
+    from torch.distributed.pipelining._backward import _get_grad_fn_or_grad_acc
+
+    targets = {_get_grad_fn_or_grad_acc(x) for x in _tensors(inputs) if x.requires_grad}
+
+    def reaches_an_input(node: Any) -> bool:
+        seen, stack = set(), [node]
+        while stack:
+            n = stack.pop()
+            if n in targets:
+                return True
+            if n not in seen:
+                seen.add(n)
+                stack.extend(c for c, _ in n.next_functions if c is not None)
+        return False
+
+    return any(out.grad_fn is not None and not reaches_an_input(out.grad_fn) for out in _tensors(outputs))
+
+
+def _tensors(values: Any) -> list[Any]:
+    import torch
+
+    values = values if isinstance(values, (tuple, list)) else (values,)
+    return [v for v in values if isinstance(v, torch.Tensor)]
 
 
 def _apart(groups: list[dict[str, Any]]) -> bool:

@@ -44,7 +44,7 @@ from planner.runtime.tensor_parallel import (
 from planner.schedule.orders import TORCH_SCHEDULE_CLASS, Schedule, stage_to_rank
 from profiles.allocator import keep_freed_memory
 from profiles.fingerprint import model_fingerprint
-from profiles.weight_groups import mend_split_backward
+from profiles.weight_groups import made_from_weights_alone, mend_split_backward
 from profiles.workload import as_tuple
 
 __all__ = [
@@ -312,8 +312,9 @@ def _name_failures(stage: Any, index: int, units: Sequence[str], module: StageMo
 
 def _stage_io_examples(
     modules: Sequence[StageModule], mb_inputs: tuple[torch.Tensor, ...]
-) -> list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
-    """Each stage's (inputs, outputs) on one real micro-batch, detached with their requires_grad kept.
+) -> tuple[list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]], list[bool]]:
+    """Each stage's (inputs, outputs) on one real micro-batch, detached with their requires_grad kept; and whether
+    each has an output made from its weights alone (:func:`~profiles.weight_groups.made_from_weights_alone`).
 
     Handing these to ``PipelineStage`` puts torch in its static-metadata mode. Without them torch infers
     shapes by running each stage on empty tensors, which feeds garbage to a stage whose input is an
@@ -324,14 +325,15 @@ def _stage_io_examples(
         values = values if isinstance(values, tuple) else (values,)
         return tuple(v.detach().requires_grad_(v.requires_grad) for v in values)
 
-    examples = []
-    carried: Any = mb_inputs
+    examples, weights_alone = [], []
+    inputs = detached(mb_inputs)
     with torch.enable_grad():
         for module in modules:
-            inputs = carried if isinstance(carried, tuple) else (carried,)
-            carried = module(*inputs)
-            examples.append((detached(inputs), detached(carried)))
-    return examples
+            outputs = module(*inputs)
+            weights_alone.append(made_from_weights_alone(outputs, inputs))
+            examples.append((inputs, detached(outputs)))
+            inputs = examples[-1][1]
+    return examples, weights_alone
 
 
 def _check_placement(plan: Plan) -> Schedule:
@@ -354,10 +356,12 @@ def _whole_backward() -> Any:
     return lambda: None
 
 
-def _backward_whole(plan: Plan, stage: int, module: nn.Module) -> bool:
+def _backward_whole(plan: Plan, stage: int, module: nn.Module, weights_alone: bool) -> bool:
     """Whether a stage runs its whole backward in the input-gradient action (I) and nothing in W.
 
-    So does a recomputing stage under a split-backward schedule. torch's split (``stage_backward_weight``)
+    So does a stage past the first under a split-backward schedule with an output made from its weights alone
+    (``weights_alone``: torch's groups would miss that output's gradient, profiles/weight_groups.py), and a
+    recomputing one. torch's split (``stage_backward_weight``)
     runs autograd once per parameter group, and a checkpointed stage re-materialises
     its forward for each of them and keeps it: two GPT-2 blocks of gpt2-tiny (b = 2) peaked at 10.2 MB in W
     recomputing, 2.2 MB without. With a ``dw_builder`` torch's I runs the full backward (its
@@ -368,7 +372,7 @@ def _backward_whole(plan: Plan, stage: int, module: nn.Module) -> bool:
 
     return (
         plan.schedule.splits_backward
-        and plan.stages[stage].recompute
+        and (plan.stages[stage].recompute or (weights_alone and stage > 0))
         and not isinstance(module, DistributedDataParallel)
     )
 
@@ -430,12 +434,12 @@ def apply_plan(
     tp_rank = place.tp_rank if place is not None else 0
     with local_shapes(model, layout, tp_rank) if layout is not None else contextlib.nullcontext():
         modules = split_stages(model, mb_inputs, plan.split_points, [s.recompute for s in plan.stages])
-        io = _stage_io_examples(modules, mb_inputs)
+        io, weights_alone = _stage_io_examples(modules, mb_inputs)
     mine = tuple(s.index for s in plan.stages_of_rank(rank))
     local, runs = _local_modules(plan, model, modules, mine, io, device, layout, place)
     # After the replicas' wrapping: FSDP2 replaces a stage's parameters with sharded ones.
     tied = _tied_copies(plan, model, modules, rank, group, place.pipeline_row(plan.mesh.tp) if place else 0)
-    stages = _pipeline_stages(plan, modules, runs, mine, io, device, group)
+    stages = _pipeline_stages(plan, modules, runs, mine, io, device, group, weights_alone)
     schedule = _torch_schedule(plan, sched, stages, loss_fn)
     dp = plan.mesh.dp if plan.mesh is not None else 1
     group_of_replicas = place.replicas.get_group() if place is not None and dp > 1 else None
@@ -480,6 +484,7 @@ def _pipeline_stages(
     io: Sequence[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]],
     device: torch.device,
     group: Any,
+    weights_alone: Sequence[bool],
 ) -> tuple[Any, ...]:
     """torch's ``PipelineStage`` for each of this rank's stages, its errors naming the stage."""
     from torch.distributed import pipelining
@@ -493,7 +498,7 @@ def _pipeline_stages(
             input_args=tuple(t.to(device) for t in io[s][0]),
             output_args=tuple(t.to(device) for t in io[s][1]),
             group=group,
-            dw_builder=_whole_backward if _backward_whole(plan, s, m) else None,
+            dw_builder=_whole_backward if _backward_whole(plan, s, m, weights_alone[s]) else None,
         )
         for m, s in zip(runs, mine, strict=True)
     )

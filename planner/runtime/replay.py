@@ -37,7 +37,7 @@ from profiles.cores import intra_op_threads, untimed_on_every_core
 from profiles.memory import LiveBytes, MemorySample
 from profiles.model_reference import UnitReference
 from profiles.reference import SpeedReference
-from profiles.weight_groups import weight_groups
+from profiles.weight_groups import made_from_weights_alone, weight_groups
 from profiles.workload import Workload, as_tuple
 
 __all__ = ["ReplayResult", "replay_plan", "merged_order", "profiled_threads"]
@@ -166,7 +166,7 @@ class _Stages:
         self.split: dict[tuple[int, int], tuple[Any, tuple[Any, ...], Any]] = {}
         self.loss: dict[int, torch.Tensor] = {}
         self.kept_losses: list[torch.Tensor] = []
-        self.whole_in_input = [plan.schedule.splits_backward and st.recompute for st in plan.stages]
+        self.whole_in_input = self._whole_in_input()
         # What torch's sends still hold (planner/schedule/memory.py): the multi-stage runtime and GPipe keep every
         # send's work (and its tensor) to the end of the step; 1F1B's last backward send stays referenced until the
         # next backward's replaces it, and its warm-up's second-to-last forward send until its cool-down begins.
@@ -176,6 +176,21 @@ class _Stages:
         self.one_pending = plan.schedule is Schedule.ONE_F_ONE_B
         self.handed: Callable[[Any, int], None] = lambda tensors, owner: None
         """Told of tensors handed to a stage across a cut on one rank (the memory tracker makes them its buffers)."""
+
+    def _whole_in_input(self) -> list[bool]:
+        """Per stage, whether it runs its whole backward at I, as ``apply_plan`` has a rank run it
+        (``_backward_whole``): under a split backward, a recomputing stage, and one past the first with an output
+        made from its weights alone (found on one micro-batch's forward through the stages)."""
+        if not self.plan.schedule.splits_backward:
+            return [False] * self.n
+        alone, args = [False] * self.n, self.mb_inputs[0]
+        with torch.enable_grad():
+            for s in range(self.n):
+                args = tuple(v.detach().requires_grad_(v.requires_grad) for v in args)
+                out = self.modules[s](*args)
+                alone[s] = s > 0 and made_from_weights_alone(out, args)
+                args = tuple(v for v in as_tuple(out) if isinstance(v, torch.Tensor))
+        return [st.recompute or a for st, a in zip(self.plan.stages, alone, strict=True)]
 
     def make_buffers(self) -> None:
         """Every receive buffer of a cut between ranks, made before the first step's actions as torch makes them,

@@ -137,7 +137,8 @@ def _bert_hand_plan():
 
 def test_two_processes_match_one_process(plans) -> None:
     jobs = [(spec(name), plans[(name, 2)]) for name in MODELS]
-    jobs += [(spec("bert_mlm"), _bert_hand_plan()), (spec("t5"), _t5_split_hand_plan())]
+    jobs += [(spec("bert_mlm"), _bert_hand_plan())]
+    jobs += [(spec("t5"), _t5_split_hand_plan(case)) for case in ("bias at several depths", "embedding passed on")]
     results = run_ranks(_run_all, (jobs,), 2, timeout_s=600)
     failed = []
     for k, (s, plan) in enumerate(jobs):
@@ -161,15 +162,26 @@ def test_four_stages_replay_matches_one_process(plans, name: str) -> None:
     assert report.numerics is not None and report.numerics.ok, report.numerics
 
 
-def _t5_split_hand_plan():
-    """T5 under ZB-H1: its position bias, made from block 0's relative_attention_bias and added in every later
-    block, is what torch's own parameter groups cannot run W over (profiles/weight_groups.py)."""
+# T5 under a split backward: torch's own W fails or misses gradients on each of these cuts (profiles/weight_groups.py).
+T5_SPLIT_CUTS = {
+    # the position bias, made in block 0 and added in every block, puts a group's nodes one below another
+    "bias at several depths": (["encoder.block.0"], "zero-bubble", 2),
+    # a stage holding the decoder's embedding makes the decoder's input from token ids: from its weights alone
+    "embedding passed on": (["encoder.final_layer_norm", "decoder.block.0", "decoder.block.1"], "zero-bubble", 2),
+    # every unit a stage: several stages pass on outputs made from their weights alone
+    "a unit a stage": (UNITS["t5"][2:], "zbv", 4),
+}
+
+
+def _t5_split_hand_plan(case: str):
+    cuts, schedule, ranks = T5_SPLIT_CUTS[case]
     workload = replace(load_workload(spec("t5")), units=tuple(UNITS["t5"]))
-    return make_hand_plan(workload, ["encoder.block.0"], "zero-bubble", num_microbatches=4, micro_batch_size=2)
+    return make_hand_plan(workload, cuts, schedule, num_ranks=ranks, num_microbatches=4, micro_batch_size=2)
 
 
-def test_t5_under_a_split_backward_matches_one_process() -> None:
-    plan = _t5_split_hand_plan()
+@pytest.mark.parametrize("case", list(T5_SPLIT_CUTS))
+def test_t5_under_a_split_backward_matches_one_process(case: str) -> None:
+    plan = _t5_split_hand_plan(case)
     report = verify_plan(
         plan,
         spec("t5"),

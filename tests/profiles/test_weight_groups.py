@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
-from profiles.weight_groups import weight_groups
+from profiles.weight_groups import made_from_weights_alone, weight_groups
 
 
 class SharedBias(nn.Module):
@@ -122,3 +122,43 @@ def test_nodes_one_below_another_make_every_group_one() -> None:
     (one,) = weight_groups(groups)
     assert one["params"] == {a, b} and one["intermediates"] == [high, low, other]
     assert one["grads"] == [("gh",), ("gl",), ("go",)]
+
+
+class _Stage(nn.Module):
+    """A stage that passes on its input's transform and, with ``alone``, an embedding of token ids it was given
+    (made from its weights alone, as a T5 stage holding the decoder's embedding makes the decoder's input)."""
+
+    def __init__(self, alone: bool, mixed: bool = False) -> None:
+        super().__init__()
+        self.linear, self.table = nn.Linear(8, 8), nn.Embedding(4, 8)
+        self.alone, self.mixed = alone, mixed
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.mixed:
+            return (self.linear(x) + self.table(ids),)
+        return (self.linear(x), self.table(ids)) if self.alone else (self.linear(x),)
+
+
+@pytest.mark.parametrize(
+    ("alone", "mixed", "expected"), [(True, False, True), (False, False, False), (False, True, False)]
+)
+def test_an_output_made_from_weights_alone_is_found(alone: bool, mixed: bool, expected: bool) -> None:
+    x, ids = torch.randn(2, 8, requires_grad=True), torch.tensor([1, 3])
+    assert made_from_weights_alone(_Stage(alone, mixed)(x, ids), (x, ids)) is expected
+
+
+def test_with_no_input_needing_a_gradient_every_output_is_made_from_weights_alone() -> None:
+    x, ids = torch.randn(2, 8), torch.tensor([1, 3])
+    assert made_from_weights_alone(_Stage(False)(x, ids), (x, ids))
+
+
+def test_torch_s_split_misses_the_gradient_of_such_an_output() -> None:
+    """Why such a stage runs its whole backward at I: W from torch's groups leaves the embedding without one."""
+    torch.manual_seed(0)
+    stage, ids = _Stage(True), torch.tensor([1, 3])
+    x = torch.randn(2, 8, requires_grad=True)
+    outputs = stage(x, ids)
+    grads = [torch.ones_like(o) for o in outputs]
+    _, groups = stage_backward_input(list(outputs), grads, [x], stage.parameters())
+    stage_backward_weight(stage.parameters(), weight_groups(groups))
+    assert stage.linear.weight.grad is not None and stage.table.weight.grad is None
