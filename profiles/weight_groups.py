@@ -14,6 +14,9 @@ of a stage, as T5's position bias is (made from block 0's ``relative_attention_b
 :func:`weight_groups` merges the groups that share a parameter or a node, and where a group's nodes still lie one
 below another makes every group one (a single call backs through each node once). A stage without such a tensor,
 GPT-2's for one, keeps torch's groups unchanged, and so W's time.
+
+A third thing no grouping mends: an output no input reaches (:func:`made_from_weights_alone`). Its weights' share
+of its gradient is in no group, and such a stage runs its whole backward in I (planner/runtime/apply.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,12 +12,6 @@ from planner.plan import Plan, Prediction, SolverInfo, StagePlan
 from planner.schedule.orders import Schedule, stage_to_rank
 from profiles.fingerprint import model_fingerprint
 from profiles.workload import Workload
-
-
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: a worker more than the cores. Much of the suite waits (on ranks starting, torchrun's agents,
-    time-outs), and one worker per core left a 2-core machine idle for part of the run."""
-    return (os.cpu_count() or 1) + 1
 
 
 def make_plan(

@@ -361,12 +361,11 @@ def _backward_whole(plan: Plan, stage: int, module: nn.Module, weights_alone: bo
 
     So does a stage past the first under a split-backward schedule with an output made from its weights alone
     (``weights_alone``: torch's groups would miss that output's gradient, profiles/weight_groups.py), and a
-    recomputing one. torch's split (``stage_backward_weight``)
-    runs autograd once per parameter group, and a checkpointed stage re-materialises
-    its forward for each of them and keeps it: two GPT-2 blocks of gpt2-tiny (b = 2) peaked at 10.2 MB in W
-    recomputing, 2.2 MB without. With a ``dw_builder`` torch's I runs the full backward (its
-    ``backward_one_chunk``) and W calls the builder's runner. Not under DDP, whose gradients torch reduces in
-    the last W only (``backward_maybe_with_nosync``): there the split stays torch's.
+    recomputing one: torch's split (``stage_backward_weight``) runs autograd once per parameter group, and a
+    checkpointed stage re-materialises its forward for each of them and keeps it: two GPT-2 blocks of gpt2-tiny
+    (b = 2) peaked at 10.2 MB in W recomputing, 2.2 MB without. With a ``dw_builder`` torch's I runs the full
+    backward (its ``backward_one_chunk``) and W calls the builder's runner. Not under DDP, whose gradients torch
+    reduces in the last W only (``backward_maybe_with_nosync``): there the split stays torch's.
     """
     from torch.nn.parallel import DistributedDataParallel
 
