@@ -366,14 +366,25 @@ def _backward_whole(plan: Plan, stage: int, module: nn.Module, weights_alone: bo
     (b = 2) peaked at 10.2 MB in W recomputing, 2.2 MB without. With a ``dw_builder`` torch's I runs the full
     backward (its ``backward_one_chunk``) and W calls the builder's runner. Not under DDP, whose gradients torch
     reduces in the last W only (``backward_maybe_with_nosync``): there the split stays torch's.
+
+    Raises:
+        ScheduleError: a DDP stage with an output made from its weights alone, whose split would leave those
+            weights' gradients short.
     """
     from torch.nn.parallel import DistributedDataParallel
 
-    return (
-        plan.schedule.splits_backward
-        and (plan.stages[stage].recompute or (weights_alone and stage > 0))
-        and not isinstance(module, DistributedDataParallel)
-    )
+    if not plan.schedule.splits_backward:
+        return False
+    alone = weights_alone and stage > 0
+    if isinstance(module, DistributedDataParallel):
+        if alone:
+            raise ScheduleError(
+                f"stage {stage} passes on an output made from its weights alone, whose gradient torch's split "
+                f"backward ({plan.schedule.value}) leaves out under DDP: plan it with a schedule that runs the "
+                "backward whole (gpipe, 1f1b, interleaved-1f1b, looped-bfs) or shard it (--shard full)"
+            )
+        return False
+    return plan.stages[stage].recompute or alone
 
 
 def apply_plan(

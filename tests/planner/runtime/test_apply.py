@@ -197,3 +197,29 @@ def _pair_sum(rank: int, world_size: int) -> list[float]:
 def test_a_default_group_of_two_swaps() -> None:
     (sum0, a), (sum1, b) = run_ranks(_pair_sum, (), 2, timeout_s=120)
     assert sum0 == sum1 == (torch.tensor(a) + torch.tensor(b)).tolist()
+
+
+def _whole_backward_calls(rank: int, world_size: int) -> list[object]:
+    """``_backward_whole`` for a zero-bubble plan's second stage, as a plain module and under DDP (one gloo rank)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from planner.runtime.apply import _backward_whole
+
+    plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"], "zero-bubble")
+    plain = torch.nn.Linear(4, 4)
+    out: list[object] = [_backward_whole(plan, s, plain, alone) for s in (0, 1) for alone in (False, True)]
+    ddp = DistributedDataParallel(torch.nn.Linear(4, 4))
+    out.append(_backward_whole(plan, 1, ddp, False))
+    try:
+        _backward_whole(plan, 1, ddp, True)
+    except ScheduleError as exc:
+        out.append(str(exc))
+    return out
+
+
+def test_a_stage_with_an_output_from_its_weights_alone_runs_whole_or_is_refused_under_ddp() -> None:
+    """Past the first stage, such a stage runs its whole backward in I (torch's split misses that output's
+    gradient: profiles/weight_groups.py); under DDP, which keeps torch's split, apply_plan refuses it."""
+    (out,) = run_ranks(_whole_backward_calls, (), 1, timeout_s=60)
+    assert out[:5] == [False, False, False, True, False]
+    assert "stage 1 passes on an output made from its weights alone" in out[5] and "--shard full" in out[5]
