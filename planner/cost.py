@@ -380,7 +380,7 @@ def split_backward_times(
     ``PipelineStage.backward_one_chunk`` skips I for it (its input needs no gradient) and
     ``backward_weight_one_chunk`` runs the stage's whole backward as W, so there I = 0 and W = its full
     backward ``backward_s[0]``. A recomputing stage runs its whole backward, the re-run forward included, in I
-    and nothing in W (planner/runtime/apply.py ``_backward_whole``: torch's split re-materialises a checkpointed
+    and nothing in W (planner/runtime/apply.py ``backward_whole``: torch's split re-materialises a checkpointed
     stage once per parameter group).
     """
     if not costs.weight_s:
@@ -446,7 +446,7 @@ def schedule_moments(
 ) -> tuple[tuple[Moment, ...], ...]:
     """Per stage, the moments at which it may peak under ``schedule`` (planner/schedule/memory.py), as the solvers
     weigh them. A recomputing stage re-materialises its forward in B and I (it runs its whole backward in I,
-    planner/runtime/apply.py ``_backward_whole``, the first stage's too); the first stage under a split backward
+    planner/runtime/apply.py ``backward_whole``, the first stage's too); the first stage under a split backward
     runs no I otherwise (its input needs no gradient: torch's ``backward_one_chunk`` skips it), so there a
     micro-batch past I holds what a waiting one does, its I moment is named W and its W moment B."""
     out = []

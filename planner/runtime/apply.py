@@ -55,6 +55,8 @@ __all__ = [
     "tied_parameter_groups",
     "microbatch_inputs",
     "schedule_microbatches",
+    "stage_io_examples",
+    "backward_whole",
 ]
 
 
@@ -310,7 +312,7 @@ def _name_failures(stage: Any, index: int, units: Sequence[str], module: StageMo
         setattr(stage, method, named)
 
 
-def _stage_io_examples(
+def stage_io_examples(
     modules: Sequence[StageModule], mb_inputs: tuple[torch.Tensor, ...]
 ) -> tuple[list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]], list[bool]]:
     """Each stage's (inputs, outputs) on one real micro-batch, detached with their requires_grad kept; and whether
@@ -356,7 +358,7 @@ def _whole_backward() -> Any:
     return lambda: None
 
 
-def _backward_whole(plan: Plan, stage: int, module: nn.Module, weights_alone: bool) -> bool:
+def backward_whole(plan: Plan, stage: int, module: nn.Module, weights_alone: bool) -> bool:
     """Whether a stage runs its whole backward in the input-gradient action (I) and nothing in W.
 
     So does a stage past the first under a split-backward schedule with an output made from its weights alone
@@ -444,7 +446,7 @@ def apply_plan(
     tp_rank = place.tp_rank if place is not None else 0
     with local_shapes(model, layout, tp_rank) if layout is not None else contextlib.nullcontext():
         modules = split_stages(model, mb_inputs, plan.split_points, [s.recompute for s in plan.stages])
-        io, weights_alone = _stage_io_examples(modules, mb_inputs)
+        io, weights_alone = stage_io_examples(modules, mb_inputs)
     mine = tuple(s.index for s in plan.stages_of_rank(rank))
     local, runs = _local_modules(plan, model, modules, mine, io, device, layout, place)
     # After the replicas' wrapping: FSDP2 replaces a stage's parameters with sharded ones.
@@ -508,7 +510,7 @@ def _pipeline_stages(
             input_args=tuple(t.to(device) for t in io[s][0]),
             output_args=tuple(t.to(device) for t in io[s][1]),
             group=group,
-            dw_builder=_whole_backward if _backward_whole(plan, s, m, weights_alone[s]) else None,
+            dw_builder=_whole_backward if backward_whole(plan, s, m, weights_alone[s]) else None,
         )
         for m, s in zip(runs, mine, strict=True)
     )

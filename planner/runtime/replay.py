@@ -28,7 +28,13 @@ from torch import nn
 
 from planner.errors import ExecutionError
 from planner.plan import Plan
-from planner.runtime.apply import microbatch_inputs, schedule_microbatches, tied_parameter_groups
+from planner.runtime.apply import (
+    backward_whole,
+    microbatch_inputs,
+    schedule_microbatches,
+    stage_io_examples,
+    tied_parameter_groups,
+)
 from planner.runtime.progress import Phases, ProgressBar
 from planner.runtime.run_setup import captured_units, make_optimizer
 from planner.runtime.stages import split_stages
@@ -37,7 +43,7 @@ from profiles.cores import intra_op_threads, untimed_on_every_core
 from profiles.memory import LiveBytes, MemorySample
 from profiles.model_reference import UnitReference
 from profiles.reference import SpeedReference
-from profiles.weight_groups import made_from_weights_alone, weight_groups
+from profiles.weight_groups import weight_groups
 from profiles.workload import Workload, as_tuple
 
 __all__ = ["ReplayResult", "replay_plan", "merged_order", "profiled_threads"]
@@ -179,18 +185,11 @@ class _Stages:
 
     def _whole_in_input(self) -> list[bool]:
         """Per stage, whether it runs its whole backward at I, as ``apply_plan`` has a rank run it
-        (``_backward_whole``): under a split backward, a recomputing stage, and one past the first with an output
-        made from its weights alone (found on one micro-batch's forward through the stages)."""
+        (:func:`~planner.runtime.apply.backward_whole`, from one micro-batch's forward through the stages)."""
         if not self.plan.schedule.splits_backward:
             return [False] * self.n
-        alone, args = [False] * self.n, self.mb_inputs[0]
-        with torch.enable_grad():
-            for s in range(self.n):
-                args = tuple(v.detach().requires_grad_(v.requires_grad) for v in args)
-                out = self.modules[s](*args)
-                alone[s] = s > 0 and made_from_weights_alone(out, args)
-                args = tuple(v for v in as_tuple(out) if isinstance(v, torch.Tensor))
-        return [st.recompute or a for st, a in zip(self.plan.stages, alone, strict=True)]
+        _, alone = stage_io_examples(self.modules, self.mb_inputs[0])
+        return [backward_whole(self.plan, s, m, a) for s, (m, a) in enumerate(zip(self.modules, alone, strict=True))]
 
     def make_buffers(self) -> None:
         """Every receive buffer of a cut between ranks, made before the first step's actions as torch makes them,

@@ -200,18 +200,18 @@ def test_a_default_group_of_two_swaps() -> None:
 
 
 def _whole_backward_calls(rank: int, world_size: int) -> list[object]:
-    """``_backward_whole`` for a zero-bubble plan's second stage, as a plain module and under DDP (one gloo rank)."""
+    """``backward_whole`` for a zero-bubble plan's second stage, as a plain module and under DDP (one gloo rank)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from planner.runtime.apply import _backward_whole
+    from planner.runtime.apply import backward_whole
 
     plan = make_plan(BUILTIN_MODELS["mlp"](), ["layers.2"], "zero-bubble")
     plain = torch.nn.Linear(4, 4)
-    out: list[object] = [_backward_whole(plan, s, plain, alone) for s in (0, 1) for alone in (False, True)]
+    out: list[object] = [backward_whole(plan, s, plain, alone) for s in (0, 1) for alone in (False, True)]
     ddp = DistributedDataParallel(torch.nn.Linear(4, 4))
-    out.append(_backward_whole(plan, 1, ddp, False))
+    out.append(backward_whole(plan, 1, ddp, False))
     try:
-        _backward_whole(plan, 1, ddp, True)
+        backward_whole(plan, 1, ddp, True)
     except ScheduleError as exc:
         out.append(str(exc))
     return out

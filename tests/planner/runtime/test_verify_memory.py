@@ -118,7 +118,7 @@ def test_the_last_stage_lets_go_of_the_losss_graph_at_its_input_gradient(gpt2_pr
 def test_a_recomputing_first_stage_under_a_split_backward_peaks_in_its_whole_backward(
     gpt2_profile: Profile,
 ) -> None:
-    # A recomputing stage runs its whole backward at I (planner/runtime/apply.py ``_backward_whole``), the first
+    # A recomputing stage runs its whole backward at I (planner/runtime/apply.py ``backward_whole``), the first
     # stage too, whose I is otherwise empty: its peak is the re-materialised micro-batch and a full backward's
     # working memory, not W's: charged W's, this stage was 1.8 % under (cnn13's 10 %); memory is deterministic.
     plan = make_plan(
