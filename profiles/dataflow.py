@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
 from planner.errors import ProfilingError
+from profiles.export_split import split_model
 
 __all__ = [
     "Piece",
@@ -139,22 +140,11 @@ def _codegen_safe(sub: nn.Module) -> bool:
 
 
 def _split_graph(model: nn.Module, inputs: tuple[torch.Tensor, ...], units: list[str]) -> torch.fx.GraphModule:
-    """``pipeline()``'s split of ``model`` before every unit but the first, its pieces run as generated code."""
-    from torch.distributed.pipelining import SplitPoint, pipeline
+    """``pipeline()``'s split of ``model`` before every unit but the first, its pieces run as generated code.
 
-    # pipeline() wraps each split module's forward in place (torch 2.13, annotate_split_points) and a
-    # second call on the same model then recurses forever: put the original forwards back.
-    saved = {u: model.get_submodule(u).__dict__.get("forward") for u in units[1:]}
-    try:
-        pipe = pipeline(model, mb_args=inputs, split_spec={u: SplitPoint.BEGINNING for u in units[1:]})
-    finally:
-        for unit, forward in saved.items():
-            module = model.get_submodule(unit)
-            module.__dict__.pop("_orig_forward", None)
-            if forward is None:
-                module.__dict__.pop("forward", None)
-            else:
-                module.forward = forward
+    One unit: the model as one piece, cut from the trace the units' split took where it is the last one taken
+    (profiles/export_split.py)."""
+    pipe = split_model(model, inputs, units[1:])
     gm = pipe.split_gm
     run_as_generated_code(gm)
     return gm

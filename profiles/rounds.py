@@ -152,7 +152,7 @@ def whole_piece(model: nn.Module, inputs: tuple, capture: Capture, units: Sequen
         return Piece("<model>", model, inputs, tuple(False for _ in inputs))
     if len(capture.pieces) == 1:
         return capture.pieces[0]
-    # One unit means no split points: pipeline() exports the whole forward as a single piece.
+    # One unit means no split points: the whole forward as a single piece, cut from the units' own trace.
     piece = capture_export(model, inputs, list(units[:1])).pieces[0]
     return replace(piece, name="<model>")
 

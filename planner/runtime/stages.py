@@ -154,7 +154,7 @@ def split_stages(
     model: nn.Module, mb_inputs: tuple[torch.Tensor, ...], split_points: Sequence[str], recompute: Sequence[bool]
 ) -> list[StageModule]:
     """Trace ``model`` on one micro-batch and cut it before each of ``split_points``; every stage."""
-    from torch.distributed.pipelining import SplitPoint, pipeline
+    from profiles.export_split import split_model
 
     modules = dict(model.named_modules())
     missing = [p for p in split_points if p not in modules]
@@ -164,7 +164,8 @@ def split_stages(
     weights = next(model.parameters(), None)
     if weights is not None:
         mb_inputs = tuple(t.to(weights.device) for t in mb_inputs)
-    pipe = pipeline(model, mb_args=mb_inputs, split_spec={fqn: SplitPoint.BEGINNING for fqn in split_points})
+    # The trace of the units' capture for the speed reference, where the rank took one on these shapes.
+    pipe = split_model(model, mb_inputs, split_points)
     if pipe.num_stages != len(split_points) + 1:
         raise PlanFormatError(
             f"splitting at {list(split_points)} gave {pipe.num_stages} stages, expected {len(split_points) + 1}: "
