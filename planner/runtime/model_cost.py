@@ -108,10 +108,11 @@ LEARNING_ROUNDS = 7
 """The fewest rounds of each interleaved learning launch: its ratios are medians over them, and one round's ratio
 of two plans can move by tens of percent within a minute on a shared machine."""
 
-LEARNING_SIZE_ROUNDS = 3
+LEARNING_SIZE_ROUNDS = 2
 """The fewest rounds of a launch that learns co-location factors alone (a long model's 1F1B plan at each profiled
 micro-batch size): each factor is a ratio of compute summed over every action of its rounds, not a median of
-per-round ratios, and a long model's round takes seconds."""
+per-round ratios: two rounds of a long model already span about :data:`LEARNING_SIZE_BUDGET_S`, where a third would
+take half as long again."""
 
 LEARNING_MAX_ROUNDS = 30
 """The most rounds of each interleaved learning launch, however short its plans."""
