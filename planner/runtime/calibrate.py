@@ -155,8 +155,8 @@ six ratios) came out anywhere in 1.00-1.19 from one calibration to the next."""
 _COLOCATION_ALONE_REPEATS = 5
 
 
-def _colocation(rank: int, world: int, dev: torch.device, steps: int) -> list[tuple[float, float]]:
-    """``(alone, pipelined)`` on this rank, per round: the probe's forward+backward timed alone by the
+def _colocation(rank: int, world: int, dev: torch.device, steps: int, rounds: int) -> list[tuple[float, float]]:
+    """``(alone, pipelined)`` on this rank, per round of ``rounds``: the probe's forward+backward timed alone by the
     profiler's harness (each rank in turn, the others blocked on the store, a socket read that takes no
     core), then inside torch's 1F1B on every rank, where the other ranks compute and transfers are pending
     (gloo's threads poll for them). Both on the same rank and close in time: memory-bound work runs at one
@@ -196,7 +196,7 @@ def _colocation(rank: int, world: int, dev: torch.device, steps: int) -> list[tu
     batch = torch.randn(shape[0] * n, *shape[1:], device=dev)
     target = torch.randn(shape[0] * n, *shape[1:], device=dev)
     pairs = []
-    for round_ in range(_COLOCATION_ROUNDS):
+    for round_ in range(rounds):
         dist.barrier()
         alone = 0.0
 
@@ -435,10 +435,11 @@ def _rank_main(
     phases = Phases(5 + int(transfer), "calibrate")
     result: dict[str, Any] = {"p2p": _p2p(rank, dev, sync, repeats, min_measure_s)}
     phases.end()
-    result["colocation"] = _colocation(rank, world, dev, steps)
+    result["colocation"] = _colocation(rank, world, dev, steps, _COLOCATION_ROUNDS if min_measure_s > 0 else 1)
     phases.end()
     if transfer:
-        # A quick calibration (tests: no least time) takes one round; a real one, the rounds a ratio needs.
+        # A quick calibration (tests: no least time) takes one round, as for co-location above; a real one, the
+        # rounds a ratio needs.
         result["transfer"] = transfer_run_times(rank, world, _TRANSFER_ROUNDS if min_measure_s > 0 else 1)
         phases.end()
     result["optimizer"] = time_optimizers(dev, sync, repeats, min_measure_s)
@@ -512,7 +513,8 @@ def calibrate(
     """Measure the runtime constants on ``num_ranks`` local ranks; see the module docstring.
 
     ``repeats`` and ``steps`` are the least samples per measurement; ``min_measure_s`` the least time per
-    schedule run (a quarter of it per ping-pong size and optimizer set): 0 for a quick check (tests).
+    schedule run (a quarter of it per ping-pong size and optimizer set): 0 for a quick check (tests), which also
+    takes one round of the co-location and transfer probes instead of the rounds their ratios need.
 
     Raises:
         UsageError: fewer than 1 rank, an unknown device, or CUDA asked for without enough GPUs.
