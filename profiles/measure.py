@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_leaves
 from profiles.cores import untimed_on_every_core
 from profiles.dataflow import Piece, needs_grad, tensor_bytes
 from profiles.memory import tensor_storages
-from profiles.weight_groups import weight_groups
+from profiles.weight_groups import split_input_backward
 
 __all__ = [
     "WARM_BELOW_S",
@@ -232,13 +232,11 @@ class _PieceRun:
     def input_backward(self, roots: list[torch.Tensor], root_grads: list[torch.Tensor | None]) -> Any:
         """I: torch's ``stage_backward_input``; its parameter groups for W (None: no input needs a gradient,
         and W runs the whole backward, as torch's first stage does)."""
-        from torch.distributed.pipelining._backward import stage_backward_input
-
         if not self.grad_inputs or not roots:
             return None
         # stage_backward_input detaches its outputs in place, which torch refuses for a view.
         roots = [r.clone() if r._is_view() else r for r in roots]
-        return weight_groups(stage_backward_input(roots, root_grads, self.grad_inputs, self.module.parameters())[1])
+        return split_input_backward(roots, root_grads, self.grad_inputs, self.module.parameters())
 
     def weight_backward(self, roots: list[torch.Tensor], root_grads: list[torch.Tensor | None], groups: Any) -> None:
         """W: torch's ``stage_backward_weight`` from I's groups, or the whole backward without them."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["made_from_weights_alone", "mend_split_backward", "weight_groups"]
+__all__ = ["made_from_weights_alone", "mend_split_backward", "split_input_backward", "weight_groups"]
 
 
 def weight_groups(groups: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -34,6 +34,14 @@ def weight_groups(groups: list[dict[str, Any]] | None) -> list[dict[str, Any]] |
     if any(_nested(g["intermediates"]) for g in merged if len(g["intermediates"]) > 1):
         return _merge_sharing(merged, everything=True)
     return merged
+
+
+def split_input_backward(roots: list[Any], grads: list[Any], inputs: list[Any], params: Any) -> Any:
+    """torch's I (``stage_backward_input``) and the parameter groups it keeps for W, mended (:func:`weight_groups`)
+    as a rank's are by :func:`mend_split_backward`."""
+    from torch.distributed.pipelining._backward import stage_backward_input
+
+    return weight_groups(stage_backward_input(roots, grads, inputs, params)[1])
 
 
 def mend_split_backward(stage: Any) -> None:
@@ -64,19 +72,7 @@ def made_from_weights_alone(outputs: Any, inputs: Any) -> bool:
     from torch.distributed.pipelining._backward import _get_grad_fn_or_grad_acc
 
     targets = {_get_grad_fn_or_grad_acc(x) for x in _tensors(inputs) if x.requires_grad}
-
-    def reaches_an_input(node: Any) -> bool:
-        seen, stack = set(), [node]
-        while stack:
-            n = stack.pop()
-            if n in targets:
-                return True
-            if n not in seen:
-                seen.add(n)
-                stack.extend(c for c, _ in n.next_functions if c is not None)
-        return False
-
-    return any(out.grad_fn is not None and not reaches_an_input(out.grad_fn) for out in _tensors(outputs))
+    return any(out.grad_fn is not None and not _reaches([out.grad_fn], targets) for out in _tensors(outputs))
 
 
 def _tensors(values: Any) -> list[Any]:
@@ -128,9 +124,13 @@ def _merge_sharing(groups: list[dict[str, Any]], everything: bool = False) -> li
 
 def _nested(nodes: list[Any]) -> bool:
     """Whether one of ``nodes`` lies below another in the autograd graph."""
-    targets = set(nodes)
+    return _reaches([child for node in nodes for child, _ in node.next_functions if child is not None], set(nodes))
+
+
+def _reaches(starts: list[Any], targets: set[Any]) -> bool:
+    """Whether the autograd graph below ``starts`` (themselves included) holds one of ``targets``."""
     seen: set[Any] = set()
-    stack = [child for node in nodes for child, _ in node.next_functions if child is not None]
+    stack = list(starts)
     while stack:
         node = stack.pop()
         if node in targets:

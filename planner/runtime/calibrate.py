@@ -432,15 +432,16 @@ def _rank_main(
 
     counts = (max(world, 2), 2 * world, 4 * world)
     transfer = dev.type == "cpu" and world > 1
+    # A quick calibration (tests: no least time) takes one round of each ratio's probe; a real one, the rounds a
+    # ratio needs.
+    quick = min_measure_s <= 0
     phases = Phases(5 + int(transfer), "calibrate")
     result: dict[str, Any] = {"p2p": _p2p(rank, dev, sync, repeats, min_measure_s)}
     phases.end()
-    result["colocation"] = _colocation(rank, world, dev, steps, _COLOCATION_ROUNDS if min_measure_s > 0 else 1)
+    result["colocation"] = _colocation(rank, world, dev, steps, 1 if quick else _COLOCATION_ROUNDS)
     phases.end()
     if transfer:
-        # A quick calibration (tests: no least time) takes one round, as for co-location above; a real one, the
-        # rounds a ratio needs.
-        result["transfer"] = transfer_run_times(rank, world, _TRANSFER_ROUNDS if min_measure_s > 0 else 1)
+        result["transfer"] = transfer_run_times(rank, world, 1 if quick else _TRANSFER_ROUNDS)
         phases.end()
     result["optimizer"] = time_optimizers(dev, sync, repeats, min_measure_s)
     phases.end()

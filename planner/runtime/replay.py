@@ -43,7 +43,7 @@ from profiles.cores import intra_op_threads, untimed_on_every_core
 from profiles.memory import LiveBytes, MemorySample
 from profiles.model_reference import UnitReference
 from profiles.reference import SpeedReference
-from profiles.weight_groups import weight_groups
+from profiles.weight_groups import split_input_backward
 from profiles.workload import Workload, as_tuple
 
 __all__ = ["ReplayResult", "replay_plan", "merged_order", "profiled_threads"]
@@ -280,13 +280,6 @@ class _Stages:
                 b.copy_(g)
 
 
-def _split_input(roots: list[torch.Tensor], grads: list[Any], leaves: list[torch.Tensor], params: Any) -> Any:
-    """torch's I (``stage_backward_input``) and the parameter groups it keeps for W, mended as a rank's are."""
-    from torch.distributed.pipelining._backward import stage_backward_input
-
-    return weight_groups(stage_backward_input(roots, grads, leaves, params)[1])
-
-
 def _backward_pairs(stages: _Stages, s: int, mb: int, out: Any) -> tuple[list[torch.Tensor], list[Any]]:
     """What a stage's backward starts from: the loss on the last stage, else its outputs and their gradients."""
     if s == stages.n - 1:
@@ -497,7 +490,7 @@ class _Replayer:
             else:
                 roots = [r.clone() if r._is_view() else r for r in roots]
                 params = self.modules[s].parameters()
-                groups, dt = _timed(partial(_split_input, roots, grads, leaves, params), self.dev)
+                groups, dt = _timed(partial(split_input_backward, roots, grads, leaves, params), self.dev)
                 stages.split[s, mb] = (groups, args, (roots, grads) if s < self.n - 1 else None)
                 stages.hand_back(s, mb, args)
             del out, roots, grads
